@@ -1,0 +1,44 @@
+"""Logging set-up: one logger per module, structured ``key=value`` fields, no secrets.
+
+Call sites pass fields through ``extra={"fields": {...}}`` (or the :func:`kv` helper) and the
+formatter appends them, so a log line stays greppable: ``... agent connected node=edge-1 peer=...``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+_FMT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class KeyValueFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields: dict[str, Any] | None = getattr(record, "fields", None)
+        if fields:
+            line += " " + " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
+        return line
+
+
+def _quote(value: object) -> str:
+    text = str(value)
+    if not text or any(c in text for c in ' "='):
+        return '"' + text.replace('"', '\\"') + '"'
+    return text
+
+
+def kv(**fields: object) -> dict[str, Any]:
+    """``log.info("msg", extra=kv(node=n))`` — structured fields for one line."""
+    return {"fields": fields}
+
+
+def setup(level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter(_FMT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # websockets logs every handshake failure at INFO with a traceback; ours say it better.
+    logging.getLogger("websockets").setLevel(logging.WARNING)

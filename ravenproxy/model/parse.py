@@ -1,0 +1,235 @@
+"""Kubernetes-shaped dicts (YAML inventory documents or API objects) → model objects.
+
+Errors name the object and the field, e.g. ``Node edge-1: status.daemonEndpoints.kubeletEndpoint.Port:
+expected an integer 1-65535, got 'x'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ravenproxy.errors import InventoryError
+from ravenproxy.model.objects import (
+    DEFAULT_KUBELET_PORT,
+    ENDPOINT_PROXY,
+    ENDPOINT_TUNNEL,
+    EXPOSE_TYPES,
+    Endpoint,
+    Gateway,
+    Node,
+    NodeAddress,
+    NodeInfo,
+    Pod,
+    ProxyConfig,
+    TunnelConfig,
+    frozen_map,
+    parse_port_list,
+)
+
+GATEWAY_API_VERSIONS = ("raven.openyurt.io/v1beta1", "raven.openyurt.io/v1alpha1")
+
+
+class _Ctx:
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, path: str, message: str) -> InventoryError:
+        return InventoryError(f"{self.what}: {path}: {message}")
+
+    def mapping(self, obj: Any, path: str) -> Mapping[str, Any]:
+        if obj is None:
+            return {}
+        if not isinstance(obj, Mapping):
+            raise self.fail(path, f"expected a mapping, got {type(obj).__name__}")
+        return obj
+
+    def seq(self, obj: Any, path: str) -> list[Any]:
+        if obj is None:
+            return []
+        if not isinstance(obj, list):
+            raise self.fail(path, f"expected a list, got {type(obj).__name__}")
+        return obj
+
+    def string(self, obj: Any, path: str, default: str = "") -> str:
+        if obj is None:
+            return default
+        if isinstance(obj, bool) or not isinstance(obj, str | int):
+            raise self.fail(path, f"expected a string, got {obj!r}")
+        return str(obj)
+
+    def integer(self, obj: Any, path: str, default: int, lo: int = 0, hi: int = 65535) -> int:
+        if obj is None:
+            return default
+        if isinstance(obj, bool):
+            raise self.fail(path, f"expected an integer {lo}-{hi}, got {obj!r}")
+        try:
+            value = int(obj)
+        except (TypeError, ValueError):
+            raise self.fail(path, f"expected an integer {lo}-{hi}, got {obj!r}") from None
+        if not lo <= value <= hi:
+            raise self.fail(path, f"expected an integer {lo}-{hi}, got {obj!r}")
+        return value
+
+    def boolean(self, obj: Any, path: str) -> bool:
+        if obj is None:
+            return False
+        if isinstance(obj, bool):
+            return obj
+        if isinstance(obj, str) and obj.lower() in ("true", "false"):
+            return obj.lower() == "true"
+        raise self.fail(path, f"expected true or false, got {obj!r}")
+
+    def str_map(self, obj: Any, path: str) -> Mapping[str, str]:
+        data = self.mapping(obj, path)
+        return frozen_map({str(k): self.string(v, f"{path}.{k}") for k, v in data.items()})
+
+
+def _name(doc: Mapping[str, Any], kind: str) -> str:
+    meta = doc.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise InventoryError(f"{kind}: metadata.name is missing")
+    return name
+
+
+def parse_node(doc: Mapping[str, Any]) -> Node:
+    name = _name(doc, "Node")
+    c = _Ctx(f"Node {name}")
+    meta = c.mapping(doc.get("metadata"), "metadata")
+    spec = c.mapping(doc.get("spec"), "spec")
+    status = c.mapping(doc.get("status"), "status")
+    addresses = []
+    for i, item in enumerate(c.seq(status.get("addresses"), "status.addresses")):
+        a = c.mapping(item, f"status.addresses[{i}]")
+        addresses.append(
+            NodeAddress(
+                type=c.string(a.get("type"), f"status.addresses[{i}].type"),
+                address=c.string(a.get("address"), f"status.addresses[{i}].address"),
+            )
+        )
+    daemon = c.mapping(status.get("daemonEndpoints"), "status.daemonEndpoints")
+    kubelet = c.mapping(daemon.get("kubeletEndpoint"), "status.daemonEndpoints.kubeletEndpoint")
+    port = c.integer(
+        kubelet.get("Port"),
+        "status.daemonEndpoints.kubeletEndpoint.Port",
+        DEFAULT_KUBELET_PORT,
+        lo=0,
+    )
+    cidrs = [c.string(x, "spec.podCIDRs[]") for x in c.seq(spec.get("podCIDRs"), "spec.podCIDRs")]
+    single = c.string(spec.get("podCIDR"), "spec.podCIDR")
+    if single and single not in cidrs:
+        cidrs.insert(0, single)
+    ready = False
+    for i, item in enumerate(c.seq(status.get("conditions"), "status.conditions")):
+        cond = c.mapping(item, f"status.conditions[{i}]")
+        if cond.get("type") == "Ready":
+            ready = str(cond.get("status")) == "True"
+    return Node(
+        name=name,
+        labels=c.str_map(meta.get("labels"), "metadata.labels"),
+        annotations=c.str_map(meta.get("annotations"), "metadata.annotations"),
+        addresses=tuple(addresses),
+        kubelet_port=port or DEFAULT_KUBELET_PORT,
+        pod_cidrs=tuple(cidrs),
+        ready=ready,
+        resource_version=c.string(meta.get("resourceVersion"), "metadata.resourceVersion"),
+    )
+
+
+def _endpoint(c: _Ctx, obj: Any, path: str) -> Endpoint:
+    e = c.mapping(obj, path)
+    node_name = c.string(e.get("nodeName"), f"{path}.nodeName")
+    if not node_name:
+        raise c.fail(f"{path}.nodeName", "is required")
+    type_ = c.string(e.get("type"), f"{path}.type")
+    if type_ not in (ENDPOINT_PROXY, ENDPOINT_TUNNEL):
+        raise c.fail(f"{path}.type", f"must be 'proxy' or 'tunnel', got {type_!r}")
+    return Endpoint(
+        node_name=node_name,
+        type=type_,
+        port=c.integer(e.get("port"), f"{path}.port", 0),
+        under_nat=c.boolean(e.get("underNAT"), f"{path}.underNAT"),
+        nat_type=c.string(e.get("natType"), f"{path}.natType"),
+        public_ip=c.string(e.get("publicIP"), f"{path}.publicIP"),
+        public_port=c.integer(e.get("publicPort"), f"{path}.publicPort", 0),
+        config=c.str_map(e.get("config"), f"{path}.config"),
+    )
+
+
+def parse_gateway(doc: Mapping[str, Any]) -> Gateway:
+    name = _name(doc, "Gateway")
+    c = _Ctx(f"Gateway {name}")
+    api = doc.get("apiVersion")
+    if api is not None and api not in GATEWAY_API_VERSIONS:
+        raise c.fail("apiVersion", f"expected one of {', '.join(GATEWAY_API_VERSIONS)}, got {api!r}")
+    meta = c.mapping(doc.get("metadata"), "metadata")
+    spec = c.mapping(doc.get("spec"), "spec")
+    status = c.mapping(doc.get("status"), "status")
+    pc = c.mapping(spec.get("proxyConfig"), "spec.proxyConfig")
+    tc = c.mapping(spec.get("tunnelConfig"), "spec.tunnelConfig")
+    proxy = ProxyConfig(
+        replicas=c.integer(pc.get("Replicas"), "spec.proxyConfig.Replicas", 1, hi=1000),
+        proxy_http_port=c.string(pc.get("proxyHTTPPort"), "spec.proxyConfig.proxyHTTPPort"),
+        proxy_https_port=c.string(pc.get("proxyHTTPSPort"), "spec.proxyConfig.proxyHTTPSPort"),
+    )
+    for field_name, text in (
+        ("proxyHTTPPort", proxy.proxy_http_port),
+        ("proxyHTTPSPort", proxy.proxy_https_port),
+    ):
+        try:
+            parse_port_list(text)
+        except ValueError as exc:
+            raise c.fail(f"spec.proxyConfig.{field_name}", str(exc)) from None
+    expose = c.string(spec.get("exposeType"), "spec.exposeType")
+    if expose not in EXPOSE_TYPES:
+        raise c.fail("spec.exposeType", f"must be one of {EXPOSE_TYPES!r}, got {expose!r}")
+    selector = c.mapping(spec.get("nodeSelector"), "spec.nodeSelector")
+    match_labels = c.str_map(selector.get("matchLabels"), "spec.nodeSelector.matchLabels")
+    status_nodes = []
+    for i, item in enumerate(c.seq(status.get("nodes"), "status.nodes")):
+        n = c.mapping(item, f"status.nodes[{i}]")
+        status_nodes.append(
+            NodeInfo(
+                node_name=c.string(n.get("nodeName"), f"status.nodes[{i}].nodeName"),
+                private_ip=c.string(n.get("privateIP"), f"status.nodes[{i}].privateIP"),
+                subnets=tuple(
+                    c.string(s, f"status.nodes[{i}].subnets[]")
+                    for s in c.seq(n.get("subnets"), f"status.nodes[{i}].subnets")
+                ),
+            )
+        )
+    return Gateway(
+        name=name,
+        node_selector=match_labels,
+        proxy_config=proxy,
+        tunnel_config=TunnelConfig(
+            replicas=c.integer(tc.get("Replicas"), "spec.tunnelConfig.Replicas", 1, hi=1000)
+        ),
+        endpoints=tuple(
+            _endpoint(c, e, f"spec.endpoints[{i}]")
+            for i, e in enumerate(c.seq(spec.get("endpoints"), "spec.endpoints"))
+        ),
+        expose_type=expose,
+        status_nodes=tuple(status_nodes),
+        active_endpoints=tuple(
+            _endpoint(c, e, f"status.activeEndpoints[{i}]")
+            for i, e in enumerate(c.seq(status.get("activeEndpoints"), "status.activeEndpoints"))
+        ),
+        resource_version=c.string(meta.get("resourceVersion"), "metadata.resourceVersion"),
+    )
+
+
+def parse_pod(doc: Mapping[str, Any]) -> Pod:
+    name = _name(doc, "Pod")
+    c = _Ctx(f"Pod {name}")
+    meta = c.mapping(doc.get("metadata"), "metadata")
+    spec = c.mapping(doc.get("spec"), "spec")
+    status = c.mapping(doc.get("status"), "status")
+    return Pod(
+        namespace=c.string(meta.get("namespace"), "metadata.namespace", "default") or "default",
+        name=name,
+        node_name=c.string(spec.get("nodeName"), "spec.nodeName"),
+        pod_ip=c.string(status.get("podIP"), "status.podIP"),
+        resource_version=c.string(meta.get("resourceVersion"), "metadata.resourceVersion"),
+    )

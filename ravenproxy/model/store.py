@@ -1,0 +1,46 @@
+"""The current model snapshot, shared by every component of a process, with change waits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ravenproxy.model.snapshot import Model
+
+
+class ModelStore:
+    def __init__(self, model: Model | None = None) -> None:
+        self._model = model or Model.build()
+        self._version = 0
+        # One event per version: update() sets the old one and installs a fresh one, so a
+        # waiter never misses a change and no task is needed to notify.
+        self._changed = asyncio.Event()
+        self._listeners: list[Callable[[Model], None]] = []
+
+    @property
+    def model(self) -> Model:
+        return self._model
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def subscribe(self, listener: Callable[[Model], None]) -> None:
+        """Call ``listener(model)`` synchronously after every update."""
+        self._listeners.append(listener)
+
+    def update(self, model: Model) -> None:
+        if self._version and model == self._model:
+            return
+        self._model = model
+        self._version += 1
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+        for listener in list(self._listeners):
+            listener(model)
+
+    async def wait_changed(self, since: int) -> Model:
+        """Return the model once its version is greater than ``since``."""
+        while self._version <= since:
+            await self._changed.wait()
+        return self._model
