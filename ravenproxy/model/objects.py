@@ -41,8 +41,8 @@ class NodeAddress:
 @dataclass(frozen=True)
 class Node:
     name: str
-    labels: Mapping[str, str] = _EMPTY
-    annotations: Mapping[str, str] = _EMPTY
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     addresses: tuple[NodeAddress, ...] = ()
     kubelet_port: int = DEFAULT_KUBELET_PORT
     pod_cidrs: tuple[str, ...] = ()
@@ -79,7 +79,7 @@ class Endpoint:
     nat_type: str = ""
     public_ip: str = ""
     public_port: int = 0
-    config: Mapping[str, str] = _EMPTY
+    config: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class NodeInfo:
 @dataclass(frozen=True)
 class Gateway:
     name: str
-    node_selector: Mapping[str, str] = _EMPTY
+    node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     proxy_config: ProxyConfig = field(default_factory=ProxyConfig)
     tunnel_config: TunnelConfig = field(default_factory=TunnelConfig)
     endpoints: tuple[Endpoint, ...] = ()
