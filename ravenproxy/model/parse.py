@@ -1,7 +1,7 @@
 """Kubernetes-shaped dicts (YAML inventory documents or API objects) → model objects.
 
-Errors name the object and the field, e.g. ``Node edge-1: status.daemonEndpoints.kubeletEndpoint.Port:
-expected an integer 1-65535, got 'x'``.
+Errors name the object and the field, e.g.
+``Node edge-1: status.daemonEndpoints.kubeletEndpoint.Port: expected an integer 1-65535, got 'x'``.
 """
 
 from __future__ import annotations
@@ -162,7 +162,9 @@ def parse_gateway(doc: Mapping[str, Any]) -> Gateway:
     c = _Ctx(f"Gateway {name}")
     api = doc.get("apiVersion")
     if api is not None and api not in GATEWAY_API_VERSIONS:
-        raise c.fail("apiVersion", f"expected one of {', '.join(GATEWAY_API_VERSIONS)}, got {api!r}")
+        raise c.fail(
+            "apiVersion", f"expected one of {', '.join(GATEWAY_API_VERSIONS)}, got {api!r}"
+        )
     meta = c.mapping(doc.get("metadata"), "metadata")
     spec = c.mapping(doc.get("spec"), "spec")
     status = c.mapping(doc.get("status"), "status")

@@ -53,9 +53,7 @@ class Model:
     def members(self, gateway: str) -> tuple[Node, ...]:
         """Nodes of a gateway: membership comes from the node label alone."""
         return tuple(
-            sorted(
-                (n for n in self.nodes.values() if n.gateway == gateway), key=lambda n: n.name
-            )
+            sorted((n for n in self.nodes.values() if n.gateway == gateway), key=lambda n: n.name)
         )
 
     def peers_of(self, node_name: str) -> tuple[Node, ...]:

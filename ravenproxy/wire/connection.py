@@ -1,0 +1,478 @@
+"""The tunnel protocol as a sans-I/O state machine.
+
+Feed it WebSocket messages with :meth:`Connection.receive_message`, act on the events it
+returns, call its methods to open streams and send data, and write whatever
+:meth:`Connection.data_to_send` returns as WebSocket binary messages. It never does I/O and never
+reads a clock except through the ``clock`` it is given, so tests drive it with bytes alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ravenproxy.wire import events as ev
+from ravenproxy.wire.codes import ErrorCode, Setting
+from ravenproxy.wire.errors import (
+    GoingAwayError,
+    ProtocolError,
+    StreamError,
+    StreamLimitError,
+    WindowExceeded,
+)
+from ravenproxy.wire.frames import (
+    MAX_FRAME_SIZE_LIMIT,
+    MAX_WINDOW,
+    MIN_FRAME_SIZE,
+    Data,
+    Frame,
+    GoAway,
+    Open,
+    OpenResult,
+    Ping,
+    Reset,
+    Settings,
+    Target,
+    WindowUpdate,
+    decode_message,
+    encode,
+    encode_data_header,
+)
+from ravenproxy.wire.streams import Input, State, Stream
+from ravenproxy.wire.windows import RecvWindow, SendWindow
+
+KIB = 1024
+MIB = 1024 * KIB
+
+# What a peer may assume before our SETTINGS arrive (SETTINGS is always the first frame, so in
+# practice only the frame size matters: it bounds that very first message).
+DEFAULT_PEER_MAX_FRAME_SIZE = MIN_FRAME_SIZE
+DEFAULT_PEER_MAX_STREAMS = 100
+
+
+@dataclass(frozen=True)
+class WireConfig:
+    """Limits and windows of one side. Each field is announced to the peer or governs us."""
+
+    max_frame_size: int = 64 * KIB
+    """Largest frame payload we accept (announced as MAX_FRAME_SIZE)."""
+    max_concurrent_streams: int = 10_000
+    """Streams the peer may have open toward us at once (announced)."""
+    initial_stream_window: int = 256 * KIB
+    """Credit a new stream starts with, in each direction we receive."""
+    max_stream_window: int = 8 * MIB
+    """Cap for auto-tuned stream windows."""
+    connection_window: int = 64 * MIB
+    """Budget for bytes received but not yet consumed, over all streams (announced)."""
+    max_message_size: int = 1 * MIB
+    """Largest WebSocket message we send (frames are batched up to it)."""
+    initial_rtt: float = 0.05
+    """Round-trip estimate until a PING measures one."""
+
+    def __post_init__(self) -> None:
+        if not MIN_FRAME_SIZE <= self.max_frame_size <= MAX_FRAME_SIZE_LIMIT:
+            raise ValueError(
+                f"max_frame_size must be {MIN_FRAME_SIZE}..{MAX_FRAME_SIZE_LIMIT}, "
+                f"got {self.max_frame_size}"
+            )
+        if not 1 <= self.max_concurrent_streams <= 2**31:
+            raise ValueError(
+                f"max_concurrent_streams must be >= 1, got {self.max_concurrent_streams}"
+            )
+        if not 0 < self.initial_stream_window <= self.max_stream_window <= MAX_WINDOW:
+            raise ValueError(
+                "windows must satisfy 0 < initial_stream_window <= max_stream_window <= 2^31-1"
+            )
+        if not self.max_stream_window <= self.connection_window <= MAX_WINDOW:
+            raise ValueError("connection_window must be >= max_stream_window and <= 2^31-1")
+        if self.max_message_size < self.max_frame_size + 12:
+            raise ValueError("max_message_size must hold at least one full frame")
+
+
+class Connection:
+    def __init__(
+        self,
+        *,
+        server_side: bool,
+        config: WireConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or WireConfig()
+        self.server_side = server_side
+        self._clock = clock
+        # Streams opened by the WebSocket server side are odd, by the client side even, so the
+        # two sides never pick the same id.
+        self._next_local_id = 1 if server_side else 2
+        self._highest_peer_id = 0
+        self.streams: dict[int, Stream] = {}
+        self._local_open = 0
+        self._peer_open = 0
+        self._control: list[bytes] = []
+        self._data: list[bytes] = []
+        self._pending_bytes = 0
+        self._settings_received = False
+        self.peer_max_frame_size = DEFAULT_PEER_MAX_FRAME_SIZE
+        self.peer_max_streams = DEFAULT_PEER_MAX_STREAMS
+        self._conn_send = SendWindow(0)
+        self._conn_recv = RecvWindow(self.config.connection_window, self.config.connection_window)
+        self.rtt = self.config.initial_rtt
+        self._rtt_measured = False
+        self._pings: dict[bytes, float] = {}
+        self.goaway_sent: GoAway | None = None
+        self.goaway_received: GoAway | None = None
+        self.closed = False
+        self.last_received = clock()
+        c = self.config
+        self._emit(
+            Settings(
+                (
+                    (Setting.MAX_FRAME_SIZE, c.max_frame_size),
+                    (Setting.MAX_CONCURRENT_STREAMS, c.max_concurrent_streams),
+                    (Setting.INITIAL_STREAM_WINDOW, c.initial_stream_window),
+                    (Setting.CONNECTION_WINDOW, c.connection_window),
+                )
+            )
+        )
+
+    # -- output ---------------------------------------------------------------------------
+
+    def _emit(self, frame: Frame) -> None:
+        raw = encode(frame)
+        self._control.append(raw)
+        self._pending_bytes += len(raw)
+
+    def data_to_send(self) -> list[bytes]:
+        """Everything queued, as WebSocket messages. Control frames go first, so credit,
+        pings and resets are never stuck behind bulk data."""
+        if not self._pending_bytes:
+            return []
+        limit = self.config.max_message_size
+        messages: list[bytes] = []
+        batch: list[bytes] = []
+        size = 0
+        for piece in (*self._control, *self._data):
+            if size and size + len(piece) > limit:
+                messages.append(b"".join(batch))
+                batch, size = [], 0
+            batch.append(piece)
+            size += len(piece)
+        if batch:
+            messages.append(b"".join(batch))
+        self._control.clear()
+        self._data.clear()
+        self._pending_bytes = 0
+        return messages
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    # -- local actions ----------------------------------------------------------------------
+
+    def open_stream(self, target: Target) -> int:
+        if self.closed:
+            raise StreamError("connection is closed", ErrorCode.CONNECTION_LOST)
+        if self.goaway_received is not None or self.goaway_sent is not None:
+            raise GoingAwayError("connection is draining")
+        if self._local_open >= self.peer_max_streams:
+            raise StreamLimitError(f"peer allows {self.peer_max_streams} concurrent streams")
+        if not 0 < target.port < 65536:
+            raise ValueError(f"port out of range: {target.port}")
+        sid = self._next_local_id
+        self._next_local_id += 2
+        stream = Stream(sid, State.OPENING_LOCAL, True, self._new_recv_window())
+        self.streams[sid] = stream
+        self._local_open += 1
+        self._emit(Open(sid, stream.recv.size, target))
+        return sid
+
+    def accept_stream(self, stream_id: int) -> None:
+        stream = self._local_transition(stream_id, Input.SEND_ACCEPT)
+        self._emit(OpenResult(stream_id, ErrorCode.OK, stream.recv.size))
+
+    def reject_stream(self, stream_id: int, code: ErrorCode, message: str = "") -> None:
+        if code is ErrorCode.OK:
+            raise ValueError("reject_stream needs an error code")
+        self._local_transition(stream_id, Input.SEND_REJECT)
+        self._emit(OpenResult(stream_id, code, 0, _clip(message)))
+
+    def send_window(self, stream_id: int) -> int:
+        """How many bytes ``send_data`` accepts now on this stream."""
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.can_send:
+            return 0
+        return min(stream.send.available, self._conn_send.available)
+
+    def send_data(self, stream_id: int, data: bytes | memoryview, fin: bool = False) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.can_send:
+            raise StreamError(f"stream {stream_id} cannot send ({stream!r})")
+        n = len(data)
+        if n > stream.send.available or n > self._conn_send.available:
+            raise WindowExceeded(
+                f"stream {stream_id}: {n} bytes exceed the window "
+                f"({stream.send.available} stream, {self._conn_send.available} connection)"
+            )
+        stream.send.consume(n)
+        self._conn_send.consume(n)
+        step = self.peer_max_frame_size
+        view = memoryview(data)
+        for pos in range(0, n, step):
+            chunk = view[pos : pos + step]
+            last = pos + step >= n
+            self._data.append(encode_data_header(stream_id, len(chunk), fin and last))
+            self._data.append(bytes(chunk))
+            self._pending_bytes += len(chunk) + 12
+        if n == 0 and fin:
+            self._data.append(encode_data_header(stream_id, 0, True))
+            self._pending_bytes += 12
+        if fin:
+            self._transition(stream, Input.SEND_FIN)
+
+    def end_stream(self, stream_id: int) -> None:
+        """Half-close: we send no more data (the peer may still)."""
+        self.send_data(stream_id, b"", fin=True)
+
+    def reset_stream(self, stream_id: int, code: ErrorCode, message: str = "") -> None:
+        """Abort a stream. Idempotent: resetting a stream that is already gone does nothing."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        self._transition(stream, Input.SEND_RESET)
+        self._emit(Reset(stream_id, code, _clip(message)))
+
+    def consumed(self, stream_id: int, n: int) -> None:
+        """The application wrote or dropped ``n`` received bytes: return their credit."""
+        if n <= 0:
+            return
+        now = self._clock()
+        inc = self._conn_recv.consume(n, now, self.rtt, may_grow=False)
+        if inc:
+            self._emit(WindowUpdate(0, inc))
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.state not in (State.OPEN, State.HALF_CLOSED_LOCAL):
+            return  # the peer sends no more on it: stream credit would be wasted
+        # A window only grows while the connection budget is mostly free, so a few fast
+        # streams cannot claim the budget that stalled ones are holding.
+        may_grow = self._conn_recv.buffered < self.config.connection_window // 2
+        inc = stream.recv.consume(n, now, self.rtt, may_grow=may_grow)
+        if inc:
+            self._emit(WindowUpdate(stream_id, inc))
+
+    def ping(self) -> None:
+        payload = os.urandom(8)
+        self._pings[payload] = self._clock()
+        if len(self._pings) > 16:  # unanswered pings must not pile up forever
+            self._pings.pop(next(iter(self._pings)))
+        self._emit(Ping(payload))
+
+    def goaway(self, code: ErrorCode = ErrorCode.OK, reason: str = "") -> None:
+        """Drain: the peer may not open new streams; open ones finish normally."""
+        if self.goaway_sent is None or code is not ErrorCode.OK:
+            self.goaway_sent = GoAway(self._highest_peer_id, code, _clip(reason))
+            self._emit(self.goaway_sent)
+
+    @property
+    def open_streams(self) -> int:
+        return len(self.streams)
+
+    # -- input ------------------------------------------------------------------------------
+
+    def receive_message(self, message: bytes | bytearray | memoryview) -> list[ev.Event]:
+        """Process one WebSocket message. On a protocol violation, queue GOAWAY with the code,
+        mark the connection closed and raise :class:`ProtocolError`: flush, then close."""
+        if self.closed:
+            return []
+        self.last_received = self._clock()
+        out: list[ev.Event] = []
+        try:
+            for frame in decode_message(message, self.config.max_frame_size):
+                self._receive_frame(frame, out)
+        except ProtocolError as exc:
+            self.closed = True
+            self.goaway_sent = GoAway(self._highest_peer_id, exc.code, _clip(exc.message))
+            self._emit(self.goaway_sent)
+            raise
+        return out
+
+    def _receive_frame(self, frame: Frame, out: list[ev.Event]) -> None:
+        if not self._settings_received and not isinstance(frame, Settings):
+            raise ProtocolError(f"first frame must be SETTINGS, got {type(frame).__name__}")
+        match frame:
+            case Data():
+                self._recv_data(frame, out)
+            case WindowUpdate():
+                self._recv_window_update(frame, out)
+            case Open():
+                self._recv_open(frame, out)
+            case OpenResult():
+                self._recv_open_result(frame, out)
+            case Reset():
+                stream = self._peer_stream(frame.stream_id)
+                if stream is not None:
+                    self._transition(stream, Input.RECV_RESET)
+                    out.append(ev.StreamReset(frame.stream_id, frame.code, frame.message))
+            case Ping():
+                self._recv_ping(frame, out)
+            case GoAway():
+                self._recv_goaway(frame, out)
+            case Settings():
+                self._recv_settings(frame, out)
+
+    def _recv_data(self, frame: Data, out: list[ev.Event]) -> None:
+        n = len(frame.data)
+        self._conn_recv.receive(n)
+        stream = self._peer_stream(frame.stream_id)
+        if stream is None:
+            # In flight when we reset the stream: drop it, but give its credit back.
+            inc = self._conn_recv.forget(n)
+            if inc:
+                self._emit(WindowUpdate(0, inc))
+            return
+        if stream.next_state(Input.RECV_DATA) is None:
+            raise ProtocolError(f"DATA on stream {stream.id} in state {stream.state.value}")
+        stream.recv.receive(n)
+        if n:
+            out.append(ev.DataReceived(frame.stream_id, frame.data))
+        if frame.fin:
+            self._transition(stream, Input.RECV_FIN)
+            out.append(ev.StreamEnded(frame.stream_id))
+
+    def _recv_window_update(self, frame: WindowUpdate, out: list[ev.Event]) -> None:
+        if frame.stream_id == 0:
+            self._conn_send.grant(frame.increment)
+            out.append(ev.WindowUpdated(0))
+            return
+        stream = self._peer_stream(frame.stream_id)
+        if stream is not None:
+            stream.send.grant(frame.increment)
+            out.append(ev.WindowUpdated(frame.stream_id))
+
+    def _recv_open(self, frame: Open, out: list[ev.Event]) -> None:
+        sid = frame.stream_id
+        if (sid % 2 == 1) == self.server_side:
+            raise ProtocolError(f"OPEN with stream id {sid} of the wrong parity")
+        if sid <= self._highest_peer_id:
+            raise ProtocolError(
+                f"OPEN reuses stream id {sid} (highest so far {self._highest_peer_id})"
+            )
+        self._highest_peer_id = sid
+        if not 0 < frame.target.port < 65536:
+            raise ProtocolError(f"OPEN with port {frame.target.port}")
+        if self.goaway_sent is not None:
+            self._emit(OpenResult(sid, ErrorCode.GOING_AWAY, 0, "connection is draining"))
+            return
+        if self._peer_open >= self.config.max_concurrent_streams:
+            msg = f"limit of {self.config.max_concurrent_streams} concurrent streams reached"
+            self._emit(OpenResult(sid, ErrorCode.TOO_MANY_STREAMS, 0, msg))
+            return
+        stream = Stream(sid, State.OPENING_REMOTE, False, self._new_recv_window())
+        stream.send = SendWindow(frame.window)
+        self.streams[sid] = stream
+        self._peer_open += 1
+        out.append(ev.StreamOpenRequested(sid, frame.target))
+
+    def _recv_open_result(self, frame: OpenResult, out: list[ev.Event]) -> None:
+        stream = self._peer_stream(frame.stream_id)
+        if stream is None:
+            return
+        if frame.code is ErrorCode.OK:
+            self._transition(stream, Input.RECV_ACCEPT)
+            stream.send = SendWindow(frame.window)
+            out.append(ev.StreamAccepted(stream.id))
+        else:
+            self._transition(stream, Input.RECV_REJECT)
+            out.append(ev.StreamRejected(stream.id, frame.code, frame.message))
+
+    def _recv_ping(self, frame: Ping, out: list[ev.Event]) -> None:
+        if not frame.ack:
+            self._emit(Ping(frame.payload, ack=True))
+            return
+        sent = self._pings.pop(frame.payload, None)
+        if sent is None:
+            return  # an answer to a ping we gave up on
+        sample = max(self._clock() - sent, 0.0)
+        # Smoothed like TCP's SRTT so one queued-behind-bulk-data ping does not dominate.
+        first = not self._rtt_measured
+        self._rtt_measured = True
+        self.rtt = sample if first else 0.875 * self.rtt + 0.125 * sample
+        out.append(ev.PingAcked(sample))
+
+    def _recv_goaway(self, frame: GoAway, out: list[ev.Event]) -> None:
+        self.goaway_received = frame
+        out.append(ev.GoAwayReceived(frame.last_stream_id, frame.code, frame.reason))
+        # Our opens above last_stream_id were never seen by the peer: fail them so the caller
+        # can retry elsewhere.
+        for stream in [s for s in self.streams.values() if s.local and s.id > frame.last_stream_id]:
+            if stream.state is State.OPENING_LOCAL:
+                self._transition(stream, Input.RECV_REJECT)
+                out.append(ev.StreamRejected(stream.id, ErrorCode.GOING_AWAY, frame.reason))
+
+    def _recv_settings(self, frame: Settings, out: list[ev.Event]) -> None:
+        if self._settings_received:
+            raise ProtocolError("SETTINGS sent twice")
+        self._settings_received = True
+        named: dict[str, int] = {}
+        for key, value in frame.values:
+            if key == Setting.MAX_FRAME_SIZE:
+                if not MIN_FRAME_SIZE <= value <= MAX_FRAME_SIZE_LIMIT:
+                    raise ProtocolError(f"MAX_FRAME_SIZE {value} out of range")
+                self.peer_max_frame_size = value
+            elif key == Setting.MAX_CONCURRENT_STREAMS:
+                self.peer_max_streams = value
+            elif key == Setting.CONNECTION_WINDOW:
+                if value > MAX_WINDOW:
+                    raise ProtocolError(f"CONNECTION_WINDOW {value} out of range")
+                self._conn_send = SendWindow(value)
+            elif key == Setting.INITIAL_STREAM_WINDOW:
+                pass  # informative: each OPEN / OPEN_RESULT carries the actual window
+            else:
+                continue  # unknown settings are ignored, for forward compatibility
+            named[Setting(key).name] = value
+        out.append(ev.SettingsReceived(named))
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _new_recv_window(self) -> RecvWindow:
+        return RecvWindow(self.config.initial_stream_window, self.config.max_stream_window)
+
+    def _peer_stream(self, sid: int) -> Stream | None:
+        """The stream a peer frame refers to; None when it is already closed (frames crossing
+        a reset are normal); a protocol error when the id was never opened."""
+        stream = self.streams.get(sid)
+        if stream is not None:
+            return stream
+        local = (sid % 2 == 1) == self.server_side
+        if (local and sid < self._next_local_id) or (not local and sid <= self._highest_peer_id):
+            return None
+        raise ProtocolError(f"frame for stream {sid}, which was never opened")
+
+    def _local_transition(self, sid: int, event: Input) -> Stream:
+        stream = self.streams.get(sid)
+        if stream is None or stream.next_state(event) is None:
+            raise StreamError(f"cannot {event.value} stream {sid} ({stream!r})")
+        self._transition(stream, event)
+        return stream
+
+    def _transition(self, stream: Stream, event: Input) -> None:
+        new = stream.next_state(event)
+        if new is None:
+            raise ProtocolError(
+                f"{event.value} on stream {stream.id} in state {stream.state.value}"
+            )
+        stream.state = new
+        if new is State.CLOSED:
+            del self.streams[stream.id]
+            if stream.local:
+                self._local_open -= 1
+            else:
+                self._peer_open -= 1
+
+
+def _clip(text: str, limit: int = 512) -> str:
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode("utf-8", errors="ignore")

@@ -1,0 +1,89 @@
+"""What :meth:`Connection.receive_message` reports to the application."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ravenproxy.wire.codes import ErrorCode
+from ravenproxy.wire.frames import Target
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsReceived:
+    values: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOpenRequested:
+    """The peer wants a stream to ``target``: answer with accept_stream or reject_stream."""
+
+    stream_id: int
+    target: Target
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAccepted:
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRejected:
+    stream_id: int
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DataReceived:
+    """Payload for a stream. The application must call ``consumed(stream_id, len(data))`` once it
+    has written or dropped these bytes: that is what returns credit to the sender."""
+
+    stream_id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnded:
+    """The peer half-closed: it will send no more data on this stream."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReset:
+    stream_id: int
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class WindowUpdated:
+    """More credit to send: on one stream, or on the whole connection when ``stream_id`` is 0."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class PingAcked:
+    rtt: float
+
+
+@dataclass(frozen=True, slots=True)
+class GoAwayReceived:
+    last_stream_id: int
+    code: ErrorCode
+    reason: str
+
+
+Event = (
+    SettingsReceived
+    | StreamOpenRequested
+    | StreamAccepted
+    | StreamRejected
+    | DataReceived
+    | StreamEnded
+    | StreamReset
+    | WindowUpdated
+    | PingAcked
+    | GoAwayReceived
+)

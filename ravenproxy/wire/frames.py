@@ -1,0 +1,274 @@
+"""Frame codec: bytes ⇄ frame values. Pure functions, no state.
+
+Every frame is a 12-byte header followed by ``length`` payload bytes::
+
+    type u8 | flags u8 | reserved u16 (0) | stream_id u32 | length u32 | payload
+
+Integers are big-endian. One WebSocket binary message carries one or more whole frames; a frame
+never spans two messages.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ravenproxy.wire.codes import ErrorCode, Flag, FrameType, Setting
+from ravenproxy.wire.errors import FrameSizeError, ProtocolError
+
+HEADER = struct.Struct("!BBHII")
+HEADER_SIZE = HEADER.size  # 12
+
+MIN_FRAME_SIZE = 16 * 1024
+MAX_FRAME_SIZE_LIMIT = 16 * 1024 * 1024
+MAX_WINDOW = 2**31 - 1
+MAX_TEXT = 1024
+"""Longest node name, host or reason text accepted, in UTF-8 bytes."""
+
+_U16 = struct.Struct("!H")
+_U32 = struct.Struct("!I")
+_SETTING = struct.Struct("!HI")
+_OPEN_HEAD = struct.Struct("!IH")  # initial window, port
+_RESULT_HEAD = struct.Struct("!HI")  # code, initial window
+_GOAWAY_HEAD = struct.Struct("!IH")  # last stream id, code
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a stream should go: the node it is for, and the host:port the agent dials."""
+
+    node: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.node}→{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    stream_id = 0
+    values: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    stream_id: int
+    window: int
+    target: Target
+
+
+@dataclass(frozen=True, slots=True)
+class OpenResult:
+    stream_id: int
+    code: ErrorCode
+    window: int
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    stream_id: int
+    data: bytes
+    fin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WindowUpdate:
+    stream_id: int
+    increment: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    stream_id: int
+    code: ErrorCode
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    payload: bytes
+    ack: bool = False
+    stream_id = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GoAway:
+    last_stream_id: int
+    code: ErrorCode
+    reason: str = ""
+    stream_id = 0
+
+
+Frame = Settings | Open | OpenResult | Data | WindowUpdate | Reset | Ping | GoAway
+
+
+def _text(value: str, what: str) -> bytes:
+    raw = value.encode("utf-8")
+    if len(raw) > MAX_TEXT:
+        raise ValueError(f"{what} longer than {MAX_TEXT} bytes")
+    return raw
+
+
+def _header(type_: FrameType, flags: int, stream_id: int, length: int) -> bytes:
+    return HEADER.pack(type_, flags, 0, stream_id, length)
+
+
+def encode_data_header(stream_id: int, length: int, fin: bool) -> bytes:
+    """Header of a DATA frame, for callers that send the payload without copying it."""
+    return HEADER.pack(FrameType.DATA, Flag.FIN if fin else 0, 0, stream_id, length)
+
+
+def encode(frame: Frame) -> bytes:
+    """One frame → its bytes (header + payload)."""
+    match frame:
+        case Data(stream_id, data, fin):
+            return encode_data_header(stream_id, len(data), fin) + data
+        case WindowUpdate(stream_id, increment):
+            return _header(FrameType.WINDOW_UPDATE, 0, stream_id, 4) + _U32.pack(increment)
+        case Open(stream_id, window, target):
+            node = _text(target.node, "node name")
+            host = _text(target.host, "host")
+            body = (
+                _OPEN_HEAD.pack(window, target.port)
+                + _U16.pack(len(node))
+                + node
+                + _U16.pack(len(host))
+                + host
+            )
+            return _header(FrameType.OPEN, 0, stream_id, len(body)) + body
+        case OpenResult(stream_id, code, window, message):
+            body = _RESULT_HEAD.pack(code, window) + _text(message, "message")
+            return _header(FrameType.OPEN_RESULT, 0, stream_id, len(body)) + body
+        case Reset(stream_id, code, message):
+            body = _U16.pack(code) + _text(message, "message")
+            return _header(FrameType.RESET, 0, stream_id, len(body)) + body
+        case Ping(payload, ack):
+            if len(payload) != 8:
+                raise ValueError("PING payload must be 8 bytes")
+            return _header(FrameType.PING, Flag.ACK if ack else 0, 0, 8) + payload
+        case GoAway(last_stream_id, code, reason):
+            body = _GOAWAY_HEAD.pack(last_stream_id, code) + _text(reason, "reason")
+            return _header(FrameType.GOAWAY, 0, 0, len(body)) + body
+        case Settings(values):
+            body = b"".join(_SETTING.pack(k, v) for k, v in values)
+            return _header(FrameType.SETTINGS, 0, 0, len(body)) + body
+    raise TypeError(f"not a frame: {frame!r}")
+
+
+def _decode_text(raw: bytes | memoryview, what: str) -> str:
+    if len(raw) > MAX_TEXT:
+        raise ProtocolError(f"{what} longer than {MAX_TEXT} bytes")
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{what} is not valid UTF-8") from None
+
+
+def _need_stream(type_: FrameType, stream_id: int) -> None:
+    if stream_id == 0:
+        raise ProtocolError(f"{type_.name} on stream 0")
+
+
+def _need_conn(type_: FrameType, stream_id: int) -> None:
+    if stream_id != 0:
+        raise ProtocolError(f"{type_.name} on stream {stream_id}, must be stream 0")
+
+
+def _decode_one(type_byte: int, flags: int, stream_id: int, payload: memoryview) -> Frame | None:
+    try:
+        type_ = FrameType(type_byte)
+    except ValueError:
+        return None  # unknown frame types are ignored, so later versions can add some
+    size = len(payload)
+    if type_ is FrameType.DATA:
+        _need_stream(type_, stream_id)
+        return Data(stream_id, bytes(payload), bool(flags & Flag.FIN))
+    if type_ is FrameType.WINDOW_UPDATE:
+        if size != 4:
+            raise FrameSizeError(f"WINDOW_UPDATE payload is {size} bytes, must be 4")
+        increment = _U32.unpack_from(payload)[0]
+        if not 0 < increment <= MAX_WINDOW:
+            raise ProtocolError(f"WINDOW_UPDATE increment {increment} out of range")
+        return WindowUpdate(stream_id, increment)
+    if type_ is FrameType.OPEN:
+        _need_stream(type_, stream_id)
+        try:
+            window, port = _OPEN_HEAD.unpack_from(payload)
+            pos = _OPEN_HEAD.size
+            (n,) = _U16.unpack_from(payload, pos)
+            node = _decode_text(payload[pos + 2 : pos + 2 + n], "node name")
+            pos += 2 + n
+            (h,) = _U16.unpack_from(payload, pos)
+            if pos + 2 + h != size:
+                raise FrameSizeError("OPEN payload length does not match its fields")
+            host = _decode_text(payload[pos + 2 : pos + 2 + h], "host")
+        except struct.error:
+            raise FrameSizeError("OPEN payload truncated") from None
+        if len(node.encode()) != n:
+            raise FrameSizeError("OPEN payload truncated")
+        if window > MAX_WINDOW:
+            raise ProtocolError(f"OPEN window {window} out of range")
+        return Open(stream_id, window, Target(node, host, port))
+    if type_ is FrameType.OPEN_RESULT:
+        _need_stream(type_, stream_id)
+        if size < _RESULT_HEAD.size:
+            raise FrameSizeError("OPEN_RESULT payload truncated")
+        code, window = _RESULT_HEAD.unpack_from(payload)
+        if window > MAX_WINDOW:
+            raise ProtocolError(f"OPEN_RESULT window {window} out of range")
+        msg = _decode_text(payload[_RESULT_HEAD.size :], "message")
+        return OpenResult(stream_id, ErrorCode.parse(code), window, msg)
+    if type_ is FrameType.RESET:
+        _need_stream(type_, stream_id)
+        if size < 2:
+            raise FrameSizeError("RESET payload truncated")
+        (code,) = _U16.unpack_from(payload)
+        return Reset(stream_id, ErrorCode.parse(code), _decode_text(payload[2:], "message"))
+    if type_ is FrameType.PING:
+        _need_conn(type_, stream_id)
+        if size != 8:
+            raise FrameSizeError(f"PING payload is {size} bytes, must be 8")
+        return Ping(bytes(payload), bool(flags & Flag.ACK))
+    if type_ is FrameType.GOAWAY:
+        _need_conn(type_, stream_id)
+        if size < _GOAWAY_HEAD.size:
+            raise FrameSizeError("GOAWAY payload truncated")
+        last, code = _GOAWAY_HEAD.unpack_from(payload)
+        reason = _decode_text(payload[_GOAWAY_HEAD.size :], "reason")
+        return GoAway(last, ErrorCode.parse(code), reason)
+    # SETTINGS
+    _need_conn(type_, stream_id)
+    if size % _SETTING.size:
+        raise FrameSizeError(f"SETTINGS payload is {size} bytes, not a multiple of 6")
+    values = tuple(_SETTING.iter_unpack(payload))
+    return Settings(tuple((int(k), int(v)) for k, v in values))
+
+
+def decode_message(message: bytes | bytearray | memoryview, max_frame_size: int) -> list[Frame]:
+    """All frames of one WebSocket message. A frame cut short or a DATA payload larger than
+    ``max_frame_size`` (the receiver's own setting) is a connection error."""
+    view = memoryview(message)
+    total = len(view)
+    pos = 0
+    frames: list[Frame] = []
+    while pos < total:
+        if total - pos < HEADER_SIZE:
+            raise FrameSizeError("message ends inside a frame header")
+        type_byte, flags, reserved, stream_id, length = HEADER.unpack_from(view, pos)
+        pos += HEADER_SIZE
+        if length > total - pos:
+            raise FrameSizeError("message ends inside a frame payload")
+        if length > max_frame_size:
+            raise FrameSizeError(f"frame of {length} bytes exceeds MAX_FRAME_SIZE {max_frame_size}")
+        if reserved:
+            raise ProtocolError("reserved header bits are set")
+        frame = _decode_one(type_byte, flags, stream_id, view[pos : pos + length])
+        pos += length
+        if frame is not None:
+            frames.append(frame)
+    return frames
+
+
+SETTING_NAMES = {s.value: s for s in Setting}
