@@ -1,0 +1,5 @@
+import sys
+
+from ravenproxy.cli import main
+
+sys.exit(main())

@@ -1,0 +1,222 @@
+"""The edge agent: keeps one tunnel to the server up and serves the streams it carries.
+
+The connector loop dials ``wss://`` with mTLS, runs a :class:`Session` until it ends, logs why,
+and dials again after an exponential, fully jittered delay. The delay sequence restarts once a
+tunnel came up (the peer's SETTINGS arrived), so a server restart is followed by a quick return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+
+from aiohttp import web
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidHandshake, InvalidStatus
+
+from ravenproxy.agent.allowlist import Allowlist
+from ravenproxy.agent.backoff import backoff
+from ravenproxy.agent.dialer import DialError, dial
+from ravenproxy.agent.settings import AgentSettings
+from ravenproxy.log import kv
+from ravenproxy.metrics import AgentMetrics, metrics_app, start_app
+from ravenproxy.model.inventory import InventoryWatcher
+from ravenproxy.model.store import ModelStore
+from ravenproxy.transport import tls
+from ravenproxy.transport.relay import relay
+from ravenproxy.transport.session import Session, StreamClosedError, TunnelStream
+from ravenproxy.wire.codes import SUBPROTOCOL
+
+log = logging.getLogger(__name__)
+
+
+def describe_connect_error(exc: BaseException) -> str:
+    """One line saying why a dial to the server failed, for the log."""
+    if isinstance(exc, InvalidStatus):
+        return f"server answered HTTP {exc.response.status_code}"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"server certificate rejected: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS handshake failed: {exc.reason or exc}"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, OSError):
+        return exc.strerror or repr(exc)
+    if isinstance(exc, InvalidHandshake):
+        return f"WebSocket handshake failed: {exc}"
+    return repr(exc)
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, store: ModelStore | None = None) -> None:
+        self.settings = settings
+        self.store = store or ModelStore()
+        self.metrics = AgentMetrics()
+        self.session: Session | None = None
+        self.connected = asyncio.Event()
+        self._runners: list[web.AppRunner] = []
+        self._stopping = False
+        self._extra_allow = Allowlist.parse(settings.allow)
+        self.allowlist = self._build_allowlist()
+        self.store.subscribe(lambda _model: self._refresh_allowlist())
+        self.metrics.streams.set_function(
+            lambda: len(self.session.streams) if self.session is not None else 0
+        )
+        self.ports: dict[str, int] = {}
+
+    def _build_allowlist(self) -> Allowlist:
+        derived = Allowlist.from_model(
+            self.store.model, self.settings.node_name, self.settings.metrics_ports
+        )
+        return derived + self._extra_allow
+
+    def _refresh_allowlist(self) -> None:
+        self.allowlist = self._build_allowlist()
+        log.info("allowlist updated", extra=kv(entries=len(self.allowlist)))
+
+    def _ready(self) -> tuple[bool, str]:
+        if self.session is not None and not self.session.closed and self.connected.is_set():
+            return True, "tunnel up"
+        return False, "tunnel down"
+
+    async def run(self) -> None:
+        """Serve until cancelled."""
+        s = self.settings
+        ctx = tls.client_context(
+            s.ca_file, s.cert_file, s.key_file, server_hostname_check=s.server_hostname_check
+        )
+        if s.metrics_addr is not None:
+            runner, port = await start_app(
+                metrics_app(self.metrics.registry, self._ready),
+                s.metrics_addr.host,
+                s.metrics_addr.port,
+            )
+            self._runners.append(runner)
+            self.ports["metrics"] = port
+        watcher_task: asyncio.Task[None] | None = None
+        if s.inventory:
+            watcher = InventoryWatcher(s.inventory, self.store)
+            watcher.load_initial()
+            watcher_task = asyncio.create_task(watcher.run(), name="agent-inventory-watch")
+        if not len(self.allowlist):
+            log.warning(
+                "the allowlist is empty: every stream will be refused", extra=kv(node=s.node_name)
+            )
+        try:
+            await self._connect_loop(ctx)
+        finally:
+            if watcher_task is not None:
+                watcher_task.cancel()
+                await asyncio.gather(watcher_task, return_exceptions=True)
+            for runner in self._runners:
+                await runner.cleanup()
+
+    async def _connect_loop(self, ctx: ssl.SSLContext) -> None:
+        s = self.settings
+        delays = backoff(s.backoff_base, s.backoff_cap)
+        wire = s.session.wire
+        while True:
+            try:
+                ws: ClientConnection = await connect(
+                    s.server_url,
+                    ssl=ctx,
+                    subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+                    compression=None,
+                    max_size=wire.max_message_size + 1024,
+                    max_queue=16,
+                    write_limit=wire.max_message_size,
+                    ping_interval=None,
+                    open_timeout=10,
+                    proxy=None,
+                    user_agent_header=f"ravenproxy-agent/{s.node_name}",
+                    logger=logging.getLogger("ravenproxy.agent.websocket"),
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # every failure to dial is retried; the log says why
+                delay = next(delays)
+                self.metrics.connects.labels(result="failed").inc()
+                log.warning(
+                    "cannot reach the server, retrying",
+                    extra=kv(
+                        server=s.server_url,
+                        reason=describe_connect_error(exc),
+                        retry_in=f"{delay:.2f}s",
+                    ),
+                )
+                await asyncio.sleep(delay)
+                continue
+            self.metrics.connects.labels(result="ok").inc()
+            session = Session(
+                ws,
+                server_side=False,
+                config=s.session,
+                on_open=self._serve,
+                name=s.node_name,
+                fields={"node": s.node_name, "server": s.server_url},
+            )
+            session.on_stream_closed = self._stream_closed
+            self.session = session
+            runner = asyncio.create_task(session.run(), name="agent-session")
+            try:
+                await session.wait_ready()
+                delays = backoff(s.backoff_base, s.backoff_cap)  # a good tunnel resets backoff
+                self.connected.set()
+                self.metrics.connected.set(1)
+                log.info("tunnel up", extra=kv(node=s.node_name, server=s.server_url))
+            except StreamClosedError:
+                pass
+            try:
+                await asyncio.shield(runner)
+            except asyncio.CancelledError:
+                await session.close("agent stopping")
+                await asyncio.gather(runner, return_exceptions=True)
+                raise
+            finally:
+                self.connected.clear()
+                self.metrics.connected.set(0)
+            delay = next(delays)
+            log.warning(
+                "tunnel down, reconnecting",
+                extra=kv(reason=session.close_reason, retry_in=f"{delay:.2f}s"),
+            )
+            await asyncio.sleep(delay)
+
+    def _stream_closed(self, stream: TunnelStream) -> None:
+        self.metrics.bytes.labels(direction="up").inc(stream.bytes_out)
+        self.metrics.bytes.labels(direction="down").inc(stream.bytes_in)
+
+    async def _serve(self, stream: TunnelStream) -> None:
+        target = stream.target
+        try:
+            dialed = await dial(
+                target.host, target.port, self.allowlist, self.settings.dial_timeout
+            )
+        except DialError as exc:
+            self.metrics.dials.labels(result=exc.code.name.lower()).inc()
+            log.info(
+                "stream refused",
+                extra=kv(
+                    stream=stream.id,
+                    target=f"{target.host}:{target.port}",
+                    node=target.node,
+                    code=exc.code.name,
+                    reason=exc.message,
+                ),
+            )
+            stream.reject(exc.code, exc.message)
+            return
+        self.metrics.dials.labels(result="ok").inc()
+        stream.accept()
+        await relay(stream, dialed.reader, dialed.writer)
+
+
+async def run_agent(settings: AgentSettings) -> None:
+    agent = Agent(settings)
+    await agent.run()
+
+
+__all__ = ["Agent", "run_agent"]

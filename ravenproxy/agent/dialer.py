@@ -1,0 +1,64 @@
+"""Dial a stream's target on behalf of the cloud: resolve, check, then connect to the checked IP."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from dataclasses import dataclass
+
+from ravenproxy.agent.allowlist import Allowlist, IPAddress, denied_always
+from ravenproxy.transport.relay import READ_LIMIT
+from ravenproxy.wire.codes import ErrorCode
+from ravenproxy.wire.errors import WireError
+
+
+class DialError(WireError):
+    """Why a target was not dialled; ``code`` goes into OPEN_RESULT."""
+
+
+@dataclass(frozen=True)
+class Dialed:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    address: str
+
+
+async def resolve(host: str, port: int) -> list[IPAddress]:
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise DialError(f"cannot resolve {host}: {exc.strerror}", ErrorCode.DIAL_FAILED) from None
+    return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0])) for info in infos))
+
+
+async def dial(host: str, port: int, allowlist: Allowlist, timeout: float) -> Dialed:
+    addresses = await resolve(host, port)
+    permitted = [ip for ip in addresses if allowlist.permits(ip, port)]
+    if not permitted:
+        shown = ", ".join(str(ip) for ip in addresses)
+        if any(denied_always(ip) for ip in addresses):
+            why = f"{host}:{port} resolves to an address that is never dialled ({shown})"
+        else:
+            why = f"{host}:{port} is not in the agent's allowlist"
+        raise DialError(why, ErrorCode.REFUSED)
+    errors: list[str] = []
+    try:
+        async with asyncio.timeout(timeout):
+            for ip in permitted:
+                try:
+                    reader, writer = await asyncio.open_connection(str(ip), port, limit=READ_LIMIT)
+                except OSError as exc:
+                    errors.append(f"{ip}:{port}: {exc.strerror or exc}")
+                    continue
+                return Dialed(reader, writer, f"{ip}:{port}")
+    except TimeoutError:
+        raise DialError(
+            f"dial {host}:{port} timed out after {timeout:g}s", ErrorCode.DIAL_TIMEOUT
+        ) from None
+    raise DialError("dial failed: " + "; ".join(errors), ErrorCode.DIAL_FAILED)

@@ -1,0 +1,98 @@
+"""The agent's settings (``ravenproxy agent``), validated once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from ravenproxy import config as cfg
+from ravenproxy.config import Address
+from ravenproxy.errors import ConfigError, PKIError
+from ravenproxy.pki.authority import validate_node_name
+from ravenproxy.transport.session import SessionConfig
+
+FIELDS = {
+    "node_name",
+    "server_addr",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "allow",
+    "inventory",
+    "metrics_ports",
+    "metrics_addr",
+    "dial_timeout",
+    "ping_interval",
+    "dead_after",
+    "backoff_base",
+    "backoff_cap",
+    "no_server_hostname_check",
+}
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    node_name: str
+    server_url: str
+    ca_file: str
+    cert_file: str
+    key_file: str
+    allow: tuple[str, ...] = ()
+    inventory: str | None = None
+    metrics_ports: tuple[int, ...] = ()
+    metrics_addr: Address | None = None
+    dial_timeout: float = 5.0
+    session: SessionConfig = field(default_factory=SessionConfig)
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    server_hostname_check: bool = True
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> AgentSettings:
+        node = values.get("node_name") or cfg.env_node_name()
+        if not node:
+            raise ConfigError("--node-name", "is required (or set NODE_NAME)")
+        try:
+            validate_node_name(str(node))
+        except PKIError as exc:
+            raise ConfigError("--node-name", str(exc)) from None
+        url = str(values.get("server_addr") or "")
+        parts = urlsplit(url)
+        if parts.scheme != "wss" or not parts.hostname or not parts.port:
+            raise ConfigError("--server-addr", f"{url!r} must look like wss://HOST:PORT")
+        allow = values.get("allow") or ()
+        if isinstance(allow, str):
+            allow = (allow,)
+        ports = values.get("metrics_ports") or ()
+        if isinstance(ports, int | str):
+            ports = (ports,)
+        metrics_ports = tuple(int(cfg.positive(p, "--metrics-port", integer=True)) for p in ports)
+        metrics_addr = values.get("metrics_addr")
+        inventory = values.get("inventory")
+        try:
+            session = SessionConfig(
+                ping_interval=cfg.positive(values.get("ping_interval", 10.0), "--ping-interval"),
+                dead_after=cfg.positive(values.get("dead_after", 30.0), "--dead-after"),
+            )
+        except ValueError as exc:
+            raise ConfigError("tunnel settings", str(exc)) from None
+        return cls(
+            node_name=str(node),
+            server_url=url,
+            ca_file=cfg.existing_file(values.get("ca_file"), "--ca-file"),
+            cert_file=cfg.existing_file(values.get("cert_file"), "--cert-file"),
+            key_file=cfg.existing_file(values.get("key_file"), "--key-file"),
+            allow=tuple(str(a) for a in allow),
+            inventory=cfg.existing_file(inventory, "--inventory") if inventory else None,
+            metrics_ports=metrics_ports,
+            metrics_addr=cfg.parse_address(str(metrics_addr), "--metrics-addr")
+            if metrics_addr
+            else None,
+            dial_timeout=cfg.positive(values.get("dial_timeout", 5.0), "--dial-timeout"),
+            session=session,
+            backoff_base=cfg.positive(values.get("backoff_base", 0.5), "--backoff-base"),
+            backoff_cap=cfg.positive(values.get("backoff_cap", 30.0), "--backoff-cap"),
+            server_hostname_check=not values.get("no_server_hostname_check"),
+        )

@@ -1,0 +1,114 @@
+"""Settings as frozen dataclasses, validated once at start-up.
+
+Precedence: command-line flags > the YAML file given with ``--config`` > environment
+(``NODE_NAME``, ``NODE_IP`` as a DaemonSet sets them) > defaults. Every error names the field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ravenproxy.errors import ConfigError
+
+DEFAULT_TUNNEL_PORT = 10262
+DEFAULT_HTTPS_PORT = 10263
+DEFAULT_HTTP_PORT = 10264
+DEFAULT_METRICS_PORT = 10266
+DEFAULT_AGENT_METRICS_PORT = 10265
+DEFAULT_HEALTH_PORT = 10275
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def bind_host(self) -> str | None:
+        """For asyncio: None means every interface."""
+        return self.host or None
+
+
+def parse_address(text: str, field: str) -> Address:
+    """``H:P``, ``:P`` (all interfaces) or ``[v6]:P``."""
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+    else:
+        host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(field, f"{text!r} is not HOST:PORT")
+    if host and ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(field, f"{text!r}: bad IPv6 address") from None
+    return Address(host, int(port))
+
+
+def load_config_file(path: str | None) -> dict[str, Any]:
+    """The ``--config`` YAML as a mapping with keys normalised to ``snake_case``."""
+    if not path:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError("--config", f"{path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("--config", f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("--config", f"{path}: expected a mapping of settings")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def merge(
+    flags: Mapping[str, Any], file_values: Mapping[str, Any], known: set[str]
+) -> dict[str, Any]:
+    """Flags that were given win over the file; unknown file keys are an error naming them."""
+    unknown = sorted(set(file_values) - known)
+    if unknown:
+        raise ConfigError("--config", f"unknown setting(s): {', '.join(unknown)}")
+    merged = dict(file_values)
+    for key, value in flags.items():
+        if value is not None and value != []:
+            merged[key] = value
+    return merged
+
+
+def env_node_name() -> str | None:
+    return os.environ.get("NODE_NAME") or None
+
+
+def env_node_ip() -> str | None:
+    return os.environ.get("NODE_IP") or None
+
+
+def positive(value: Any, field: str, *, integer: bool = False) -> float:
+    try:
+        number = int(value) if integer else float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(field, f"expected a number, got {value!r}") from None
+    if number <= 0:
+        raise ConfigError(field, f"must be > 0, got {value!r}")
+    return number
+
+
+def existing_file(value: Any, field: str) -> str:
+    if not value:
+        raise ConfigError(field, "is required")
+    path = str(value)
+    if not Path(path).is_file():
+        raise ConfigError(field, f"{path}: no such file")
+    return path

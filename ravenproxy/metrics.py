@@ -1,0 +1,110 @@
+"""Prometheus metrics (prometheus_client) and the small HTTP app that serves them with health.
+
+Each process component owns a :class:`CollectorRegistry`, so several servers or agents in one
+test process never share counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+NS = "ravenproxy"
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.agents = Gauge(f"{NS}_server_agents_connected", "Agent tunnels connected", registry=r)
+        self.streams = Gauge(
+            f"{NS}_server_streams_open", "Streams open over all tunnels", registry=r
+        )
+        self.opens = Counter(
+            f"{NS}_server_stream_opens", "Stream opens by result", ["result"], registry=r
+        )
+        self.bytes = Counter(
+            f"{NS}_server_bytes",
+            "Bytes relayed, by direction (up: to the edge)",
+            ["direction"],
+            registry=r,
+        )
+        self.dial = Histogram(
+            f"{NS}_server_dial_duration_seconds",
+            "Time from OPEN to OPEN_RESULT (the agent's dial included)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.requests = Counter(
+            f"{NS}_server_front_requests",
+            "Front requests by front and status",
+            ["front", "status"],
+            registry=r,
+        )
+        self.agent_sessions = Counter(
+            f"{NS}_server_agent_sessions",
+            "Agent tunnel sessions by outcome",
+            ["outcome"],
+            registry=r,
+        )
+
+
+class AgentMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.connected = Gauge(
+            f"{NS}_agent_tunnel_connected", "1 while the tunnel is up", registry=r
+        )
+        self.connects = Counter(
+            f"{NS}_agent_connect_attempts",
+            "Tunnel connection attempts by result",
+            ["result"],
+            registry=r,
+        )
+        self.streams = Gauge(f"{NS}_agent_streams_open", "Streams open", registry=r)
+        self.dials = Counter(f"{NS}_agent_dials", "Dials by result", ["result"], registry=r)
+        self.bytes = Counter(
+            f"{NS}_agent_bytes",
+            "Bytes relayed, by direction (up: to the cloud)",
+            ["direction"],
+            registry=r,
+        )
+
+
+def metrics_app(
+    registry: CollectorRegistry,
+    ready: Callable[[], tuple[bool, str]] | None = None,
+) -> web.Application:
+    """``/metrics`` in the Prometheus text format, ``/healthz`` (alive) and ``/readyz``."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        ok, why = ready() if ready is not None else (True, "ready")
+        return web.Response(status=200 if ok else 503, text=why + "\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app``; return its runner (for cleanup) and the bound port (``port`` may be 0)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host or None, port)
+    await site.start()
+    bound = port
+    for address in runner.addresses:
+        bound = int(address[1])
+        break
+    return runner, bound

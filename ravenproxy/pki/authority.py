@@ -1,0 +1,455 @@
+"""The embedded certificate authority: one CA, server certificates, per-node client certificates.
+
+ECDSA P-256 with SHA-256 throughout: small keys, fast handshakes, and accepted by every TLS 1.3
+stack we talk to (OpenSSL, Go's crypto/tls in kube-apiserver and kubelets).
+
+The agent's identity is the node name in its client certificate (see ARCHITECTURE.md, "Identity
+and authorization"); :func:`node_name_from_cert` is the one place that turns a certificate into
+that name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import ipaddress
+import logging
+import os
+import re
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from ravenproxy.errors import PKIError
+from ravenproxy.log import kv
+
+log = logging.getLogger(__name__)
+
+CA_VALIDITY = dt.timedelta(days=3650)
+LEAF_VALIDITY = dt.timedelta(days=365)
+# Nodes and the cloud rarely agree on the time to the second; a certificate that is "not yet
+# valid" for a few minutes after `certs init` is a confusing first-run failure.
+CLOCK_SKEW = dt.timedelta(minutes=5)
+
+_CURVE = ec.SECP256R1()
+_HASH = hashes.SHA256()
+
+# Kubernetes' IsDNS1123Subdomain: node names must match this, and so must ours, or the certificate
+# would name a node that can never exist.
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
+_DNS1123_MAX = 253
+# Server SANs may use upper case and a leading wildcard label, as any DNS name in a certificate.
+_SAN_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?"
+_SAN_DNS = re.compile(rf"(\*\.)?{_SAN_LABEL}(\.{_SAN_LABEL})*")
+
+KEY_MODE = 0o600
+CERT_MODE = 0o644
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+
+
+def validate_node_name(name: str) -> str:
+    """Return ``name`` if it is a valid Kubernetes node name (RFC 1123 subdomain), else raise."""
+    if not isinstance(name, str) or not name:
+        raise PKIError(f"invalid node name {name!r}: must be a non-empty RFC 1123 subdomain")
+    if len(name) > _DNS1123_MAX:
+        raise PKIError(f"invalid node name {name!r}: longer than {_DNS1123_MAX} characters")
+    if not _DNS1123_SUBDOMAIN.fullmatch(name):
+        raise PKIError(
+            f"invalid node name {name!r}: must be an RFC 1123 subdomain "
+            "(lower-case letters, digits, '-' and '.', starting and ending with a letter or digit)"
+        )
+    return name
+
+
+def parse_san(value: str) -> x509.GeneralName:
+    """One ``--server-san`` value: an IP address becomes an IPAddress SAN, anything else DNS."""
+    text = value.strip()
+    try:
+        return x509.IPAddress(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    if len(text) > _DNS1123_MAX or not _SAN_DNS.fullmatch(text):
+        raise PKIError(f"invalid server SAN {value!r}: neither an IP address nor a DNS name")
+    return x509.DNSName(text.lower())
+
+
+def _validity(
+    not_before: dt.datetime | None, not_after: dt.datetime | None, default: dt.timedelta
+) -> tuple[dt.datetime, dt.datetime]:
+    now = dt.datetime.now(dt.UTC)
+    start = _aware(not_before) if not_before is not None else now - CLOCK_SKEW
+    end = _aware(not_after) if not_after is not None else now + default
+    if end <= start:
+        raise PKIError(
+            f"invalid validity: not_after {end.isoformat()} is not after not_before "
+            f"{start.isoformat()}"
+        )
+    return start, end
+
+
+def _aware(when: dt.datetime) -> dt.datetime:
+    # A naive datetime is taken as UTC, the only zone X.509 knows.
+    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
+
+
+def _name(common_name: str) -> x509.Name:
+    try:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    except ValueError as exc:  # e.g. longer than the 64 characters X.520 allows
+        raise PKIError(f"invalid common name {common_name!r}: {exc}") from exc
+
+
+def _check_ca(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey) -> None:
+    # Signing with a key that does not belong to the CA certificate produces certificates that
+    # fail verification only later, on the far side of a handshake; refuse it here.
+    if ca_key.public_key().public_numbers() != _ec_public(ca_cert).public_numbers():
+        raise PKIError("CA key does not match the CA certificate")
+    try:
+        bc = ca_cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        bc = None
+    if bc is None or not bc.ca:
+        raise PKIError(f"certificate {ca_cert.subject.rfc4514_string()} is not a CA")
+
+
+def _ec_public(cert: x509.Certificate) -> ec.EllipticCurvePublicKey:
+    key = cert.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise PKIError(f"certificate {cert.subject.rfc4514_string()} does not hold an ECDSA key")
+    return key
+
+
+def _aki(ca_cert: x509.Certificate) -> x509.AuthorityKeyIdentifier:
+    try:
+        ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(_ec_public(ca_cert))
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+
+
+# --------------------------------------------------------------------------------------------
+# issuing
+
+
+def generate_ca(
+    common_name: str = "ravenproxy-ca",
+    *,
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A self-signed CA that may sign leaf certificates only (path length 0)."""
+    start, end = _validity(not_before, not_after, CA_VALIDITY)
+    key = ec.generate_private_key(_CURVE)
+    name = _name(common_name)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, _HASH)
+    )
+    return cert, key
+
+
+def _leaf_key_usage() -> x509.KeyUsage:
+    # ECDHE key exchange: the leaf key only ever signs the handshake.
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=False,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _issue(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    common_name: str,
+    sans: list[x509.GeneralName],
+    usage: x509.ObjectIdentifier,
+    not_before: dt.datetime | None,
+    not_after: dt.datetime | None,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    _check_ca(ca_cert, ca_key)
+    start, end = _validity(not_before, not_after, LEAF_VALIDITY)
+    key = ec.generate_private_key(_CURVE)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_leaf_key_usage(), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(_aki(ca_cert), critical=False)
+        .sign(ca_key, _HASH)
+    )
+    return cert, key
+
+
+def issue_server_cert(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    sans: Sequence[str],
+    *,
+    common_name: str = "ravenproxy-server",
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A server certificate for the given names and IPs (serverAuth only).
+
+    Only serverAuth, so that the server certificate can never pass for an agent's client
+    certificate, even if it leaks.
+    """
+    if isinstance(sans, str):
+        raise PKIError(f"server SANs must be a sequence of names, not the string {sans!r}")
+    names: list[x509.GeneralName] = []
+    for san in sans:
+        parsed = parse_san(san)
+        if parsed not in names:
+            names.append(parsed)
+    if not names:
+        raise PKIError("a server certificate needs at least one SAN (DNS name or IP)")
+    return _issue(
+        ca_cert, ca_key, common_name, names, ExtendedKeyUsageOID.SERVER_AUTH, not_before, not_after
+    )
+
+
+def issue_client_cert(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    node_name: str,
+    *,
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """An agent's client certificate: CN and the only DNS SAN are the node name (clientAuth)."""
+    validate_node_name(node_name)
+    return _issue(
+        ca_cert,
+        ca_key,
+        node_name,
+        [x509.DNSName(node_name)],
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+        not_before,
+        not_after,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# identity
+
+
+def node_name_from_cert(der: bytes) -> str:
+    """The node an agent's (already chain-verified) DER client certificate speaks for.
+
+    Strict on purpose: exactly one CN, every DNS SAN equal to it, clientAuth usage, and a valid
+    node name — an ambiguous certificate must not be mapped to some node by guesswork.
+    """
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError as exc:
+        raise PKIError(f"peer certificate is not valid DER: {exc}") from exc
+    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if len(cns) != 1:
+        raise PKIError(f"peer certificate must have exactly one CN, has {len(cns)}")
+    cn = cns[0].value
+    if not isinstance(cn, str):
+        raise PKIError("peer certificate CN is not a string")
+    try:
+        validate_node_name(cn)
+    except PKIError as exc:
+        raise PKIError(f"peer certificate CN is not a node name: {exc}") from exc
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        dns_names: list[str] = []
+    else:
+        dns_names = san.get_values_for_type(x509.DNSName)
+    mismatched = [n for n in dns_names if n != cn]
+    if mismatched:
+        raise PKIError(f"peer certificate CN {cn!r} does not match its DNS SANs {dns_names!r}")
+    try:
+        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound as exc:
+        raise PKIError(f"peer certificate for {cn!r} has no extended key usage") from exc
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
+        raise PKIError(f"peer certificate for {cn!r} is not a client certificate (no clientAuth)")
+    return cn
+
+
+def is_issued_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
+    """Whether ``ca_cert`` signed ``cert`` (signature and issuer name; not validity)."""
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# files
+
+
+def _atomic_write(path: Path, data: bytes, mode: int, *, overwrite: bool) -> None:
+    """Write via a temp file in the same directory, created with ``mode`` from the first byte.
+
+    The temp file is opened with its final mode (and O_EXCL/O_NOFOLLOW), so a key is never
+    readable by others, not even between create and chmod. ``overwrite=False`` publishes with
+    link(2), which fails instead of replacing a file someone else created meanwhile.
+    """
+    directory = path.parent
+    tmp = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(tmp, flags, mode)
+    except OSError as exc:
+        raise PKIError(f"{path}: cannot create: {exc.strerror or exc}") from exc
+    try:
+        try:
+            # umask may have narrowed a certificate's mode; a key must be exactly 0600.
+            if mode == KEY_MODE:
+                os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError as exc:
+                raise PKIError(f"{path}: already exists, not overwriting") from exc
+            os.unlink(tmp)
+    except OSError as exc:
+        raise PKIError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Durability of the rename; best effort, not every filesystem allows opening a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    # Unencrypted PKCS#8: the processes read it unattended; the file mode is the protection.
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def write_pem_cert(path: Path | str, cert: x509.Certificate, *, overwrite: bool = True) -> None:
+    """Write ``cert`` as PEM, atomically (mode 0644 less the umask)."""
+    _atomic_write(Path(path), cert_pem(cert), CERT_MODE, overwrite=overwrite)
+
+
+def write_pem_key(
+    path: Path | str, key: ec.EllipticCurvePrivateKey, *, overwrite: bool = True
+) -> None:
+    """Write ``key`` as unencrypted PKCS#8 PEM, atomically, mode 0600 from creation on."""
+    _atomic_write(Path(path), key_pem(key), KEY_MODE, overwrite=overwrite)
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError as exc:
+        raise PKIError(f"{what} {path}: No such file") from exc
+    except IsADirectoryError as exc:
+        raise PKIError(f"{what} {path}: is a directory") from exc
+    except OSError as exc:
+        raise PKIError(f"{what} {path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def load_certs(path: Path | str, what: str = "certificate") -> list[x509.Certificate]:
+    """Every certificate in a PEM file (a bundle or a chain), at least one."""
+    p = Path(path)
+    data = _read(p, what)
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError as exc:
+        raise PKIError(f"{what} {p}: not a PEM certificate ({exc})") from exc
+    if not certs:
+        raise PKIError(f"{what} {p}: no certificate in file")
+    return certs
+
+
+def load_cert(path: Path | str, what: str = "certificate") -> x509.Certificate:
+    """The first certificate of a PEM file; ``what`` names the file's role in errors."""
+    return load_certs(path, what)[0]
+
+
+def load_key(path: Path | str, what: str = "key") -> ec.EllipticCurvePrivateKey:
+    """An unencrypted ECDSA private key from a PEM file."""
+    p = Path(path)
+    data = _read(p, what)
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except TypeError as exc:
+        raise PKIError(f"{what} {p}: key is encrypted; an unencrypted key is needed") from exc
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise PKIError(f"{what} {p}: not a PEM private key ({exc})") from exc
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise PKIError(f"{what} {p}: not an ECDSA key ({type(key).__name__})")
+    log.debug("loaded key", extra=kv(path=str(p)))
+    return key

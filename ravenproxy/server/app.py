@@ -1,0 +1,213 @@
+"""The cloud proxy server: the agent listener, the agent registry and the fronts.
+
+Lifecycle: :meth:`ProxyServer.start` binds every listener (port 0 allowed; the bound ports are
+then in :attr:`ProxyServer.ports`), :meth:`ProxyServer.stop` stops accepting, asks agents to
+drain, waits up to ``drain_timeout``, then closes what is left and collects every task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from websockets.asyncio.server import Server as WsServer
+from websockets.asyncio.server import ServerConnection, serve
+
+from ravenproxy.errors import PKIError, RoutingError
+from ravenproxy.log import kv
+from ravenproxy.metrics import ServerMetrics, metrics_app, start_app
+from ravenproxy.model.store import ModelStore
+from ravenproxy.server.http_front import HttpFront
+from ravenproxy.server.registry import AgentRegistry
+from ravenproxy.server.routing import HTTP_STATUS, REASONS, Route
+from ravenproxy.server.settings import ServerSettings
+from ravenproxy.transport import tls
+from ravenproxy.transport.session import OpenError, Session, TunnelStream
+from ravenproxy.wire.codes import SUBPROTOCOL
+
+log = logging.getLogger(__name__)
+
+
+class ProxyServer:
+    def __init__(self, settings: ServerSettings, store: ModelStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.registry = AgentRegistry()
+        self.metrics = ServerMetrics()
+        self.ports: dict[str, int] = {}
+        self._ws_server: WsServer | None = None
+        self._fronts: list[asyncio.Server] = []
+        self._runners: list[web.AppRunner] = []
+        self._conn_tasks: set[asyncio.Task[Any]] = set()
+        self.http_front = HttpFront(self)
+        self.metrics.streams.set_function(
+            lambda: sum(len(s.streams) for s in self.registry.sessions())
+        )
+        self._stopping = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        ssl_ctx = tls.server_context(s.ca_file, s.cert_file, s.key_file)
+        wire = s.session.wire
+        self._ws_server = await serve(
+            self._agent_connected,
+            s.tunnel_addr.bind_host,
+            s.tunnel_addr.port,
+            ssl=ssl_ctx,
+            subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+            compression=None,
+            max_size=wire.max_message_size + 1024,
+            max_queue=16,
+            write_limit=wire.max_message_size,
+            ping_interval=None,  # the tunnel protocol has its own keepalive
+            server_header="ravenproxy",
+            logger=logging.getLogger("ravenproxy.server.websocket"),
+        )
+        self.ports["tunnel"] = self._ws_server.sockets[0].getsockname()[1]
+        http = await asyncio.start_server(
+            self._owned(self.http_front.handle),
+            s.http_addr.bind_host,
+            s.http_addr.port,
+            limit=64 * 1024,
+        )
+        self._fronts.append(http)
+        self.ports["http"] = http.sockets[0].getsockname()[1]
+        runner, port = await start_app(
+            metrics_app(self.metrics.registry), s.metrics_addr.host, s.metrics_addr.port
+        )
+        self._runners.append(runner)
+        self.ports["metrics"] = port
+        runner, port = await start_app(
+            metrics_app(self.metrics.registry, self._ready), s.health_addr.host, s.health_addr.port
+        )
+        self._runners.append(runner)
+        self.ports["health"] = port
+        log.info("server listening", extra=kv(**self.ports))
+
+    def _ready(self) -> tuple[bool, str]:
+        if self._stopping:
+            return False, "stopping"
+        return True, f"ready, {len(self.registry)} agent(s) connected"
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for front in self._fronts:
+            front.close()
+        if self._ws_server is not None:
+            self._ws_server.close(close_connections=False)
+        for session in self.registry.sessions():
+            session.goaway("server shutting down")
+        if self._conn_tasks:
+            await asyncio.wait(set(self._conn_tasks), timeout=self.settings.drain_timeout)
+        for task in list(self._conn_tasks):
+            task.cancel()
+        await asyncio.gather(*self._conn_tasks, return_exceptions=True)
+        for session in self.registry.sessions():
+            await session.close("server shutting down")
+        if self._ws_server is not None:
+            self._ws_server.close()
+            await self._ws_server.wait_closed()
+        for front in self._fronts:
+            await front.wait_closed()
+        for runner in self._runners:
+            await runner.cleanup()
+        log.info("server stopped")
+
+    def _owned(self, handler: Any) -> Any:
+        """Wrap a connection handler so its task is tracked and cancelled at shutdown."""
+
+        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._conn_tasks.add(task)
+            try:
+                await handler(reader, writer)
+            finally:
+                self._conn_tasks.discard(task)
+                if not writer.is_closing():
+                    writer.transport.abort()
+
+        return run
+
+    # -- agents -----------------------------------------------------------------------------
+    async def _agent_connected(self, ws: ServerConnection) -> None:
+        peer = ws.remote_address
+        try:
+            node = tls.peer_node_name(ws.transport.get_extra_info("ssl_object"))
+        except PKIError as exc:
+            log.warning("agent refused: bad certificate", extra=kv(peer=peer, error=exc))
+            self.metrics.agent_sessions.labels(outcome="bad_certificate").inc()
+            await ws.close(1008, "certificate does not name a node")
+            return
+        if ws.subprotocol != SUBPROTOCOL:
+            log.warning(
+                "agent refused: protocol version",
+                extra=kv(
+                    node=node,
+                    peer=peer,
+                    offered=ws.request.headers.get("Sec-WebSocket-Protocol", "")
+                    if ws.request
+                    else "",
+                ),
+            )
+            self.metrics.agent_sessions.labels(outcome="bad_protocol").inc()
+            await ws.close(1002, f"subprotocol {SUBPROTOCOL} required")
+            return
+        if self._stopping:
+            await ws.close(1001, "server shutting down")
+            return
+        if self.store.model.node(node) is None:
+            log.warning(
+                "agent for a node not in the model: it can serve nothing yet",
+                extra=kv(node=node, peer=peer),
+            )
+        session = Session(
+            ws,
+            server_side=True,
+            config=self.settings.session,
+            name=node,
+            fields={"node": node, "peer": _peer(peer)},
+        )
+        session.on_stream_closed = self._stream_closed
+        self.registry.add(node, session)
+        self.metrics.agents.set(len(self.registry))
+        self.metrics.agent_sessions.labels(outcome="connected").inc()
+        log.info("agent connected", extra=kv(node=node, peer=_peer(peer)))
+        try:
+            await session.run()
+        finally:
+            self.registry.remove(node, session)
+            self.metrics.agents.set(len(self.registry))
+            log.info("agent disconnected", extra=kv(node=node, reason=session.close_reason))
+
+    def _stream_closed(self, stream: TunnelStream) -> None:
+        self.metrics.bytes.labels(direction="up").inc(stream.bytes_out)
+        self.metrics.bytes.labels(direction="down").inc(stream.bytes_in)
+
+    # -- streams ----------------------------------------------------------------------------
+    async def open(self, route: Route) -> TunnelStream:
+        """Open a stream for a route; failures become a :class:`RoutingError` with its status."""
+        started = time.monotonic()
+        try:
+            stream = await route.session.open_stream(route.target)
+        except OpenError as exc:
+            self.metrics.opens.labels(result=exc.code.name.lower()).inc()
+            status = HTTP_STATUS.get(exc.code, 502)
+            reason = REASONS.get(exc.code, exc.code.name.lower())
+            if exc.message:
+                reason = f"{reason} ({exc.message})"
+            raise RoutingError(status, route.node.name, reason) from None
+        finally:
+            self.metrics.dial.observe(time.monotonic() - started)
+        self.metrics.opens.labels(result="ok").inc()
+        return stream
+
+
+def _peer(address: Any) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)

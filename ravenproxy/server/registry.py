@@ -1,0 +1,74 @@
+"""Connected agents, keyed by the node name their certificate proves; the agent per target."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+from ravenproxy.log import kv
+from ravenproxy.model.snapshot import Model
+from ravenproxy.transport.session import Session
+
+log = logging.getLogger(__name__)
+
+
+class AgentRegistry:
+    def __init__(self) -> None:
+        self._by_node: dict[str, list[Session]] = {}
+        self._rr = itertools.count()
+
+    def add(self, node: str, session: Session) -> None:
+        self._by_node.setdefault(node, []).append(session)
+        log.info("agent registered", extra=kv(node=node, connections=len(self._by_node[node])))
+
+    def remove(self, node: str, session: Session) -> None:
+        sessions = self._by_node.get(node, [])
+        if session in sessions:
+            sessions.remove(session)
+        if not sessions:
+            self._by_node.pop(node, None)
+        log.info("agent unregistered", extra=kv(node=node, reason=session.close_reason))
+
+    def connected_nodes(self) -> frozenset[str]:
+        return frozenset(self._by_node)
+
+    def sessions(self) -> list[Session]:
+        return [s for sessions in self._by_node.values() for s in sessions]
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._by_node.values())
+
+    def _live(self, node: str) -> list[Session]:
+        return [
+            s
+            for s in self._by_node.get(node, ())
+            if not s.closed and s.conn.goaway_received is None and s.conn.goaway_sent is None
+        ]
+
+    def candidates(self, model: Model, target: str) -> list[Session]:
+        """Agents allowed to serve ``target``, best first: the node's own agent; else the
+        active proxy endpoints of its gateway; else any agent of that gateway."""
+        own = self._live(target)
+        if own:
+            return own
+        node = model.node(target)
+        if node is None or node.gateway is None:
+            return []
+        proxies = [s for n in model.proxy_nodes(node.gateway) if n != target for s in self._live(n)]
+        if proxies:
+            return proxies
+        return [
+            s
+            for member in model.members(node.gateway)
+            if member.name != target
+            for s in self._live(member.name)
+        ]
+
+    def pick(self, model: Model, target: str) -> Session | None:
+        """One agent for ``target``: the least loaded candidate, ties spread round-robin."""
+        candidates = self.candidates(model, target)
+        if not candidates:
+            return None
+        least = min(s.conn.open_streams for s in candidates)
+        best = [s for s in candidates if s.conn.open_streams == least]
+        return best[next(self._rr) % len(best)]

@@ -1,0 +1,453 @@
+"""One tunnel: a WebSocket carrying a :class:`ravenproxy.wire.Connection`, and its streams.
+
+This is the only place that turns the sans-I/O protocol into asyncio calls. A session owns three
+tasks (reader, writer, keepalive) plus one task per stream the peer opens; :meth:`run` returns
+when the WebSocket is gone, after every stream has been failed and every task collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from websockets.asyncio.connection import Connection as WebSocket
+from websockets.exceptions import ConnectionClosed
+
+from ravenproxy.errors import RavenProxyError
+from ravenproxy.log import kv
+from ravenproxy.wire import events as ev
+from ravenproxy.wire.codes import ErrorCode
+from ravenproxy.wire.connection import Connection, WireConfig
+from ravenproxy.wire.errors import ProtocolError, WireError
+from ravenproxy.wire.frames import Target
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    wire: WireConfig = field(default_factory=WireConfig)
+    ping_interval: float = 10.0
+    """Seconds between keepalive PINGs."""
+    dead_after: float = 30.0
+    """A peer silent this long is dead: the session closes."""
+    open_timeout: float = 15.0
+    """How long an OPEN may wait for its OPEN_RESULT (the agent's dial timeout is shorter)."""
+
+    def __post_init__(self) -> None:
+        if self.ping_interval <= 0 or self.dead_after <= self.ping_interval:
+            raise ValueError("keepalive: need 0 < ping_interval < dead_after")
+        if self.open_timeout <= 0:
+            raise ValueError("open_timeout must be > 0")
+
+
+class StreamClosedError(RavenProxyError):
+    """The stream was reset (by either side) or its tunnel went away."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}" if message else code.name)
+        self.code = code
+        self.message = message
+
+
+class OpenError(StreamClosedError):
+    """The peer refused to open the stream, or did not answer in time."""
+
+
+class TunnelStream:
+    """A bidirectional byte stream inside the tunnel, with backpressure both ways."""
+
+    def __init__(self, session: Session, stream_id: int, target: Target) -> None:
+        self.session = session
+        self.id = stream_id
+        self.target = target
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._eof = False
+        self._error: StreamClosedError | None = None
+        self._opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    # -- called by the session ------------------------------------------------------------
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._readable.set()
+
+    def _feed_eof(self) -> None:
+        self._eof = True
+        self._readable.set()
+
+    def _fail(self, error: StreamClosedError) -> None:
+        if self._error is None:
+            self._error = error
+        # Buffered bytes will never be read: hand their credit back now.
+        dropped = sum(len(c) for c in self._chunks)
+        self._chunks.clear()
+        if dropped:
+            self.session._consumed(self.id, dropped)
+        self._readable.set()
+        self._writable.set()
+        if not self._opened.done():
+            self._opened.set_exception(error)
+            self._opened.exception()  # mark retrieved: nobody may be waiting any more
+
+    def _wake_writer(self) -> None:
+        self._writable.set()
+
+    # -- public ----------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._error is not None
+
+    @property
+    def buffered(self) -> int:
+        return sum(len(c) for c in self._chunks)
+
+    async def read(self) -> bytes:
+        """The next chunk, or ``b""`` once the peer half-closed. Reading returns credit."""
+        while not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            self._readable.clear()
+            await self._readable.wait()
+        chunk = self._chunks.popleft()
+        self.bytes_in += len(chunk)
+        self.session._consumed(self.id, len(chunk))
+        return chunk
+
+    async def write(self, data: bytes | memoryview) -> None:
+        """Send all of ``data``, waiting for credit as needed."""
+        view = memoryview(data)
+        conn = self.session.conn
+        while view:
+            if self._error is not None:
+                raise self._error
+            room = conn.send_window(self.id)
+            if room <= 0:
+                self._writable.clear()
+                self.session._wait_window(self)
+                await self._writable.wait()
+                continue
+            chunk = view[:room]
+            conn.send_data(self.id, chunk)
+            self.bytes_out += len(chunk)
+            view = view[room:]
+            self.session._flush()
+        if self.session.conn.pending_bytes > self.session.config.wire.max_message_size:
+            await self.session._drained()
+
+    async def writable(self) -> int:
+        """Wait until some credit is available; return how much."""
+        while True:
+            if self._error is not None:
+                raise self._error
+            room = self.session.conn.send_window(self.id)
+            if room > 0:
+                return room
+            self._writable.clear()
+            self.session._wait_window(self)
+            await self._writable.wait()
+
+    def write_eof(self) -> None:
+        """Half-close: no more data from this side."""
+        if self._error is None and self.id in self.session.conn.streams:
+            stream = self.session.conn.streams[self.id]
+            if stream.can_send:
+                self.session.conn.end_stream(self.id)
+                self.session._flush()
+
+    def reset(self, code: ErrorCode = ErrorCode.CANCEL, message: str = "") -> None:
+        if self._error is None:
+            self.session.conn.reset_stream(self.id, code, message)
+            self.session._flush()
+            self._fail(StreamClosedError(code, message or "reset locally"))
+        self.session._forget(self.id)
+
+    def accept(self) -> None:
+        self.session.conn.accept_stream(self.id)
+        self.session._flush()
+
+    def reject(self, code: ErrorCode, message: str) -> None:
+        self.session.conn.reject_stream(self.id, code, message)
+        self.session._flush()
+        self._fail(StreamClosedError(code, message))
+        self.session._forget(self.id)
+
+    def close(self) -> None:
+        """The application is done with this stream: reset it unless both sides already
+        finished cleanly, and forget it. Idempotent."""
+        if self.id in self.session.conn.streams and self._error is None:
+            self.reset(ErrorCode.CANCEL, "closed by the application")
+        self.session._forget(self.id)
+
+
+StreamHandler = Callable[[TunnelStream], Awaitable[None]]
+
+
+class Session:
+    """Runs the protocol over one WebSocket. ``on_open`` serves streams the peer opens."""
+
+    def __init__(
+        self,
+        ws: WebSocket,
+        *,
+        server_side: bool,
+        config: SessionConfig | None = None,
+        on_open: StreamHandler | None = None,
+        name: str = "",
+        fields: dict[str, object] | None = None,
+    ) -> None:
+        self.ws = ws
+        self.config = config or SessionConfig()
+        self.conn = Connection(server_side=server_side, config=self.config.wire)
+        self.on_open = on_open
+        self.name = name
+        self.fields = fields or {}
+        self.streams: dict[int, TunnelStream] = {}
+        self._window_waiters: set[TunnelStream] = set()
+        self._wake = asyncio.Event()
+        self._drain_event = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ready = asyncio.Event()
+        self._closed = asyncio.Event()
+        self.close_reason = ""
+        self.started = time.monotonic()
+        self.opens_refused = 0
+        self.on_stream_closed: Callable[[TunnelStream], None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def run(self) -> None:
+        self._flush()
+        writer = asyncio.create_task(self._writer(), name=f"tunnel-writer:{self.name}")
+        keepalive = asyncio.create_task(self._keepalive(), name=f"tunnel-keepalive:{self.name}")
+        try:
+            await self._reader()
+        finally:
+            self._closed.set()
+            writer.cancel()
+            keepalive.cancel()
+            lost = StreamClosedError(ErrorCode.CONNECTION_LOST, self.close_reason or "tunnel lost")
+            for stream in list(self.streams.values()):
+                stream._fail(lost)
+            self.streams.clear()
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(writer, keepalive, *tasks, return_exceptions=True)
+            await self.ws.close()
+
+    async def wait_ready(self) -> None:
+        """Until the peer's SETTINGS arrived (or the session ended)."""
+        ready = asyncio.ensure_future(self._ready.wait())
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait({ready, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            closed.cancel()
+        if not self._ready.is_set():
+            raise StreamClosedError(ErrorCode.CONNECTION_LOST, self.close_reason or "closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def goaway(self, reason: str) -> None:
+        """Drain: the peer opens no new streams; open ones finish."""
+        self.conn.goaway(ErrorCode.OK, reason)
+        self._flush()
+
+    async def close(self, reason: str = "closing") -> None:
+        self.close_reason = self.close_reason or reason
+        await self.ws.close(1001, reason[:120])
+
+    # -- streams ----------------------------------------------------------------------------
+    async def open_stream(self, target: Target, timeout: float | None = None) -> TunnelStream:
+        if self.closed:
+            raise OpenError(ErrorCode.CONNECTION_LOST, self.close_reason or "tunnel closed")
+        try:
+            sid = self.conn.open_stream(target)
+        except WireError as exc:
+            raise OpenError(exc.code, exc.message) from None
+        stream = TunnelStream(self, sid, target)
+        self.streams[sid] = stream
+        self._flush()
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(stream._opened), timeout or self.config.open_timeout
+            )
+        except TimeoutError:
+            self.conn.reset_stream(sid, ErrorCode.OPEN_TIMEOUT, "no answer to OPEN")
+            self._flush()
+            stream._fail(OpenError(ErrorCode.OPEN_TIMEOUT, "the agent did not answer in time"))
+            self._forget(sid)
+            raise OpenError(ErrorCode.OPEN_TIMEOUT, "the agent did not answer in time") from None
+        except asyncio.CancelledError:
+            stream.reset(ErrorCode.CANCEL, "open cancelled")
+            raise
+        except StreamClosedError as exc:
+            self._forget(sid)
+            raise OpenError(exc.code, exc.message) from None
+        return stream
+
+    def _forget(self, sid: int) -> None:
+        stream = self.streams.pop(sid, None)
+        if stream is not None:
+            self._window_waiters.discard(stream)
+            if self.on_stream_closed is not None:
+                self.on_stream_closed(stream)
+
+    def _consumed(self, sid: int, n: int) -> None:
+        if not self.conn.closed:
+            self.conn.consumed(sid, n)
+            self._flush()
+
+    def _wait_window(self, stream: TunnelStream) -> None:
+        self._window_waiters.add(stream)
+
+    # -- I/O --------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        if self.conn.pending_bytes:
+            self._wake.set()
+
+    async def _drained(self) -> None:
+        """Wait until the writer caught up, so producers cannot queue without bound."""
+        while self.conn.pending_bytes > self.config.wire.max_message_size and not self.closed:
+            self._drain_event.clear()
+            await self._drain_event.wait()
+
+    async def _writer(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                for message in self.conn.data_to_send():
+                    await self.ws.send(message)
+                self._drain_event.set()
+        except ConnectionClosed:
+            pass
+        finally:
+            self._drain_event.set()
+
+    async def _keepalive(self) -> None:
+        interval = self.config.ping_interval
+        while True:
+            await asyncio.sleep(interval)
+            silent = time.monotonic() - self.conn.last_received
+            if silent > self.config.dead_after:
+                self.close_reason = f"peer silent for {silent:.0f}s"
+                log.warning("tunnel peer is dead, closing", extra=kv(**self.fields, silent=silent))
+                self.ws.transport.abort()
+                return
+            self.conn.ping()
+            self._flush()
+
+    async def _reader(self) -> None:
+        try:
+            async for message in self.ws:
+                if isinstance(message, str):
+                    raise ProtocolError("text message on the tunnel")
+                for event in self.conn.receive_message(message):
+                    self._dispatch(event)
+        except ProtocolError as exc:
+            self.close_reason = f"protocol error {exc.code.name}: {exc.message}"
+            log.warning("peer broke the protocol", extra=kv(**self.fields, error=self.close_reason))
+            for message in self.conn.data_to_send():
+                try:
+                    await self.ws.send(message)
+                except ConnectionClosed:
+                    break
+            await self.ws.close(1002, exc.code.name)
+        except ConnectionClosed as exc:
+            self.close_reason = self.close_reason or _close_text(exc)
+        if not self.close_reason:
+            self.close_reason = _close_text(None)
+
+    def _dispatch(self, event: ev.Event) -> None:
+        match event:
+            case ev.DataReceived(sid, data):
+                stream = self.streams.get(sid)
+                if stream is None:
+                    self.conn.consumed(sid, len(data))
+                    self._flush()
+                else:
+                    stream._feed(data)
+            case ev.WindowUpdated(sid):
+                if sid == 0:
+                    waiters, self._window_waiters = self._window_waiters, set()
+                    for stream in waiters:
+                        stream._wake_writer()
+                else:
+                    stream = self.streams.get(sid)
+                    if stream is not None:
+                        self._window_waiters.discard(stream)
+                        stream._wake_writer()
+            case ev.StreamEnded(sid):
+                stream = self.streams.get(sid)
+                if stream is not None:
+                    stream._feed_eof()
+            case ev.StreamOpenRequested(sid, target):
+                self._serve(TunnelStream(self, sid, target))
+            case ev.StreamAccepted(sid):
+                stream = self.streams.get(sid)
+                if stream is not None and not stream._opened.done():
+                    stream._opened.set_result(None)
+            case ev.StreamRejected(sid, code, message):
+                stream = self.streams.get(sid)
+                if stream is not None:
+                    stream._fail(OpenError(code, message))
+            case ev.StreamReset(sid, code, message):
+                stream = self.streams.get(sid)
+                if stream is not None:
+                    stream._fail(StreamClosedError(code, message or "reset by peer"))
+                    self._forget(sid)
+            case ev.SettingsReceived():
+                self._ready.set()
+            case ev.GoAwayReceived(last, code, reason):
+                log.info(
+                    "peer is draining",
+                    extra=kv(**self.fields, code=code.name, reason=reason, last_stream=last),
+                )
+            case ev.PingAcked():
+                pass
+
+    def _serve(self, stream: TunnelStream) -> None:
+        if self.on_open is None:
+            self.conn.reject_stream(stream.id, ErrorCode.REFUSED, "this side serves no streams")
+            self._flush()
+            return
+        self.streams[stream.id] = stream
+        task = asyncio.create_task(
+            self._run_handler(stream), name=f"stream:{self.name}:{stream.id}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_handler(self, stream: TunnelStream) -> None:
+        assert self.on_open is not None
+        try:
+            await self.on_open(stream)
+        except StreamClosedError:
+            pass
+        except Exception:
+            log.exception("stream handler failed", extra=kv(**self.fields, stream=stream.id))
+            stream.reset(ErrorCode.INTERNAL_ERROR, "handler failed")
+        finally:
+            stream.close()
+
+
+def _close_text(exc: ConnectionClosed | None) -> str:
+    if exc is None:
+        return "closed"
+    rcvd = exc.rcvd
+    if rcvd is not None:
+        return f"closed by peer: {rcvd.code} {rcvd.reason}".strip()
+    return "connection lost"

@@ -1,0 +1,163 @@
+"""TLS contexts for every boundary, and the agent identity taken from a verified peer certificate.
+
+- agent ⇄ server tunnel: mutual TLS 1.3 against the embedded CA (:func:`server_context`,
+  :func:`client_context`); the agent's node name comes from its certificate
+  (:func:`peer_node_name`).
+- the HTTPS front that terminates kube-apiserver's TLS (:func:`https_server_context`) and the
+  re-originated connection to a kubelet (:func:`origin_client_context`): TLS 1.2 and up, because
+  those peers are not ours to upgrade.
+
+Files are read and parsed before they reach :mod:`ssl`, whose errors (``[SSL] PEM lib``) do not
+say which file is wrong; every error here names the flag and the file instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from pathlib import Path
+
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+
+from ravenproxy.errors import PKIError
+from ravenproxy.pki.authority import load_certs, node_name_from_cert
+
+log = logging.getLogger(__name__)
+
+PathLike = str | Path
+
+
+def server_context(ca_file: PathLike, cert_file: PathLike, key_file: PathLike) -> ssl.SSLContext:
+    """The tunnel server's side: TLS 1.3 only, a client certificate from our CA required."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    _load_chain(ctx, cert_file, key_file)
+    _load_ca(ctx, ca_file)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    # Our own CA issues well-formed certificates; refusing malformed ones costs nothing.
+    ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+    return ctx
+
+
+def client_context(
+    ca_file: PathLike,
+    cert_file: PathLike,
+    key_file: PathLike,
+    *,
+    server_hostname_check: bool = True,
+) -> ssl.SSLContext:
+    """The agent's side: TLS 1.3 only, the server verified against our CA, our cert presented.
+
+    ``server_hostname_check=False`` still verifies the chain; it only skips matching the
+    server's SANs against the dialled name (for a server reached through an address its
+    certificate does not list, e.g. a NAT'd public IP).
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    _load_ca(ctx, ca_file)
+    _load_chain(ctx, cert_file, key_file)
+    ctx.check_hostname = server_hostname_check
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+    return ctx
+
+
+def https_server_context(cert_file: PathLike, key_file: PathLike) -> ssl.SSLContext:
+    """The terminating HTTPS front: TLS ≥ 1.2, no client certificate asked for."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain(ctx, cert_file, key_file)
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def origin_client_context(
+    ca_file: PathLike | None,
+    cert_file: PathLike | None,
+    key_file: PathLike | None,
+    verify: bool = True,
+) -> ssl.SSLContext:
+    """Re-originated TLS to a kubelet: TLS ≥ 1.2, optional client cert.
+
+    ``ca_file=None`` with ``verify=True`` trusts the system store. ``verify=False`` turns off
+    both hostname and chain checks — kubelets commonly serve self-signed certificates, and
+    kube-apiserver itself talks to them that way unless told otherwise.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if verify:
+        if ca_file is not None:
+            _load_ca(ctx, ca_file)
+        else:
+            ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    else:
+        # Order matters: ssl refuses CERT_NONE while check_hostname is still on.
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cert_file is not None:
+        _load_chain(ctx, cert_file, key_file)
+    elif key_file is not None:
+        raise PKIError(f"key-file {key_file}: given without a cert-file")
+    return ctx
+
+
+def peer_node_name(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str:
+    """The node name in the peer's verified client certificate — the agent's only identity."""
+    try:
+        der = ssl_object.getpeercert(binary_form=True)
+    except ValueError as exc:  # SSLSocket before the handshake completed
+        raise PKIError(f"no peer certificate: {exc}") from exc
+    if not der:
+        raise PKIError("peer presented no certificate")
+    return node_name_from_cert(der)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _load_ca(ctx: ssl.SSLContext, ca_file: PathLike) -> None:
+    load_certs(ca_file, "ca-file")
+    try:
+        ctx.load_verify_locations(cafile=str(ca_file))
+    except (ssl.SSLError, OSError) as exc:
+        raise PKIError(f"ca-file {ca_file}: cannot be used as a trust anchor ({exc})") from exc
+
+
+def _load_chain(ctx: ssl.SSLContext, cert_file: PathLike, key_file: PathLike | None) -> None:
+    load_certs(cert_file, "cert-file")
+    # Without a key-file, ssl expects the key inside cert-file; check that file for it.
+    key_path = key_file if key_file is not None else cert_file
+    _check_key(key_path, "key-file" if key_file is not None else "cert-file")
+    try:
+        ctx.load_cert_chain(
+            str(cert_file), None if key_file is None else str(key_file), password=_no_password
+        )
+    except (ssl.SSLError, OSError) as exc:
+        raise PKIError(
+            f"cert-file {cert_file} / key-file {key_path}: the key does not match the "
+            f"certificate ({exc})"
+        ) from exc
+
+
+def _no_password() -> bytes:
+    # ssl would otherwise prompt on the terminal for an encrypted key; _check_key refuses those
+    # first, so this only guards against a prompt hanging a daemon.
+    raise PKIError("encrypted keys are not supported")
+
+
+def _check_key(path: PathLike, flag: str) -> None:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError as exc:
+        raise PKIError(f"{flag} {p}: No such file") from exc
+    except OSError as exc:
+        raise PKIError(f"{flag} {p}: cannot read: {exc.strerror or exc}") from exc
+    # Any key type: kubelet client keys are often RSA.
+    try:
+        serialization.load_pem_private_key(data, password=None)
+    except TypeError as exc:
+        raise PKIError(f"{flag} {p}: key is encrypted; an unencrypted key is needed") from exc
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise PKIError(f"{flag} {p}: no usable PEM private key ({exc})") from exc
