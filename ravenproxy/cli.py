@@ -19,8 +19,21 @@ from ravenproxy.errors import RavenProxyError
 log = logging.getLogger("ravenproxy")
 
 
+def raise_fd_limit() -> None:
+    """A proxy holds two sockets per stream: lift the soft descriptor limit to the hard one."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):  # pragma: no cover - best effort
+        pass
+
+
 def run_async(main: Coroutine[Any, Any, int]) -> int:
     """Run under uvloop when it is installed (it roughly doubles relay throughput)."""
+    raise_fd_limit()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux

@@ -6,6 +6,7 @@ test process never share counters.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from aiohttp import web
@@ -15,9 +16,28 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 NS = "ravenproxy"
 
 
+def _task_gauge(registry: CollectorRegistry, component: str) -> None:
+    """Live asyncio tasks: flat in a healthy process, so a leak shows as a slope."""
+    gauge = Gauge(f"{NS}_{component}_asyncio_tasks", "asyncio tasks alive", registry=registry)
+
+    def count() -> float:
+        try:
+            return float(len(asyncio.all_tasks()))
+        except RuntimeError:
+            return 0.0
+
+    gauge.set_function(count)
+
+
 class ServerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        _task_gauge(r, "server")
+        self.buffered = Gauge(
+            f"{NS}_server_stream_buffered_max_bytes",
+            "Largest number of bytes received on one stream and not yet written out",
+            registry=r,
+        )
         self.agents = Gauge(f"{NS}_server_agents_connected", "Agent tunnels connected", registry=r)
         self.streams = Gauge(
             f"{NS}_server_streams_open", "Streams open over all tunnels", registry=r
@@ -54,6 +74,7 @@ class ServerMetrics:
 class AgentMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        _task_gauge(r, "agent")
         self.connected = Gauge(
             f"{NS}_agent_tunnel_connected", "1 while the tunnel is up", registry=r
         )

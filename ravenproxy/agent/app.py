@@ -13,7 +13,7 @@ import ssl
 
 from aiohttp import web
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidHandshake, InvalidStatus
+from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatus
 
 from ravenproxy.agent.allowlist import Allowlist
 from ravenproxy.agent.backoff import backoff
@@ -45,6 +45,13 @@ def describe_connect_error(exc: BaseException) -> str:
         return "timed out"
     if isinstance(exc, OSError):
         return exc.strerror or repr(exc)
+    if isinstance(exc, InvalidMessage) and isinstance(exc.__cause__, EOFError):
+        # With TLS 1.3 the server checks our certificate after our side of the handshake is
+        # done, so a refused certificate shows up here, as a connection closed without answer.
+        return (
+            "the server closed the connection during the handshake: is this agent's "
+            "certificate signed by the server's CA, unexpired, and for this node?"
+        )
     if isinstance(exc, InvalidHandshake):
         return f"WebSocket handshake failed: {exc}"
     return repr(exc)

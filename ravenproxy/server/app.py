@@ -46,6 +46,12 @@ class ProxyServer:
         self.metrics.streams.set_function(
             lambda: sum(len(s.streams) for s in self.registry.sessions())
         )
+        self.metrics.buffered.set_function(
+            lambda: max(
+                (st.buffered for s in self.registry.sessions() for st in s.streams.values()),
+                default=0,
+            )
+        )
         self._stopping = False
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -73,6 +79,7 @@ class ProxyServer:
             s.http_addr.bind_host,
             s.http_addr.port,
             limit=64 * 1024,
+            backlog=4096,
         )
         self._fronts.append(http)
         self.ports["http"] = http.sockets[0].getsockname()[1]

@@ -72,21 +72,20 @@ async def relay(
         pending: set[asyncio.Task[None]] = {up_task, down_task}
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                exc = task.exception()
-                if exc is None:
-                    continue
-                # One direction failed: the other has nothing sensible left to do.
-                if isinstance(exc, StreamClosedError):
-                    result.error = str(exc)
-                else:
-                    result.error = f"socket: {exc!r}"
-                    stream.reset(ErrorCode.CANCEL, "socket error")
-                for other in pending:
-                    other.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                pending = set()
-                break
+            failures = [exc for task in done if (exc := task.exception()) is not None]
+            if not failures:
+                continue
+            # One direction failed: the other has nothing sensible left to do.
+            exc = failures[0]
+            if isinstance(exc, StreamClosedError):
+                result.error = str(exc)
+            else:
+                result.error = f"socket: {exc!r}"
+                stream.reset(ErrorCode.CANCEL, "socket error")
+            for other in pending:
+                other.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            pending = set()
     except asyncio.CancelledError:
         stream.reset(ErrorCode.CANCEL, "relay cancelled")
         up_task.cancel()

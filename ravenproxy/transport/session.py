@@ -53,6 +53,11 @@ class StreamClosedError(RavenProxyError):
         self.code = code
         self.message = message
 
+    def fresh(self) -> StreamClosedError:
+        """A new instance to raise: re-raising one shared instance from many tasks would chain
+        every raise into its traceback (and make logging it very slow)."""
+        return type(self)(self.code, self.message)
+
 
 class OpenError(StreamClosedError):
     """The peer refused to open the stream, or did not answer in time."""
@@ -113,7 +118,7 @@ class TunnelStream:
         """The next chunk, or ``b""`` once the peer half-closed. Reading returns credit."""
         while not self._chunks:
             if self._error is not None:
-                raise self._error
+                raise self._error.fresh()
             if self._eof:
                 return b""
             self._readable.clear()
@@ -129,7 +134,7 @@ class TunnelStream:
         conn = self.session.conn
         while view:
             if self._error is not None:
-                raise self._error
+                raise self._error.fresh()
             room = conn.send_window(self.id)
             if room <= 0:
                 self._writable.clear()
@@ -148,7 +153,7 @@ class TunnelStream:
         """Wait until some credit is available; return how much."""
         while True:
             if self._error is not None:
-                raise self._error
+                raise self._error.fresh()
             room = self.session.conn.send_window(self.id)
             if room > 0:
                 return room
@@ -232,6 +237,7 @@ class Session:
             await self._reader()
         finally:
             self._closed.set()
+            self._drain_event.set()
             writer.cancel()
             keepalive.cancel()
             lost = StreamClosedError(ErrorCode.CONNECTION_LOST, self.close_reason or "tunnel lost")

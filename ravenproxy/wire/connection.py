@@ -222,8 +222,8 @@ class Connection:
         for pos in range(0, n, step):
             chunk = view[pos : pos + step]
             last = pos + step >= n
-            self._data.append(encode_data_header(stream_id, len(chunk), fin and last))
-            self._data.append(bytes(chunk))
+            # Header and payload stay one piece: a frame never spans two messages.
+            self._data.append(encode_data_header(stream_id, len(chunk), fin and last) + chunk)
             self._pending_bytes += len(chunk) + 12
         if n == 0 and fin:
             self._data.append(encode_data_header(stream_id, 0, True))

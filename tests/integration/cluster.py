@@ -1,0 +1,297 @@
+"""Real ravenproxy processes on loopback for integration tests, started through the CLI.
+
+Every process is stopped by its PID when the test ends, also when it fails (the ``cluster``
+fixture's teardown); logs land in the test's tmp dir and are printed when a wait fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ravenproxy.client import ConnectRefused, open_tunnel
+from ravenproxy.pki import init_pki
+from ravenproxy.pki.authority import (
+    generate_ca,
+    issue_client_cert,
+    load_cert,
+    load_key,
+    write_pem_cert,
+    write_pem_key,
+)
+
+INVENTORY = """\
+apiVersion: raven.openyurt.io/v1beta1
+kind: Gateway
+metadata: {name: gw-cloud}
+spec:
+  proxyConfig: {Replicas: 1}
+  endpoints:
+  - {nodeName: cloud-1, type: proxy}
+---
+apiVersion: raven.openyurt.io/v1beta1
+kind: Gateway
+metadata: {name: gw-edge}
+spec:
+  proxyConfig: {Replicas: 1}
+  endpoints:
+  - {nodeName: edge-1, type: proxy, underNAT: true}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: cloud-1, labels: {raven.openyurt.io/gateway: gw-cloud}}
+status:
+  addresses: [{type: InternalIP, address: 127.0.0.1}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: edge-1, labels: {raven.openyurt.io/gateway: gw-edge}}
+status:
+  addresses: [{type: InternalIP, address: 127.0.0.1}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: edge-2, labels: {raven.openyurt.io/gateway: gw-edge}}
+status:
+  addresses: [{type: InternalIP, address: 127.0.0.2}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: edge-3}
+status:
+  addresses: [{type: InternalIP, address: 127.0.0.3}]
+  conditions: [{type: Ready, status: "True"}]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    args: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def start(self) -> Proc:
+        out = self.log.open("ab")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "ravenproxy", *self.args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        out.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.running:
+            assert self.popen is not None
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = 15) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        return self.popen.returncode
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def fd_count(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+
+class Cluster:
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.certs = base / "certs"
+        init_pki(self.certs, ("localhost", "127.0.0.1"), ("edge-1", "edge-2", "edge-3"))
+        self.inventory = base / "inventory.yaml"
+        self.inventory.write_text(INVENTORY)
+        self.procs: list[Proc] = []
+        self.server: Proc | None = None
+
+    # -- credentials -----------------------------------------------------------------------
+    def other_ca_cert(self, node: str) -> tuple[Path, Path]:
+        """A client cert for ``node`` signed by a CA the server does not trust."""
+        ca, ca_key = generate_ca("some-other-ca")
+        cert, key = issue_client_cert(ca, ca_key, node)
+        return self._write(f"other-{node}", cert, key)
+
+    def expired_cert(self, node: str) -> tuple[Path, Path]:
+        """A client cert for ``node`` from the right CA that expired yesterday."""
+        ca = load_cert(self.certs / "ca.crt")
+        ca_key = load_key(self.certs / "ca.key")
+        now = dt.datetime.now(dt.UTC)
+        cert, key = issue_client_cert(
+            ca,
+            ca_key,  # type: ignore[arg-type]
+            node,
+            not_before=now - dt.timedelta(days=30),
+            not_after=now - dt.timedelta(days=1),
+        )
+        return self._write(f"expired-{node}", cert, key)
+
+    def _write(self, stem: str, cert: object, key: object) -> tuple[Path, Path]:
+        crt, k = self.base / f"{stem}.crt", self.base / f"{stem}.key"
+        write_pem_cert(crt, cert)  # type: ignore[arg-type]
+        write_pem_key(k, key)  # type: ignore[arg-type]
+        return crt, k
+
+    # -- processes -------------------------------------------------------------------------
+    def start_server(self, *extra: str, ports: dict[str, int] | None = None) -> Proc:
+        ports = ports or {
+            "tunnel": free_port(),
+            "http": free_port(),
+            "https": free_port(),
+            "metrics": free_port(),
+            "health": free_port(),
+        }
+        args = [
+            "server",
+            "--inventory", str(self.inventory),
+            "--ca-file", str(self.certs / "ca.crt"),
+            "--cert-file", str(self.certs / "server.crt"),
+            "--key-file", str(self.certs / "server.key"),
+            "--node-name", "cloud-1",
+            "--tunnel-addr", f"127.0.0.1:{ports['tunnel']}",
+            "--http-addr", f"127.0.0.1:{ports['http']}",
+            "--https-addr", f"127.0.0.1:{ports['https']}",
+            "--metrics-addr", f"127.0.0.1:{ports['metrics']}",
+            "--health-addr", f"127.0.0.1:{ports['health']}",
+            "--log-level", "DEBUG",
+            *extra,
+        ]  # fmt: skip
+        proc = Proc("server", args, self.base / "server.log", ports=dict(ports)).start()
+        self.procs.append(proc)
+        self.server = proc
+        return proc
+
+    def start_agent(
+        self,
+        node: str,
+        *allow: str,
+        cert: tuple[Path, Path] | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> Proc:
+        assert self.server is not None
+        crt, key = cert or (self.certs / f"{node}.crt", self.certs / f"{node}.key")
+        args = [
+            "agent",
+            "--node-name", node,
+            "--server-addr", f"wss://127.0.0.1:{self.server.ports['tunnel']}",
+            "--ca-file", str(self.certs / "ca.crt"),
+            "--cert-file", str(crt),
+            "--key-file", str(key),
+            "--metrics-addr", f"127.0.0.1:{free_port()}",
+            "--log-level", "DEBUG",
+            *[a for entry in allow for a in ("--allow", entry)],
+            *extra,
+        ]  # fmt: skip
+        proc = Proc(f"agent-{node}", args, self.base / f"agent-{node}.log")
+        proc.ports["metrics"] = int(args[args.index("--metrics-addr") + 1].rsplit(":", 1)[1])
+        proc.start()
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"----- {p.name} -----\n{p.output()[-4000:]}" for p in self.procs)
+
+    # -- waits -----------------------------------------------------------------------------
+    @property
+    def http_port(self) -> int:
+        assert self.server is not None
+        return self.server.ports["http"]
+
+    async def connect(self, target: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await open_tunnel("127.0.0.1", self.http_port, target)
+
+    async def wait_routable(self, target: str, timeout: float = 20) -> None:
+        """Until ``CONNECT target`` succeeds (the agent is up and may dial it)."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                _, writer = await self.connect(target)
+                writer.close()
+                return
+            except (ConnectRefused, OSError) as exc:
+                last = exc
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{target} not routable after {timeout}s: {last}\n{self.logs()}")
+
+    async def wait_up(self, proc: Proc | None = None) -> None:
+        """Until the process serves its metrics (it has bound every listener)."""
+        await self.wait_metric("ravenproxy_server_agents_connected", lambda v: True, proc=proc)
+
+    async def metrics(self, proc: Proc | None = None) -> dict[str, float]:
+        """The process's /metrics as {'name{labels}': value}."""
+        proc = proc or self.server
+        assert proc is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", proc.ports["metrics"])
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        text = (await reader.read()).decode()
+        writer.close()
+        body = text.split("\r\n\r\n", 1)[1]
+        values: dict[str, float] = {}
+        for line in body.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                values[key] = float(value)
+        return values
+
+    async def wait_metric(
+        self, key: str, predicate: object, timeout: float = 15, proc: Proc | None = None
+    ) -> float:
+        deadline = time.monotonic() + timeout
+        value = None
+        while time.monotonic() < deadline:
+            try:
+                value = (await self.metrics(proc)).get(key, 0.0)
+            except OSError:  # not listening yet
+                value = None
+            if value is not None and predicate(value):  # type: ignore[operator]
+                return value
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"metric {key} = {value}, condition not met in {timeout}s")

@@ -1,0 +1,161 @@
+"""The tunnel core end to end: real server and agent processes, real mTLS, loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+
+import pytest
+
+from tests.integration.cluster import Cluster, free_port
+from tests.integration.targets import Firehose, echo, hash_sink, tcp_server
+
+pytestmark = pytest.mark.timeout(180)
+
+MIB = 1024 * 1024
+
+
+async def send_and_hash(cluster: Cluster, target: str, total: int) -> None:
+    """Stream ``total`` random bytes to a hash sink, half-close, compare its SHA-256."""
+    reader, writer = await cluster.connect(target)
+    blocks = [os.urandom(MIB) for _ in range(4)]
+    digest = hashlib.sha256()
+    for i in range(total // MIB):
+        block = blocks[i % 4]
+        digest.update(block)
+        writer.write(block)
+        await writer.drain()
+    writer.write_eof()
+    line = await asyncio.wait_for(reader.readline(), 120)
+    writer.close()
+    assert line.decode().split() == [digest.hexdigest(), str(total)]
+
+
+async def test_one_gib_through_one_stream_sha256(cluster: Cluster) -> None:
+    async with tcp_server(hash_sink) as port:
+        cluster.start_server()
+        cluster.start_agent("edge-1", f"127.0.0.1:{port}")
+        await cluster.wait_routable(f"edge-1:{port}")
+        await send_and_hash(cluster, f"edge-1:{port}", 1024 * MIB)
+        m = await cluster.metrics()
+        assert m['ravenproxy_server_bytes_total{direction="up"}'] >= 1024 * MIB
+
+
+async def test_thousand_concurrent_streams_echo_their_own_data(cluster: Cluster) -> None:
+    async with tcp_server(echo) as port:
+        cluster.start_server()
+        cluster.start_agent("edge-1", f"127.0.0.1:{port}")
+        target = f"edge-1:{port}"
+        await cluster.wait_routable(target)
+
+        async def one(i: int) -> None:
+            payload = i.to_bytes(4, "big") + os.urandom(16 * 1024)
+            reader, writer = await cluster.connect(target)
+            writer.write(payload)
+            await writer.drain()
+            writer.write_eof()
+            got = await reader.read(-1)
+            writer.close()
+            assert got == payload, f"stream {i}: {len(got)} bytes back"
+
+        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(1000))), 120)
+        opened = await cluster.wait_metric(
+            'ravenproxy_server_stream_opens_total{result="ok"}', lambda v: v >= 1000
+        )
+        assert opened >= 1000
+        await cluster.wait_metric("ravenproxy_server_streams_open", lambda v: v == 0)
+
+
+async def test_stalled_reader_does_not_slow_the_others(cluster: Cluster) -> None:
+    firehose = Firehose()
+    async with tcp_server(firehose) as fire_port, tcp_server(hash_sink) as sink_port:
+        cluster.start_server()
+        cluster.start_agent("edge-1", f"127.0.0.1:{fire_port}", f"127.0.0.1:{sink_port}")
+        await cluster.wait_routable(f"edge-1:{sink_port}")
+        stalled_reader, stalled_writer = await cluster.connect(f"edge-1:{fire_port}")
+        # Let the stalled stream fill every buffer on its way.
+        for _ in range(50):
+            before = firehose.written
+            await asyncio.sleep(0.1)
+            if firehose.written == before and before:
+                break
+        pinned = firehose.written
+
+        await send_and_hash(cluster, f"edge-1:{sink_port}", 256 * MIB)
+
+        m = await cluster.metrics()
+        buffered = m["ravenproxy_server_stream_buffered_max_bytes"]
+        # The stalled stream holds at most its window at the server (cap 8 MiB), and the
+        # firehose was stopped by backpressure instead of filling memory somewhere.
+        assert buffered <= 8 * MIB, buffered
+        assert firehose.written == pinned or firehose.written < 64 * MIB, firehose.written
+        assert firehose.written < 64 * MIB
+        # The stalled stream is alive: reading it now gets the firehose's bytes.
+        data = await asyncio.wait_for(stalled_reader.readexactly(1 * MIB), 10)
+        assert set(data) == {0xAB}
+        stalled_writer.close()
+
+
+async def test_agent_killed_mid_stream(cluster: Cluster) -> None:
+    async with tcp_server(echo) as port:
+        server = cluster.start_server()
+        await cluster.wait_metric("ravenproxy_server_agents_connected", lambda v: v == 0)
+        await asyncio.sleep(0.3)
+        base = await cluster.metrics()
+        base_tasks = base["ravenproxy_server_asyncio_tasks"]
+        base_fds = server.fd_count()
+
+        agent = cluster.start_agent("edge-1", f"127.0.0.1:{port}")
+        target = f"edge-1:{port}"
+        await cluster.wait_routable(target)
+        streams = []
+        for _ in range(5):
+            reader, writer = await cluster.connect(target)
+            writer.write(b"x" * 100_000)
+            assert await reader.readexactly(100_000) == b"x" * 100_000
+            streams.append((reader, writer))
+        assert (await cluster.metrics())["ravenproxy_server_streams_open"] == 5
+
+        agent.kill()
+        started = time.monotonic()
+        for reader, writer in streams:
+            try:
+                rest = await asyncio.wait_for(reader.read(-1), 10)
+            except ConnectionResetError:
+                rest = b""
+            assert rest == b""
+            writer.close()
+        assert time.monotonic() - started < 10  # promptly: not after a keepalive timeout
+
+        await cluster.wait_metric("ravenproxy_server_agents_connected", lambda v: v == 0)
+        await cluster.wait_metric("ravenproxy_server_streams_open", lambda v: v == 0)
+        await cluster.wait_metric("ravenproxy_server_asyncio_tasks", lambda v: v <= base_tasks)
+        deadline = time.monotonic() + 10
+        while server.fd_count() > base_fds and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert server.fd_count() <= base_fds, cluster.logs()
+
+        # What the client sees now: no agent → 503 naming the node.
+        with pytest.raises(Exception, match=r"503.*edge-1: no agent connected"):
+            await cluster.connect(target)
+
+
+async def test_server_restart_agent_comes_back(cluster: Cluster) -> None:
+    async with tcp_server(echo) as port:
+        ports = {k: free_port() for k in ("tunnel", "http", "https", "metrics", "health")}
+        server = cluster.start_server(ports=ports)
+        agent = cluster.start_agent("edge-1", f"127.0.0.1:{port}")
+        target = f"edge-1:{port}"
+        await cluster.wait_routable(target)
+        assert server.stop() == 0
+        await asyncio.sleep(1.0)
+        cluster.start_server(ports=ports)
+        await cluster.wait_routable(target, timeout=30)
+        assert agent.running
+        reader, writer = await cluster.connect(target)
+        writer.write(b"again")
+        assert await reader.readexactly(5) == b"again"
+        writer.close()
+        assert "tunnel down, reconnecting" in agent.output()
