@@ -7,6 +7,7 @@ Precedence: command-line flags > the YAML file given with ``--config`` > environ
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,9 +47,9 @@ def parse_address(text: str, field: str) -> Address:
         host, sep, port = text[1:].partition("]:")
     else:
         host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ConfigError(field, f"{text!r} is not HOST:PORT")
-    if host and ":" in host:
+    if host and (":" in host or text.startswith("[")):
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
@@ -100,8 +101,8 @@ def positive(value: Any, field: str, *, integer: bool = False) -> float:
         number = int(value) if integer else float(value)
     except (TypeError, ValueError):
         raise ConfigError(field, f"expected a number, got {value!r}") from None
-    if number <= 0:
-        raise ConfigError(field, f"must be > 0, got {value!r}")
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigError(field, f"must be a finite number > 0, got {value!r}")
     return number
 
 

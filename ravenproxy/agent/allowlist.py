@@ -54,6 +54,11 @@ def denied_always(ip: IPAddress) -> bool:
     return any(ip in net for net in ALWAYS_DENIED)
 
 
+def _digits(text: str) -> bool:
+    # str.isdigit() admits "²" and other non-ASCII digits that int() refuses.
+    return text.isascii() and text.isdigit()
+
+
 def parse_entry(text: str, field: str = "--allow") -> list[AllowEntry]:
     """``HOST:PORT`` → entries (a name may resolve to several addresses)."""
     host, sep, port_text = text.rpartition(":")
@@ -64,7 +69,7 @@ def parse_entry(text: str, field: str = "--allow") -> list[AllowEntry]:
         lo, hi = 1, 65535
     else:
         lo_text, dash, hi_text = port_text.partition("-")
-        if not lo_text.isdigit() or (dash and not hi_text.isdigit()):
+        if not _digits(lo_text) or (dash and not _digits(hi_text)):
             raise ConfigError(field, f"{text!r}: port must be N, N-M or *")
         lo = int(lo_text)
         hi = int(hi_text) if dash else lo

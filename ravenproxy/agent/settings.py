@@ -60,7 +60,11 @@ class AgentSettings:
             raise ConfigError("--node-name", str(exc)) from None
         url = str(values.get("server_addr") or "")
         parts = urlsplit(url)
-        if parts.scheme != "wss" or not parts.hostname or not parts.port:
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "wss" or not parts.hostname or not port:
             raise ConfigError("--server-addr", f"{url!r} must look like wss://HOST:PORT")
         allow = values.get("allow") or ()
         if isinstance(allow, str):
@@ -69,6 +73,9 @@ class AgentSettings:
         if isinstance(ports, int | str):
             ports = (ports,)
         metrics_ports = tuple(int(cfg.positive(p, "--metrics-port", integer=True)) for p in ports)
+        for port_number in metrics_ports:
+            if port_number > 65535:
+                raise ConfigError("--metrics-port", f"{port_number} is not a port (1-65535)")
         metrics_addr = values.get("metrics_addr")
         inventory = values.get("inventory")
         try:

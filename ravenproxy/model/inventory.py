@@ -53,7 +53,11 @@ def parse_inventory(text: str, origin: str = "<inventory>") -> Model:
     nodes: dict[str, Node] = {}
     gateways: dict[str, Gateway] = {}
     pods: dict[tuple[str, str], Pod] = {}
-    for where, doc in _documents(docs):
+    try:
+        documents = list(_documents(docs))
+    except InventoryError as exc:
+        raise InventoryError(f"{origin}: {exc}") from None
+    for where, doc in documents:
         kind = doc.get("kind")
         try:
             if kind == "Node":

@@ -6,6 +6,7 @@ component may keep the snapshot it planned from and compare it with the next.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -36,9 +37,17 @@ class Model:
         return self.nodes.get(name)
 
     def node_by_ip(self, ip: str) -> Node | None:
+        try:
+            wanted = ipaddress.ip_address(ip)
+        except ValueError:
+            return None
         for node in self.nodes.values():
-            if ip in node.internal_ips:
-                return node
+            for address in node.internal_ips:
+                try:
+                    if ipaddress.ip_address(address) == wanted:
+                        return node
+                except ValueError:
+                    continue
         return None
 
     def pod(self, namespace: str, name: str) -> Pod | None:

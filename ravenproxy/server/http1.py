@@ -36,13 +36,16 @@ class RequestHead:
 async def read_head(reader: asyncio.StreamReader, limit: int = MAX_HEAD) -> bytes | None:
     """The bytes up to and including the blank line; None on a clean EOF before any byte."""
     try:
-        return await reader.readuntil(b"\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as exc:
         if not exc.partial:
             return None
         raise BadRequest(400, "connection closed inside the request head") from None
     except asyncio.LimitOverrunError:
         raise BadRequest(431, f"request head larger than {limit} bytes") from None
+    if len(head) > limit:
+        raise BadRequest(431, f"request head larger than {limit} bytes")
+    return head
 
 
 def parse_head(raw: bytes) -> RequestHead:
@@ -78,6 +81,8 @@ def split_authority(authority: str, default_port: int | None = None) -> tuple[st
         host, rest = authority[1:end], authority[end + 1 :]
         if rest.startswith(":"):
             port_text = rest[1:]
+        elif rest:
+            raise BadRequest(400, f"bad authority {authority!r}")
     elif authority.count(":") == 1:
         host, _, port_text = authority.partition(":")
     if not host:
@@ -86,7 +91,7 @@ def split_authority(authority: str, default_port: int | None = None) -> tuple[st
         if default_port is None:
             raise BadRequest(400, f"{authority!r} has no port")
         return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
         raise BadRequest(400, f"bad port in {authority!r}")
     return host, int(port_text)
 

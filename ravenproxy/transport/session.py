@@ -375,7 +375,11 @@ class Session:
         except ConnectionClosed as exc:
             self.close_reason = self.close_reason or _close_text(exc)
         if not self.close_reason:
-            self.close_reason = _close_text(None)
+            # A normal close ends the iteration without ConnectionClosed; its frame says why.
+            rcvd = self.ws.protocol.close_rcvd
+            self.close_reason = (
+                f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"
+            )
 
     def _dispatch(self, event: ev.Event) -> None:
         match event:

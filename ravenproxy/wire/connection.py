@@ -144,8 +144,9 @@ class Connection:
         self._pending_bytes += len(raw)
 
     def data_to_send(self) -> list[bytes]:
-        """Everything queued, as WebSocket messages. Control frames go first, so credit,
-        pings and resets are never stuck behind bulk data."""
+        """Everything queued, as WebSocket messages. Connection-level frames, credit and open
+        results go first, so they are never stuck behind bulk data; OPEN, DATA and RESET keep
+        their relative order."""
         if not self._pending_bytes:
             return []
         limit = self.config.max_message_size
@@ -181,11 +182,16 @@ class Connection:
         if not 0 < target.port < 65536:
             raise ValueError(f"port out of range: {target.port}")
         sid = self._next_local_id
+        recv = self._new_recv_window()
+        # Encode first: a target that cannot be encoded must leave no stream behind.
+        raw = encode(Open(sid, recv.size, target))
         self._next_local_id += 2
-        stream = Stream(sid, State.OPENING_LOCAL, True, self._new_recv_window())
-        self.streams[sid] = stream
+        self.streams[sid] = Stream(sid, State.OPENING_LOCAL, True, recv)
         self._local_open += 1
-        self._emit(Open(sid, stream.recv.size, target))
+        # OPEN travels in order with DATA: if it overtook the DATA+FIN that closed an earlier
+        # stream, the peer could still count that stream against its limit.
+        self._data.append(raw)
+        self._pending_bytes += len(raw)
         return sid
 
     def accept_stream(self, stream_id: int) -> None:
@@ -217,7 +223,8 @@ class Connection:
             )
         stream.send.consume(n)
         self._conn_send.consume(n)
-        step = self.peer_max_frame_size
+        # Never build a message larger than our own message limit, whatever the peer allows.
+        step = min(self.peer_max_frame_size, self.config.max_message_size - 12)
         view = memoryview(data)
         for pos in range(0, n, step):
             chunk = view[pos : pos + step]
@@ -241,14 +248,18 @@ class Connection:
         if stream is None:
             return
         self._transition(stream, Input.SEND_RESET)
-        self._emit(Reset(stream_id, code, _clip(message)))
+        # In order with OPEN and DATA: a RESET overtaking its stream's queued OPEN would name
+        # a stream the peer has never heard of.
+        raw = encode(Reset(stream_id, code, _clip(message)))
+        self._data.append(raw)
+        self._pending_bytes += len(raw)
 
     def consumed(self, stream_id: int, n: int) -> None:
         """The application wrote or dropped ``n`` received bytes: return their credit."""
         if n <= 0:
             return
         now = self._clock()
-        inc = self._conn_recv.consume(n, now, self.rtt, may_grow=False)
+        inc = self._conn_recv.consume_shared(n)
         if inc:
             self._emit(WindowUpdate(0, inc))
         stream = self.streams.get(stream_id)

@@ -88,11 +88,22 @@ class RecvWindow:
         self.available += increment
         return increment
 
-    def forget(self, n: int) -> int:
-        """Bytes received on a stream that no longer exists: hand their credit straight back."""
+    def consume_shared(self, n: int) -> int:
+        """For the connection budget, shared by every stream: return credit once half the
+        window is consumed, or as soon as the peer's remaining credit falls below half.
+
+        Counting only consumed bytes would freeze the whole connection once stalled streams
+        hold half the budget, because then half the window can never be consumed.
+        """
+        if n > self.size - self.available - self.unacked:
+            raise ValueError(f"consumed {n} bytes but only {self.buffered} are buffered")
         self.unacked += n
-        if self.unacked < self.size // 2:
+        if self.unacked < self.size // 2 and self.available >= self.size // 2:
             return 0
         increment, self.unacked = self.unacked, 0
         self.available += increment
         return increment
+
+    def forget(self, n: int) -> int:
+        """Bytes received on a stream that no longer exists: hand their credit straight back."""
+        return self.consume_shared(n) if n else 0

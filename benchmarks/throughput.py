@@ -1,0 +1,700 @@
+"""Bulk throughput on loopback: direct TCP vs the ravenproxy tunnel vs ``ssh -R``, side by side.
+
+One run measures, with the same client code and the same sink process:
+
+- ``direct``: client → sink (one TCP stream);
+- ``tunnel``: client → server HTTP front ``CONNECT edge-1:SINK`` → mTLS WebSocket tunnel →
+  agent → sink, with ``ravenproxy server`` and ``ravenproxy agent`` started through the CLI;
+- ``ssh -R``: client → sshd's remote-forwarded port → ssh client → sink, through a private
+  ``sshd`` (aes128-gcm and chacha20-poly1305 rows);
+- ``direct x8`` / ``tunnel x8``: eight concurrent streams, aggregate rate.
+
+Every stream speaks a tiny protocol to the sink: ``u64 length`` then ``length`` bytes; the sink
+answers ``u64 count`` once it has them all, so a measurement ends when the last byte *arrived*.
+A warm-up segment goes first on each connection (TCP and tunnel windows grow), then the timed
+segment. Rows are interleaved round by round (``--repeat``) and each row reports its median run.
+
+    .venv/bin/python benchmarks/throughput.py            # full run, writes results/throughput.json
+    .venv/bin/python benchmarks/throughput.py --quick    # small smoke run
+    .venv/bin/python benchmarks/throughput.py --only tunnel --profile /tmp/prof   # cProfile
+
+MB/s is 10^6 bytes per second. Loopback numbers are noisy: compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import uvloop
+
+from ravenproxy.client import open_tunnel
+from ravenproxy.demo import CLOUD_NODE, EDGE_NODE, INVENTORY, _Procs, _wait_for_agent, free_port
+from ravenproxy.pki import init_pki
+
+MIB = 1 << 20
+BLOCK = MIB
+"""Size of each client write."""
+_LEN = struct.Struct("!Q")
+SCRIPT = Path(__file__).resolve()
+HERE = SCRIPT.parent
+RESULTS = HERE / "results" / "throughput.json"
+SSHD = "/usr/sbin/sshd"
+SSH_CIPHERS = (
+    ("aes128-gcm", "aes128-gcm@openssh.com"),
+    ("chacha20-poly1305", "chacha20-poly1305@openssh.com"),
+)
+ROWS = ("direct", "tunnel", "ssh", "direct_x8", "tunnel_x8")
+
+
+# -- the sink (runs in its own process: ``throughput.py --sink``) -----------------------------
+class _Sink(asyncio.BufferedProtocol):
+    """Reads ``u64 length`` + payload, discards the payload, acks ``u64 count``; repeatable."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(256 * 1024)
+        self.head = bytearray()
+        self.remaining = 0
+        self.count = 0
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self.buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        pos = 0
+        while pos < nbytes:
+            if self.remaining:
+                take = min(self.remaining, nbytes - pos)
+                pos += take
+                self.remaining -= take
+                self.count += take
+                if not self.remaining:
+                    self._ack()
+            else:
+                take = min(_LEN.size - len(self.head), nbytes - pos)
+                self.head += self.buf[pos : pos + take]
+                pos += take
+                if len(self.head) == _LEN.size:
+                    (self.remaining,) = _LEN.unpack(self.head)
+                    self.head.clear()
+                    if not self.remaining:
+                        self._ack()
+
+    def _ack(self) -> None:
+        assert self.transport is not None
+        self.transport.write(_LEN.pack(self.count))
+        self.count = 0
+
+    def eof_received(self) -> bool:
+        return False
+
+
+async def _sink_main() -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Sink, "127.0.0.1", 0, backlog=128)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await stop.wait()
+    server.close()
+
+
+# -- the client -----------------------------------------------------------------------------
+Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+_PAYLOAD = memoryview(os.urandom(BLOCK))
+
+
+async def _segment(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    """Send one length-prefixed segment of ``n`` bytes and wait for the sink's ack."""
+    writer.write(_LEN.pack(n))
+    sent = 0
+    while sent < n:
+        k = min(BLOCK, n - sent)
+        writer.write(_PAYLOAD[:k])
+        sent += k
+        await writer.drain()
+    (got,) = _LEN.unpack(await reader.readexactly(_LEN.size))
+    if got != n:
+        raise RuntimeError(f"sink counted {got} bytes, {n} were sent")
+
+
+async def _connected(connect: Connector) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await connect()
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    writer.transport.set_write_buffer_limits(high=4 * MIB)
+    return reader, writer
+
+
+async def measure(connect: Connector, streams: int, nbytes: int, warmup: int) -> tuple[int, float]:
+    """``streams`` connections, each warmed up, then all send ``nbytes`` at once.
+    Returns (total bytes, seconds from the first write to the last ack)."""
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(streams):
+            conns.append(await _connected(connect))
+        if warmup:
+            await _all(_segment(r, w, warmup) for r, w in conns)
+        started = time.perf_counter()
+        await _all(_segment(r, w, nbytes) for r, w in conns)
+        elapsed = time.perf_counter() - started
+    finally:
+        for _, w in conns:
+            w.close()
+        for _, w in conns:
+            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+                await w.wait_closed()
+    return nbytes * streams, elapsed
+
+
+async def _all(coros: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Like gather, but the first failure cancels (and collects) the others."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# -- processes --------------------------------------------------------------------------------
+class Procs(_Procs):
+    """demo's ``_Procs``, plus arbitrary commands; stops in reverse order, by PID, and sweeps
+    the session group each process was started in (sshd's per-connection children)."""
+
+    async def spawn(
+        self, argv: Sequence[str], log: Path, *, stdout_pipe: bool = False
+    ) -> asyncio.subprocess.Process:
+        out = log.open("wb")
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE if stdout_pipe else out,
+            stderr=out,
+            start_new_session=True,
+        )
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    async def stop_one(self, proc: asyncio.subprocess.Process, timeout: float = 15) -> None:
+        # Let children exit while their parent can still reap them (sshd's per-connection
+        # processes end once the ssh client is gone); killed orphans would stay zombies here.
+        deadline = time.monotonic() + 3
+        while proc.returncode is None and _children(proc.pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the group we created; empty → ESRCH
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    async def stop(self) -> None:
+        for proc in reversed(list(self.procs)):
+            await self.stop_one(proc)
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(entry.name))
+    return kids
+
+
+async def start_sink(procs: Procs, base: Path) -> int:
+    proc = await procs.spawn(
+        [sys.executable, str(SCRIPT), "--sink"],
+        base / "sink.log",
+        stdout_pipe=True,
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 15)
+    if not line.strip():
+        raise RuntimeError(f"sink did not start: {(base / 'sink.log').read_text()[-2000:]}")
+    return int(line)
+
+
+async def start_tunnel(procs: Procs, base: Path, sink_port: int, profile: Path | None) -> int:
+    """``ravenproxy server`` + ``ravenproxy agent`` via the CLI; returns the HTTP front port."""
+    certs = base / "certs"
+    init_pki(certs, ("localhost", "127.0.0.1"), (EDGE_NODE,))
+    inventory = base / "inventory.yaml"
+    inventory.write_text(INVENTORY.format(port=sink_port, cloud=CLOUD_NODE, edge=EDGE_NODE))
+    tunnel, front, metrics, health = free_port(), free_port(), free_port(), free_port()
+
+    def cmd(role: str, *args: str) -> list[str]:
+        prof = ["-m", "cProfile", "-o", str(profile / f"{role}.prof")] if profile else []
+        return [sys.executable, *prof, "-m", "ravenproxy", role, *args]
+
+    await procs.spawn(
+        cmd(
+            "server",
+            "--inventory", str(inventory),
+            "--ca-file", str(certs / "ca.crt"),
+            "--cert-file", str(certs / "server.crt"),
+            "--key-file", str(certs / "server.key"),
+            "--node-name", CLOUD_NODE,
+            "--tunnel-addr", f"127.0.0.1:{tunnel}",
+            "--http-addr", f"127.0.0.1:{front}",
+            "--https-addr", "127.0.0.1:0",
+            "--metrics-addr", f"127.0.0.1:{metrics}",
+            "--health-addr", f"127.0.0.1:{health}",
+            "--log-level", "WARNING",
+        ),
+        base / "server.log",
+    )  # fmt: skip
+    await procs.spawn(
+        cmd(
+            "agent",
+            "--node-name", EDGE_NODE,
+            "--server-addr", f"wss://127.0.0.1:{tunnel}",
+            "--ca-file", str(certs / "ca.crt"),
+            "--cert-file", str(certs / f"{EDGE_NODE}.crt"),
+            "--key-file", str(certs / f"{EDGE_NODE}.key"),
+            "--inventory", str(inventory),
+            "--log-level", "WARNING",
+        ),
+        base / "agent.log",
+    )  # fmt: skip
+    await _wait_for_agent(front, sink_port, procs, time.monotonic() + 30)
+    return front
+
+
+@dataclass
+class Ssh:
+    base: Path
+    port: int
+    key: Path
+    mode: str
+    version: str
+
+
+async def _port_open(port: int) -> bool:
+    try:
+        _, w = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    w.close()
+    return True
+
+
+def _ssh_files(base: Path) -> tuple[Path, int, str]:
+    """Host and client keys, authorized_keys and sshd_config in ``base/ssh``; returns
+    (that directory, the sshd port, the OpenSSH version)."""
+    if not os.access(SSHD, os.X_OK) or shutil.which("ssh") is None:
+        raise RuntimeError(f"{SSHD} or ssh not installed")
+    d = base / "ssh"
+    d.mkdir()
+    for name in ("host_key", "client_key"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)],
+            check=True,
+            capture_output=True,
+        )
+    shutil.copy(d / "client_key.pub", d / "authorized_keys")
+    port = free_port()
+    ciphers = ",".join(c for _, c in SSH_CIPHERS)
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\n"
+        f"PidFile {d / 'sshd.pid'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
+        "UsePAM no\nStrictModes no\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
+        "PermitRootLogin prohibit-password\nAllowTcpForwarding yes\nGatewayPorts no\n"
+        f"Ciphers {ciphers}\nLogLevel ERROR\n"
+    )
+    version = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+    return d, port, version
+
+
+async def start_sshd(procs: Procs, base: Path) -> Ssh:
+    """A private sshd on a free loopback port; raises RuntimeError with the reason."""
+    d, port, version = await asyncio.to_thread(_ssh_files, base)
+    plain = [SSHD, "-D", "-e", "-f", str(d / "sshd_config")]
+    # sshd needs /run/sshd (privilege separation); give it a private /run if the host has none.
+    private_run = "mount -t tmpfs tmpfs /run && mkdir -p /run/sshd && exec " + " ".join(plain)
+    attempts = [
+        ("plain", plain),
+        ("unshare -m, private /run", ["unshare", "-m", "sh", "-c", private_run]),
+    ]
+    errors: list[str] = []
+    for mode, argv in attempts:
+        log = d / f"sshd-{len(errors)}.log"
+        proc = await procs.spawn(argv, log)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and proc.returncode is None:
+            if await _port_open(port):
+                return Ssh(d, port, d / "client_key", mode, version)
+            await asyncio.sleep(0.05)
+        await procs.stop_one(proc, timeout=2)
+        errors.append(f"{mode}: {log.read_text().strip()[-300:] or 'no listener'}")
+    raise RuntimeError("sshd did not start: " + " | ".join(errors))
+
+
+async def start_ssh_forward(
+    procs: Procs, ssh: Ssh, cipher: str, sink_port: int
+) -> tuple[int, asyncio.subprocess.Process]:
+    rport = free_port()
+    argv = [
+        "ssh", "-F", "/dev/null", "-N", "-T",
+        "-R", f"127.0.0.1:{rport}:127.0.0.1:{sink_port}",
+        "-p", str(ssh.port), "-i", str(ssh.key), "-c", cipher,
+        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+        "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "Compression=no",
+        "-o", "ExitOnForwardFailure=yes", "-o", "LogLevel=ERROR",
+        f"{os.environ.get('USER') or 'root'}@127.0.0.1",
+    ]  # fmt: skip
+    log = ssh.base / f"ssh-{cipher.split('@')[0]}.log"
+    proc = await procs.spawn(argv, log)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc.returncode is not None:
+            raise RuntimeError(f"ssh exited ({proc.returncode}): {log.read_text()[-500:]}")
+        if await _port_open(rport):
+            return rport, proc
+        await asyncio.sleep(0.05)
+    await procs.stop_one(proc)
+    raise RuntimeError("ssh -R forward did not come up in 15 s")
+
+
+# -- the run ----------------------------------------------------------------------------------
+@dataclass
+class Options:
+    mib: int
+    mib_each: int
+    streams: int
+    warmup_mib: int
+    repeat: int
+    only: tuple[str, ...]
+    profile: Path | None
+    output: Path | None
+    run_timeout: float = 300.0
+
+
+@dataclass
+class Row:
+    key: str
+    name: str
+    streams: int
+    connect: Connector
+    nbytes: int
+    warmup: int
+    runs: list[tuple[int, float]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def result(self) -> dict[str, Any]:
+        if not self.runs:
+            return {
+                "key": self.key,
+                "name": self.name,
+                "streams": self.streams,
+                "mb_s": None,
+                "errors": self.errors,
+            }
+        rates = [b / s / 1e6 for b, s in self.runs]
+        median = sorted(range(len(rates)), key=rates.__getitem__)[len(rates) // 2]
+        nbytes, seconds = self.runs[median]
+        return {
+            "key": self.key,
+            "name": self.name,
+            "streams": self.streams,
+            "mb_s": round(nbytes / seconds / 1e6, 1),
+            "bytes": nbytes,
+            "seconds": round(seconds, 4),
+            "runs_mb_s": [round(r, 1) for r in rates],
+            "errors": self.errors,
+        }
+
+
+async def _settle(row: Row, timeout: float = 30) -> None:
+    """After a failed run, wait until the path carries a small segment again (the agent
+    reconnects after a broken tunnel), so the next row is not charged for the outage."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(measure(row.connect, 1, MIB, 0), 5)
+            return
+        await asyncio.sleep(0.2)
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    commit = subprocess.run(
+        ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(HERE), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return {
+        "nproc": os.cpu_count(),
+        "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "uvloop": importlib.metadata.version("uvloop"),
+        "websockets": importlib.metadata.version("websockets"),
+        "git_commit": commit or None,
+        "git_tracked_changes": bool(dirty),
+    }
+
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    if a is None or b is None or not a.get("mb_s") or not b.get("mb_s"):
+        return None
+    return round(float(a["mb_s"]) / float(b["mb_s"]), 3)
+
+
+async def run(opts: Options) -> dict[str, Any]:
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    base = Path(tempfile.mkdtemp(prefix="ravenproxy-bench-"))
+    keep = False
+    procs = Procs()
+    rows: list[Row] = []
+    ssh_info: dict[str, Any] | None = None
+    ssh_error: str | None = None
+    try:
+        sink = await start_sink(procs, base)
+        one, each, warm = opts.mib * MIB, opts.mib_each * MIB, opts.warmup_mib * MIB
+
+        def direct() -> Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+            return asyncio.open_connection("127.0.0.1", sink, limit=256 * 1024)
+
+        if "direct" in opts.only:
+            rows.append(Row("direct", "direct TCP", 1, direct, one, warm))
+        if {"tunnel", "tunnel_x8"} & set(opts.only):
+            try:
+                front = await start_tunnel(procs, base, sink, opts.profile)
+            except BaseException:
+                keep = True
+                raise
+
+            def tunnel() -> Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+                return open_tunnel("127.0.0.1", front, f"{EDGE_NODE}:{sink}")
+
+            if "tunnel" in opts.only:
+                rows.append(Row("tunnel", "ravenproxy tunnel", 1, tunnel, one, warm))
+        if "ssh" in opts.only:
+            try:
+                ssh = await start_sshd(procs, base)
+                ssh_info = {"openssh": ssh.version, "sshd_mode": ssh.mode, "rows": []}
+                for label, cipher in SSH_CIPHERS:
+                    rport, _ = await start_ssh_forward(procs, ssh, cipher, sink)
+
+                    def via_ssh(
+                        p: int = rport,
+                    ) -> Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+                        return asyncio.open_connection("127.0.0.1", p, limit=256 * 1024)
+
+                    key = "ssh_" + label.split("-")[0]
+                    rows.append(Row(key, f"ssh -R {label}", 1, via_ssh, one, warm))
+                    ssh_info["rows"].append(key)
+            except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+                ssh_error = str(exc)
+                print(f"ssh rows skipped: {ssh_error}", file=sys.stderr)
+        n = opts.streams
+        if "direct_x8" in opts.only:
+            rows.append(Row("direct_x8", f"direct TCP x{n}", n, direct, each, warm // n))
+        if "tunnel_x8" in opts.only:
+            rows.append(Row("tunnel_x8", f"ravenproxy tunnel x{n}", n, tunnel, each, warm // n))
+
+        for round_ in range(opts.repeat):
+            for row in rows:
+                label = f"  round {round_ + 1}/{opts.repeat}  {row.name:<28}"
+                try:
+                    nbytes, seconds = await asyncio.wait_for(
+                        measure(row.connect, row.streams, row.nbytes, row.warmup),
+                        opts.run_timeout,
+                    )
+                except (OSError, RuntimeError, TimeoutError, asyncio.IncompleteReadError) as exc:
+                    # Recorded, never papered over: a failed run has no rate.
+                    row.errors.append(f"round {round_ + 1}: {exc!r}")
+                    print(f"{label} FAILED: {exc!r}", flush=True)
+                    await _settle(row)
+                    continue
+                row.runs.append((nbytes, seconds))
+                print(f"{label} {nbytes / seconds / 1e6:8.1f} MB/s", flush=True)
+    except BaseException:
+        keep = True
+        raise
+    finally:
+        await procs.stop()
+        if keep:  # show the logs' tails before the directory goes
+            for name in ("server.log", "agent.log", "sink.log"):
+                with contextlib.suppress(OSError):
+                    text = (base / name).read_text()[-2000:]
+                    if text.strip():
+                        print(f"--- {name} ---\n{text}", file=sys.stderr)
+        shutil.rmtree(base, ignore_errors=True)
+
+    results = {r.key: r.result() for r in rows}
+    ssh_aes = results.get("ssh_aes128")
+    ssh_chacha = results.get("ssh_chacha20")
+    return {
+        "benchmark": "throughput",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {**machine_info(), "loadavg_at_start": load_start},
+        "settings": {
+            "mib_single": opts.mib,
+            "mib_each_concurrent": opts.mib_each,
+            "concurrent_streams": opts.streams,
+            "warmup_mib": opts.warmup_mib,
+            "repeat": opts.repeat,
+            "write_block_bytes": BLOCK,
+            "profiled": opts.profile is not None,
+            "note": "MB/s = 1e6 bytes/s; median of the rounds; loopback, all processes on one host",
+        },
+        "rows": list(results.values()),
+        "ssh": ssh_info,
+        "ssh_error": ssh_error,
+        "ratios": {
+            "tunnel/direct": _ratio(results.get("tunnel"), results.get("direct")),
+            "tunnel/ssh_aes128_gcm": _ratio(results.get("tunnel"), ssh_aes),
+            "tunnel/ssh_chacha20_poly1305": _ratio(results.get("tunnel"), ssh_chacha),
+            "tunnel_x8/direct_x8": _ratio(results.get("tunnel_x8"), results.get("direct_x8")),
+            "tunnel_x8/tunnel": _ratio(results.get("tunnel_x8"), results.get("tunnel")),
+        },
+    }
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(f"\nthroughput on loopback, {report['date']}, nproc={report['machine']['nproc']}")
+    print(f"{'path':<28} {'streams':>7} {'MB/s':>9} {'MiB':>7} {'seconds':>8}  runs MB/s")
+    for row in report["rows"]:
+        if row["mb_s"] is None:
+            print(f"{row['name']:<28} {row['streams']:>7} {'—':>9}")
+            continue
+        print(
+            f"{row['name']:<28} {row['streams']:>7} {row['mb_s']:>9.1f} "
+            f"{row['bytes'] / MIB:>7.0f} {row['seconds']:>8.3f}  {row['runs_mb_s']}"
+        )
+    if report["ssh"] is None and report["ssh_error"]:
+        print(f"ssh -R: not measured ({report['ssh_error']})")
+    print("ratios:")
+    for name, value in report["ratios"].items():
+        print(f"  {name:<30} {'—' if value is None else f'{value:.2f}x'}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mib", type=int, default=1024, help="MiB per single-stream run (1024)")
+    p.add_argument("--mib-each", type=int, default=256, help="MiB per stream, concurrent (256)")
+    p.add_argument("--streams", type=int, default=8, help="concurrent streams (8)")
+    p.add_argument("--warmup-mib", type=int, default=64, help="warm-up MiB per run (64)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds; rows report the median (3)")
+    p.add_argument("--quick", action="store_true", help="small run: 64 / 16 MiB, 1 round")
+    p.add_argument(
+        "--only",
+        default=",".join(ROWS),
+        help=f"comma-separated subset of {','.join(ROWS)} (default: all)",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="run server and agent under cProfile, writing DIR/server.prof, DIR/agent.prof",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help=f"JSON report path (default {RESULTS.relative_to(HERE.parent)}; '-' for none)",
+    )
+    p.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+async def _main(opts: Options) -> dict[str, Any]:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await run(opts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.sink:
+        uvloop.run(_sink_main())
+        return 0
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
+    unknown = set(only) - set(ROWS)
+    if unknown:
+        print(f"unknown rows: {sorted(unknown)}; choose from {ROWS}", file=sys.stderr)
+        return 2
+    if args.quick:
+        args.mib, args.mib_each, args.warmup_mib, args.repeat = 64, 16, 8, 1
+    profile = args.profile.resolve() if args.profile else None
+    if profile:
+        profile.mkdir(parents=True, exist_ok=True)
+    full = set(only) == set(ROWS) and not args.quick and profile is None
+    output = args.output
+    if output is None:
+        output = RESULTS if full else None
+    elif str(output) == "-":
+        output = None
+    opts = Options(
+        args.mib, args.mib_each, args.streams, args.warmup_mib, max(1, args.repeat), only,
+        profile, output,
+    )  # fmt: skip
+    try:
+        report = uvloop.run(_main(opts))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted; every started process was stopped", file=sys.stderr)
+        return 130
+    print_report(report)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {output}")
+    else:
+        print("(partial/quick/profiled run: JSON not written; pass --output FILE to keep it)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

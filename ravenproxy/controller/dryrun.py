@@ -1,0 +1,126 @@
+"""``ravenproxy controller --dry-run``: the objects the controller would write, as YAML."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from ravenproxy.controller.desired import Desired, desired_state
+from ravenproxy.controller.election import Health
+from ravenproxy.model.inventory import InventoryWatcher, load_inventory
+from ravenproxy.model.objects import Gateway
+from ravenproxy.model.snapshot import Model
+from ravenproxy.model.store import ModelStore
+
+GATEWAY_API_VERSION = "raven.openyurt.io/v1beta1"
+
+
+def dry_run_documents(desired: Desired) -> list[dict[str, Any]]:
+    """Gateway statuses (sorted by name), then Services/Endpoints, then the DNS ConfigMap."""
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": GATEWAY_API_VERSION,
+            "kind": "Gateway",
+            "metadata": {"name": name},
+            "status": _plain(status),
+        }
+        for name, status in desired.statuses.items()
+    ]
+    docs.extend(_plain(obj) for obj in desired.services)
+    docs.append(_plain(desired.configmap))
+    return docs
+
+
+def _plain(obj: Any) -> Any:
+    # safe_dump refuses MappingProxyType and tuples would print as Python tags elsewhere.
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def render_dry_run(
+    model: Model,
+    health: Health,
+    now: float,
+    cluster_ip: str | None = None,
+    block_affinities: Mapping[str, Sequence[str]] | None = None,
+) -> str:
+    """Multi-document YAML of every object the controller would write for ``model``.
+
+    A dry run sees no existing LoadBalancer Services, so public addresses come only from
+    ``spec.endpoints[].publicIP`` and the node annotation.
+    """
+    desired = desired_state(model, health, now, cluster_ip, None, block_affinities)
+    return render_documents(dry_run_documents(desired))
+
+
+def render_documents(docs: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, explicit_start=True)
+
+
+def dry_run_inventory(
+    path: str | os.PathLike[str], now: float | None = None, cluster_ip: str | None = None
+) -> str:
+    """``ravenproxy controller --inventory FILE --dry-run``. No server reports agents to a dry
+    run, so Ready alone decides the election (as in Raven). Raises InventoryError."""
+    model = load_inventory(path)
+    return render_dry_run(
+        model, Health.ready_only(), time.time() if now is None else now, cluster_ip
+    )
+
+
+async def run_inventory_controller(
+    path: str | os.PathLike[str],
+    write: Callable[[str], None],
+    interval: float = 1.0,
+    cluster_ip: str | None = None,
+) -> None:
+    """``ravenproxy controller --inventory FILE`` (no cluster to write to): hand the rendered
+    objects to ``write`` at start and again whenever they change, until cancelled. The election
+    result is fed back into the next round, as the Gateway status would be in a cluster, so
+    the output stays stable while nothing changes."""
+    store = ModelStore()
+    watcher = InventoryWatcher(path, store, interval)
+    watcher.load_initial()
+    written: dict[str, Gateway] = {}
+    last = ""
+    while True:
+        model = store.model
+        gateways = [
+            written.get(name, gw) if _same_spec(written.get(name), gw) else gw
+            for name, gw in model.gateways.items()
+        ]
+        model = Model(
+            nodes=model.nodes,
+            gateways=MappingProxyType({g.name: g for g in gateways}),
+            pods=model.pods,
+        )
+        desired = desired_state(model, Health.ready_only(), time.time(), cluster_ip)
+        written = dict(desired.model.gateways)
+        text = render_documents(dry_run_documents(desired))
+        if text != last:
+            write(text)
+            last = text
+        version = store.version
+        with suppress(TimeoutError):
+            async with asyncio.timeout(interval):
+                await store.wait_changed(version)
+        watcher.check()
+
+
+def _same_spec(a: Gateway | None, b: Gateway) -> bool:
+    if a is None:
+        return False
+    return replace(a, active_endpoints=(), status_nodes=(), resource_version="") == replace(
+        b, active_endpoints=(), status_nodes=(), resource_version=""
+    )

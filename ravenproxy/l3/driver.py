@@ -1,0 +1,213 @@
+"""The route driver: read actual state, plan against desired, apply; once or periodically.
+
+Entry points for the CLI (``ravenproxy routes plan|apply|cleanup``) and the agent:
+:func:`routes_command`, :func:`reconcile_once`, :class:`Reconciler`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from ravenproxy.l3 import apply_iptables, apply_netlink
+from ravenproxy.l3.desired import desired_state
+from ravenproxy.l3.plan import Op, cleanup_plan, plan
+from ravenproxy.l3.settings import L3Settings
+from ravenproxy.l3.state import (
+    Address,
+    Chain,
+    IpSet,
+    Jump,
+    Link,
+    NodeState,
+    Route,
+    Rule,
+    Sysctl,
+    VpnConnection,
+    XfrmPolicy,
+)
+from ravenproxy.log import kv
+from ravenproxy.model.inventory import load_inventory
+from ravenproxy.model.snapshot import Model
+from ravenproxy.model.store import ModelStore
+
+log = logging.getLogger(__name__)
+
+_IPTABLES = (IpSet, Chain, Jump)
+_NETLINK = (Link, Address, Route, Rule, Sysctl, XfrmPolicy)
+NO_VPN_DRIVER = "no VPN driver in this build yet (strongSwan/WireGuard land with issue 5 part 3)"
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    applied: tuple[Op, ...] = ()
+    skipped: tuple[tuple[Op, str], ...] = ()
+
+
+async def read_actual(
+    settings: L3Settings, sysctl_keys: Sequence[str] = (), netns: str | None = None
+) -> NodeState:
+    """What ravenproxy owns on this node now (the kernel's view, nothing cached)."""
+    kernel = await apply_netlink.read_actual(settings.route_table, sysctl_keys, netns)
+    return kernel.merge(await apply_iptables.read_actual(netns))
+
+
+async def apply_ops(ops: Sequence[Op], netns: str | None = None) -> ApplyReport:
+    """Apply in plan order; consecutive ops of one adapter form one batch."""
+    applied: list[Op] = []
+    skipped: list[tuple[Op, str]] = []
+    for batch in _batches(ops):
+        head = batch[0].obj
+        if isinstance(head, _IPTABLES):
+            await apply_iptables.apply(batch, netns)
+            applied.extend(batch)
+        elif isinstance(head, _NETLINK):
+            left = await apply_netlink.apply(batch, netns)
+            skipped.extend(left)
+            left_ops = {id(op) for op, _ in left}
+            applied.extend(op for op in batch if id(op) not in left_ops)
+        else:
+            assert isinstance(head, VpnConnection)
+            skipped.extend((op, NO_VPN_DRIVER) for op in batch)
+    return ApplyReport(tuple(applied), tuple(skipped))
+
+
+def _adapter(op: Op) -> str:
+    if isinstance(op.obj, _IPTABLES):
+        return "iptables"
+    if isinstance(op.obj, _NETLINK):
+        return "netlink"
+    return "vpn"
+
+
+def _batches(ops: Sequence[Op]) -> list[list[Op]]:
+    out: list[list[Op]] = []
+    for op in ops:
+        if out and _adapter(out[-1][0]) == _adapter(op):
+            out[-1].append(op)
+        else:
+            out.append([op])
+    return out
+
+
+def _recreates_link(ops: Sequence[Op]) -> bool:
+    for op in ops:
+        if isinstance(op.obj, Link) and op.action == "replace":
+            (old,) = op.old
+            assert isinstance(old, Link)
+            if (old.vni, old.local, old.port) != (op.obj.vni, op.obj.local, op.obj.port) or (
+                old.remote is None
+            ) != (op.obj.remote is None):
+                return True
+    return False
+
+
+async def reconcile_once(
+    model: Model, node_name: str, settings: L3Settings, netns: str | None = None
+) -> ApplyReport:
+    """One pass: desired from the model, actual from the kernel, apply only the difference."""
+    desired = desired_state(model, node_name, settings)
+    keys = [s.path for s in desired.sysctls]
+    ops = plan(await read_actual(settings, keys, netns), desired)
+    report = await apply_ops(ops, netns)
+    if _recreates_link(ops):
+        # Recreating raven0 took its addresses and routes with it; put them back now
+        # rather than one period later.
+        again = plan(await read_actual(settings, keys, netns), desired)
+        more = await apply_ops(again, netns)
+        report = ApplyReport(report.applied + more.applied, more.skipped)
+    return report
+
+
+async def cleanup(settings: L3Settings, netns: str | None = None) -> ApplyReport:
+    """Remove exactly what ravenproxy owns (sysctls keep their values)."""
+    return await apply_ops(cleanup_plan(await read_actual(settings, (), netns)), netns)
+
+
+class Reconciler:
+    """Level-triggered loop: reconcile on every model change and every ``reconcile_period``.
+
+    A failed pass is logged and retried on the next trigger; the previous kernel state stays.
+    """
+
+    def __init__(
+        self, store: ModelStore, node_name: str, settings: L3Settings, netns: str | None = None
+    ) -> None:
+        self.store = store
+        self.node_name = node_name
+        self.settings = settings
+        self.netns = netns
+        self.passes = 0
+
+    async def run(self) -> None:
+        while True:
+            version = self.store.version
+            try:
+                report = await reconcile_once(
+                    self.store.model, self.node_name, self.settings, self.netns
+                )
+                if report.applied:
+                    log.info("reconciled", extra=kv(node=self.node_name, ops=len(report.applied)))
+                for op, why in report.skipped:
+                    log.warning("not applied", extra=kv(op=op.obj.describe(), reason=why))
+            except Exception as exc:
+                # One failed pass (a tool missing, a netlink error, a bug) must not end the
+                # loop: the next trigger retries from a fresh read of the kernel.
+                log.exception("reconcile failed", extra=kv(node=self.node_name, error=exc))
+            self.passes += 1
+            try:
+                await asyncio.wait_for(
+                    self.store.wait_changed(version), timeout=self.settings.reconcile_period
+                )
+            except TimeoutError:
+                pass
+
+
+async def routes_command(
+    action: str,
+    inventory: str,
+    node_name: str,
+    settings: L3Settings,
+    *,
+    netns: str | None = None,
+    out: TextIO = sys.stdout,
+) -> int:
+    """``ravenproxy routes plan|apply|cleanup``: print the ops (``plan`` only prints).
+
+    Returns the exit status: 0 when everything planned was applied, 3 when some ops were
+    left out (printed with the reason, e.g. VPN connections until the VPN drivers exist).
+    Failures raise :class:`~ravenproxy.errors.RavenProxyError` subclasses (``ApplyError``,
+    ``DesiredStateError``, ``InventoryError``) for the CLI to print and exit 1.
+    """
+    if action == "cleanup":
+        report = await cleanup(settings, netns)
+        _print_ops(report.applied, out)
+        return _print_skipped(report, out)
+    model = load_inventory(inventory)
+    if action == "plan":
+        desired = desired_state(model, node_name, settings)
+        actual = await read_actual(settings, [s.path for s in desired.sysctls], netns)
+        _print_ops(plan(actual, desired), out)
+        return 0
+    if action == "apply":
+        report = await reconcile_once(model, node_name, settings, netns)
+        _print_ops(report.applied, out)
+        return _print_skipped(report, out)
+    raise ValueError(f"unknown routes action {action!r}")
+
+
+def _print_ops(ops: Sequence[Op], out: TextIO) -> None:
+    if not ops:
+        print("no changes", file=out)
+    for op in ops:
+        print(op, file=out)
+
+
+def _print_skipped(report: ApplyReport, out: TextIO) -> int:
+    for op, why in report.skipped:
+        print(f"! not applied: {op.obj.describe()}: {why}", file=out)
+    return 3 if report.skipped else 0

@@ -1,0 +1,332 @@
+"""Settings: addresses, precedence, unknown keys, NODE_NAME, files, URLs (agent and server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ravenproxy import config as cfg
+from ravenproxy.agent.settings import FIELDS as AGENT_FIELDS
+from ravenproxy.agent.settings import AgentSettings
+from ravenproxy.config import Address, parse_address
+from ravenproxy.errors import ConfigError
+from ravenproxy.server.settings import FIELDS as SERVER_FIELDS
+from ravenproxy.server.settings import ServerSettings
+
+
+# -- addresses ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "host", "port", "shown"),
+    [
+        (":10262", "", 10262, ":10262"),
+        ("127.0.0.1:0", "127.0.0.1", 0, "127.0.0.1:0"),
+        ("[::1]:80", "::1", 80, "[::1]:80"),
+        ("[::]:443", "::", 443, "[::]:443"),
+        ("example.com:65535", "example.com", 65535, "example.com:65535"),
+    ],
+)
+def test_parse_address(text: str, host: str, port: int, shown: str) -> None:
+    addr = parse_address(text, "--tunnel-addr")
+    assert addr == Address(host, port)
+    assert str(addr) == shown
+    assert addr.bind_host == (host or None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "10262",
+        "host:",
+        "host:x",
+        "host:65536",
+        "host:-1",
+        "[::1]",
+        "[::1]80",
+        "[zz::1]:80",
+        "[::1:80",
+    ],
+)
+def test_bad_address_names_the_field(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_address(text, "--https-addr")
+    assert info.value.field == "--https-addr"
+
+
+def test_superscript_port_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        parse_address("host:²", "--http-addr")
+
+
+# -- merge and the config file -----------------------------------------------------------------
+def test_merge_flags_win_over_the_file() -> None:
+    merged = cfg.merge(
+        {"dial_timeout": 2.0, "allow": None, "inventory": [], "node_name": "from-flag"},
+        {"dial_timeout": 9.0, "allow": ["10.0.0.1:80"], "node_name": "from-file"},
+        AGENT_FIELDS,
+    )
+    assert merged == {"dial_timeout": 2.0, "allow": ["10.0.0.1:80"], "node_name": "from-flag"}
+
+
+def test_merge_keeps_false_and_zero_flags() -> None:
+    merged = cfg.merge({"no_server_hostname_check": False}, {}, AGENT_FIELDS)
+    assert merged == {"no_server_hostname_check": False}
+
+
+def test_merge_unknown_file_keys_are_named() -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg.merge({}, {"zeta": 1, "alpha": 2, "dial_timeout": 3}, AGENT_FIELDS)
+    assert info.value.field == "--config"
+    assert "alpha, zeta" in str(info.value)
+
+
+def test_load_config_file_normalises_keys(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("node-name: edge-1\ndial_timeout: 3\n", encoding="utf-8")
+    assert cfg.load_config_file(str(path)) == {"node_name": "edge-1", "dial_timeout": 3}
+    assert cfg.load_config_file(None) == {}
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("", encoding="utf-8")
+    assert cfg.load_config_file(str(empty)) == {}
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [(None, "No such file"), ("a: [\n", "not valid YAML"), ("- a\n", "mapping")],
+)
+def test_load_config_file_errors_name_the_flag(
+    tmp_path: Path, content: str | None, fragment: str
+) -> None:
+    path = tmp_path / "cfg.yaml"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        cfg.load_config_file(str(path))
+    assert info.value.field == "--config"
+    assert str(path) in str(info.value)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [(1, True), ("2.5", True), (0, False), (-1, False), ("x", False), (None, False)],
+)
+def test_positive(value: Any, ok: bool) -> None:
+    if ok:
+        assert cfg.positive(value, "--f") == float(value)
+    else:
+        with pytest.raises(ConfigError, match=r"^--f: "):
+            cfg.positive(value, "--f")
+
+
+def test_positive_integer_refuses_fractions() -> None:
+    assert cfg.positive("9100", "--metrics-port", integer=True) == 9100
+    with pytest.raises(ConfigError, match="--metrics-port"):
+        cfg.positive("1.5", "--metrics-port", integer=True)
+
+
+# -- the agent ---------------------------------------------------------------------------------
+@pytest.fixture
+def pem(tmp_path: Path) -> dict[str, str]:
+    files = {}
+    for key in ("ca_file", "cert_file", "key_file", "inventory"):
+        path = tmp_path / f"{key}.pem"
+        path.write_text("x", encoding="utf-8")
+        files[key] = str(path)
+    return files
+
+
+def agent_values(pem: dict[str, str], **overrides: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "node_name": "edge-1",
+        "server_addr": "wss://cloud.example:10262",
+        "ca_file": pem["ca_file"],
+        "cert_file": pem["cert_file"],
+        "key_file": pem["key_file"],
+    }
+    values.update(overrides)
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def test_agent_settings_defaults(pem: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    s = AgentSettings.from_mapping(agent_values(pem))
+    assert s.node_name == "edge-1"
+    assert s.server_url == "wss://cloud.example:10262"
+    assert s.allow == ()
+    assert s.inventory is None
+    assert s.metrics_addr is None
+    assert s.dial_timeout == 5.0
+    assert s.server_hostname_check is True
+    assert (s.session.ping_interval, s.session.dead_after) == (10.0, 30.0)
+
+
+def test_agent_settings_full(pem: dict[str, str]) -> None:
+    s = AgentSettings.from_mapping(
+        agent_values(
+            pem,
+            allow="10.0.0.1:80",
+            metrics_ports=9100,
+            metrics_addr="127.0.0.1:10265",
+            inventory=pem["inventory"],
+            ping_interval=1,
+            dead_after=3,
+            no_server_hostname_check=True,
+        )
+    )
+    assert s.allow == ("10.0.0.1:80",)
+    assert s.metrics_ports == (9100,)
+    assert s.metrics_addr == Address("127.0.0.1", 10265)
+    assert s.inventory == pem["inventory"]
+    assert (s.session.ping_interval, s.session.dead_after) == (1.0, 3.0)
+    assert s.server_hostname_check is False
+
+
+def test_agent_node_name_from_env(pem: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "edge-from-env")
+    assert AgentSettings.from_mapping(agent_values(pem, node_name=None)).node_name == (
+        "edge-from-env"
+    )
+    # A flag (or file value) wins over the environment.
+    assert AgentSettings.from_mapping(agent_values(pem)).node_name == "edge-1"
+
+
+def test_agent_node_name_required(pem: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    with pytest.raises(ConfigError) as info:
+        AgentSettings.from_mapping(agent_values(pem, node_name=None))
+    assert info.value.field == "--node-name"
+    assert "NODE_NAME" in str(info.value)
+
+
+def test_agent_node_name_validated(pem: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        AgentSettings.from_mapping(agent_values(pem, node_name="Edge_1"))
+    assert info.value.field == "--node-name"
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "ws://cloud:10262", "https://cloud:10262", "wss://cloud", "wss://:10262", "cloud:10262"],
+)
+def test_agent_server_url_must_be_wss_host_port(pem: dict[str, str], url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        AgentSettings.from_mapping(agent_values(pem, server_addr=url))
+    assert info.value.field == "--server-addr"
+
+
+@pytest.mark.parametrize("url", ["wss://cloud:99999", "wss://cloud:abc"])
+def test_agent_server_url_bad_port_is_a_config_error(pem: dict[str, str], url: str) -> None:
+    with pytest.raises(ConfigError):
+        AgentSettings.from_mapping(agent_values(pem, server_addr=url))
+
+
+@pytest.mark.parametrize("key", ["ca_file", "cert_file", "key_file"])
+def test_agent_missing_files_name_the_flag(pem: dict[str, str], key: str, tmp_path: Path) -> None:
+    flag = "--" + key.replace("_", "-")
+    with pytest.raises(ConfigError) as info:
+        AgentSettings.from_mapping(agent_values(pem, **{key: ""}))
+    assert info.value.field == flag
+    assert "required" in str(info.value)
+    missing = str(tmp_path / "missing.pem")
+    with pytest.raises(ConfigError) as info:
+        AgentSettings.from_mapping(agent_values(pem, **{key: missing}))
+    assert info.value.field == flag
+    assert missing in str(info.value)
+
+
+def test_agent_nonexistent_inventory_names_the_flag(pem: dict[str, str], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        AgentSettings.from_mapping(agent_values(pem, inventory=str(tmp_path / "no.yaml")))
+    assert info.value.field == "--inventory"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field"),
+    [
+        ("dial_timeout", 0, "--dial-timeout"),
+        ("backoff_base", "x", "--backoff-base"),
+        ("backoff_cap", -1, "--backoff-cap"),
+        ("metrics_ports", ["9100", "nope"], "--metrics-port"),
+        ("metrics_addr", "nohostport", "--metrics-addr"),
+        ("ping_interval", 0, "--ping-interval"),
+        ("dead_after", 5, "tunnel settings"),  # not above the default ping interval of 10
+    ],
+)
+def test_agent_bad_values_name_the_field(
+    pem: dict[str, str], key: str, value: Any, field: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        AgentSettings.from_mapping(agent_values(pem, **{key: value}))
+    assert info.value.field == field
+
+
+# -- the server --------------------------------------------------------------------------------
+def server_values(pem: dict[str, str], **overrides: Any) -> dict[str, Any]:
+    values = {k: pem[k] for k in ("inventory", "ca_file", "cert_file", "key_file")}
+    values.update(overrides)
+    return values
+
+
+def test_server_settings_defaults(pem: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    s = ServerSettings.from_mapping(server_values(pem))
+    assert s.tunnel_addr == Address("", 10262)
+    assert s.https_addr == Address("", 10263)
+    assert s.http_addr == Address("", 10264)
+    assert s.metrics_addr == Address("127.0.0.1", 10266)
+    assert s.health_addr == Address("", 10275)
+    assert s.node_name is None
+    assert s.session.open_timeout == 15.0
+    assert s.drain_timeout == 10.0
+
+
+def test_server_settings_overrides(pem: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "cloud-1")
+    s = ServerSettings.from_mapping(
+        server_values(
+            pem,
+            tunnel_addr="127.0.0.1:0",
+            https_addr="[::1]:8443",
+            open_timeout=2,
+            max_stream_window=1 << 20,
+        )
+    )
+    assert s.node_name == "cloud-1"
+    assert s.tunnel_addr == Address("127.0.0.1", 0)
+    assert s.https_addr == Address("::1", 8443)
+    assert s.session.open_timeout == 2.0
+    assert s.session.wire.max_stream_window == 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field"),
+    [
+        ("inventory", None, "--inventory"),
+        ("ca_file", "/nonexistent/ca.pem", "--ca-file"),
+        ("tunnel_addr", "10262", "--tunnel-addr"),
+        ("health_addr", "[::1]", "--health-addr"),
+        ("open_timeout", 0, "--open-timeout"),
+        ("drain_timeout", "soon", "--drain-timeout"),
+        ("max_stream_window", -5, "--max-stream-window"),
+    ],
+)
+def test_server_bad_values_name_the_field(
+    pem: dict[str, str], key: str, value: Any, field: str
+) -> None:
+    values = server_values(pem, **{key: value})
+    with pytest.raises(ConfigError) as info:
+        ServerSettings.from_mapping(values)
+    assert info.value.field == field
+
+
+def test_known_fields_match_the_settings() -> None:
+    assert "node_name" in AGENT_FIELDS and "server_addr" in AGENT_FIELDS
+    assert "tunnel_addr" in SERVER_FIELDS and "inventory" in SERVER_FIELDS
+
+
+def test_agent_metrics_port_above_65535_is_refused(pem: dict[str, str]) -> None:
+    with pytest.raises(ConfigError):
+        AgentSettings.from_mapping(agent_values(pem, metrics_ports=70000))

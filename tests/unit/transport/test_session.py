@@ -1,0 +1,332 @@
+"""Sessions over a real WebSocket pair on loopback (no TLS): streams, errors, keepalive, tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+
+from ravenproxy.transport.session import (
+    OpenError,
+    Session,
+    SessionConfig,
+    StreamClosedError,
+    StreamHandler,
+    TunnelStream,
+)
+from ravenproxy.wire.codes import ErrorCode
+from ravenproxy.wire.frames import Target
+
+TARGET = Target("edge-1", "127.0.0.1", 10250)
+WAIT = 5.0
+
+
+@dataclass
+class Pair:
+    """``cloud`` (server_side=True) opens streams; ``edge`` (server_side=False) serves them."""
+
+    cloud: Session
+    edge: Session
+    cloud_ws: ServerConnection
+    edge_ws: ClientConnection
+    cloud_run: asyncio.Future[None]
+    edge_run: asyncio.Task[None]
+
+
+async def echo(stream: TunnelStream) -> None:
+    stream.accept()
+    while data := await stream.read():
+        await stream.write(data)
+    stream.write_eof()
+    # Stay until the opener is done with the stream, so the close is theirs.
+    with contextlib.suppress(StreamClosedError):
+        await stream.read()
+
+
+@contextlib.asynccontextmanager
+async def tunnel(
+    on_open: StreamHandler | None = echo,
+    cloud_config: SessionConfig | None = None,
+    edge_config: SessionConfig | None = None,
+) -> AsyncIterator[Pair]:
+    loop = asyncio.get_running_loop()
+    cloud_session: asyncio.Future[tuple[Session, ServerConnection]] = loop.create_future()
+    cloud_run: asyncio.Future[None] = loop.create_future()
+
+    async def handler(ws: ServerConnection) -> None:
+        session = Session(ws, server_side=True, config=cloud_config, name="cloud")
+        cloud_session.set_result((session, ws))
+        try:
+            await session.run()
+        finally:
+            if not cloud_run.done():
+                cloud_run.set_result(None)
+
+    server = await serve(handler, "127.0.0.1", 0, compression=None, ping_interval=None)
+    edge_run: asyncio.Task[None] | None = None
+    edge_ws: ClientConnection | None = None
+    try:
+        port = server.sockets[0].getsockname()[1]
+        edge_ws = await connect(f"ws://127.0.0.1:{port}", compression=None, ping_interval=None)
+        edge = Session(edge_ws, server_side=False, config=edge_config, on_open=on_open, name="edge")
+        edge_run = asyncio.create_task(edge.run(), name="test-edge-session")
+        cloud, cloud_ws = await asyncio.wait_for(cloud_session, WAIT)
+        await asyncio.wait_for(asyncio.gather(cloud.wait_ready(), edge.wait_ready()), WAIT)
+        yield Pair(cloud, edge, cloud_ws, edge_ws, cloud_run, edge_run)
+    finally:
+        if edge_ws is not None:
+            await edge_ws.close()
+        if edge_run is not None:
+            await asyncio.wait_for(edge_run, WAIT)
+        server.close()
+        await asyncio.wait_for(server.wait_closed(), WAIT)
+
+
+async def read_all(stream: TunnelStream) -> bytes:
+    chunks = []
+    while data := await stream.read():
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+async def test_open_echo_and_half_close() -> None:
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        assert stream.target == TARGET
+        await stream.write(b"hello")
+        assert await asyncio.wait_for(stream.read(), WAIT) == b"hello"
+        # Half-close: our EOF reaches the echo handler, whose EOF comes back after its data.
+        await stream.write(b" world")
+        stream.write_eof()
+        assert await asyncio.wait_for(read_all(stream), WAIT) == b" world"
+        assert stream.bytes_out == 11
+        assert stream.bytes_in == 11
+        stream.close()
+
+
+async def test_bulk_data_both_ways_with_flow_control() -> None:
+    payload = bytes(range(256)) * 4096  # 1 MiB: more than the initial 256 KiB window
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+
+        async def send() -> None:
+            await stream.write(payload)
+            stream.write_eof()
+
+        sender = asyncio.create_task(send())
+        received = await asyncio.wait_for(read_all(stream), WAIT)
+        await asyncio.wait_for(sender, WAIT)
+        assert received == payload
+        stream.close()
+
+
+async def test_many_concurrent_streams() -> None:
+    async with tunnel() as t:
+
+        async def one(i: int) -> bytes:
+            stream = await t.cloud.open_stream(TARGET)
+            try:
+                await stream.write(f"stream {i}".encode())
+                stream.write_eof()
+                return await read_all(stream)
+            finally:
+                stream.close()
+
+        results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(20))), WAIT)
+        assert results == [f"stream {i}".encode() for i in range(20)]
+        assert t.cloud.streams == {}
+
+
+async def test_edge_handler_writes_first_and_closes() -> None:
+    async def greeter(stream: TunnelStream) -> None:
+        stream.accept()
+        await stream.write(b"greetings from " + stream.target.node.encode())
+        stream.write_eof()
+        assert await stream.read() == b""
+
+    async with tunnel(on_open=greeter) as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        assert await asyncio.wait_for(read_all(stream), WAIT) == b"greetings from edge-1"
+        stream.write_eof()
+        stream.close()
+
+
+async def test_reject_with_a_code_is_an_open_error() -> None:
+    async def refuse(stream: TunnelStream) -> None:
+        stream.reject(ErrorCode.REFUSED, "not in the allowlist")
+
+    async with tunnel(on_open=refuse) as t:
+        with pytest.raises(OpenError) as info:
+            await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        assert info.value.code is ErrorCode.REFUSED
+        assert info.value.message == "not in the allowlist"
+        assert t.cloud.streams == {}
+
+
+async def test_no_handler_refuses_streams() -> None:
+    async with tunnel(on_open=None) as t:
+        with pytest.raises(OpenError) as info:
+            await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        assert info.value.code is ErrorCode.REFUSED
+
+
+async def test_failing_handler_resets_the_stream() -> None:
+    async def broken(stream: TunnelStream) -> None:
+        stream.accept()
+        raise RuntimeError("boom")
+
+    async with tunnel(on_open=broken) as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        with pytest.raises(StreamClosedError) as info:
+            await asyncio.wait_for(stream.read(), WAIT)
+        assert info.value.code is ErrorCode.INTERNAL_ERROR
+
+
+async def test_open_timeout_when_the_peer_never_answers() -> None:
+    answered = asyncio.Event()
+
+    async def silent(stream: TunnelStream) -> None:
+        await answered.wait()
+
+    async with tunnel(on_open=silent, cloud_config=SessionConfig(open_timeout=0.3)) as t:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(OpenError) as info:
+            await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        assert info.value.code is ErrorCode.OPEN_TIMEOUT
+        assert 0.25 < loop.time() - started < 2
+        assert t.cloud.streams == {}
+        # Only the stream failed: the tunnel itself stays up.
+        assert not t.cloud.closed
+        answered.set()
+
+
+async def test_open_timeout_argument_overrides_the_config() -> None:
+    async def silent(stream: TunnelStream) -> None:
+        await asyncio.Event().wait()
+
+    async with tunnel(on_open=silent) as t:
+        with pytest.raises(OpenError) as info:
+            await asyncio.wait_for(t.cloud.open_stream(TARGET, timeout=0.1), WAIT)
+        assert info.value.code is ErrorCode.OPEN_TIMEOUT
+
+
+async def test_closing_the_websocket_fails_open_streams() -> None:
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        reader = asyncio.create_task(stream.read())
+        await asyncio.sleep(0.01)
+        await t.edge_ws.close()
+        with pytest.raises(StreamClosedError) as info:
+            await asyncio.wait_for(reader, WAIT)
+        assert info.value.code is ErrorCode.CONNECTION_LOST
+        await asyncio.wait_for(t.cloud_run, WAIT)
+        assert t.cloud.closed
+        assert t.cloud.close_reason
+        with pytest.raises(StreamClosedError) as info:
+            await stream.write(b"late")
+        assert info.value.code is ErrorCode.CONNECTION_LOST
+        with pytest.raises(OpenError) as info:
+            await t.cloud.open_stream(TARGET)
+        assert info.value.code is ErrorCode.CONNECTION_LOST
+
+
+async def test_session_close_names_its_reason() -> None:
+    async with tunnel() as t:
+        await t.cloud.close("server shutting down")
+        await asyncio.wait_for(t.cloud_run, WAIT)
+        await asyncio.wait_for(t.edge_run, WAIT)
+        assert t.cloud.close_reason == "server shutting down"
+        assert t.edge.closed and t.edge.close_reason
+
+
+async def test_peer_close_reason_is_recorded() -> None:
+    async with tunnel() as t:
+        await t.cloud.close("server shutting down")
+        await asyncio.wait_for(t.edge_run, WAIT)
+        assert "1001" in t.edge.close_reason
+        assert "server shutting down" in t.edge.close_reason
+
+
+async def test_goaway_stops_new_streams_but_not_open_ones() -> None:
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        t.edge.goaway("draining")
+        for _ in range(100):
+            if t.cloud.conn.goaway_received is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert t.cloud.conn.goaway_received is not None
+        with pytest.raises(OpenError) as info:
+            await t.cloud.open_stream(TARGET)
+        assert info.value.code is ErrorCode.GOING_AWAY
+        await stream.write(b"still here")
+        assert await asyncio.wait_for(stream.read(), WAIT) == b"still here"
+        stream.close()
+
+
+async def test_keepalive_keeps_a_quiet_but_live_tunnel_open() -> None:
+    fast = SessionConfig(ping_interval=0.1, dead_after=0.35)
+    async with tunnel(cloud_config=fast, edge_config=fast) as t:
+        await asyncio.sleep(0.8)
+        assert not t.cloud.closed
+        assert not t.edge.closed
+
+
+async def test_keepalive_closes_when_the_peer_goes_silent() -> None:
+    fast = SessionConfig(ping_interval=0.1, dead_after=0.35)
+    async with tunnel(cloud_config=fast) as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        # Nothing the edge sends arrives any more: to the cloud, the edge fell silent.
+        t.cloud_ws.transport.pause_reading()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.wait_for(t.cloud_run, WAIT)
+        assert 0.2 < loop.time() - started < 2
+        assert t.cloud.close_reason.startswith("peer silent")
+        with pytest.raises(StreamClosedError) as info:
+            await stream.read()
+        assert info.value.code is ErrorCode.CONNECTION_LOST
+        assert "peer silent" in info.value.message
+
+
+async def test_no_tasks_left_after_run_returns() -> None:
+    before = asyncio.all_tasks()
+    blocked = asyncio.Event()
+
+    async def hang(stream: TunnelStream) -> None:
+        stream.accept()
+        await blocked.wait()
+
+    async with tunnel(on_open=hang) as t:
+        streams = [await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT) for _ in range(3)]
+        session_tasks = {
+            task
+            for task in asyncio.all_tasks()
+            if (task.get_name() or "").startswith(("tunnel-", "stream:"))
+        }
+        assert len([x for x in session_tasks if x.get_name().startswith("stream:edge")]) == 3
+        await t.edge_ws.close()
+        await asyncio.wait_for(t.edge_run, WAIT)
+        await asyncio.wait_for(t.cloud_run, WAIT)
+        assert all(s.closed for s in streams)
+        assert t.edge.streams == {} and t.cloud.streams == {}
+        await asyncio.sleep(0)
+        assert all(task.done() for task in session_tasks)
+    await asyncio.sleep(0)
+    leftover = asyncio.all_tasks() - before - {asyncio.current_task()}
+    assert not [task for task in leftover if not task.done()], leftover
+
+
+def test_session_config_validation() -> None:
+    with pytest.raises(ValueError):
+        SessionConfig(ping_interval=0)
+    with pytest.raises(ValueError):
+        SessionConfig(ping_interval=5, dead_after=5)
+    with pytest.raises(ValueError):
+        SessionConfig(open_timeout=0)
