@@ -14,7 +14,7 @@ from typing import Any
 from ravenproxy import __version__
 from ravenproxy import config as cfg
 from ravenproxy import log as logsetup
-from ravenproxy.errors import RavenProxyError
+from ravenproxy.errors import ConfigError, RavenProxyError
 
 log = logging.getLogger("ravenproxy")
 
@@ -31,9 +31,15 @@ def raise_fd_limit() -> None:
         pass
 
 
-def run_async(main: Coroutine[Any, Any, int]) -> int:
-    """Run under uvloop when it is installed (it roughly doubles relay throughput)."""
+def run_async(main: Coroutine[Any, Any, int], *, fast_loop: bool = True) -> int:
+    """Run under uvloop when it is installed (it roughly doubles relay throughput).
+
+    ``fast_loop=False`` keeps asyncio's own loop: uvloop cannot open netlink sockets, which
+    pyroute2 needs for the L3 driver.
+    """
     raise_fd_limit()
+    if not fast_loop:
+        return asyncio.run(main)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
@@ -166,6 +172,83 @@ async def _agent_main(settings: Any) -> int:
     results = await asyncio.gather(task, stop, return_exceptions=True)
     for result in results:
         if isinstance(result, RavenProxyError):
+            raise result
+    return 0
+
+
+# -- routes (L3) ----------------------------------------------------------------------------
+def cmd_routes(args: argparse.Namespace) -> int:
+    from ravenproxy.l3.driver import routes_command
+    from ravenproxy.l3.settings import L3Settings
+
+    node = args.node_name or cfg.env_node_name()
+    if args.action != "cleanup":
+        if not args.inventory:
+            raise ConfigError("--inventory", "is required for plan and apply")
+        if not node:
+            raise ConfigError("--node-name", "is required (or set NODE_NAME)")
+    settings = L3Settings(
+        vpn_driver=args.vpn_driver,
+        cni_interface=args.cni_interface,
+        service_cidr=args.service_cidr,
+        skip_nat_cidrs=tuple(args.skip_nat_cidr or ()),
+    )
+    return run_async(
+        routes_command(args.action, args.inventory or "", node or "", settings), fast_loop=False
+    )
+
+
+# -- controller and dns ---------------------------------------------------------------------
+def cmd_controller(args: argparse.Namespace) -> int:
+    from ravenproxy.controller import dryrun, runtime
+
+    if args.inventory and args.kubeconfig:
+        raise ConfigError("--inventory", "give either --inventory or --kubeconfig, not both")
+    if args.inventory:
+        if args.dry_run:
+            print(dryrun.dry_run_inventory(args.inventory), end="")
+            return 0
+        return run_async(_forever(dryrun.run_inventory_controller(args.inventory, _write)))
+    kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
+    if args.dry_run:
+
+        async def show() -> int:
+            print(await runtime.dry_run_kube(kubeconfig), end="")
+            return 0
+
+        return run_async(show())
+    return run_async(_forever(runtime.run_controller(kubeconfig)))
+
+
+def cmd_dns(args: argparse.Namespace) -> int:
+    from ravenproxy.controller import dns, kube
+
+    listen = cfg.parse_address(args.listen, "--listen")
+    where = (listen.host or "0.0.0.0", listen.port)
+    if bool(args.inventory) == bool(args.kubeconfig):
+        raise ConfigError("--inventory", "give exactly one of --inventory or --kubeconfig")
+    if args.inventory:
+        inventory = Path(cfg.existing_file(args.inventory, "--inventory"))
+        return run_async(
+            _forever(dns.run_dns(inventory, where, args.suffix, cluster_ip=args.cluster_ip))
+        )
+    return run_async(_forever(kube.run_dns_kube(Path(args.kubeconfig), where, args.suffix)))
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+async def _forever(job: Coroutine[Any, Any, None]) -> int:
+    """Run a serve-until-cancelled coroutine until SIGINT/SIGTERM; its errors propagate."""
+    task = asyncio.ensure_future(job)
+    stop = asyncio.ensure_future(until_signalled())
+    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    for t in (task, stop):
+        t.cancel()
+    for result in await asyncio.gather(task, stop, return_exceptions=True):
+        if isinstance(result, Exception) and not isinstance(result, asyncio.CancelledError):
             raise result
     return 0
 
@@ -323,6 +406,69 @@ def build_parser() -> argparse.ArgumentParser:
         help="verify the server's chain but not its name (NAT'd public IP)",
     )
     agent.set_defaults(func=cmd_agent)
+    routes = sub.add_parser(
+        "routes",
+        help="L3 route driver: plan, apply or clean up this node's data path",
+        description="Compute this node's desired L3 state (raven0 vxlan, fwmark routing, "
+        "skip-SNAT chain, xfrm policies, rp_filter, VPN connections) from the inventory and "
+        "print (plan), apply (apply) the difference to the kernel, or remove everything "
+        "ravenproxy owns (cleanup). Exit 3 when some ops could not be applied.",
+    )
+    routes.add_argument("action", choices=("plan", "apply", "cleanup"))
+    routes.add_argument("--inventory", metavar="FILE")
+    routes.add_argument("--node-name", metavar="NODE", help="this node (NODE_NAME)")
+    routes.add_argument("--vpn-driver", choices=("strongswan", "wireguard"), default="strongswan")
+    routes.add_argument(
+        "--cni-interface",
+        default="flannel.1",
+        metavar="IF",
+        help="CNI interface whose rp_filter is set to loose (default flannel.1)",
+    )
+    routes.add_argument(
+        "--service-cidr",
+        metavar="CIDR",
+        help="service CIDR: install xfrm policies so IPVS replies are not dropped",
+    )
+    routes.add_argument(
+        "--skip-nat-cidr",
+        action="append",
+        metavar="CIDR",
+        help="fix the skip-SNAT set by configuration (repeatable)",
+    )
+    routes.add_argument("--log-level", default="INFO")
+    routes.set_defaults(func=cmd_routes)
+
+    controller = sub.add_parser(
+        "controller",
+        help="elect gateway endpoints, keep the Services and the DNS map",
+        description="Against Kubernetes (--kubeconfig, or in-cluster config) it writes Gateway "
+        "status, the internal and public Services and the edge-tunnel-nodes ConfigMap, with "
+        "leader election. With --inventory it prints, as YAML, the objects it would write, "
+        "and again whenever they change. --dry-run prints them once and exits.",
+    )
+    controller.add_argument("--kubeconfig", metavar="F")
+    controller.add_argument("--inventory", metavar="FILE")
+    controller.add_argument("--dry-run", action="store_true")
+    controller.add_argument("--log-level", default="INFO")
+    controller.set_defaults(func=cmd_controller)
+
+    dns = sub.add_parser(
+        "dns",
+        help="embedded DNS server answering node names from the tunnel DNS map",
+        description="Answers A/AAAA for node names (optionally under --suffix) over UDP and "
+        "TCP, NXDOMAIN for unknown names; follows inventory changes or the ConfigMap.",
+    )
+    dns.add_argument("--inventory", metavar="FILE")
+    dns.add_argument("--kubeconfig", metavar="F")
+    dns.add_argument("--listen", required=True, metavar="H:P")
+    dns.add_argument("--suffix", metavar="S", help="also answer NODE.S")
+    dns.add_argument(
+        "--cluster-ip",
+        metavar="IP",
+        help="answer this address (the internal Service) for every node",
+    )
+    dns.add_argument("--log-level", default="INFO")
+    dns.set_defaults(func=cmd_dns)
     return parser
 
 
