@@ -17,7 +17,7 @@ from ravenproxy.wire.codes import ErrorCode
 
 log = logging.getLogger(__name__)
 
-READ_LIMIT = 256 * 1024
+READ_LIMIT = 1024 * 1024
 """Largest single read from a socket; also the StreamReader buffer limit we open sockets with."""
 
 

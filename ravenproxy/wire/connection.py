@@ -56,7 +56,7 @@ DEFAULT_PEER_MAX_STREAMS = 100
 class WireConfig:
     """Limits and windows of one side. Each field is announced to the peer or governs us."""
 
-    max_frame_size: int = 64 * KIB
+    max_frame_size: int = 256 * KIB
     """Largest frame payload we accept (announced as MAX_FRAME_SIZE)."""
     max_concurrent_streams: int = 10_000
     """Streams the peer may have open toward us at once (announced)."""
@@ -110,7 +110,9 @@ class Connection:
         self._local_open = 0
         self._peer_open = 0
         self._control: list[bytes] = []
-        self._data: list[bytes] = []
+        # Each entry is one whole frame as (header-or-frame, payload): DATA payloads are kept
+        # apart from their header so they are copied once, when the message is joined.
+        self._data: list[tuple[bytes, bytes | memoryview]] = []
         self._pending_bytes = 0
         self._settings_received = False
         self.peer_max_frame_size = DEFAULT_PEER_MAX_FRAME_SIZE
@@ -151,16 +153,25 @@ class Connection:
             return []
         limit = self.config.max_message_size
         messages: list[bytes] = []
-        batch: list[bytes] = []
+        batch: list[bytes | memoryview] = []
         size = 0
-        for piece in (*self._control, *self._data):
+        for piece in self._control:
             if size and size + len(piece) > limit:
                 messages.append(b"".join(batch))
                 batch, size = [], 0
             batch.append(piece)
             size += len(piece)
+        for head, payload in self._data:
+            n = len(head) + len(payload)
+            if size and size + n > limit:
+                messages.append(b"".join(batch))
+                batch, size = [], 0
+            batch.append(head)
+            if payload:
+                batch.append(payload)
+            size += n
         if batch:
-            messages.append(b"".join(batch))
+            messages.append(batch[0] if len(batch) == 1 else b"".join(batch))  # type: ignore[arg-type]
         self._control.clear()
         self._data.clear()
         self._pending_bytes = 0
@@ -190,7 +201,7 @@ class Connection:
         self._local_open += 1
         # OPEN travels in order with DATA: if it overtook the DATA+FIN that closed an earlier
         # stream, the peer could still count that stream against its limit.
-        self._data.append(raw)
+        self._data.append((raw, b""))
         self._pending_bytes += len(raw)
         return sid
 
@@ -226,14 +237,18 @@ class Connection:
         # Never build a message larger than our own message limit, whatever the peer allows.
         step = min(self.peer_max_frame_size, self.config.max_message_size - 12)
         view = memoryview(data)
+        if not view.readonly:
+            # Queued payloads are referenced, not copied, until data_to_send() joins them into
+            # a message: a buffer the caller may reuse must be copied now.
+            view = memoryview(bytes(view))
         for pos in range(0, n, step):
             chunk = view[pos : pos + step]
             last = pos + step >= n
-            # Header and payload stay one piece: a frame never spans two messages.
-            self._data.append(encode_data_header(stream_id, len(chunk), fin and last) + chunk)
+            # Header and payload stay one entry: a frame never spans two messages.
+            self._data.append((encode_data_header(stream_id, len(chunk), fin and last), chunk))
             self._pending_bytes += len(chunk) + 12
         if n == 0 and fin:
-            self._data.append(encode_data_header(stream_id, 0, True))
+            self._data.append((encode_data_header(stream_id, 0, True), b""))
             self._pending_bytes += 12
         if fin:
             self._transition(stream, Input.SEND_FIN)
@@ -251,7 +266,7 @@ class Connection:
         # In order with OPEN and DATA: a RESET overtaking its stream's queued OPEN would name
         # a stream the peer has never heard of.
         raw = encode(Reset(stream_id, code, _clip(message)))
-        self._data.append(raw)
+        self._data.append((raw, b""))
         self._pending_bytes += len(raw)
 
     def consumed(self, stream_id: int, n: int) -> None:

@@ -384,7 +384,9 @@ def test_peer_sending_beyond_the_connection_window() -> None:
 def test_peer_data_larger_than_our_max_frame_size() -> None:
     pair = Pair()
     sid = pair.open(pair.server)
-    _assert_connection_error(pair.agent, encode(Data(sid, bytes(64 * KIB + 1))), FrameSizeError)
+    _assert_connection_error(
+        pair.agent, encode(Data(sid, bytes(pair.agent.config.max_frame_size + 1))), FrameSizeError
+    )
 
 
 @pytest.mark.parametrize("stream_level", [True, False])

@@ -84,7 +84,7 @@ def test_constants_are_documented(doc: str) -> None:
     config = WireConfig()
     assert f"`{SUBPROTOCOL}`" in doc
     assert f"at most **{MAX_TEXT} bytes**" in doc
-    assert f"| {config.max_frame_size} (64 KiB)" in doc
+    assert f"| {config.max_frame_size} ({config.max_frame_size // 1024} KiB)" in doc
     assert f"| {config.max_concurrent_streams}" in doc
     assert f"| {config.initial_stream_window} (256 KiB)" in doc
     assert f"| {config.connection_window} (64 MiB)" in doc
