@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import Any
 
@@ -57,7 +58,9 @@ class ProxyServer:
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        ssl_ctx = tls.server_context(s.ca_file, s.cert_file, s.key_file)
+        ssl_ctx = tls.server_context(
+            s.ca_file, s.cert_file, s.key_file, on_handshake_error=self._tls_refused
+        )
         wire = s.session.wire
         self._ws_server = await serve(
             self._agent_connected,
@@ -94,6 +97,15 @@ class ProxyServer:
         self._runners.append(runner)
         self.ports["health"] = port
         log.info("server listening", extra=kv(**self.ports))
+
+    def _tls_refused(self, exc: ssl.SSLError) -> None:
+        reason = exc.reason or exc.strerror or str(exc)
+        self.metrics.agent_sessions.labels(outcome="tls_refused").inc()
+        log.warning(
+            "agent TLS handshake refused: is its certificate from our CA, unexpired, "
+            "and presented at all?",
+            extra=kv(reason=reason, verify=getattr(exc, "verify_message", "") or ""),
+        )
 
     def _ready(self) -> tuple[bool, str]:
         if self._stopping:

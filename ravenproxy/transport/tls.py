@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -28,8 +29,22 @@ log = logging.getLogger(__name__)
 PathLike = str | Path
 
 
-def server_context(ca_file: PathLike, cert_file: PathLike, key_file: PathLike) -> ssl.SSLContext:
-    """The tunnel server's side: TLS 1.3 only, a client certificate from our CA required."""
+HandshakeObserver = Callable[[ssl.SSLError], None]
+
+
+def server_context(
+    ca_file: PathLike,
+    cert_file: PathLike,
+    key_file: PathLike,
+    *,
+    on_handshake_error: HandshakeObserver | None = None,
+) -> ssl.SSLContext:
+    """The tunnel server's side: TLS 1.3 only, a client certificate from our CA required.
+
+    ``on_handshake_error`` is called with the error of every refused handshake (no
+    certificate, unknown CA, expired...): asyncio itself reports those only in debug mode, so
+    without it a refused agent would leave no trace on the server.
+    """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     _load_chain(ctx, cert_file, key_file)
@@ -37,7 +52,29 @@ def server_context(ca_file: PathLike, cert_file: PathLike, key_file: PathLike) -
     ctx.verify_mode = ssl.CERT_REQUIRED
     # Our own CA issues well-formed certificates; refusing malformed ones costs nothing.
     ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+    if on_handshake_error is not None:
+        ctx.sslobject_class = _observed_sslobject(on_handshake_error)
     return ctx
+
+
+def _observed_sslobject(observer: HandshakeObserver) -> type[ssl.SSLObject]:
+    """An SSLObject class whose failed handshakes are reported to ``observer``. Event loops
+    (asyncio's and uvloop's) wrap connections with ``context.wrap_bio``, which builds this."""
+
+    class ObservedSSLObject(ssl.SSLObject):
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                raise  # not a failure: the handshake needs more bytes
+            except ssl.SSLError as exc:
+                try:
+                    observer(exc)
+                except Exception:  # an observer must never change the handshake's outcome
+                    log.exception("TLS handshake observer failed")
+                raise
+
+    return ObservedSSLObject
 
 
 def client_context(

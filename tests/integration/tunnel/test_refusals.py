@@ -25,6 +25,10 @@ async def assert_agent_refused(cluster: Cluster, agent_name: str, log_text: str)
     assert agent.running  # it keeps retrying, with backoff
     m = await cluster.metrics()
     assert m["ravenproxy_server_agents_connected"] == 0
+    # The server says so too: a log line with the TLS reason and a count.
+    assert m['ravenproxy_server_agent_sessions_total{outcome="tls_refused"}'] >= 1
+    assert cluster.server is not None
+    assert "agent TLS handshake refused" in cluster.server.output()
     with pytest.raises(ConnectRefused) as info:
         await cluster.connect("edge-1:10250")
     assert info.value.status == 503
@@ -63,8 +67,11 @@ async def test_agent_without_client_certificate_cannot_connect(cluster: Cluster)
     assert any(
         "CERTIFICATE_REQUIRED" in c or "before end of line" in c or "SSLError" in c for c in chain
     ), chain
-    assert (await cluster.metrics())["ravenproxy_server_agents_connected"] == 0
+    m = await cluster.metrics()
+    assert m["ravenproxy_server_agents_connected"] == 0
+    assert m['ravenproxy_server_agent_sessions_total{outcome="tls_refused"}'] == 1
     assert server.output().count("agent connected") == 1  # only the control
+    assert "agent TLS handshake refused" in server.output()
 
 
 async def test_agent_with_certificate_from_another_ca_is_refused(cluster: Cluster) -> None:
