@@ -131,18 +131,10 @@ class TunnelStream:
     async def write(self, data: bytes | memoryview) -> None:
         """Send all of ``data``, waiting for credit as needed."""
         view = memoryview(data)
-        conn = self.session.conn
         while view:
-            if self._error is not None:
-                raise self._error.fresh()
-            room = conn.send_window(self.id)
-            if room <= 0:
-                self._writable.clear()
-                self.session._wait_window(self)
-                await self._writable.wait()
-                continue
+            room = await self.writable()
             chunk = view[:room]
-            conn.send_data(self.id, chunk)
+            self.session.conn.send_data(self.id, chunk)
             self.bytes_out += len(chunk)
             view = view[room:]
             self.session._flush()
