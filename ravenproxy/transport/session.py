@@ -217,7 +217,7 @@ class Session:
         self._closed = asyncio.Event()
         self.close_reason = ""
         self.started = time.monotonic()
-        self.opens_refused = 0
+        """When the tunnel came up (monotonic clock)."""
         self.on_stream_closed: Callable[[TunnelStream], None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -233,9 +233,9 @@ class Session:
             writer.cancel()
             keepalive.cancel()
             lost = StreamClosedError(ErrorCode.CONNECTION_LOST, self.close_reason or "tunnel lost")
-            for stream in list(self.streams.values()):
+            for sid, stream in list(self.streams.items()):
                 stream._fail(lost)
-            self.streams.clear()
+                self._forget(sid)
             tasks = list(self._tasks)
             for task in tasks:
                 task.cancel()
