@@ -22,6 +22,7 @@ from ravenproxy.controller.election import (
     with_public_ips,
 )
 from ravenproxy.controller.services import desired_services
+from ravenproxy.controller.validation import describe, validate_gateway
 from ravenproxy.model.objects import Gateway
 from ravenproxy.model.snapshot import Model
 
@@ -37,6 +38,8 @@ class Desired:
     events: tuple[ElectionEvent, ...]
     services: tuple[Mapping[str, Any], ...]
     configmap: Mapping[str, Any]
+    # Gateways that break Raven's admission rules, with why: not elected, status left alone.
+    refused: tuple[tuple[str, str], ...] = ()
 
 
 def desired_state(
@@ -54,8 +57,16 @@ def desired_state(
     statuses: dict[str, Mapping[str, Any]] = {}
     changed: list[str] = []
     events: list[ElectionEvent] = []
+    refused: list[tuple[str, str]] = []
     for name in sorted(model.gateways):
         gw = model.gateways[name]
+        violations = validate_gateway(gw)
+        if violations:
+            # No webhook stood between the user and us (inventory, or Raven's CRD without its
+            # webhook): act on none of an invalid spec rather than on part of it.
+            refused.append((name, describe(violations)))
+            gateways.append(gw)
+            continue
         election = elect_with_events(gw, model, health, now)
         events.extend(election.events)
         status = gateway_status(gw, model, election.active, lb_ingress, block_affinities)
@@ -79,4 +90,5 @@ def desired_state(
         events=tuple(events),
         services=tuple(desired_services(elected)),
         configmap=configmap(elected, cluster_ip),
+        refused=tuple(refused),
     )

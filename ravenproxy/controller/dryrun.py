@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -13,12 +14,16 @@ from typing import Any
 
 import yaml
 
+from ravenproxy.controller.agents import AgentPoller
 from ravenproxy.controller.desired import Desired, desired_state
-from ravenproxy.controller.election import Health
+from ravenproxy.controller.election import DEFAULT_GRACE, Health
+from ravenproxy.log import kv
 from ravenproxy.model.inventory import InventoryWatcher, load_inventory
 from ravenproxy.model.objects import Gateway
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
+
+log = logging.getLogger(__name__)
 
 GATEWAY_API_VERSION = "raven.openyurt.io/v1beta1"
 
@@ -61,7 +66,13 @@ def render_dry_run(
     ``spec.endpoints[].publicIP`` and the node annotation.
     """
     desired = desired_state(model, health, now, cluster_ip, None, block_affinities)
+    log_refused(desired)
     return render_documents(dry_run_documents(desired))
+
+
+def log_refused(desired: Desired) -> None:
+    for name, why in desired.refused:
+        log.warning("controller: gateway refused", extra=kv(gateway=name, error=why))
 
 
 def render_documents(docs: list[dict[str, Any]]) -> str:
@@ -84,11 +95,34 @@ async def run_inventory_controller(
     write: Callable[[str], None],
     interval: float = 1.0,
     cluster_ip: str | None = None,
+    agents_urls: Sequence[str] = (),
+    agent_grace: float = DEFAULT_GRACE,
 ) -> None:
     """``ravenproxy controller --inventory FILE`` (no cluster to write to): hand the rendered
     objects to ``write`` at start and again whenever they change, until cancelled. The election
     result is fed back into the next round, as the Gateway status would be in a cluster, so
-    the output stays stable while nothing changes."""
+    the output stays stable while nothing changes. With ``agents_urls`` (servers' ``/agents``)
+    an edge gateway whose agent is gone for ``agent_grace`` seconds fails over; without them
+    Ready alone decides, as in Raven."""
+    if not agents_urls:
+        await _inventory_loop(path, write, interval, cluster_ip, Health.ready_only)
+        return
+    poller = AgentPoller(agents_urls, agent_grace)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(poller.run(), name="controller-agent-poller")
+        tg.create_task(
+            _inventory_loop(path, write, interval, cluster_ip, poller.health),
+            name="controller-inventory-loop",
+        )
+
+
+async def _inventory_loop(
+    path: str | os.PathLike[str],
+    write: Callable[[str], None],
+    interval: float,
+    cluster_ip: str | None,
+    health: Callable[[], Health],
+) -> None:
     store = ModelStore()
     watcher = InventoryWatcher(path, store, interval)
     watcher.load_initial()
@@ -105,10 +139,11 @@ async def run_inventory_controller(
             gateways=MappingProxyType({g.name: g for g in gateways}),
             pods=model.pods,
         )
-        desired = desired_state(model, Health.ready_only(), time.time(), cluster_ip)
+        desired = desired_state(model, health(), time.time(), cluster_ip)
         written = dict(desired.model.gateways)
         text = render_documents(dry_run_documents(desired))
         if text != last:
+            log_refused(desired)
             write(text)
             last = text
         version = store.version

@@ -33,9 +33,10 @@ from kubernetes_asyncio.leaderelection.leaderelection import LeaderElection
 from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
 from ravenproxy.controller import dnsmap
+from ravenproxy.controller.agents import AgentLeases, AgentPoller
 from ravenproxy.controller.desired import desired_state
 from ravenproxy.controller.dryrun import dry_run_documents, render_documents
-from ravenproxy.controller.election import Health, event_object
+from ravenproxy.controller.election import DEFAULT_GRACE, ElectionEvent, Health, event_object
 from ravenproxy.controller.kube import (
     GATEWAY_GROUP,
     GATEWAY_PLURAL,
@@ -54,6 +55,7 @@ from ravenproxy.controller.services import (
     load_balancer_ingress,
     plan_services,
 )
+from ravenproxy.controller.validation import REASON_INVALID
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.log import kv
 from ravenproxy.model.objects import Gateway
@@ -88,6 +90,12 @@ class ControllerSettings:
     # Gateways are cluster-scoped; Kubernetes puts Events about such objects in "default".
     event_namespace: str = "default"
     watch: WatchSettings = field(default_factory=WatchSettings)
+    # An edge gateway's agent not reported (Lease renewal observed) for this long is gone.
+    agent_grace: float = DEFAULT_GRACE
+    # Watch the servers' agent-liveness Leases (ravenproxy.server.liveness) into Health.
+    agent_leases: bool = True
+    # Poll these servers' GET /agents instead of watching Leases (servers without API access).
+    agents_urls: tuple[str, ...] = ()
 
 
 @dataclass
@@ -262,6 +270,9 @@ class Reconciler:
         # over, gateway as we wrote it). Without it a reconcile that runs before the watch event
         # would see the old status, elect again and emit every election event twice.
         self._written: dict[str, tuple[str, Gateway]] = {}
+        # Refused gateways and the resourceVersion we reported: one Event per bad edit, not
+        # one per round.
+        self._refused: dict[str, str] = {}
 
     def _current_model(self) -> Model:
         model = self.store.model
@@ -309,6 +320,8 @@ class Reconciler:
                     extra=kv(gateway=event.gateway, node=event.node_name, reason=event.reason),
                 )
 
+        await self._report_refused(desired.refused, model, now, report)
+
         plan = plan_services(existing, desired.services)
         for key in plan.conflicts:
             log.warning("controller: name taken by an object we do not own", extra=kv(key=key))
@@ -341,6 +354,27 @@ class Reconciler:
                 ),
             )
         return report
+
+    async def _report_refused(
+        self,
+        refused: tuple[tuple[str, str], ...],
+        model: Model,
+        now: float,
+        report: ReconcileReport,
+    ) -> None:
+        names = {name for name, _why in refused}
+        for name in list(self._refused):
+            if name not in names:
+                del self._refused[name]
+        for name, why in refused:
+            rv = model.gateways[name].resource_version
+            if self._refused.get(name) == rv:
+                continue
+            log.warning("controller: gateway refused", extra=kv(gateway=name, error=why))
+            event = ElectionEvent(name, "", "", False, REASON_INVALID, f"spec refused: {why}")
+            await self.writer.create_event(event_object(event, now, self.event_namespace))
+            self._refused[name] = rv
+            report.events += 1
 
     async def run(self, interval: float, active: asyncio.Event | None = None) -> None:
         """Reconcile on every model change and at least every ``interval`` seconds, while
@@ -409,6 +443,13 @@ async def run_controller_with(
     source = KubeSource(api, store, settings.watch)
     leading = asyncio.Event()
     writer = KubeWriter(api, leading.is_set)
+    agents: AgentLeases | AgentPoller | None = None
+    if health is None and settings.agents_urls:
+        agents = AgentPoller(settings.agents_urls, settings.agent_grace)
+        health = agents.health
+    elif health is None and settings.agent_leases:
+        agents = AgentLeases(api, settings.agent_grace, settings.watch)
+        health = agents.health
     reconciler = Reconciler(
         writer,
         store,
@@ -422,6 +463,8 @@ async def run_controller_with(
         await reconciler.run(settings.interval, leading)
 
     async with asyncio.TaskGroup() as tg:
+        if agents is not None:
+            tg.create_task(agents.run(), name="controller-agent-liveness")
         tg.create_task(source.run(), name="controller-source")
         tg.create_task(lead(api, settings, leading), name="controller-leader-election")
         tg.create_task(reconcile_when_synced(), name="controller-reconciler")
@@ -433,7 +476,8 @@ async def run_controller(
     health: Callable[[], Health] | None = None,
 ) -> None:
     """``ravenproxy controller [--kubeconfig F]``: run until cancelled (in-cluster config when
-    ``kubeconfig`` is None). ``health`` supplies agent liveness; without it Ready alone decides."""
+    ``kubeconfig`` is None). ``health`` supplies agent liveness; without it the servers' agent
+    Leases do (``settings.agent_leases``), else Ready alone decides."""
     api = await new_api_client(kubeconfig)
     async with api:
         await run_controller_with(api, settings, health)

@@ -450,3 +450,36 @@ async def test_dry_run_against_the_cluster_writes_nothing(
         ("ConfigMap", "edge-tunnel-nodes"),
     ]
     assert apiserver.writes() == []
+
+
+async def test_an_invalid_gateway_gets_one_warning_event_and_no_status(
+    apiserver: APIServer, api: k8s_client.ApiClient, store: ModelStore
+) -> None:
+    await cluster(apiserver)
+    # Raven's webhook would refuse this (exposed, yet its endpoint is under NAT); a cluster with
+    # Raven's CRD and no webhook lets it in.
+    bad = gateway_obj("gw-edge", ["edge-1"], "PublicIP")
+    bad["spec"]["endpoints"][0]["underNAT"] = True
+    await apiserver.put("gateways", bad)
+    await settled(store, apiserver)
+    reconciler = Reconciler(KubeWriter(api, lambda: True), store, UP)
+    report = await reconciler.reconcile()
+    assert report.statuses == ["gw-cloud"]
+    edge = apiserver.get("gateways", "gw-edge")
+    assert edge is not None and "status" not in edge
+    warnings = [e for e in apiserver.items("events") if e["reason"] == "InvalidGatewaySpec"]
+    assert len(warnings) == 1
+    assert warnings[0]["type"] == "Warning"
+    assert warnings[0]["involvedObject"]["name"] == "gw-edge"
+    assert "underNAT" in warnings[0]["message"]
+
+    await settled(store, apiserver)
+    assert not (await reconciler.reconcile()).wrote  # reported once, not every round
+
+    # Fixed: elected at once.
+    await apiserver.put("gateways", gateway_obj("gw-edge", ["edge-1"]))
+    await settled(store, apiserver)
+    await reconciler.reconcile()
+    edge = apiserver.get("gateways", "gw-edge")
+    assert edge is not None
+    assert [e["nodeName"] for e in edge["status"]["activeEndpoints"]] == ["edge-1"]

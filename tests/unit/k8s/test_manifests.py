@@ -1,0 +1,275 @@
+"""The manifests in k8s/: they parse, run real CLI flags, and grant what the code calls."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ravenproxy.cli import build_parser
+from ravenproxy.controller import dnsmap
+from ravenproxy.controller.runtime import ControllerSettings
+from ravenproxy.controller.services import NAMESPACE
+from ravenproxy.server import liveness
+
+ROOT = Path(__file__).resolve().parents[3]
+K8S = ROOT / "k8s"
+MANIFESTS = sorted(K8S.rglob("*.yaml"))
+WORKLOAD_KINDS = {"Deployment", "DaemonSet"}
+# What the downward API gives a pod, for expanding $(VAR) in args as the kubelet does.
+FIELD_VALUES = {
+    "spec.nodeName": "edge-1",
+    "status.hostIP": "192.0.2.10",
+    "metadata.name": "ravenproxy-controller-5d9c7-abcde",
+}
+
+
+def documents() -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in MANIFESTS:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                yield path, doc
+
+
+def by_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for _p, d in documents() if d["kind"] == kind]
+
+
+def workload(name: str) -> dict[str, Any]:
+    (found,) = [
+        d for _p, d in documents() if d["kind"] in WORKLOAD_KINDS and d["metadata"]["name"] == name
+    ]
+    return found
+
+
+def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(doc["spec"]["template"]["spec"]["containers"])
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for item in container.get("env") or []:
+        if "value" in item:
+            out[item["name"]] = item["value"]
+        else:
+            out[item["name"]] = FIELD_VALUES[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return out
+
+
+def expand(arg: str, env: dict[str, str]) -> str:
+    def one(match: re.Match[str]) -> str:
+        assert match.group(1) in env, f"$({match.group(1)}) is not in the container's env"
+        return env[match.group(1)]
+
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", one, arg)
+
+
+def test_there_are_manifests() -> None:
+    names = {p.relative_to(K8S).as_posix() for p in MANIFESTS}
+    assert {
+        "crd/gateways.raven.openyurt.io.yaml",
+        "rbac.yaml",
+        "controller.yaml",
+        "server.yaml",
+        "agent.yaml",
+        "coredns.yaml",
+    } <= names
+    assert (K8S / "README.md").is_file()
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_document_parses_and_is_a_kubernetes_object(path: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    assert docs
+    for doc in docs:
+        assert isinstance(doc, dict)
+        assert doc.get("apiVersion") and doc.get("kind"), doc
+        assert doc["metadata"].get("name"), doc
+        if doc["kind"] in ("Role", "RoleBinding", "ServiceAccount", *WORKLOAD_KINDS):
+            assert doc["metadata"].get("namespace"), doc
+
+
+def workloads() -> list[dict[str, Any]]:
+    return [
+        d
+        for _p, d in documents()
+        if d["kind"] in WORKLOAD_KINDS and d["metadata"]["name"].startswith("ravenproxy")
+    ]
+
+
+@pytest.mark.parametrize("doc", workloads(), ids=lambda d: d["metadata"]["name"])
+def test_container_args_are_flags_the_cli_accepts(doc: dict[str, Any]) -> None:
+    parser = build_parser()
+    for container in containers(doc):
+        assert container["command"] == ["ravenproxy"]
+        env = env_of(container)
+        args = [expand(a, env) for a in container["args"]]
+        try:
+            parsed = parser.parse_args(args)
+        except SystemExit:
+            pytest.fail(f"ravenproxy rejects {args}")
+        assert parsed.command == doc["metadata"]["name"].removeprefix("ravenproxy-")
+
+
+@pytest.mark.parametrize("doc", workloads(), ids=lambda d: d["metadata"]["name"])
+def test_selectors_match_templates_and_service_accounts_exist(doc: dict[str, Any]) -> None:
+    labels = doc["spec"]["template"]["metadata"]["labels"]
+    for key, value in doc["spec"]["selector"]["matchLabels"].items():
+        assert labels[key] == value
+    accounts = {a["metadata"]["name"] for a in by_kind("ServiceAccount")}
+    assert doc["spec"]["template"]["spec"]["serviceAccountName"] in accounts
+
+
+def test_controller_runs_two_replicas_with_the_pod_name_as_lease_identity() -> None:
+    doc = workload("ravenproxy-controller")
+    assert doc["kind"] == "Deployment"
+    assert doc["spec"]["replicas"] == 2
+    (container,) = containers(doc)
+    assert container["args"][0] == "controller"
+    # runtime.py's identity comes from POD_NAME, and it must be the pod's own name.
+    (pod_name,) = [e for e in container["env"] if e["name"] == "POD_NAME"]
+    assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert "--kubeconfig" not in container["args"]  # in-cluster service account
+
+
+def test_agent_is_a_host_network_daemonset_with_the_downward_api() -> None:
+    doc = workload("ravenproxy-agent")
+    assert doc["kind"] == "DaemonSet"
+    pod = doc["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = containers(doc)
+    fields = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert fields["NODE_NAME"] == "spec.nodeName"
+    assert fields["NODE_IP"] == "status.hostIP"
+    args = build_parser().parse_args([expand(a, env_of(container)) for a in container["args"]])
+    assert args.node_name == "edge-1"
+    assert args.cert_file.endswith("/edge-1.crt") and args.key_file.endswith("/edge-1.key")
+    assert any(v.get("secret") for v in pod["volumes"])
+
+
+def test_server_is_host_network_on_raven_ports_with_certs_from_a_secret() -> None:
+    doc = workload("ravenproxy-server")
+    pod = doc["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    (container,) = containers(doc)
+    assert {p["containerPort"] for p in container["ports"]} >= {10262, 10263, 10264}
+    args = build_parser().parse_args([expand(a, env_of(container)) for a in container["args"]])
+    assert (args.tunnel_addr, args.https_addr, args.http_addr) == (":10262", ":10263", ":10264")
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"] for v in pod["volumes"] if "secret" in v}
+    assert secrets and all(args.key_file.startswith(mounts[s]) for s in secrets)
+
+
+# --- RBAC -------------------------------------------------------------------------------------
+
+
+def grants(account: str) -> set[tuple[str, str, str, str, str]]:
+    """(namespace or "*", apiGroup, resource, verb, resourceName or "*") the account holds."""
+    roles = {
+        (r["kind"], r["metadata"].get("namespace", ""), r["metadata"]["name"]): r
+        for r in by_kind("Role") + by_kind("ClusterRole")
+    }
+    out: set[tuple[str, str, str, str, str]] = set()
+    for binding in by_kind("RoleBinding") + by_kind("ClusterRoleBinding"):
+        if not any(s["name"] == account for s in binding["subjects"]):
+            continue
+        ns = binding["metadata"].get("namespace", "")
+        ref = binding["roleRef"]
+        role = roles[(ref["kind"], ns if ref["kind"] == "Role" else "", ref["name"])]
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        for name in rule.get("resourceNames") or ["*"]:
+                            out.add((ns or "*", group, resource, verb, name))
+    return out
+
+
+def allowed(account: str, ns: str, group: str, resource: str, verb: str, name: str = "") -> bool:
+    return any(
+        g_ns in ("*", ns) and g == group and r == resource and v == verb and n in ("*", name)
+        for g_ns, g, r, v, n in grants(account)
+    )
+
+
+def test_no_wildcards_anywhere() -> None:
+    for role in by_kind("Role") + by_kind("ClusterRole"):
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], role["metadata"]["name"]
+
+
+CONTROLLER_CALLS = [
+    # kube.py: the Reflectors.
+    ("*", "", "nodes", "list", ""),
+    ("*", "", "nodes", "watch", ""),
+    ("*", "raven.openyurt.io", "gateways", "list", ""),
+    ("*", "raven.openyurt.io", "gateways", "watch", ""),
+    ("*", "crd.projectcalico.org", "blockaffinities", "list", ""),
+    ("*", "crd.projectcalico.org", "blockaffinities", "watch", ""),
+    # runtime.py: KubeWriter.
+    ("*", "raven.openyurt.io", "gateways/status", "patch", "gw-edge"),
+    *[
+        (NAMESPACE, "", res, verb, "x-raven-proxy-internal-svc")
+        for res in ("services", "endpoints")
+        for verb in ("list", "create", "patch", "delete")
+    ],
+    (dnsmap.NAMESPACE, "", "configmaps", "get", dnsmap.CONFIGMAP_NAME),
+    (dnsmap.NAMESPACE, "", "configmaps", "create", dnsmap.CONFIGMAP_NAME),
+    (dnsmap.NAMESPACE, "", "configmaps", "patch", dnsmap.CONFIGMAP_NAME),
+    (ControllerSettings().event_namespace, "", "events", "create", "gw-edge.abc"),
+    # runtime.py: leader election (kubernetes_asyncio's LeaseLock reads, creates, replaces).
+    *[
+        ("kube-system", "coordination.k8s.io", "leases", verb, ControllerSettings().lease_name)
+        for verb in ("get", "create", "update")
+    ],
+    # agents.py: the agent-liveness Leases, by label.
+    (liveness.NAMESPACE, "coordination.k8s.io", "leases", "list", ""),
+    (liveness.NAMESPACE, "coordination.k8s.io", "leases", "watch", ""),
+]
+
+
+@pytest.mark.parametrize("call", CONTROLLER_CALLS, ids=lambda c: "/".join(x for x in c if x))
+def test_the_controller_may_make_every_call_it_makes(call: tuple[str, ...]) -> None:
+    assert allowed("ravenproxy-controller", *call)
+
+
+def test_the_controller_may_not_do_more() -> None:
+    c = "ravenproxy-controller"
+    assert not allowed(c, "kube-system", "", "configmaps", "patch", "coredns")
+    assert not allowed(c, "kube-system", "", "secrets", "get", "anything")
+    assert not allowed(c, "*", "raven.openyurt.io", "gateways", "patch", "gw-edge")
+    assert not allowed(c, "default", "", "services", "delete", "kubernetes")
+    assert not allowed(c, "kube-system", "coordination.k8s.io", "leases", "update", "other")
+
+
+def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
+    name = liveness.lease_name("edge-1")
+    for verb in ("get", "create", "patch"):
+        assert allowed(
+            "ravenproxy-server", liveness.NAMESPACE, "coordination.k8s.io", "leases", verb, name
+        )
+    assert {g[2] for g in grants("ravenproxy-server")} == {"leases"}
+    assert grants("ravenproxy-agent") == set()
+
+
+def test_coredns_patch_mounts_the_map_the_controller_writes() -> None:
+    doc = workload("coredns")
+    (volume,) = doc["spec"]["template"]["spec"]["volumes"]
+    assert volume["configMap"]["name"] == dnsmap.CONFIGMAP_NAME
+    assert volume["configMap"]["optional"] is True
+    (item,) = volume["configMap"]["items"]
+    assert item["key"] == dnsmap.KEY
+    (container,) = containers(doc)
+    (mount,) = container["volumeMounts"]
+    text = (K8S / "coredns.yaml").read_text()
+    assert f"hosts {mount['mountPath']}/{item['path']}" in text
