@@ -97,6 +97,14 @@ SERVER_FLAGS = (
     "dead_after",
     "max_stream_window",
     "drain_timeout",
+    "kubelet_ca_file",
+    "kubelet_cert_file",
+    "kubelet_key_file",
+    "kubelet_insecure_skip_verify",
+    "max_header_size",
+    "dial_timeout",
+    "agent_leases",
+    "kubeconfig",
 )
 
 
@@ -177,9 +185,23 @@ async def _agent_main(settings: Any) -> int:
 
 
 # -- routes (L3) ----------------------------------------------------------------------------
+def _l3_settings(args: argparse.Namespace) -> Any:
+    from ravenproxy.l3.settings import L3Settings
+
+    return L3Settings(
+        vpn_driver=args.vpn_driver,
+        cni_interface=args.cni_interface,
+        service_cidr=args.service_cidr,
+        skip_nat_cidrs=tuple(args.skip_nat_cidr or ()),
+        vici_socket=args.vici_socket,
+        psk_file=args.psk_file,
+        wireguard_interface=args.wireguard_interface,
+        wireguard_key_dir=args.wireguard_key_dir,
+    )
+
+
 def cmd_routes(args: argparse.Namespace) -> int:
     from ravenproxy.l3.driver import routes_command
-    from ravenproxy.l3.settings import L3Settings
 
     node = args.node_name or cfg.env_node_name()
     if args.action != "cleanup":
@@ -187,28 +209,50 @@ def cmd_routes(args: argparse.Namespace) -> int:
             raise ConfigError("--inventory", "is required for plan and apply")
         if not node:
             raise ConfigError("--node-name", "is required (or set NODE_NAME)")
-    settings = L3Settings(
-        vpn_driver=args.vpn_driver,
-        cni_interface=args.cni_interface,
-        service_cidr=args.service_cidr,
-        skip_nat_cidrs=tuple(args.skip_nat_cidr or ()),
-    )
+    settings = _l3_settings(args)
     return run_async(
         routes_command(args.action, args.inventory or "", node or "", settings), fast_loop=False
     )
 
 
-# -- controller and dns ---------------------------------------------------------------------
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ravenproxy.l3.doctor import doctor_command
+
+    node = args.node_name or cfg.env_node_name()
+    if not args.inventory:
+        raise ConfigError("--inventory", "is required")
+    if not node:
+        raise ConfigError("--node-name", "is required (or set NODE_NAME)")
+    if not args.interval > 0:
+        raise ConfigError("--interval", "must be positive")
+    return run_async(
+        doctor_command(args.inventory, node, _l3_settings(args), interval=args.interval),
+        fast_loop=False,
+    )
+
+
 def cmd_controller(args: argparse.Namespace) -> int:
-    from ravenproxy.controller import dryrun, runtime
+    from ravenproxy.controller import agents, dryrun, runtime
+    from ravenproxy.controller.election import DEFAULT_GRACE
 
     if args.inventory and args.kubeconfig:
         raise ConfigError("--inventory", "give either --inventory or --kubeconfig, not both")
+    grace = DEFAULT_GRACE
+    if args.agent_grace is not None:
+        grace = cfg.positive(args.agent_grace, "--agent-grace")
+    urls = tuple(agents.agents_url(u) for u in args.agents_url or ())
+    settings = runtime.ControllerSettings(agent_grace=grace, agents_urls=urls)
     if args.inventory:
         if args.dry_run:
             print(dryrun.dry_run_inventory(args.inventory), end="")
             return 0
-        return run_async(_forever(dryrun.run_inventory_controller(args.inventory, _write)))
+        return run_async(
+            _forever(
+                dryrun.run_inventory_controller(
+                    args.inventory, _write, agents_urls=urls, agent_grace=settings.agent_grace
+                )
+            )
+        )
     kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
     if args.dry_run:
 
@@ -217,7 +261,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
             return 0
 
         return run_async(show())
-    return run_async(_forever(runtime.run_controller(kubeconfig)))
+    return run_async(_forever(runtime.run_controller(kubeconfig, settings)))
 
 
 def cmd_dns(args: argparse.Namespace) -> int:
@@ -363,6 +407,42 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="how long shutdown waits for open streams (default 10)",
     )
+    server.add_argument(
+        "--kubelet-ca-file",
+        metavar="F",
+        help="CA that verifies kubelet certificates when TLS is re-originated (default: the "
+        "system store)",
+    )
+    server.add_argument(
+        "--kubelet-cert-file", metavar="F", help="client certificate presented to kubelets"
+    )
+    server.add_argument("--kubelet-key-file", metavar="F", help="its key")
+    server.add_argument(
+        "--kubelet-insecure-skip-verify",
+        action="store_true",
+        default=None,
+        help="do not verify kubelet certificates (logged as a warning)",
+    )
+    server.add_argument(
+        "--max-header-size",
+        type=int,
+        metavar="BYTES",
+        help="largest HTTP request/response head the fronts accept (default 65536)",
+    )
+    server.add_argument(
+        "--dial-timeout",
+        type=float,
+        metavar="S",
+        help="timeout of the server's own dials to targets in its gateway (default 5)",
+    )
+    server.add_argument(
+        "--agent-leases",
+        action="store_true",
+        default=None,
+        help="publish a Lease per connected agent in kube-system (the controller's liveness "
+        "signal); uses --kubeconfig or the in-cluster service account",
+    )
+    server.add_argument("--kubeconfig", metavar="F", help="API access for --agent-leases")
     server.set_defaults(func=cmd_server)
 
     agent = sub.add_parser("agent", help="run the edge agent")
@@ -415,28 +495,26 @@ def build_parser() -> argparse.ArgumentParser:
         "ravenproxy owns (cleanup). Exit 3 when some ops could not be applied.",
     )
     routes.add_argument("action", choices=("plan", "apply", "cleanup"))
-    routes.add_argument("--inventory", metavar="FILE")
-    routes.add_argument("--node-name", metavar="NODE", help="this node (NODE_NAME)")
-    routes.add_argument("--vpn-driver", choices=("strongswan", "wireguard"), default="strongswan")
-    routes.add_argument(
-        "--cni-interface",
-        default="flannel.1",
-        metavar="IF",
-        help="CNI interface whose rp_filter is set to loose (default flannel.1)",
-    )
-    routes.add_argument(
-        "--service-cidr",
-        metavar="CIDR",
-        help="service CIDR: install xfrm policies so IPVS replies are not dropped",
-    )
-    routes.add_argument(
-        "--skip-nat-cidr",
-        action="append",
-        metavar="CIDR",
-        help="fix the skip-SNAT set by configuration (repeatable)",
-    )
+    _add_l3_flags(routes)
     routes.add_argument("--log-level", default="INFO")
     routes.set_defaults(func=cmd_routes)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="find known L3 failures on this node and show the evidence",
+        description="Reads this node's data path (iptables, routes, rules, rp_filter, "
+        "/proc/net/xfrm_stat, the VPN's SA counters over --interval seconds) and reports each "
+        "known failure with its evidence: a MASQUERADE before the skip-SNAT rule, SAs that "
+        "send nothing while members send traffic, growing XfrmInNoPols/XfrmOutNoStates, "
+        "strict rp_filter on raven0 or the CNI interface, missing routes or policy rules. "
+        "Exit 1 when something is found.",
+    )
+    _add_l3_flags(doctor)
+    doctor.add_argument(
+        "--interval", type=float, default=2.0, metavar="S", help="sampling window (default 2)"
+    )
+    doctor.add_argument("--log-level", default="WARNING")
+    doctor.set_defaults(func=cmd_doctor)
 
     controller = sub.add_parser(
         "controller",
@@ -449,6 +527,20 @@ def build_parser() -> argparse.ArgumentParser:
     controller.add_argument("--kubeconfig", metavar="F")
     controller.add_argument("--inventory", metavar="FILE")
     controller.add_argument("--dry-run", action="store_true")
+    controller.add_argument(
+        "--agent-grace",
+        type=float,
+        metavar="S",
+        help="an edge gateway whose agent no server has reported for this long fails over "
+        "(default 30)",
+    )
+    controller.add_argument(
+        "--agents-url",
+        action="append",
+        metavar="URL",
+        help="poll this server's GET /agents (H:P of its health address, or a URL; repeatable) "
+        "instead of watching the servers' agent Leases; with --inventory, the only source",
+    )
     controller.add_argument("--log-level", default="INFO")
     controller.set_defaults(func=cmd_controller)
 
@@ -470,6 +562,53 @@ def build_parser() -> argparse.ArgumentParser:
     dns.add_argument("--log-level", default="INFO")
     dns.set_defaults(func=cmd_dns)
     return parser
+
+
+def _add_l3_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of the L3 route driver, shared by ``routes`` and ``doctor``."""
+    p.add_argument("--inventory", metavar="FILE")
+    p.add_argument("--node-name", metavar="NODE", help="this node (NODE_NAME)")
+    p.add_argument("--vpn-driver", choices=("strongswan", "wireguard"), default="strongswan")
+    p.add_argument(
+        "--cni-interface",
+        default="flannel.1",
+        metavar="IF",
+        help="CNI interface whose rp_filter is set to loose (default flannel.1)",
+    )
+    p.add_argument(
+        "--service-cidr",
+        metavar="CIDR",
+        help="service CIDR: install xfrm policies so IPVS replies are not dropped",
+    )
+    p.add_argument(
+        "--skip-nat-cidr",
+        action="append",
+        metavar="CIDR",
+        help="fix the skip-SNAT set by configuration (repeatable)",
+    )
+    p.add_argument(
+        "--psk-file",
+        metavar="F",
+        help="IPsec pre-shared key file (an empty or default key is refused)",
+    )
+    p.add_argument(
+        "--vici-socket",
+        default="/var/run/charon.vici",
+        metavar="PATH",
+        help="strongSwan charon's VICI socket (default /var/run/charon.vici)",
+    )
+    p.add_argument(
+        "--wireguard-interface",
+        default="raven-wg0",
+        metavar="IF",
+        help="WireGuard device on gateway nodes (default raven-wg0)",
+    )
+    p.add_argument(
+        "--wireguard-key-dir",
+        default="/var/lib/ravenproxy/wireguard",
+        metavar="DIR",
+        help="where the WireGuard key pair is kept (0600)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -63,6 +63,18 @@ class ServerMetrics:
             ["front", "status"],
             registry=r,
         )
+        self.tls_connections = Counter(
+            f"{NS}_server_tls_connections",
+            "HTTPS front connections by what was done with them (passthrough, terminate, refused)",
+            ["mode"],
+            registry=r,
+        )
+        self.direct_dials = Counter(
+            f"{NS}_server_direct_dials",
+            "Dials the server made itself (targets in its own gateway), by result",
+            ["result"],
+            registry=r,
+        )
         self.agent_sessions = Counter(
             f"{NS}_server_agent_sessions",
             "Agent tunnel sessions by outcome",

@@ -8,6 +8,7 @@ drain, waits up to ``drain_timeout``, then closes what is left and collects ever
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import ssl
 import time
@@ -17,16 +18,27 @@ from aiohttp import web
 from websockets.asyncio.server import Server as WsServer
 from websockets.asyncio.server import ServerConnection, serve
 
+from ravenproxy.agent.allowlist import denied_always
 from ravenproxy.errors import PKIError, RoutingError
 from ravenproxy.log import kv
 from ravenproxy.metrics import ServerMetrics, metrics_app, start_app
 from ravenproxy.model.store import ModelStore
 from ravenproxy.server.http_front import HttpFront
+from ravenproxy.server.https_front import HttpsFront
+from ravenproxy.server.liveness import KubeLiveness, add_agents_route
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.routing import HTTP_STATUS, REASONS, Route
 from ravenproxy.server.settings import ServerSettings
+from ravenproxy.server.upstream import (
+    ByteStream,
+    SocketByteStream,
+    TlsByteStream,
+    TlsError,
+    TunnelByteStream,
+)
 from ravenproxy.transport import tls
-from ravenproxy.transport.session import OpenError, Session, TunnelStream
+from ravenproxy.transport.relay import READ_LIMIT
+from ravenproxy.transport.session import OpenError, Session, StreamClosedError, TunnelStream
 from ravenproxy.wire.codes import SUBPROTOCOL
 
 log = logging.getLogger(__name__)
@@ -42,8 +54,11 @@ class ProxyServer:
         self._ws_server: WsServer | None = None
         self._fronts: list[asyncio.Server] = []
         self._runners: list[web.AppRunner] = []
+        self._liveness: KubeLiveness | None = None
         self._conn_tasks: set[asyncio.Task[Any]] = set()
         self.http_front = HttpFront(self)
+        self.https_front = HttpsFront(self)
+        self.kubelet_tls: ssl.SSLContext | None = None
         self.metrics.streams.set_function(
             lambda: sum(len(s.streams) for s in self.registry.sessions())
         )
@@ -58,6 +73,7 @@ class ProxyServer:
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
+        self.kubelet_tls = self._kubelet_context()
         ssl_ctx = tls.server_context(
             s.ca_file, s.cert_file, s.key_file, on_handshake_error=self._tls_refused
         )
@@ -86,16 +102,22 @@ class ProxyServer:
         )
         self._fronts.append(http)
         self.ports["http"] = http.sockets[0].getsockname()[1]
+        self.ports["https"] = await self.https_front.start(
+            s.https_addr.bind_host, s.https_addr.port
+        )
         runner, port = await start_app(
             metrics_app(self.metrics.registry), s.metrics_addr.host, s.metrics_addr.port
         )
         self._runners.append(runner)
         self.ports["metrics"] = port
-        runner, port = await start_app(
-            metrics_app(self.metrics.registry, self._ready), s.health_addr.host, s.health_addr.port
-        )
+        health = metrics_app(self.metrics.registry, self._ready)
+        add_agents_route(health, self.registry.sessions)
+        runner, port = await start_app(health, s.health_addr.host, s.health_addr.port)
         self._runners.append(runner)
         self.ports["health"] = port
+        if s.agent_leases:
+            self._liveness = KubeLiveness(self.registry.connected_nodes, s.kubeconfig)
+            await self._liveness.start()
         log.info("server listening", extra=kv(**self.ports))
 
     def _tls_refused(self, exc: ssl.SSLError) -> None:
@@ -107,6 +129,24 @@ class ProxyServer:
             extra=kv(reason=reason, verify=getattr(exc, "verify_message", "") or ""),
         )
 
+    def _kubelet_context(self) -> ssl.SSLContext:
+        """TLS re-originated to kubelets: verified against --kubelet-ca-file (or the system
+        store) unless --kubelet-insecure-skip-verify, presenting --kubelet-cert-file."""
+        s = self.settings
+        ctx = tls.origin_client_context(
+            s.kubelet_ca_file,
+            s.kubelet_cert_file,
+            s.kubelet_key_file,
+            verify=not s.kubelet_insecure_skip_verify,
+        )
+        ctx.set_alpn_protocols(["http/1.1"])
+        if s.kubelet_insecure_skip_verify:
+            log.warning(
+                "kubelet certificates are NOT verified (--kubelet-insecure-skip-verify): "
+                "re-originated TLS to kubelets can be intercepted"
+            )
+        return ctx
+
     def _ready(self) -> tuple[bool, str]:
         if self._stopping:
             return False, "stopping"
@@ -116,6 +156,7 @@ class ProxyServer:
         self._stopping = True
         for front in self._fronts:
             front.close()
+        await self.https_front.stop()
         if self._ws_server is not None:
             self._ws_server.close(close_connections=False)
         for session in self.registry.sessions():
@@ -132,9 +173,16 @@ class ProxyServer:
             await self._ws_server.wait_closed()
         for front in self._fronts:
             await front.wait_closed()
+        if self._liveness is not None:
+            await self._liveness.stop()  # releases every Lease it holds
         for runner in self._runners:
             await runner.cleanup()
         log.info("server stopped")
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        """Own a connection task: collected (cancelled after the drain timeout) at shutdown."""
+        self._conn_tasks.add(task)
+        task.add_done_callback(self._conn_tasks.discard)
 
     def _owned(self, handler: Any) -> Any:
         """Wrap a connection handler so its task is tracked and cancelled at shutdown."""
@@ -208,8 +256,72 @@ class ProxyServer:
         self.metrics.bytes.labels(direction="down").inc(stream.bytes_in)
 
     # -- streams ----------------------------------------------------------------------------
+    async def connect(self, route: Route, *, tls_to: bool = False) -> ByteStream:
+        """A byte stream to the route's target: through its agent, or dialled by the server
+        itself for a target in its own gateway; with ``tls_to``, TLS re-originated on top
+        (verified against the kubelet CA, presenting the kubelet client certificate).
+        Failures become a :class:`RoutingError` with their HTTP status."""
+        upstream: ByteStream
+        if route.session is None:
+            upstream = await self._dial_direct(route)
+        else:
+            upstream = TunnelByteStream(await self.open(route))
+        if not tls_to:
+            return upstream
+        assert self.kubelet_tls is not None
+        secured = TlsByteStream(upstream, self.kubelet_tls, route.node.name)
+        try:
+            async with asyncio.timeout(self.settings.dial_timeout + 5):
+                await secured.handshake()
+        except TlsError as exc:
+            upstream.close()
+            raise RoutingError(502, route.node.name, f"TLS to the kubelet failed: {exc}") from None
+        except TimeoutError:
+            upstream.close()
+            raise RoutingError(
+                504, route.node.name, "TLS handshake to the kubelet timed out"
+            ) from None
+        except (ConnectionError, StreamClosedError) as exc:
+            upstream.close()
+            raise RoutingError(502, route.node.name, f"TLS to the kubelet failed: {exc}") from None
+        return secured
+
+    async def _dial_direct(self, route: Route) -> ByteStream:
+        target = route.target
+        where = f"{target.host}:{target.port}"
+        try:
+            ip = ipaddress.ip_address(target.host)
+        except ValueError:
+            ip = None
+        if ip is not None and denied_always(ip):
+            self.metrics.direct_dials.labels(result="refused").inc()
+            raise RoutingError(403, route.node.name, f"{where} is never dialled")
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.settings.dial_timeout):
+                reader, writer = await asyncio.open_connection(
+                    target.host, target.port, limit=READ_LIMIT
+                )
+        except TimeoutError:
+            self.metrics.direct_dials.labels(result="dial_timeout").inc()
+            raise RoutingError(
+                504,
+                route.node.name,
+                f"direct dial {where} timed out after {self.settings.dial_timeout:g}s",
+            ) from None
+        except OSError as exc:
+            self.metrics.direct_dials.labels(result="dial_failed").inc()
+            raise RoutingError(
+                502, route.node.name, f"direct dial {where} failed: {exc.strerror or exc}"
+            ) from None
+        finally:
+            self.metrics.dial.observe(time.monotonic() - started)
+        self.metrics.direct_dials.labels(result="ok").inc()
+        return SocketByteStream(reader, writer)
+
     async def open(self, route: Route) -> TunnelStream:
         """Open a stream for a route; failures become a :class:`RoutingError` with its status."""
+        assert route.session is not None, "a direct route has no agent stream"
         started = time.monotonic()
         try:
             stream = await route.session.open_stream(route.target)

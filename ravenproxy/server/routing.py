@@ -40,7 +40,12 @@ REASONS: dict[ErrorCode, str] = {
 class Route:
     node: Node
     target: Target
-    session: Session
+    session: Session | None
+    """The agent that carries it; None: the server dials the target itself (its own gateway)."""
+
+    @property
+    def direct(self) -> bool:
+        return self.session is None
 
 
 def find_node(model: Model, host: str) -> Node:
@@ -50,13 +55,29 @@ def find_node(model: Model, host: str) -> Node:
     return node
 
 
-def route(model: Model, registry: AgentRegistry, host: str, port: int) -> Route:
-    """Pick the agent for ``host:port``. The target the agent dials is the node's InternalIP,
-    never the name the client used."""
+def route(
+    model: Model,
+    registry: AgentRegistry,
+    host: str,
+    port: int | None = None,
+    *,
+    local_node: str | None = None,
+) -> Route:
+    """Pick the agent for ``host:port`` (no port: the node's kubelet port). The target the agent
+    dials is the node's InternalIP, never the name the client used. A node in the gateway of
+    ``local_node`` (the server's own node), or that node itself, is dialled directly."""
     node = find_node(model, host)
     address = node.internal_ip
     if address is None:
         raise RoutingError(502, node.name, "node has no InternalIP")
+    if port is None:
+        port = node.kubelet_port
+    if local_node is not None:
+        local = model.node(local_node)
+        if node.name == local_node or (
+            local is not None and local.gateway is not None and local.gateway == node.gateway
+        ):
+            return Route(node, Target(node.name, address, port), None)
     session = registry.pick(model, node.name)
     if session is None:
         raise RoutingError(503, node.name, "no agent connected for this node")

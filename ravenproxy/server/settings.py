@@ -28,7 +28,17 @@ FIELDS = {
     "dead_after",
     "max_stream_window",
     "drain_timeout",
+    "kubelet_ca_file",
+    "kubelet_cert_file",
+    "kubelet_key_file",
+    "kubelet_insecure_skip_verify",
+    "max_header_size",
+    "dial_timeout",
+    "agent_leases",
+    "kubeconfig",
 }
+
+DEFAULT_MAX_HEADER_SIZE = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -45,12 +55,36 @@ class ServerSettings:
     health_addr: Address = Address("", cfg.DEFAULT_HEALTH_PORT)
     session: SessionConfig = field(default_factory=SessionConfig)
     drain_timeout: float = 10.0
+    kubelet_ca_file: str | None = None
+    """CA that verifies kubelet serving certificates (re-originated TLS); None: system store."""
+    kubelet_cert_file: str | None = None
+    """Client certificate presented to kubelets (re-originated TLS)."""
+    kubelet_key_file: str | None = None
+    kubelet_insecure_skip_verify: bool = False
+    """Do not verify kubelet certificates at all (logged loudly at start-up)."""
+    max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+    """Largest request or response head the HTTP fronts accept (431 / 502 beyond)."""
+    dial_timeout: float = 5.0
+    """Timeout of the server's own dials (targets in its own gateway)."""
+    agent_leases: bool = False
+    """Publish a coordination.k8s.io Lease per connected agent (the controller's liveness)."""
+    kubeconfig: str | None = None
+    """API access for ``agent_leases``; None: the in-cluster service account."""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerSettings:
         def addr(key: str, default: Address) -> Address:
             text = values.get(key)
             return cfg.parse_address(str(text), "--" + key.replace("_", "-")) if text else default
+
+        def optional_file(key: str) -> str | None:
+            value = values.get(key)
+            return cfg.existing_file(value, "--" + key.replace("_", "-")) if value else None
+
+        if values.get("kubelet_key_file") and not values.get("kubelet_cert_file"):
+            raise ConfigError("--kubelet-key-file", "given without --kubelet-cert-file")
+        if values.get("kubelet_cert_file") and not values.get("kubelet_key_file"):
+            raise ConfigError("--kubelet-cert-file", "given without --kubelet-key-file")
 
         wire_kwargs: dict[str, Any] = {}
         if values.get("max_stream_window"):
@@ -80,4 +114,18 @@ class ServerSettings:
             health_addr=addr("health_addr", cls.health_addr),
             session=session,
             drain_timeout=cfg.positive(values.get("drain_timeout", 10.0), "--drain-timeout"),
+            kubelet_ca_file=optional_file("kubelet_ca_file"),
+            kubelet_cert_file=optional_file("kubelet_cert_file"),
+            kubelet_key_file=optional_file("kubelet_key_file"),
+            kubelet_insecure_skip_verify=bool(values.get("kubelet_insecure_skip_verify")),
+            max_header_size=int(
+                cfg.positive(
+                    values.get("max_header_size", DEFAULT_MAX_HEADER_SIZE),
+                    "--max-header-size",
+                    integer=True,
+                )
+            ),
+            dial_timeout=cfg.positive(values.get("dial_timeout", 5.0), "--dial-timeout"),
+            agent_leases=bool(values.get("agent_leases")),
+            kubeconfig=optional_file("kubeconfig"),
         )

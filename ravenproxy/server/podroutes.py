@@ -1,0 +1,156 @@
+"""Where an HTTP request wants to go, and which headers travel on: pure functions, no I/O.
+
+A request names its destination in one of these ways, tried in this order:
+
+1. an absolute URI (``GET http://edge-1:9100/metrics``: a forward-proxy request, what Prometheus
+   sends with ``proxy_url``);
+2. ``X-Tunnel-Proxy-Host: node[:port]``;
+3. ``?nodeName=node[:port]`` in the query;
+4. a kubelet pod path (``/containerLogs/NS/POD/…``, ``/exec/…``, ``/attach/…``,
+   ``/portForward/…``, ``/run/…``): the pod's node, from the model;
+5. ``Host: node[:port]``.
+
+Without a port the node's kubelet port is meant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlsplit
+
+from ravenproxy.server.http1 import BadRequest, split_authority
+
+TUNNEL_HOST_HEADER = "x-tunnel-proxy-host"
+NODE_NAME_PARAM = "nodeName"
+
+POD_PATH_PREFIXES = ("containerLogs", "exec", "attach", "portForward", "run")
+"""Kubelet endpoints whose path is ``/<prefix>/<namespace>/<pod>/…``."""
+
+# RFC 9110 §7.6.1: hop-by-hop fields, never forwarded; plus the framing fields h11 sets itself
+# and the proxy's own routing header.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "te",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-authenticate",
+        TUNNEL_HOST_HEADER,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Destination:
+    via: str
+    """How the request named it: absolute-uri, tunnel-header, node-name-query, pod-path, host."""
+    host: str = ""
+    """A node name or an IP; empty for a pod path."""
+    port: int | None = None
+    """None: the node's kubelet port."""
+    pod: tuple[str, str] | None = None
+    """(namespace, name) for a pod path."""
+    target: str = "/"
+    """The request-target to send on, in origin form."""
+    authority: str | None = None
+    """A Host value to send instead of the client's (absolute-URI requests)."""
+    scheme: str | None = None
+    """The absolute URI's scheme, when it had one."""
+
+
+def pod_of_path(path: str) -> tuple[str, str] | None:
+    """``/exec/ns/pod/container?…`` → ``("ns", "pod")``; None for any other path."""
+    parts = path.split("?", 1)[0].split("/")
+    # "", prefix, namespace, pod, ...
+    if len(parts) >= 4 and parts[0] == "" and parts[1] in POD_PATH_PREFIXES:
+        namespace, pod = parts[2], parts[3]
+        if namespace and pod:
+            return namespace, pod
+    return None
+
+
+def _authority(text: str) -> tuple[str, int | None]:
+    text = text.strip()
+    try:
+        host, port = split_authority(text, default_port=0)
+    except BadRequest:
+        raise BadRequest(400, f"bad node address {text[:80]!r}") from None
+    return host, (port or None)
+
+
+def find_destination(method: str, target: str, headers: Sequence[tuple[str, str]]) -> Destination:
+    """Where the request goes (not yet resolved to a node: that needs the model)."""
+    lower = {k.lower(): v for k, v in headers}
+    if method == "CONNECT":
+        chost, cport = split_authority(target)
+        return Destination("connect", chost, cport, target=target)
+    if target.startswith(("http://", "https://")):
+        url = urlsplit(target)
+        if not url.netloc or "@" in url.netloc:
+            raise BadRequest(400, f"bad absolute URI {target[:80]!r}")
+        default = 443 if url.scheme == "https" else 80
+        uhost, uport = split_authority(url.netloc, default_port=default)
+        path = url.path or "/"
+        origin = path + (f"?{url.query}" if url.query else "")
+        return Destination(
+            "absolute-uri", uhost, uport, target=origin, authority=url.netloc, scheme=url.scheme
+        )
+    if not target.startswith("/"):
+        if target == "*" and method == "OPTIONS":
+            raise BadRequest(400, "OPTIONS * names no node")
+        raise BadRequest(400, f"bad request target {target[:80]!r}")
+    tunnel_host = lower.get(TUNNEL_HOST_HEADER)
+    if tunnel_host:
+        host, port = _authority(tunnel_host)
+        return Destination("tunnel-header", host, port, target=target)
+    query = target.partition("?")[2]
+    if query:
+        for key, value in parse_qsl(query, keep_blank_values=True):
+            if key == NODE_NAME_PARAM and value:
+                host, port = _authority(value)
+                return Destination("node-name-query", host, port, target=target)
+    pod = pod_of_path(target)
+    if pod is not None:
+        return Destination("pod-path", pod=pod, target=target)
+    host_header = lower.get("host")
+    if not host_header:
+        raise BadRequest(400, "the request names no node (no Host, X-Tunnel-Proxy-Host, nodeName)")
+    host, port = _authority(host_header)
+    return Destination("host", host, port, target=target)
+
+
+def connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
+    """The lower-cased options listed in every ``Connection`` header."""
+    tokens: set[str] = set()
+    for key, value in headers:
+        if key.lower() == "connection":
+            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return tokens
+
+
+def wants_upgrade(headers: Sequence[tuple[str, str]]) -> str | None:
+    """The ``Upgrade`` value when ``Connection`` lists ``upgrade`` (WebSocket, SPDY/3.1)."""
+    if "upgrade" not in connection_tokens(headers):
+        return None
+    for key, value in headers:
+        if key.lower() == "upgrade" and value.strip():
+            return value.strip()
+    return None
+
+
+def forwardable(
+    headers: Sequence[tuple[str, str]], *, upgrade: str | None = None
+) -> list[tuple[str, str]]:
+    """Drop hop-by-hop fields (RFC 9110 §7.6.1): the fixed set and every field the Connection
+    header names. An upgrade keeps ``Connection: Upgrade`` and its ``Upgrade`` field, which the
+    next hop needs to switch protocols."""
+    # Framing and Host are never hop-by-hop, whatever a Connection header claims.
+    named = connection_tokens(headers) - {"content-length", "host"}
+    kept = [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP and k.lower() not in named]
+    if upgrade is not None:
+        kept += [("Connection", "Upgrade"), ("Upgrade", upgrade)]
+    return kept

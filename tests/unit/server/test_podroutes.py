@@ -1,0 +1,144 @@
+"""Where a request goes (pure): absolute URI, X-Tunnel-Proxy-Host, ?nodeName=, pod paths, Host;
+and which headers travel on (RFC 9110 hop-by-hop rules)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ravenproxy.server.http1 import BadRequest
+from ravenproxy.server.podroutes import (
+    Destination,
+    find_destination,
+    forwardable,
+    pod_of_path,
+    wants_upgrade,
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "pod"),
+    [
+        ("/containerLogs/kube-system/coredns-1/coredns?follow=true", ("kube-system", "coredns-1")),
+        ("/exec/default/web/app?command=sh&stdin=true", ("default", "web")),
+        ("/attach/ns/p/c", ("ns", "p")),
+        ("/portForward/ns/p", ("ns", "p")),
+        ("/portForward/ns/p?port=80", ("ns", "p")),
+        ("/run/ns/p/c", ("ns", "p")),
+        ("/exec/ns", None),
+        ("/exec//p/c", None),
+        ("/metrics", None),
+        ("/stats/summary", None),
+        ("/containerLogsX/ns/p/c", None),
+    ],
+)
+def test_pod_of_path(path: str, pod: tuple[str, str] | None) -> None:
+    assert pod_of_path(path) == pod
+
+
+def test_absolute_uri_is_a_forward_proxy_request() -> None:
+    d = find_destination("GET", "http://edge-1:9100/metrics?x=1", [("Host", "edge-1:9100")])
+    assert d == Destination(
+        "absolute-uri",
+        "edge-1",
+        9100,
+        target="/metrics?x=1",
+        authority="edge-1:9100",
+        scheme="http",
+    )
+    d = find_destination("GET", "http://edge-1", [])
+    assert (d.host, d.port, d.target) == ("edge-1", 80, "/")
+    d = find_destination("GET", "https://[fd00::1]/x", [])
+    assert (d.host, d.port, d.scheme) == ("fd00::1", 443, "https")
+
+
+def test_order_header_then_query_then_pod_then_host() -> None:
+    headers = [("Host", "edge-2:1"), ("X-Tunnel-Proxy-Host", "edge-1:10255")]
+    target = "/exec/ns/p/c?nodeName=edge-3"
+    assert find_destination("GET", target, headers).via == "tunnel-header"
+    assert find_destination("GET", target, headers[:1]) == Destination(
+        "node-name-query", "edge-3", None, target=target
+    )
+    d = find_destination("GET", "/exec/ns/p/c", headers[:1])
+    assert (d.via, d.pod, d.host) == ("pod-path", ("ns", "p"), "")
+    d = find_destination("GET", "/metrics", headers[:1])
+    assert (d.via, d.host, d.port) == ("host", "edge-2", 1)
+
+
+def test_ports_default_to_the_kubelet() -> None:
+    assert find_destination("GET", "/", [("Host", "edge-1")]).port is None
+    assert find_destination("GET", "/?nodeName=edge-1", []).port is None
+    assert find_destination("GET", "/?nodeName=edge-1:9100", []).port == 9100
+    assert find_destination("GET", "/", [("X-Tunnel-Proxy-Host", "edge-1")]).port is None
+
+
+def test_connect() -> None:
+    d = find_destination("CONNECT", "edge-1:10250", [])
+    assert (d.via, d.host, d.port) == ("connect", "edge-1", 10250)
+    with pytest.raises(BadRequest):
+        find_destination("CONNECT", "edge-1", [])
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers"),
+    [
+        ("GET", "/", []),  # names nothing
+        ("GET", "/", [("Host", "edge-1:x")]),
+        ("GET", "/", [("X-Tunnel-Proxy-Host", ":80")]),
+        ("GET", "/?nodeName=edge-1:99999", []),
+        ("OPTIONS", "*", [("Host", "edge-1")]),
+        ("GET", "edge-1/x", [("Host", "edge-1")]),
+        ("GET", "http://user@edge-1/", []),
+        ("GET", "http:///x", []),
+    ],
+)
+def test_bad_destinations_are_400(method: str, target: str, headers: list[tuple[str, str]]) -> None:
+    with pytest.raises(BadRequest) as info:
+        find_destination(method, target, headers)
+    assert info.value.status == 400
+
+
+def test_hop_by_hop_fields_are_dropped() -> None:
+    headers = [
+        ("Host", "edge-1"),
+        ("Connection", "keep-alive, X-Private"),
+        ("Connection", "close"),
+        ("Keep-Alive", "timeout=5"),
+        ("Proxy-Connection", "keep-alive"),
+        ("X-Private", "secret"),
+        ("TE", "trailers"),
+        ("Transfer-Encoding", "chunked"),
+        ("Upgrade", "websocket"),
+        ("Proxy-Authorization", "Basic x"),
+        ("X-Tunnel-Proxy-Host", "edge-1:1"),
+        ("Accept", "*/*"),
+        ("Trailer", "X-Checksum"),
+    ]
+    assert forwardable(headers) == [
+        ("Host", "edge-1"),
+        ("Accept", "*/*"),
+        ("Trailer", "X-Checksum"),
+    ]
+
+
+def test_connection_cannot_strip_framing_or_host() -> None:
+    headers = [("Connection", "content-length, host"), ("Content-Length", "3"), ("Host", "a")]
+    assert forwardable(headers) == [("Content-Length", "3"), ("Host", "a")]
+
+
+def test_upgrade_keeps_its_fields() -> None:
+    headers = [
+        ("Connection", "Upgrade"),
+        ("Upgrade", "SPDY/3.1"),
+        ("X-Stream-Protocol-Version", "v4"),
+    ]
+    upgrade = wants_upgrade(headers)
+    assert upgrade == "SPDY/3.1"
+    assert forwardable(headers, upgrade=upgrade) == [
+        ("X-Stream-Protocol-Version", "v4"),
+        ("Connection", "Upgrade"),
+        ("Upgrade", "SPDY/3.1"),
+    ]
+    assert wants_upgrade([("Upgrade", "websocket")]) is None  # Connection must list it
+    assert wants_upgrade([("Connection", "keep-alive, Upgrade"), ("upgrade", "websocket")]) == (
+        "websocket"
+    )

@@ -1,0 +1,67 @@
+"""The L7 settings of the server: kubelet TLS flags, header limit, and the loud insecure mode."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from pathlib import Path
+
+import pytest
+
+from ravenproxy.errors import ConfigError
+from ravenproxy.model.store import ModelStore
+from ravenproxy.pki import init_pki
+from ravenproxy.server.app import ProxyServer
+from ravenproxy.server.settings import DEFAULT_MAX_HEADER_SIZE, ServerSettings
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> dict[str, str]:
+    init_pki(tmp_path, ("localhost",), ("edge-1",))
+    (tmp_path / "inv.yaml").write_text("")
+    return {
+        "inventory": str(tmp_path / "inv.yaml"),
+        "ca_file": str(tmp_path / "ca.crt"),
+        "cert_file": str(tmp_path / "server.crt"),
+        "key_file": str(tmp_path / "server.key"),
+    }
+
+
+def test_defaults_verify_kubelets(base: dict[str, str]) -> None:
+    s = ServerSettings.from_mapping(base)
+    assert s.kubelet_insecure_skip_verify is False
+    assert s.max_header_size == DEFAULT_MAX_HEADER_SIZE
+    ctx = ProxyServer(s, ModelStore())._kubelet_context()
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+
+
+def test_kubelet_client_certificate_needs_both_files(base: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="--kubelet-cert-file"):
+        ServerSettings.from_mapping({**base, "kubelet_key_file": base["key_file"]})
+    with pytest.raises(ConfigError, match="--kubelet-key-file"):
+        ServerSettings.from_mapping({**base, "kubelet_cert_file": base["cert_file"]})
+    with pytest.raises(ConfigError, match="--kubelet-ca-file"):
+        ServerSettings.from_mapping({**base, "kubelet_ca_file": "/nonexistent/ca.crt"})
+    s = ServerSettings.from_mapping(
+        {
+            **base,
+            "kubelet_ca_file": base["ca_file"],
+            "kubelet_cert_file": base["cert_file"],
+            "kubelet_key_file": base["key_file"],
+            "max_header_size": "1024",
+        }
+    )
+    assert (s.kubelet_ca_file, s.max_header_size) == (base["ca_file"], 1024)
+
+
+def test_insecure_mode_says_so(base: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    s = ServerSettings.from_mapping({**base, "kubelet_insecure_skip_verify": True})
+    with caplog.at_level(logging.WARNING):
+        ctx = ProxyServer(s, ModelStore())._kubelet_context()
+    assert ctx.verify_mode == ssl.CERT_NONE
+    assert "NOT verified" in caplog.text
+
+
+def test_bad_header_limit(base: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="--max-header-size"):
+        ServerSettings.from_mapping({**base, "max_header_size": "0"})
