@@ -81,38 +81,13 @@ def cmd_certs_init(args: argparse.Namespace) -> int:
 
 
 # -- server ---------------------------------------------------------------------------------
-SERVER_FLAGS = (
-    "inventory",
-    "ca_file",
-    "cert_file",
-    "key_file",
-    "node_name",
-    "tunnel_addr",
-    "https_addr",
-    "http_addr",
-    "metrics_addr",
-    "health_addr",
-    "open_timeout",
-    "ping_interval",
-    "dead_after",
-    "max_stream_window",
-    "drain_timeout",
-    "kubelet_ca_file",
-    "kubelet_cert_file",
-    "kubelet_key_file",
-    "kubelet_insecure_skip_verify",
-    "max_header_size",
-    "dial_timeout",
-    "agent_leases",
-    "kubeconfig",
-)
 
 
 def cmd_server(args: argparse.Namespace) -> int:
     from ravenproxy.server.settings import FIELDS, ServerSettings
 
     values = cfg.merge(
-        {k: getattr(args, k) for k in SERVER_FLAGS}, cfg.load_config_file(args.config), FIELDS
+        cfg.flag_values(args, FIELDS), cfg.load_config_file(args.config), FIELDS
     )
     settings = ServerSettings.from_mapping(values)
     return run_async(_server_main(settings))
@@ -139,30 +114,13 @@ async def _server_main(settings: Any) -> int:
 
 
 # -- agent ----------------------------------------------------------------------------------
-AGENT_FLAGS = (
-    "node_name",
-    "server_addr",
-    "ca_file",
-    "cert_file",
-    "key_file",
-    "allow",
-    "inventory",
-    "metrics_ports",
-    "metrics_addr",
-    "dial_timeout",
-    "ping_interval",
-    "dead_after",
-    "backoff_base",
-    "backoff_cap",
-    "no_server_hostname_check",
-)
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from ravenproxy.agent.settings import FIELDS, AgentSettings
 
     values = cfg.merge(
-        {k: getattr(args, k) for k in AGENT_FLAGS}, cfg.load_config_file(args.config), FIELDS
+        cfg.flag_values(args, FIELDS), cfg.load_config_file(args.config), FIELDS
     )
     settings = AgentSettings.from_mapping(values)
     return run_async(_agent_main(settings))

@@ -88,6 +88,15 @@ def merge(
     return merged
 
 
+def flag_values(args: object, fields: set[str]) -> dict[str, Any]:
+    """The command-line values of a component's settings fields (None where not given).
+
+    The settings module's ``FIELDS`` is the one list of what a component accepts, both as
+    flags and as ``--config`` keys.
+    """
+    return {name: getattr(args, name, None) for name in fields}
+
+
 def env_node_name() -> str | None:
     return os.environ.get("NODE_NAME") or None
 
