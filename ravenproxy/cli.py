@@ -86,10 +86,7 @@ def cmd_certs_init(args: argparse.Namespace) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     from ravenproxy.server.settings import FIELDS, ServerSettings
 
-    values = cfg.merge(
-        cfg.flag_values(args, FIELDS), cfg.load_config_file(args.config), FIELDS
-    )
-    settings = ServerSettings.from_mapping(values)
+    settings = ServerSettings.from_mapping(cfg.gather(args, FIELDS))
     return run_async(_server_main(settings))
 
 
@@ -119,27 +116,10 @@ async def _server_main(settings: Any) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     from ravenproxy.agent.settings import FIELDS, AgentSettings
 
-    values = cfg.merge(
-        cfg.flag_values(args, FIELDS), cfg.load_config_file(args.config), FIELDS
-    )
-    settings = AgentSettings.from_mapping(values)
-    return run_async(_agent_main(settings))
-
-
-async def _agent_main(settings: Any) -> int:
+    settings = AgentSettings.from_mapping(cfg.gather(args, FIELDS))
     from ravenproxy.agent.app import Agent
 
-    agent = Agent(settings)
-    task = asyncio.create_task(agent.run(), name="agent")
-    stop = asyncio.create_task(until_signalled(), name="agent-signals")
-    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-    for t in (task, stop):
-        t.cancel()
-    results = await asyncio.gather(task, stop, return_exceptions=True)
-    for result in results:
-        if isinstance(result, RavenProxyError):
-            raise result
-    return 0
+    return run_async(_forever(Agent(settings).run()))
 
 
 # -- routes (L3) ----------------------------------------------------------------------------

@@ -88,13 +88,14 @@ def merge(
     return merged
 
 
-def flag_values(args: object, fields: set[str]) -> dict[str, Any]:
-    """The command-line values of a component's settings fields (None where not given).
+def gather(args: object, fields: set[str]) -> dict[str, Any]:
+    """A component's settings values from its flags (``args``) and its ``--config`` file.
 
     The settings module's ``FIELDS`` is the one list of what a component accepts, both as
     flags and as ``--config`` keys.
     """
-    return {name: getattr(args, name, None) for name in fields}
+    flags = {name: getattr(args, name, None) for name in fields}
+    return merge(flags, load_config_file(getattr(args, "config", None)), fields)
 
 
 def env_node_name() -> str | None:
