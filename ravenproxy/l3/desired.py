@@ -266,6 +266,7 @@ def _vpn_connections(
                 initiator=initiator,
                 relayed=tuple(relayed),
                 remote_public_key=key,
+                local_gateway=local.gateway,
             )
         )
     return out

@@ -13,8 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from ravenproxy.l3 import apply_iptables, apply_netlink
+from ravenproxy.errors import RavenProxyError
+from ravenproxy.l3 import (
+    apply_iptables,
+    apply_netlink,
+    apply_strongswan,
+    apply_wireguard,
+    wireguard,
+)
 from ravenproxy.l3.desired import desired_state
+from ravenproxy.l3.errors import L3Error
 from ravenproxy.l3.plan import Op, cleanup_plan, plan
 from ravenproxy.l3.settings import L3Settings
 from ravenproxy.l3.state import (
@@ -30,6 +38,7 @@ from ravenproxy.l3.state import (
     VpnConnection,
     XfrmPolicy,
 )
+from ravenproxy.l3.topology import topology
 from ravenproxy.log import kv
 from ravenproxy.model.inventory import load_inventory
 from ravenproxy.model.snapshot import Model
@@ -39,7 +48,7 @@ log = logging.getLogger(__name__)
 
 _IPTABLES = (IpSet, Chain, Jump)
 _NETLINK = (Link, Address, Route, Rule, Sysctl, XfrmPolicy)
-NO_VPN_DRIVER = "no VPN driver in this build yet (strongSwan/WireGuard land with issue 5 part 3)"
+NO_VPN_DRIVER = "no VPN driver settings given"
 
 
 @dataclass(frozen=True)
@@ -49,15 +58,45 @@ class ApplyReport:
 
 
 async def read_actual(
-    settings: L3Settings, sysctl_keys: Sequence[str] = (), netns: str | None = None
+    settings: L3Settings,
+    sysctl_keys: Sequence[str] = (),
+    netns: str | None = None,
+    vpn_desired: Sequence[VpnConnection] = (),
 ) -> NodeState:
-    """What ravenproxy owns on this node now (the kernel's view, nothing cached)."""
+    """What ravenproxy owns on this node now (the kernel's and the VPN daemon's view, nothing
+    cached). ``vpn_desired`` lets the VPN reader say which loaded connections are as desired
+    (see :mod:`ravenproxy.l3.ipsec`)."""
     kernel = await apply_netlink.read_actual(settings.route_table, sysctl_keys, netns)
-    return kernel.merge(await apply_iptables.read_actual(netns))
+    state = kernel.merge(await apply_iptables.read_actual(netns))
+    return state.merge(await read_vpn(settings, vpn_desired, netns))
 
 
-async def apply_ops(ops: Sequence[Op], netns: str | None = None) -> ApplyReport:
-    """Apply in plan order; consecutive ops of one adapter form one batch."""
+async def read_vpn(
+    settings: L3Settings, desired: Sequence[VpnConnection], netns: str | None = None
+) -> NodeState:
+    """The configured VPN driver's connections; none when its daemon cannot be asked (the
+    ops that would add them then fail, and say why, instead of the whole pass)."""
+    try:
+        if settings.vpn_driver == "wireguard":
+            return await apply_wireguard.read_actual(settings, desired, netns)
+        return await apply_strongswan.read_actual(settings, desired, netns)
+    except L3Error as exc:
+        log.warning("cannot read VPN state", extra=kv(driver=settings.vpn_driver, error=exc))
+        return NodeState()
+
+
+async def _apply_vpn(ops: Sequence[Op], settings: L3Settings, netns: str | None) -> None:
+    if settings.vpn_driver == "wireguard":
+        await apply_wireguard.apply(ops, settings, netns)
+    else:
+        await apply_strongswan.apply(ops, settings)
+
+
+async def apply_ops(
+    ops: Sequence[Op], netns: str | None = None, settings: L3Settings | None = None
+) -> ApplyReport:
+    """Apply in plan order; consecutive ops of one adapter form one batch. A VPN batch that
+    fails (daemon down, no key) is reported as skipped; the other batches still apply."""
     applied: list[Op] = []
     skipped: list[tuple[Op, str]] = []
     for batch in _batches(ops):
@@ -72,7 +111,16 @@ async def apply_ops(ops: Sequence[Op], netns: str | None = None) -> ApplyReport:
             applied.extend(op for op in batch if id(op) not in left_ops)
         else:
             assert isinstance(head, VpnConnection)
-            skipped.extend((op, NO_VPN_DRIVER) for op in batch)
+            if settings is None:
+                skipped.extend((op, NO_VPN_DRIVER) for op in batch)
+                continue
+            try:
+                await _apply_vpn(batch, settings, netns)
+            except RavenProxyError as exc:
+                log.warning("VPN ops failed", extra=kv(driver=settings.vpn_driver, error=exc))
+                skipped.extend((op, str(exc)) for op in batch)
+            else:
+                applied.extend(batch)
     return ApplyReport(tuple(applied), tuple(skipped))
 
 
@@ -112,20 +160,29 @@ async def reconcile_once(
     """One pass: desired from the model, actual from the kernel, apply only the difference."""
     desired = desired_state(model, node_name, settings)
     keys = [s.path for s in desired.sysctls]
-    ops = plan(await read_actual(settings, keys, netns), desired)
-    report = await apply_ops(ops, netns)
+    vpn = tuple(desired.vpn_connections)
+    ops = plan(await read_actual(settings, keys, netns, vpn), desired)
+    report = await apply_ops(ops, netns, settings)
     if _recreates_link(ops):
         # Recreating raven0 took its addresses and routes with it; put them back now
         # rather than one period later.
-        again = plan(await read_actual(settings, keys, netns), desired)
-        more = await apply_ops(again, netns)
+        again = plan(await read_actual(settings, keys, netns, vpn), desired)
+        more = await apply_ops(again, netns, settings)
         report = ApplyReport(report.applied + more.applied, more.skipped)
     return report
 
 
 async def cleanup(settings: L3Settings, netns: str | None = None) -> ApplyReport:
     """Remove exactly what ravenproxy owns (sysctls keep their values)."""
-    return await apply_ops(cleanup_plan(await read_actual(settings, (), netns)), netns)
+    report = await apply_ops(cleanup_plan(await read_actual(settings, (), netns)), netns, settings)
+    try:
+        if settings.vpn_driver == "wireguard":
+            await apply_wireguard.remove_device(settings, netns)
+        else:
+            await apply_strongswan.forget_key(settings)
+    except L3Error as exc:
+        log.warning("VPN cleanup incomplete", extra=kv(error=exc))
+    return report
 
 
 class Reconciler:
@@ -188,9 +245,12 @@ async def routes_command(
         _print_ops(report.applied, out)
         return _print_skipped(report, out)
     model = load_inventory(inventory)
+    _print_public_key(model, node_name, settings, out)
     if action == "plan":
         desired = desired_state(model, node_name, settings)
-        actual = await read_actual(settings, [s.path for s in desired.sysctls], netns)
+        actual = await read_actual(
+            settings, [s.path for s in desired.sysctls], netns, tuple(desired.vpn_connections)
+        )
         _print_ops(plan(actual, desired), out)
         return 0
     if action == "apply":
@@ -198,6 +258,17 @@ async def routes_command(
         _print_ops(report.applied, out)
         return _print_skipped(report, out)
     raise ValueError(f"unknown routes action {action!r}")
+
+
+def _print_public_key(model: Model, node_name: str, settings: L3Settings, out: TextIO) -> None:
+    """On a WireGuard tunnel node: the key to publish as the endpoint's ``config.publicKey``
+    (created on first use; peers cannot reach this node before they have it)."""
+    node = model.node(node_name)
+    if settings.vpn_driver != "wireguard" or node is None or node.gateway is None:
+        return
+    domain = topology(model, settings.vpn_port).domains.get(node.gateway)
+    if domain is not None and domain.gateway_node == node_name:
+        print(f"# wireguard publicKey: {wireguard.public_key(settings)}", file=out)
 
 
 def _print_ops(ops: Sequence[Op], out: TextIO) -> None:

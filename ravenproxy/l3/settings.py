@@ -50,6 +50,19 @@ class L3Settings:
     wireguard_interface: str = "raven-wg0"
     #: Seconds between full reconciliations (besides every model change).
     reconcile_period: float = 60.0
+    #: strongSwan's VICI socket (charon must run on gateway nodes with the vici plugin).
+    vici_socket: str = "/var/run/charon.vici"
+    #: Table charon installs its routes in (strongswan.conf ``charon.routing_table``); 0 when
+    #: charon runs with ``install_routes = no``. Checked so that a route removed by hand is
+    #: noticed (charon would not notice) and brought back.
+    ipsec_route_table: int = 220
+    #: File holding the IPsec pre-shared key (one line). Read when a tunnel is applied; an
+    #: empty or well-known default key is refused.
+    psk_file: str | None = None
+    #: Where the WireGuard private key (0600) and the wireguard-go pidfile are kept.
+    wireguard_key_dir: str = "/var/lib/ravenproxy/wireguard"
+    #: Seconds between WireGuard keepalives from the side under NAT (keeps the NAT mapping).
+    wireguard_keepalive: int = 25
 
     def __post_init__(self) -> None:
         if self.vpn_driver not in VPN_DRIVERS:
@@ -79,6 +92,17 @@ class L3Settings:
             raise ConfigError("rule_priority", f"{self.rule_priority} is outside 1..32765")
         if not self.reconcile_period > 0:
             raise ConfigError("reconcile_period", f"{self.reconcile_period} must be positive")
+        if not 0 <= self.ipsec_route_table < 2**32:
+            raise ConfigError("ipsec_route_table", f"{self.ipsec_route_table} is out of range")
+        if not self.vici_socket.removeprefix("unix://"):
+            raise ConfigError("vici_socket", "must name a unix socket path")
+        if not 0 < self.wireguard_keepalive < 65536:
+            raise ConfigError("wireguard_keepalive", f"{self.wireguard_keepalive} is out of range")
+
+    @property
+    def vici_path(self) -> str:
+        """The VICI socket as a filesystem path (``unix://`` URIs as swanctl writes them)."""
+        return self.vici_socket.removeprefix("unix://")
 
     @property
     def vxlan_mtu(self) -> int:

@@ -248,6 +248,11 @@ class VpnConnection:
     relayed: tuple[str, ...] = ()
     #: WireGuard only: the peer's public key from its endpoint's ``config.publicKey``.
     remote_public_key: str = ""
+    #: The local gateway's name (the IKE identity, with ``peer_gateway`` as the peer's).
+    local_gateway: str = ""
+    #: Actual state only: why what the VPN daemon holds is not this connection as desired
+    #: (``"sa down"``, ``"config differs"``, ``"unknown peer"``); desired objects have ``""``.
+    problem: str = ""
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -257,9 +262,10 @@ class VpnConnection:
         remote = f"{self.remote_addr}:{self.remote_port}" if self.remote_addr else "%any"
         role = "initiator" if self.initiator else "responder"
         via = f" relaying {','.join(self.relayed)}" if self.relayed else ""
+        problem = f" [{self.problem}]" if self.problem else ""
         return (
             f"vpn {self.name} {self.kind} {self.local_addr} <-> {remote} ({role}) "
-            f"{','.join(self.local_ts)} === {','.join(self.remote_ts)}{via}"
+            f"{','.join(self.local_ts)} === {','.join(self.remote_ts)}{via}{problem}"
         )
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,3 +58,30 @@ def add_bridge(netns: str, name: str, cidr: str) -> None:
     sh("ip", "link", "add", name, "type", "bridge", netns=netns)
     sh("ip", "addr", "add", cidr, "dev", name, netns=netns)
     sh("ip", "link", "set", name, "up", netns=netns)
+
+
+@contextlib.contextmanager
+def _topology(netns_factory: Callable[[], str], vpn_driver: str) -> Iterator[Any]:
+    from .cloud_edge import cloud_edge
+
+    # Short paths: a unix socket path (charon's VICI socket) must fit in 108 bytes.
+    workdir = Path(tempfile.mkdtemp(prefix="rp-e2e-"))
+    try:
+        with cloud_edge(netns_factory, workdir, vpn_driver) as topo:
+            yield topo
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def ipsec_topo(netns_factory: Callable[[], str]) -> Iterator[Any]:
+    """cloud-node — cloud-gw — nat-router — edge-gw — edge-node, charon on both gateways."""
+    with _topology(netns_factory, "strongswan") as topo:
+        yield topo
+
+
+@pytest.fixture
+def wg_topo(netns_factory: Callable[[], str]) -> Iterator[Any]:
+    """The same topology for WireGuard (the driver starts wireguard-go on each gateway)."""
+    with _topology(netns_factory, "wireguard") as topo:
+        yield topo

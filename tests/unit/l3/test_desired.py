@@ -79,6 +79,7 @@ def test_cloud_gateway_node():
                 local_ts=("10.16.0.0/23",),
                 remote_ts=("10.16.10.0/23",),
                 initiator=False,
+                local_gateway="gw-cloud",
             ),
         ]
     )
