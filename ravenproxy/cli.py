@@ -119,23 +119,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
     settings = AgentSettings.from_mapping(cfg.gather(args, FIELDS))
     from ravenproxy.agent.app import Agent
 
-    return run_async(_forever(Agent(settings).run()))
+    # uvloop cannot open the netlink sockets the L3 driver needs.
+    return run_async(_forever(Agent(settings).run()), fast_loop=settings.l3 is None)
 
 
 # -- routes (L3) ----------------------------------------------------------------------------
 def _l3_settings(args: argparse.Namespace) -> Any:
-    from ravenproxy.l3.settings import L3Settings
+    from ravenproxy.l3.settings import settings_from
 
-    return L3Settings(
-        vpn_driver=args.vpn_driver,
-        cni_interface=args.cni_interface,
-        service_cidr=args.service_cidr,
-        skip_nat_cidrs=tuple(args.skip_nat_cidr or ()),
-        vici_socket=args.vici_socket,
-        psk_file=args.psk_file,
-        wireguard_interface=args.wireguard_interface,
-        wireguard_key_dir=args.wireguard_key_dir,
-    )
+    return settings_from(vars(args))
 
 
 def cmd_routes(args: argparse.Namespace) -> int:
@@ -423,6 +415,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="verify the server's chain but not its name (NAT'd public IP)",
     )
+    agent.add_argument(
+        "--l3",
+        action="store_true",
+        default=None,
+        help="also run the L3 route driver (as `ravenproxy routes apply`, reconciled on every "
+        "inventory change and every 60 s); needs --inventory and root",
+    )
+    _add_l3_driver_flags(agent)
     agent.set_defaults(func=cmd_agent)
     routes = sub.add_parser(
         "routes",
@@ -503,13 +503,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_l3_flags(p: argparse.ArgumentParser) -> None:
-    """Flags of the L3 route driver, shared by ``routes`` and ``doctor``."""
+    """``routes`` and ``doctor``: the node and inventory, then the driver's own flags."""
     p.add_argument("--inventory", metavar="FILE")
     p.add_argument("--node-name", metavar="NODE", help="this node (NODE_NAME)")
-    p.add_argument("--vpn-driver", choices=("strongswan", "wireguard"), default="strongswan")
+    _add_l3_driver_flags(p)
+
+
+def _add_l3_driver_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of the L3 route driver, shared by ``routes``, ``doctor`` and ``agent --l3``.
+    No argparse defaults: what is not given comes from the config file or L3Settings."""
+    p.add_argument("--vpn-driver", choices=("strongswan", "wireguard"), help="default strongswan")
     p.add_argument(
         "--cni-interface",
-        default="flannel.1",
         metavar="IF",
         help="CNI interface whose rp_filter is set to loose (default flannel.1)",
     )
@@ -531,21 +536,18 @@ def _add_l3_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--vici-socket",
-        default="/var/run/charon.vici",
         metavar="PATH",
         help="strongSwan charon's VICI socket (default /var/run/charon.vici)",
     )
     p.add_argument(
         "--wireguard-interface",
-        default="raven-wg0",
         metavar="IF",
         help="WireGuard device on gateway nodes (default raven-wg0)",
     )
     p.add_argument(
         "--wireguard-key-dir",
-        default="/var/lib/ravenproxy/wireguard",
         metavar="DIR",
-        help="where the WireGuard key pair is kept (0600)",
+        help="where the WireGuard key pair is kept, 0600 (default /var/lib/ravenproxy/wireguard)",
     )
 
 

@@ -103,11 +103,18 @@ class Agent:
             )
             self._runners.append(runner)
             self.ports["metrics"] = port
-        watcher_task: asyncio.Task[None] | None = None
+        background: list[asyncio.Task[None]] = []
         if s.inventory:
             watcher = InventoryWatcher(s.inventory, self.store)
             watcher.load_initial()
-            watcher_task = asyncio.create_task(watcher.run(), name="agent-inventory-watch")
+            background.append(asyncio.create_task(watcher.run(), name="agent-inventory-watch"))
+        if s.l3 is not None:
+            from ravenproxy.l3.driver import Reconciler
+
+            # The route driver reconciles on its own schedule: a tunnel that is down (or a
+            # server that is away) never stops the L3 data path from being kept right.
+            reconciler = Reconciler(self.store, s.node_name, s.l3)
+            background.append(asyncio.create_task(reconciler.run(), name="agent-l3-reconcile"))
         if not len(self.allowlist):
             log.warning(
                 "the allowlist is empty: every stream will be refused", extra=kv(node=s.node_name)
@@ -115,9 +122,9 @@ class Agent:
         try:
             await self._connect_loop(ctx)
         finally:
-            if watcher_task is not None:
-                watcher_task.cancel()
-                await asyncio.gather(watcher_task, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             for runner in self._runners:
                 await runner.cleanup()
 

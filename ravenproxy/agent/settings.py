@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from ravenproxy import config as cfg
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError, PKIError
+from ravenproxy.l3.settings import L3_FIELDS, L3Settings, settings_from
 from ravenproxy.pki.authority import validate_node_name
 from ravenproxy.transport.session import SessionConfig
 
@@ -29,6 +30,8 @@ FIELDS = {
     "backoff_base",
     "backoff_cap",
     "no_server_hostname_check",
+    "l3",
+    *L3_FIELDS,
 }
 
 
@@ -48,6 +51,8 @@ class AgentSettings:
     backoff_base: float = 0.5
     backoff_cap: float = 30.0
     server_hostname_check: bool = True
+    l3: L3Settings | None = None
+    """The embedded L3 route driver's settings; None: L3 off (the tunnel only)."""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> AgentSettings:
@@ -85,6 +90,9 @@ class AgentSettings:
             )
         except ValueError as exc:
             raise ConfigError("tunnel settings", str(exc)) from None
+        l3 = settings_from(values) if values.get("l3") else None
+        if l3 is not None and not inventory:
+            raise ConfigError("--l3", "needs --inventory: the route driver plans from the model")
         return cls(
             node_name=str(node),
             server_url=url,
@@ -102,4 +110,5 @@ class AgentSettings:
             backoff_base=cfg.positive(values.get("backoff_base", 0.5), "--backoff-base"),
             backoff_cap=cfg.positive(values.get("backoff_cap", 30.0), "--backoff-cap"),
             server_hostname_check=not values.get("no_server_hostname_check"),
+            l3=l3,
         )

@@ -209,6 +209,8 @@ class Reconciler:
                 )
                 if report.applied:
                     log.info("reconciled", extra=kv(node=self.node_name, ops=len(report.applied)))
+                elif not report.skipped:
+                    log.debug("in sync", extra=kv(node=self.node_name))
                 for op, why in report.skipped:
                     log.warning("not applied", extra=kv(op=op.obj.describe(), reason=why))
             except Exception as exc:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ravenproxy.errors import ConfigError
 from ravenproxy.l3.cidrs import parse_network
@@ -123,3 +125,28 @@ def _check_cidr(field: str, text: str) -> None:
 def _check_port(field: str, port: int) -> None:
     if not 0 < port < 65536:
         raise ConfigError(field, f"{port} is outside 1..65535")
+
+
+#: Settings that come from flags or a config file, by their flag names (``--skip-nat-cidr``
+#: is repeatable and fills ``skip_nat_cidrs``).
+L3_FIELDS = {
+    "vpn_driver",
+    "cni_interface",
+    "service_cidr",
+    "skip_nat_cidr",
+    "psk_file",
+    "vici_socket",
+    "wireguard_interface",
+    "wireguard_key_dir",
+}
+
+
+def settings_from(values: Mapping[str, Any]) -> L3Settings:
+    """L3Settings from flag/config values; what is None or absent keeps its default."""
+    given = {k: v for k, v in values.items() if k in L3_FIELDS and v not in (None, [], ())}
+    cidrs = given.pop("skip_nat_cidr", ())
+    if isinstance(cidrs, str):
+        cidrs = (cidrs,)
+    if cidrs:
+        given["skip_nat_cidrs"] = tuple(str(c) for c in cidrs)
+    return L3Settings(**given)
