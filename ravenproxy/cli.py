@@ -91,22 +91,24 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 async def _server_main(settings: Any) -> int:
-    from ravenproxy.model.inventory import InventoryWatcher
+    from ravenproxy.model.sources import model_source
     from ravenproxy.model.store import ModelStore
     from ravenproxy.server.app import ProxyServer
 
     store = ModelStore()
-    watcher = InventoryWatcher(settings.inventory, store)
-    watcher.load_initial()
-    server = ProxyServer(settings, store)
-    await server.start()
-    watch = asyncio.create_task(watcher.run(), name="server-inventory-watch")
-    try:
-        await until_signalled()
-    finally:
-        watch.cancel()
-        await asyncio.gather(watch, return_exceptions=True)
-        await server.stop()
+    async with model_source(
+        store,
+        inventory=settings.inventory,
+        kube=settings.kube_model,
+        kubeconfig=settings.kubeconfig,
+        pods=True,  # kubelet pod paths are routed to the pod's node
+    ):
+        server = ProxyServer(settings, store)
+        await server.start()
+        try:
+            await until_signalled()
+        finally:
+            await server.stop()
     return 0
 
 
@@ -296,7 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     server = sub.add_parser("server", help="run the cloud proxy server")
     _add_common(server)
-    server.add_argument("--inventory", metavar="FILE", help="YAML inventory of Nodes and Gateways")
+    server.add_argument(
+        "--inventory", metavar="FILE", help="YAML inventory of Nodes and Gateways (or --kube-model)"
+    )
     server.add_argument("--ca-file", metavar="F", help="CA that signs agent certificates")
     server.add_argument("--cert-file", metavar="F", help="server certificate")
     server.add_argument("--key-file", metavar="F", help="server key")
@@ -372,7 +376,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="publish a Lease per connected agent in kube-system (the controller's liveness "
         "signal); uses --kubeconfig or the in-cluster service account",
     )
-    server.add_argument("--kubeconfig", metavar="F", help="API access for --agent-leases")
+    server.add_argument(
+        "--kube-model",
+        action="store_true",
+        default=None,
+        help="read Nodes, Gateways and Pods from the Kubernetes API (list-then-watch) "
+        "instead of --inventory",
+    )
+    server.add_argument(
+        "--kubeconfig",
+        metavar="F",
+        help="API access for --agent-leases and --kube-model (default: in-cluster account)",
+    )
     server.set_defaults(func=cmd_server)
 
     agent = sub.add_parser("agent", help="run the edge agent")
@@ -414,6 +429,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="verify the server's chain but not its name (NAT'd public IP)",
+    )
+    agent.add_argument(
+        "--kube-model",
+        action="store_true",
+        default=None,
+        help="read Nodes and Gateways from the Kubernetes API instead of --inventory",
+    )
+    agent.add_argument(
+        "--kubeconfig", metavar="F", help="API access for --kube-model (default: in-cluster)"
     )
     agent.add_argument(
         "--l3",

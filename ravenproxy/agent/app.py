@@ -8,6 +8,7 @@ tunnel came up (the peer's SETTINGS arrived), so a server restart is followed by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 
@@ -21,7 +22,7 @@ from ravenproxy.agent.dialer import DialError, dial
 from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.log import kv
 from ravenproxy.metrics import AgentMetrics, metrics_app, start_app
-from ravenproxy.model.inventory import InventoryWatcher
+from ravenproxy.model.sources import model_source
 from ravenproxy.model.store import ModelStore
 from ravenproxy.transport import tls
 from ravenproxy.transport.relay import relay
@@ -103,11 +104,25 @@ class Agent:
             )
             self._runners.append(runner)
             self.ports["metrics"] = port
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if s.inventory or s.kube_model:
+                    await stack.enter_async_context(
+                        model_source(
+                            self.store,
+                            inventory=s.inventory,
+                            kube=s.kube_model,
+                            kubeconfig=s.kubeconfig,
+                        )
+                    )
+                await self._serve_with_model(ctx)
+        finally:
+            for runner in self._runners:
+                await runner.cleanup()
+
+    async def _serve_with_model(self, ctx: ssl.SSLContext) -> None:
+        s = self.settings
         background: list[asyncio.Task[None]] = []
-        if s.inventory:
-            watcher = InventoryWatcher(s.inventory, self.store)
-            watcher.load_initial()
-            background.append(asyncio.create_task(watcher.run(), name="agent-inventory-watch"))
         if s.l3 is not None:
             from ravenproxy.l3.driver import Reconciler
 
@@ -125,8 +140,6 @@ class Agent:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            for runner in self._runners:
-                await runner.cleanup()
 
     async def _connect_loop(self, ctx: ssl.SSLContext) -> None:
         s = self.settings

@@ -31,6 +31,8 @@ FIELDS = {
     "backoff_cap",
     "no_server_hostname_check",
     "l3",
+    "kube_model",
+    "kubeconfig",
     *L3_FIELDS,
 }
 
@@ -51,6 +53,10 @@ class AgentSettings:
     backoff_base: float = 0.5
     backoff_cap: float = 30.0
     server_hostname_check: bool = True
+    kube_model: bool = False
+    """Read Nodes and Gateways from the Kubernetes API instead of an inventory."""
+    kubeconfig: str | None = None
+    """API access for ``kube_model``; None: the in-cluster service account."""
     l3: L3Settings | None = None
     """The embedded L3 route driver's settings; None: L3 off (the tunnel only)."""
 
@@ -91,8 +97,14 @@ class AgentSettings:
         except ValueError as exc:
             raise ConfigError("tunnel settings", str(exc)) from None
         l3 = settings_from(values) if values.get("l3") else None
-        if l3 is not None and not inventory:
-            raise ConfigError("--l3", "needs --inventory: the route driver plans from the model")
+        kube_model = bool(values.get("kube_model"))
+        if kube_model and inventory:
+            raise ConfigError("--inventory", "give either --inventory or --kube-model, not both")
+        if l3 is not None and not (inventory or kube_model):
+            raise ConfigError(
+                "--l3", "needs --inventory or --kube-model: the route driver plans from the model"
+            )
+        kubeconfig = values.get("kubeconfig")
         return cls(
             node_name=str(node),
             server_url=url,
@@ -111,4 +123,6 @@ class AgentSettings:
             backoff_cap=cfg.positive(values.get("backoff_cap", 30.0), "--backoff-cap"),
             server_hostname_check=not values.get("no_server_hostname_check"),
             l3=l3,
+            kube_model=kube_model,
+            kubeconfig=cfg.existing_file(kubeconfig, "--kubeconfig") if kubeconfig else None,
         )

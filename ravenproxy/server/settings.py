@@ -36,6 +36,7 @@ FIELDS = {
     "dial_timeout",
     "agent_leases",
     "kubeconfig",
+    "kube_model",
 }
 
 DEFAULT_MAX_HEADER_SIZE = 64 * 1024
@@ -43,7 +44,8 @@ DEFAULT_MAX_HEADER_SIZE = 64 * 1024
 
 @dataclass(frozen=True)
 class ServerSettings:
-    inventory: str
+    inventory: str | None
+    """The YAML inventory; None when the model comes from Kubernetes (``kube_model``)."""
     ca_file: str
     cert_file: str
     key_file: str
@@ -69,7 +71,9 @@ class ServerSettings:
     agent_leases: bool = False
     """Publish a coordination.k8s.io Lease per connected agent (the controller's liveness)."""
     kubeconfig: str | None = None
-    """API access for ``agent_leases``; None: the in-cluster service account."""
+    """API access for ``agent_leases`` and ``kube_model``; None: the in-cluster account."""
+    kube_model: bool = False
+    """Read Nodes, Gateways and Pods from the Kubernetes API instead of an inventory."""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerSettings:
@@ -102,7 +106,7 @@ class ServerSettings:
         except ValueError as exc:
             raise ConfigError("tunnel settings", str(exc)) from None
         return cls(
-            inventory=cfg.existing_file(values.get("inventory"), "--inventory"),
+            inventory=_inventory(values),
             ca_file=cfg.existing_file(values.get("ca_file"), "--ca-file"),
             cert_file=cfg.existing_file(values.get("cert_file"), "--cert-file"),
             key_file=cfg.existing_file(values.get("key_file"), "--key-file"),
@@ -128,4 +132,14 @@ class ServerSettings:
             dial_timeout=cfg.positive(values.get("dial_timeout", 5.0), "--dial-timeout"),
             agent_leases=bool(values.get("agent_leases")),
             kubeconfig=optional_file("kubeconfig"),
+            kube_model=bool(values.get("kube_model")),
         )
+
+
+def _inventory(values: Mapping[str, Any]) -> str | None:
+    """Exactly one model source: the inventory file, or the Kubernetes API."""
+    if values.get("kube_model"):
+        if values.get("inventory"):
+            raise ConfigError("--inventory", "give either --inventory or --kube-model, not both")
+        return None
+    return cfg.existing_file(values.get("inventory"), "--inventory")

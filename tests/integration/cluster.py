@@ -176,7 +176,13 @@ class Cluster:
         return crt, k
 
     # -- processes -------------------------------------------------------------------------
-    def start_server(self, *extra: str, ports: dict[str, int] | None = None) -> Proc:
+    def start_server(
+        self,
+        *extra: str,
+        ports: dict[str, int] | None = None,
+        extra_source: tuple[str, ...] = (),
+    ) -> Proc:
+        """``extra_source`` replaces ``--inventory FILE`` (e.g. ``--kube-model --kubeconfig F``)."""
         ports = ports or {
             "tunnel": free_port(),
             "http": free_port(),
@@ -184,9 +190,10 @@ class Cluster:
             "metrics": free_port(),
             "health": free_port(),
         }
+        source = list(extra_source) if extra_source else ["--inventory", str(self.inventory)]
         args = [
             "server",
-            "--inventory", str(self.inventory),
+            *source,
             "--ca-file", str(self.certs / "ca.crt"),
             "--cert-file", str(self.certs / "server.crt"),
             "--key-file", str(self.certs / "server.key"),

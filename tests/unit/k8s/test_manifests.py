@@ -141,7 +141,7 @@ def test_agent_is_a_host_network_daemonset_with_the_downward_api() -> None:
     assert doc["kind"] == "DaemonSet"
     pod = doc["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True
-    assert pod["automountServiceAccountToken"] is False
+    assert pod.get("automountServiceAccountToken", True) is True  # --kube-model reads the API
     (container,) = containers(doc)
     fields = {
         e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
@@ -258,8 +258,15 @@ def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
         assert allowed(
             "ravenproxy-server", liveness.NAMESPACE, "coordination.k8s.io", "leases", verb, name
         )
-    assert {g[2] for g in grants("ravenproxy-server")} == {"leases"}
-    assert grants("ravenproxy-agent") == set()
+    # --kube-model: reads of the model's objects, and nothing else.
+    model_reads = {("*", "", "nodes"), ("*", "", "pods"), ("*", "raven.openyurt.io", "gateways")}
+    assert {(g[0], g[1], g[2]) for g in grants("ravenproxy-server") if g[2] != "leases"} == (
+        model_reads
+    )
+    assert {g[3] for g in grants("ravenproxy-server") if g[2] != "leases"} == {"list", "watch"}
+    assert grants("ravenproxy-agent") == {
+        ("*", "", "nodes", verb, "*") for verb in ("list", "watch")
+    } | {("*", "raven.openyurt.io", "gateways", verb, "*") for verb in ("list", "watch")}
 
 
 def test_coredns_patch_mounts_the_map_the_controller_writes() -> None:
