@@ -26,8 +26,7 @@ from ravenproxy.model.sources import model_source
 from ravenproxy.model.store import ModelStore
 from ravenproxy.transport import tls
 from ravenproxy.transport.relay import relay
-from ravenproxy.transport.session import Session, StreamClosedError, TunnelStream
-from ravenproxy.wire.codes import SUBPROTOCOL
+from ravenproxy.transport.session import Session, StreamClosedError, TunnelStream, websocket_options
 
 log = logging.getLogger(__name__)
 
@@ -150,16 +149,11 @@ class Agent:
                 ws: ClientConnection = await connect(
                     s.server_url,
                     ssl=ctx,
-                    subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
-                    compression=None,
-                    max_size=wire.max_message_size + 1024,
-                    max_queue=16,
-                    write_limit=wire.max_message_size,
-                    ping_interval=None,
                     open_timeout=10,
                     proxy=None,
                     user_agent_header=f"ravenproxy-agent/{s.node_name}",
                     logger=logging.getLogger("ravenproxy.agent.websocket"),
+                    **websocket_options(wire),
                 )
             except asyncio.CancelledError:
                 raise

@@ -38,7 +38,13 @@ from ravenproxy.server.upstream import (
 )
 from ravenproxy.transport import tls
 from ravenproxy.transport.relay import READ_LIMIT
-from ravenproxy.transport.session import OpenError, Session, StreamClosedError, TunnelStream
+from ravenproxy.transport.session import (
+    OpenError,
+    Session,
+    StreamClosedError,
+    TunnelStream,
+    websocket_options,
+)
 from ravenproxy.wire.codes import SUBPROTOCOL
 
 log = logging.getLogger(__name__)
@@ -83,14 +89,9 @@ class ProxyServer:
             s.tunnel_addr.bind_host,
             s.tunnel_addr.port,
             ssl=ssl_ctx,
-            subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
-            compression=None,
-            max_size=wire.max_message_size + 1024,
-            max_queue=16,
-            write_limit=wire.max_message_size,
-            ping_interval=None,  # the tunnel protocol has its own keepalive
             server_header="ravenproxy",
             logger=logging.getLogger("ravenproxy.server.websocket"),
+            **websocket_options(wire),
         )
         self.ports["tunnel"] = self._ws_server.sockets[0].getsockname()[1]
         http = await asyncio.start_server(

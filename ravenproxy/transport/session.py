@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from websockets.asyncio.connection import Connection as WebSocket
 from websockets.exceptions import ConnectionClosed
@@ -20,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.log import kv
 from ravenproxy.wire import events as ev
-from ravenproxy.wire.codes import ErrorCode
+from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode
 from ravenproxy.wire.connection import Connection, WireConfig
 from ravenproxy.wire.errors import ProtocolError, WireError
 from ravenproxy.wire.frames import Target
@@ -43,6 +44,20 @@ class SessionConfig:
             raise ValueError("keepalive: need 0 < ping_interval < dead_after")
         if self.open_timeout <= 0:
             raise ValueError("open_timeout must be > 0")
+
+
+def websocket_options(wire: WireConfig) -> dict[str, Any]:
+    """The tunnel's WebSocket settings, the same on both ends (``websockets`` serve/connect)."""
+    return {
+        "subprotocols": [SUBPROTOCOL],
+        # Tunnel payloads are mostly TLS or already compressed: deflate would only cost CPU.
+        "compression": None,
+        "max_size": wire.max_message_size + 1024,
+        "max_queue": 16,
+        "write_limit": wire.max_message_size,
+        # The tunnel protocol has its own keepalive (PING frames, SessionConfig).
+        "ping_interval": None,
+    }
 
 
 class StreamClosedError(RavenProxyError):
