@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 from websockets.asyncio.connection import Connection as WebSocket
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State as WsState
 
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.log import kv
@@ -338,12 +340,24 @@ class Session:
             await self._drain_event.wait()
 
     async def _writer(self) -> None:
+        # The server side sends unmasked frames, so it can put each message's pieces on the
+        # transport as they are: no join, no frame-serialisation copy (RFC 6455 §5.2 header,
+        # FIN + binary opcode). The client side must mask, which websockets does.
+        raw = self.conn.server_side
         try:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                for message in self.conn.data_to_send():
-                    await self.ws.send(message)
+                if raw:
+                    for pieces in self.conn.pieces_to_send():
+                        if self.ws.protocol.state is not WsState.OPEN:
+                            return
+                        size = sum(len(p) for p in pieces)
+                        self.ws.transport.writelines([_binary_frame_header(size), *pieces])
+                        await self.ws.drain()
+                else:
+                    for message in self.conn.data_to_send():
+                        await self.ws.send(message)
                 self._drain_event.set()
         except ConnectionClosed:
             pass
@@ -459,6 +473,15 @@ class Session:
             stream.reset(ErrorCode.INTERNAL_ERROR, "handler failed")
         finally:
             stream.close()
+
+
+def _binary_frame_header(size: int) -> bytes:
+    """Header of an unmasked, final, binary WebSocket frame of ``size`` payload bytes."""
+    if size < 126:
+        return bytes((0x82, size))
+    if size < 1 << 16:
+        return struct.pack("!BBH", 0x82, 126, size)
+    return struct.pack("!BBQ", 0x82, 127, size)
 
 
 def _close_text(exc: ConnectionClosed | None) -> str:

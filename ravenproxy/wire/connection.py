@@ -149,29 +149,37 @@ class Connection:
         """Everything queued, as WebSocket messages. Connection-level frames, credit and open
         results go first, so they are never stuck behind bulk data; OPEN, DATA and RESET keep
         their relative order."""
+        return [
+            pieces[0] if len(pieces) == 1 else b"".join(pieces)  # type: ignore[misc]
+            for pieces in self.pieces_to_send()
+        ]
+
+    def pieces_to_send(self) -> list[list[bytes | memoryview]]:
+        """As :meth:`data_to_send`, each message still in pieces (frame headers and payloads)
+        for a writer that can send them without joining them first."""
         if not self._pending_bytes:
             return []
         limit = self.config.max_message_size
-        messages: list[bytes] = []
+        messages: list[list[bytes | memoryview]] = []
         batch: list[bytes | memoryview] = []
         size = 0
         for piece in self._control:
             if size and size + len(piece) > limit:
-                messages.append(b"".join(batch))
+                messages.append(batch)
                 batch, size = [], 0
             batch.append(piece)
             size += len(piece)
         for head, payload in self._data:
             n = len(head) + len(payload)
             if size and size + n > limit:
-                messages.append(b"".join(batch))
+                messages.append(batch)
                 batch, size = [], 0
             batch.append(head)
             if payload:
                 batch.append(payload)
             size += n
         if batch:
-            messages.append(batch[0] if len(batch) == 1 else b"".join(batch))  # type: ignore[arg-type]
+            messages.append(batch)
         self._control.clear()
         self._data.clear()
         self._pending_bytes = 0
