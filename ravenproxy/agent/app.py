@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from websockets.asyncio.client import ClientConnection, connect
@@ -27,6 +29,9 @@ from ravenproxy.model.store import ModelStore
 from ravenproxy.transport import tls
 from ravenproxy.transport.relay import relay
 from ravenproxy.transport.session import Session, StreamClosedError, TunnelStream, websocket_options
+
+if TYPE_CHECKING:
+    from ravenproxy.l3.publish import KeyPublisher
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +119,25 @@ class Agent:
                             kubeconfig=s.kubeconfig,
                         )
                     )
-                await self._serve_with_model(ctx)
+                publisher = None
+                if s.kube_model and s.l3 is not None and s.l3.vpn_driver == "wireguard":
+                    from ravenproxy.controller.kube import new_api_client
+                    from ravenproxy.l3.publish import KeyPublisher
+
+                    api = await new_api_client(Path(s.kubeconfig) if s.kubeconfig else None)
+                    stack.push_async_callback(api.close)
+                    publisher = KeyPublisher(self.store, api, s.node_name, s.l3)
+                await self._serve_with_model(ctx, publisher)
         finally:
             for runner in self._runners:
                 await runner.cleanup()
 
-    async def _serve_with_model(self, ctx: ssl.SSLContext) -> None:
+    async def _serve_with_model(self, ctx: ssl.SSLContext, publisher: KeyPublisher | None) -> None:
         s = self.settings
         background: list[asyncio.Task[None]] = []
+        if publisher is not None:
+            # Remote gateways can only reach this one once its public key is in the Gateway.
+            background.append(asyncio.create_task(publisher.run(), name="agent-wg-key-publish"))
         if s.l3 is not None:
             from ravenproxy.l3.driver import Reconciler
 

@@ -264,9 +264,13 @@ def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
         model_reads
     )
     assert {g[3] for g in grants("ravenproxy-server") if g[2] != "leases"} == {"list", "watch"}
+    # The agent reads the model and publishes its WireGuard key into its Gateway (publish.py).
     assert grants("ravenproxy-agent") == {
         ("*", "", "nodes", verb, "*") for verb in ("list", "watch")
-    } | {("*", "raven.openyurt.io", "gateways", verb, "*") for verb in ("list", "watch")}
+    } | {
+        ("*", "raven.openyurt.io", "gateways", verb, "*")
+        for verb in ("list", "watch", "get", "update")
+    }
 
 
 def test_coredns_patch_mounts_the_map_the_controller_writes() -> None:
