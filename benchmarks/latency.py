@@ -396,6 +396,9 @@ def main() -> None:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_target_main(args.target))
         return
+    # SIGTERM (a `timeout`, a CI stop) must still run run_benchmark's cleanup: the server,
+    # agent and target are in sessions of their own and would outlive us otherwise.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run_benchmark(args)
     text = json.dumps(result, indent=2) + "\n"
     if args.output == "-":
