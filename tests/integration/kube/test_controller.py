@@ -57,16 +57,6 @@ async def cluster(api: APIServer) -> None:
     await api.put("nodes", node_obj("edge-1", "10.2.0.1", "gw-edge"))
 
 
-@pytest.fixture
-async def apiserver() -> AsyncIterator[APIServer]:
-    srv = APIServer()
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.close()
-
-
 def api_client(server: APIServer, agent: str = "test") -> k8s_client.ApiClient:
     client = k8s_client.ApiClient(k8s_client.Configuration(host=server.url))
     client.user_agent = agent

@@ -4,10 +4,7 @@ remote gateways plan from then carries it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from ravenproxy.l3 import wireguard
 from ravenproxy.l3.publish import KeyPublisher, publish_public_key
@@ -15,8 +12,8 @@ from ravenproxy.l3.settings import L3Settings
 from ravenproxy.model.sources import model_source
 from ravenproxy.model.store import ModelStore
 from tests.integration.kube.apiserver import APIServer
+from tests.integration.kube.conftest import kubeconfig
 from tests.integration.kube.test_controller import api_client, node_obj
-from tests.integration.kube.test_model_source import kubeconfig
 
 EDGE_GW = {
     "metadata": {"name": "gw-edge"},
@@ -27,16 +24,6 @@ EDGE_GW = {
         ]
     },
 }
-
-
-@pytest.fixture
-async def apiserver() -> AsyncIterator[APIServer]:
-    srv = APIServer()
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.close()
 
 
 def published(apiserver: APIServer) -> list[str]:

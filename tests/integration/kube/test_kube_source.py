@@ -39,16 +39,6 @@ GATEWAY = {
 
 
 @pytest.fixture
-async def apiserver() -> AsyncIterator[APIServer]:
-    srv = APIServer()
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.close()
-
-
-@pytest.fixture
 async def api(apiserver: APIServer) -> AsyncIterator[k8s_client.ApiClient]:
     cfg = k8s_client.Configuration(host=apiserver.url)
     async with k8s_client.ApiClient(cfg) as client:

@@ -17,6 +17,7 @@ from ravenproxy.controller.runtime import ControllerSettings, run_controller_wit
 from ravenproxy.server import liveness
 from ravenproxy.server.liveness import LivenessPublisher, lease_name
 from tests.integration.kube.apiserver import APIServer
+from tests.integration.kube.conftest import kubeconfig
 from tests.integration.kube.test_controller import (
     FAST,
     api_client,
@@ -42,16 +43,6 @@ def publisher(
 ) -> LivenessPublisher:
     kw = {"renew_interval": 0.2, "poll_interval": 0.05, "lease_duration": 1, **kw}
     return LivenessPublisher(lambda: set(connected), api, identity, **kw)
-
-
-@pytest.fixture
-async def apiserver() -> AsyncIterator[APIServer]:
-    srv = APIServer()
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.close()
 
 
 @pytest.fixture
@@ -385,25 +376,9 @@ async def test_the_inventory_controller_fails_over_by_the_servers_agents_report(
 async def test_the_server_hook_publishes_through_a_kubeconfig(
     apiserver: APIServer, tmp_path: Any
 ) -> None:
-    import yaml
-
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "emu", "cluster": {"server": apiserver.url}}],
-                "users": [{"name": "emu", "user": {}}],
-                "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
-                "current-context": "emu",
-            }
-        )
-    )
+    config = kubeconfig(tmp_path / "kubeconfig", apiserver)
     connected = {"edge-1"}
-    hook = liveness.KubeLiveness(
-        lambda: set(connected), kubeconfig, "server-pod-1", poll_interval=0.05
-    )
+    hook = liveness.KubeLiveness(lambda: set(connected), config, "server-pod-1", poll_interval=0.05)
     await hook.start()
     try:
         await eventually(lambda: holder(apiserver, "edge-1") == "server-pod-1")

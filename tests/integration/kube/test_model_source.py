@@ -4,11 +4,9 @@ read Nodes and Gateways from the API emulator, route through the tunnel, and fol
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ravenproxy.client import ConnectRefused
 from ravenproxy.errors import InventoryError
@@ -16,36 +14,11 @@ from ravenproxy.model.sources import model_source
 from ravenproxy.model.store import ModelStore
 from tests.integration.cluster import Cluster, free_port
 from tests.integration.kube.apiserver import APIServer
+from tests.integration.kube.conftest import kubeconfig
 from tests.integration.kube.test_controller import gateway_obj, node_obj
 from tests.integration.targets import echo, tcp_server
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-async def apiserver() -> AsyncIterator[APIServer]:
-    srv = APIServer()
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.close()
-
-
-def kubeconfig(path: Path, apiserver: APIServer) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "emu", "cluster": {"server": apiserver.url}}],
-                "users": [{"name": "emu", "user": {}}],
-                "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
-                "current-context": "emu",
-            }
-        )
-    )
-    return path
 
 
 async def test_model_source_lists_then_follows_the_api(
