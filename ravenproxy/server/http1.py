@@ -1,13 +1,9 @@
-"""HTTP/1.1 request heads: read with a size limit, parse, and answer errors. No routing here."""
+"""What the fronts share around HTTP: authority parsing, the 4xx error type, error answers.
+(The HTTP/1.1 protocol itself is h11's, in :mod:`ravenproxy.server.http_proxy`.)"""
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
 from http import HTTPStatus
-
-MAX_HEAD = 64 * 1024
-"""Largest request head (request line + headers) accepted; kubelet exec URLs can be long."""
 
 
 class BadRequest(Exception):
@@ -15,60 +11,6 @@ class BadRequest(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
-
-
-@dataclass
-class RequestHead:
-    method: str
-    target: str
-    version: str
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    raw: bytes = b""
-
-    def header(self, name: str) -> str | None:
-        lname = name.lower()
-        for key, value in self.headers:
-            if key.lower() == lname:
-                return value
-        return None
-
-
-async def read_head(reader: asyncio.StreamReader, limit: int = MAX_HEAD) -> bytes | None:
-    """The bytes up to and including the blank line; None on a clean EOF before any byte."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise BadRequest(400, "connection closed inside the request head") from None
-    except asyncio.LimitOverrunError:
-        raise BadRequest(431, f"request head larger than {limit} bytes") from None
-    if len(head) > limit:
-        raise BadRequest(431, f"request head larger than {limit} bytes")
-    return head
-
-
-def parse_head(raw: bytes) -> RequestHead:
-    try:
-        text = raw.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes everything
-        raise BadRequest(400, "undecodable request head") from None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise BadRequest(400, f"malformed request line {lines[0][:80]!r}")
-    method, target, version = parts
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        if not line:
-            continue
-        if line[0] in " \t":
-            raise BadRequest(400, "obsolete header folding is not accepted")
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise BadRequest(400, f"malformed header line {line[:80]!r}")
-        headers.append((name, value.strip()))
-    return RequestHead(method, target, version, headers, raw)
 
 
 def split_authority(authority: str, default_port: int | None = None) -> tuple[str, int]:

@@ -1,72 +1,10 @@
-"""HTTP/1.1 request heads: reading with a limit, parsing, authorities, error responses."""
+"""Request-target authorities: ``host:port``, ``[v6]:port``, default ports, and 400s."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from ravenproxy.server.http1 import (
-    MAX_HEAD,
-    BadRequest,
-    error_response,
-    parse_head,
-    read_head,
-    split_authority,
-)
-
-
-# -- parse_head --------------------------------------------------------------------------------
-def test_parse_connect_head() -> None:
-    raw = b"CONNECT edge-1:10250 HTTP/1.1\r\nHost: edge-1:10250\r\nX-Empty:\r\nA:  b c \r\n\r\n"
-    head = parse_head(raw)
-    assert (head.method, head.target, head.version) == ("CONNECT", "edge-1:10250", "HTTP/1.1")
-    assert head.headers == [("Host", "edge-1:10250"), ("X-Empty", ""), ("A", "b c")]
-    assert head.header("host") == "edge-1:10250"
-    assert head.header("HOST") == "edge-1:10250"
-    assert head.header("missing") is None
-    assert head.raw == raw
-
-
-def test_parse_head_keeps_repeated_headers_in_order() -> None:
-    head = parse_head(b"GET / HTTP/1.0\r\nA: 1\r\nA: 2\r\n\r\n")
-    assert head.version == "HTTP/1.0"
-    assert head.headers == [("A", "1"), ("A", "2")]
-    assert head.header("a") == "1"
-
-
-def test_parse_head_latin1_bytes() -> None:
-    head = parse_head(b"GET /\xe9 HTTP/1.1\r\nX: \xff\r\n\r\n")
-    assert head.target == "/\xe9"
-    assert head.headers == [("X", "\xff")]
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b"\r\n\r\n",
-        b"CONNECT edge-1:10250\r\n\r\n",
-        b"CONNECT edge-1:10250 HTTP/2\r\n\r\n",
-        b"CONNECT  edge-1:10250 HTTP/1.1\r\n\r\n",
-        b"CONNECT edge-1:10250 HTTP/1.1 extra\r\n\r\n",
-        b"CONNECT a:1 HTTP/1.1\r\nno colon here\r\n\r\n",
-        b"CONNECT a:1 HTTP/1.1\r\n: empty name\r\n\r\n",
-        b"CONNECT a:1 HTTP/1.1\r\nHost : a\r\n\r\n",
-        b"CONNECT a:1 HTTP/1.1\r\n Host: a\r\n\r\n",
-    ],
-)
-def test_malformed_heads_are_400(raw: bytes) -> None:
-    with pytest.raises(BadRequest) as info:
-        parse_head(raw)
-    assert info.value.status == 400
-
-
-@pytest.mark.parametrize("fold", [b" continued", b"\tcontinued"])
-def test_header_folding_is_refused(fold: bytes) -> None:
-    with pytest.raises(BadRequest) as info:
-        parse_head(b"CONNECT a:1 HTTP/1.1\r\nX-Long: first\r\n" + fold + b"\r\n\r\n")
-    assert info.value.status == 400
-    assert "folding" in info.value.reason
+from ravenproxy.server.http1 import BadRequest, error_response, split_authority
 
 
 # -- split_authority ---------------------------------------------------------------------------
@@ -108,7 +46,7 @@ def test_bad_authority_is_400(authority: str) -> None:
 
 def test_superscript_port_is_400() -> None:
     with pytest.raises(BadRequest):
-        split_authority(parse_head(b"CONNECT edge-1:\xb2 HTTP/1.1\r\n\r\n").target)
+        split_authority(b"edge-1:\xb2".decode("latin-1"))  # "edge-1:²": isdigit(), not ASCII
 
 
 def test_junk_after_bracketed_host_is_400() -> None:
@@ -148,42 +86,3 @@ def test_error_response_one_line_body_and_utf8_length() -> None:
     assert body.count(b"\n") == 1
     assert int(headers["Content-Length"]) == len(body)
     assert headers["Retry-After"] == "1"
-
-
-# -- read_head ---------------------------------------------------------------------------------
-def reader_with(data: bytes, eof: bool = True, limit: int = MAX_HEAD) -> asyncio.StreamReader:
-    reader = asyncio.StreamReader(limit=limit)
-    reader.feed_data(data)
-    if eof:
-        reader.feed_eof()
-    return reader
-
-
-async def test_read_head_returns_bytes_through_the_blank_line() -> None:
-    head = b"CONNECT a:1 HTTP/1.1\r\nHost: a\r\n\r\n"
-    reader = reader_with(head + b"early body bytes", eof=False)
-    assert await read_head(reader) == head
-    assert await reader.read(5) == b"early"  # the rest stays for the relay
-
-
-async def test_read_head_clean_eof_is_none() -> None:
-    assert await read_head(reader_with(b"")) is None
-
-
-async def test_read_head_partial_is_400() -> None:
-    with pytest.raises(BadRequest) as info:
-        await read_head(reader_with(b"CONNECT a:1 HTTP/1.1\r\nHost"))
-    assert info.value.status == 400
-
-
-async def test_read_head_over_the_limit_is_431() -> None:
-    with pytest.raises(BadRequest) as info:
-        await read_head(reader_with(b"GET /" + b"a" * (MAX_HEAD + 10), eof=False))
-    assert info.value.status == 431
-
-
-async def test_read_head_honours_its_limit_argument() -> None:
-    head = b"GET /" + b"a" * 1000 + b" HTTP/1.1\r\n\r\n"
-    with pytest.raises(BadRequest) as info:
-        await read_head(reader_with(head), limit=100)
-    assert info.value.status == 431
