@@ -352,6 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server.add_argument("--kubelet-key-file", metavar="F", help="its key")
     server.add_argument(
+        "--front-client-ca-file",
+        metavar="F",
+        help="CA whose client certificates authenticate clients of the HTTPS front; only for "
+        "them is --kubelet-cert-file presented (others reach kubelets without a client "
+        "certificate)",
+    )
+    server.add_argument(
         "--kubelet-insecure-skip-verify",
         action="store_true",
         default=None,
@@ -368,6 +375,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="S",
         help="timeout of the server's own dials to targets in its gateway (default 5)",
+    )
+    server.add_argument(
+        "--allow",
+        action="append",
+        metavar="HOST:PORT",
+        help="also let the server dial this in its own gateway (repeatable; port N, N-M or *); "
+        "the gateway's kubelet ports and --metrics-port are allowed already",
+    )
+    server.add_argument(
+        "--metrics-port",
+        dest="metrics_ports",
+        action="append",
+        type=int,
+        metavar="PORT",
+        help="also allow this port on every node of the server's gateway (repeatable)",
     )
     server.add_argument(
         "--agent-leases",

@@ -123,3 +123,21 @@ def existing_file(value: Any, field: str) -> str:
     if not Path(path).is_file():
         raise ConfigError(field, f"{path}: no such file")
     return path
+
+
+def string_list(value: Any) -> tuple[str, ...]:
+    """A repeated flag or a YAML list (or one scalar) as a tuple of strings."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str | int):
+        return (str(value),)
+    return tuple(str(v) for v in value)
+
+
+def port_list(value: Any, field: str) -> tuple[int, ...]:
+    """Repeated ``--metrics-port``-style values: each a TCP port, 1-65535."""
+    ports = tuple(int(positive(p, field, integer=True)) for p in string_list(value))
+    for port in ports:
+        if port > 65535:
+            raise ConfigError(field, f"{port} is not a port (1-65535)")
+    return ports

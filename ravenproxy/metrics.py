@@ -81,6 +81,20 @@ class ServerMetrics:
             ["outcome"],
             registry=r,
         )
+        self.loops = Counter(
+            f"{NS}_server_loops",
+            "Requests refused with 508 because they would loop back into this server "
+            "(self_dial: a target that is one of its own fronts; via: it carried our Via marker)",
+            ["kind"],
+            registry=r,
+        )
+        self.kubelet_tls = Counter(
+            f"{NS}_server_kubelet_tls",
+            "TLS connections re-originated to kubelets, by whether the kubelet client "
+            "certificate was presented (only for clients authenticated by the front)",
+            ["client_cert"],
+            registry=r,
+        )
 
 
 class AgentMetrics:

@@ -18,15 +18,15 @@ from aiohttp import web
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatus
 
-from ravenproxy.agent.allowlist import Allowlist
 from ravenproxy.agent.backoff import backoff
-from ravenproxy.agent.dialer import DialError, dial
 from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.log import kv
 from ravenproxy.metrics import AgentMetrics, metrics_app, start_app
+from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.sources import model_source
 from ravenproxy.model.store import ModelStore
 from ravenproxy.transport import tls
+from ravenproxy.transport.dialer import DialError, dial
 from ravenproxy.transport.relay import relay
 from ravenproxy.transport.session import Session, StreamClosedError, TunnelStream, websocket_options
 
@@ -80,10 +80,12 @@ class Agent:
         self.ports: dict[str, int] = {}
 
     def _build_allowlist(self) -> Allowlist:
-        derived = Allowlist.from_model(
-            self.store.model, self.settings.node_name, self.settings.metrics_ports
+        return gateway_allowlist(
+            self.store.model,
+            self.settings.node_name,
+            self.settings.metrics_ports,
+            self._extra_allow,
         )
-        return derived + self._extra_allow
 
     def _refresh_allowlist(self) -> None:
         self.allowlist = self._build_allowlist()

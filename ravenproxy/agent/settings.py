@@ -77,16 +77,8 @@ class AgentSettings:
             port = None
         if parts.scheme != "wss" or not parts.hostname or not port:
             raise ConfigError("--server-addr", f"{url!r} must look like wss://HOST:PORT")
-        allow = values.get("allow") or ()
-        if isinstance(allow, str):
-            allow = (allow,)
-        ports = values.get("metrics_ports") or ()
-        if isinstance(ports, int | str):
-            ports = (ports,)
-        metrics_ports = tuple(int(cfg.positive(p, "--metrics-port", integer=True)) for p in ports)
-        for port_number in metrics_ports:
-            if port_number > 65535:
-                raise ConfigError("--metrics-port", f"{port_number} is not a port (1-65535)")
+        allow = cfg.string_list(values.get("allow"))
+        metrics_ports = cfg.port_list(values.get("metrics_ports"), "--metrics-port")
         metrics_addr = values.get("metrics_addr")
         inventory = values.get("inventory")
         try:
@@ -111,7 +103,7 @@ class AgentSettings:
             ca_file=cfg.existing_file(values.get("ca_file"), "--ca-file"),
             cert_file=cfg.existing_file(values.get("cert_file"), "--cert-file"),
             key_file=cfg.existing_file(values.get("key_file"), "--key-file"),
-            allow=tuple(str(a) for a in allow),
+            allow=allow,
             inventory=cfg.existing_file(inventory, "--inventory") if inventory else None,
             metrics_ports=metrics_ports,
             metrics_addr=cfg.parse_address(str(metrics_addr), "--metrics-addr")

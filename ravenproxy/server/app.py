@@ -18,14 +18,15 @@ from aiohttp import web
 from websockets.asyncio.server import Server as WsServer
 from websockets.asyncio.server import ServerConnection, serve
 
-from ravenproxy.agent.allowlist import denied_always
 from ravenproxy.errors import PKIError, RoutingError
 from ravenproxy.log import kv
 from ravenproxy.metrics import ServerMetrics, metrics_app, start_app
+from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.store import ModelStore
 from ravenproxy.server.http_front import HttpFront
 from ravenproxy.server.https_front import HttpsFront
 from ravenproxy.server.liveness import KubeLiveness, add_agents_route
+from ravenproxy.server.loops import FRONTS, OwnListeners, via_token
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.routing import HTTP_STATUS, REASONS, Route
 from ravenproxy.server.settings import ServerSettings
@@ -37,7 +38,7 @@ from ravenproxy.server.upstream import (
     TunnelByteStream,
 )
 from ravenproxy.transport import tls
-from ravenproxy.transport.relay import READ_LIMIT
+from ravenproxy.transport.dialer import DialError, dial
 from ravenproxy.transport.session import (
     OpenError,
     Session,
@@ -65,6 +66,15 @@ class ProxyServer:
         self.http_front = HttpFront(self)
         self.https_front = HttpsFront(self)
         self.kubelet_tls: ssl.SSLContext | None = None
+        """Re-originated TLS presenting --kubelet-cert-file: for authenticated clients only."""
+        self.kubelet_tls_anonymous: ssl.SSLContext | None = None
+        """Re-originated TLS without a client certificate: for everyone else."""
+        self.listeners = OwnListeners()
+        self.via = via_token(settings.node_name)
+        """This process's Via pseudonym (loop detection)."""
+        self._extra_allow = Allowlist.parse(settings.allow)
+        self.allowlist = self._build_allowlist()
+        self.store.subscribe(lambda _model: self._refresh_allowlist())
         self.metrics.streams.set_function(
             lambda: sum(len(s.streams) for s in self.registry.sessions())
         )
@@ -79,7 +89,13 @@ class ProxyServer:
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        self.kubelet_tls = self._kubelet_context()
+        self.kubelet_tls = self._kubelet_context(with_client_cert=True)
+        self.kubelet_tls_anonymous = self._kubelet_context(with_client_cert=False)
+        if s.kubelet_cert_file and not s.front_client_ca_file:
+            log.warning(
+                "--kubelet-cert-file is never presented without --front-client-ca-file: only "
+                "clients that authenticate to the HTTPS front may use the server's kubelet identity"
+            )
         ssl_ctx = tls.server_context(
             s.ca_file, s.cert_file, s.key_file, on_handshake_error=self._tls_refused
         )
@@ -94,6 +110,7 @@ class ProxyServer:
             **websocket_options(wire),
         )
         self.ports["tunnel"] = self._ws_server.sockets[0].getsockname()[1]
+        self.listeners.add("tunnel", (sock.getsockname() for sock in self._ws_server.sockets))
         http = await asyncio.start_server(
             self._owned(self.http_front.handle),
             s.http_addr.bind_host,
@@ -103,19 +120,23 @@ class ProxyServer:
         )
         self._fronts.append(http)
         self.ports["http"] = http.sockets[0].getsockname()[1]
+        self.listeners.add("http", (sock.getsockname() for sock in http.sockets))
         self.ports["https"] = await self.https_front.start(
             s.https_addr.bind_host, s.https_addr.port
         )
+        self.listeners.add("https", self.https_front.socknames())
         runner, port = await start_app(
             metrics_app(self.metrics.registry), s.metrics_addr.host, s.metrics_addr.port
         )
         self._runners.append(runner)
         self.ports["metrics"] = port
+        self.listeners.add("metrics", runner.addresses)
         health = metrics_app(self.metrics.registry, self._ready)
         add_agents_route(health, self.registry.sessions)
         runner, port = await start_app(health, s.health_addr.host, s.health_addr.port)
         self._runners.append(runner)
         self.ports["health"] = port
+        self.listeners.add("health", runner.addresses)
         if s.agent_leases:
             self._liveness = KubeLiveness(self.registry.connected_nodes, s.kubeconfig)
             await self._liveness.start()
@@ -130,18 +151,32 @@ class ProxyServer:
             extra=kv(reason=reason, verify=getattr(exc, "verify_message", "") or ""),
         )
 
-    def _kubelet_context(self) -> ssl.SSLContext:
+    def _build_allowlist(self) -> Allowlist:
+        """The policy of the server's own dials: the agent's, for the server's node."""
+        node = self.settings.node_name
+        if node is None:
+            return Allowlist()  # no node, no gateway of its own: it never dials directly
+        return gateway_allowlist(
+            self.store.model, node, self.settings.metrics_ports, self._extra_allow
+        )
+
+    def _refresh_allowlist(self) -> None:
+        self.allowlist = self._build_allowlist()
+        log.debug("direct-dial allowlist updated", extra=kv(entries=len(self.allowlist)))
+
+    def _kubelet_context(self, *, with_client_cert: bool) -> ssl.SSLContext:
         """TLS re-originated to kubelets: verified against --kubelet-ca-file (or the system
-        store) unless --kubelet-insecure-skip-verify, presenting --kubelet-cert-file."""
+        store) unless --kubelet-insecure-skip-verify; ``with_client_cert`` presents
+        --kubelet-cert-file."""
         s = self.settings
         ctx = tls.origin_client_context(
             s.kubelet_ca_file,
-            s.kubelet_cert_file,
-            s.kubelet_key_file,
+            s.kubelet_cert_file if with_client_cert else None,
+            s.kubelet_key_file if with_client_cert else None,
             verify=not s.kubelet_insecure_skip_verify,
         )
         ctx.set_alpn_protocols(["http/1.1"])
-        if s.kubelet_insecure_skip_verify:
+        if s.kubelet_insecure_skip_verify and with_client_cert:
             log.warning(
                 "kubelet certificates are NOT verified (--kubelet-insecure-skip-verify): "
                 "re-originated TLS to kubelets can be intercepted"
@@ -257,10 +292,14 @@ class ProxyServer:
         self.metrics.bytes.labels(direction="down").inc(stream.bytes_in)
 
     # -- streams ----------------------------------------------------------------------------
-    async def connect(self, route: Route, *, tls_to: bool = False) -> ByteStream:
+    async def connect(
+        self, route: Route, *, tls_to: bool = False, authenticated: bool = False
+    ) -> ByteStream:
         """A byte stream to the route's target: through its agent, or dialled by the server
         itself for a target in its own gateway; with ``tls_to``, TLS re-originated on top
-        (verified against the kubelet CA, presenting the kubelet client certificate).
+        (verified against the kubelet CA). The kubelet client certificate is presented only
+        when the client ``authenticated`` to the front (a certificate from
+        --front-client-ca-file): the server never lends its identity to an anonymous client.
         Failures become a :class:`RoutingError` with their HTTP status."""
         upstream: ByteStream
         if route.session is None:
@@ -269,8 +308,14 @@ class ProxyServer:
             upstream = TunnelByteStream(await self.open(route))
         if not tls_to:
             return upstream
-        assert self.kubelet_tls is not None
-        secured = TlsByteStream(upstream, self.kubelet_tls, route.node.name)
+        ctx = self.kubelet_tls if authenticated else self.kubelet_tls_anonymous
+        assert ctx is not None
+        self.metrics.kubelet_tls.labels(
+            client_cert="presented"
+            if authenticated and self.settings.kubelet_cert_file
+            else "withheld"
+        ).inc()
+        secured = TlsByteStream(upstream, ctx, route.node.name)
         try:
             async with asyncio.timeout(self.settings.dial_timeout + 5):
                 await secured.handshake()
@@ -288,37 +333,43 @@ class ProxyServer:
         return secured
 
     async def _dial_direct(self, route: Route) -> ByteStream:
+        """Dial a target of the server's own gateway under the agent's policy, never one of the
+        server's own listeners (a front → 508: the request would come straight back)."""
         target = route.target
         where = f"{target.host}:{target.port}"
         try:
             ip = ipaddress.ip_address(target.host)
         except ValueError:
-            ip = None
-        if ip is not None and denied_always(ip):
+            ip = None  # a name: the dialer checks every address it resolves to
+        own = self.listeners.which(ip, target.port) if ip is not None else None
+        if own in FRONTS:
             self.metrics.direct_dials.labels(result="refused").inc()
-            raise RoutingError(403, route.node.name, f"{where} is never dialled")
+            self.metrics.loops.labels(kind="self_dial").inc()
+            raise RoutingError(
+                508, route.node.name, f"loop: {where} is this server's own {own} front"
+            )
+        if own is not None:
+            self.metrics.direct_dials.labels(result="refused").inc()
+            raise RoutingError(403, route.node.name, f"{where} is not in the server's allowlist")
         started = time.monotonic()
         try:
-            async with asyncio.timeout(self.settings.dial_timeout):
-                reader, writer = await asyncio.open_connection(
-                    target.host, target.port, limit=READ_LIMIT
-                )
-        except TimeoutError:
-            self.metrics.direct_dials.labels(result="dial_timeout").inc()
-            raise RoutingError(
-                504,
-                route.node.name,
-                f"direct dial {where} timed out after {self.settings.dial_timeout:g}s",
-            ) from None
-        except OSError as exc:
-            self.metrics.direct_dials.labels(result="dial_failed").inc()
-            raise RoutingError(
-                502, route.node.name, f"direct dial {where} failed: {exc.strerror or exc}"
-            ) from None
+            dialed = await dial(
+                target.host,
+                target.port,
+                self.allowlist,
+                self.settings.dial_timeout,
+                owner="the server",
+            )
+        except DialError as exc:
+            result = exc.code.name.lower()
+            self.metrics.direct_dials.labels(result=result).inc()
+            status = HTTP_STATUS.get(exc.code, 502)
+            reason = exc.message if status == 403 else f"direct {exc.message}"
+            raise RoutingError(status, route.node.name, reason) from None
         finally:
             self.metrics.dial.observe(time.monotonic() - started)
         self.metrics.direct_dials.labels(result="ok").inc()
-        return SocketByteStream(reader, writer)
+        return SocketByteStream(dialed.reader, dialed.writer)
 
     async def open(self, route: Route) -> TunnelStream:
         """Open a stream for a route; failures become a :class:`RoutingError` with its status."""

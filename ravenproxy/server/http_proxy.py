@@ -25,6 +25,7 @@ import h11
 from ravenproxy.errors import RoutingError
 from ravenproxy.log import kv
 from ravenproxy.server.http1 import BadRequest, error_response
+from ravenproxy.server.loops import via_received_by
 from ravenproxy.server.podroutes import Destination, find_destination, forwardable, wants_upgrade
 from ravenproxy.server.routing import Route, route
 from ravenproxy.server.upstream import ByteStream, splice
@@ -157,6 +158,10 @@ class HttpProxy:
         max_head = self.server.settings.max_header_size
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head)
         peer = writer.get_extra_info("peername")
+        # Authenticated: a client certificate verified against --front-client-ca-file (the
+        # TLS context asks for one only then). Only such a client gets the server's kubelet
+        # identity on re-originated TLS.
+        authenticated = self.over_tls and bool(writer.get_extra_info("peercert"))
         upstream: _Upstream | None = None
         try:
             while True:
@@ -171,7 +176,9 @@ class HttpProxy:
                     )
                 if not isinstance(event, h11.Request):
                     return  # ConnectionClosed (or PAUSED after a switch: not reached)
-                upstream = await self._exchange(conn, reader, writer, event, upstream, peer)
+                upstream = await self._exchange(
+                    conn, reader, writer, event, upstream, peer, authenticated
+                )
                 if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
                     conn.start_next_cycle()
                 else:
@@ -198,6 +205,7 @@ class HttpProxy:
         request: h11.Request,
         upstream: _Upstream | None,
         peer: object,
+        authenticated: bool,
     ) -> _Upstream | None:
         """One request and its response; returns the target connection to keep, if any."""
         limit = self.server.settings.max_header_size
@@ -207,10 +215,27 @@ class HttpProxy:
         method = request.method.decode("ascii", "replace")
         target = request.target.decode("latin-1")
         headers = _decode(request.headers)
+        if _header(headers, "transfer-encoding") is not None and (
+            _header(headers, "content-length") is not None
+        ):
+            # RFC 9112 §6.1: a proxy must not forward both (how requests are smuggled past
+            # one parser into another); refusing, then closing, is the safe choice it allows.
+            await self._refuse(
+                writer, 400, "", "bad request: both Content-Length and Transfer-Encoding", peer
+            )
         node_label = ""
         try:
             dest = find_destination(method, target, headers)
             node_label = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
+            via = [v for k, v in headers if k.lower() == "via"]
+            if via and self.server.via in via_received_by(via):
+                self.server.metrics.loops.labels(kind="via").inc()
+                raise RoutingError(
+                    508,
+                    node_label,
+                    "loop detected: the request already passed through this server "
+                    f"(Via {self.server.via})",
+                )
             if dest.via == "connect":
                 if upstream is not None:
                     upstream.close()
@@ -229,7 +254,7 @@ class HttpProxy:
                 upstream.close()
                 upstream = None
             if upstream is None:
-                upstream = await self._open(r, key, tls_to)
+                upstream = await self._open(r, key, tls_to, authenticated)
         except BadRequest as exc:
             if upstream is not None:
                 upstream.close()
@@ -248,6 +273,8 @@ class HttpProxy:
             out.insert(0, ("Host", f"{dest.host or r.node.name}:{r.target.port}"))
         if "chunked" in (_header(headers, "transfer-encoding") or "").lower():
             out.append(("Transfer-Encoding", "chunked"))
+        # RFC 9110 §7.6.3; also how a request that comes back here is recognised.
+        out.append(("Via", f"{request.http_version.decode('ascii')} {self.server.via}"))
         outbound = h11.Request(
             method=method.encode("ascii"),
             target=dest.target.encode("latin-1"),
@@ -264,7 +291,7 @@ class HttpProxy:
                 if attempt == 2:
                     break
                 try:
-                    upstream = await self._open(r, upstream.key, upstream.key[3])
+                    upstream = await self._open(r, upstream.key, upstream.key[3], authenticated)
                 except RoutingError as exc:
                     await self._refuse(writer, exc.status, exc.node, exc.reason, peer)
         await self._refuse(
@@ -289,8 +316,10 @@ class HttpProxy:
             local_node=self.server.settings.node_name,
         )
 
-    async def _open(self, r: Route, key: UpstreamKey, tls_to: bool) -> _Upstream:
-        stream = await self.server.connect(r, tls_to=tls_to)
+    async def _open(
+        self, r: Route, key: UpstreamKey, tls_to: bool, authenticated: bool
+    ) -> _Upstream:
+        stream = await self.server.connect(r, tls_to=tls_to, authenticated=authenticated)
         return _Upstream(key, stream, self.server.settings.max_header_size)
 
     async def _connect(
@@ -343,7 +372,13 @@ class HttpProxy:
         # The request body: what is already buffered goes now; the rest is pumped alongside
         # the response (the client may wait for a 100 before sending it).
         pump: asyncio.Task[None] | None = None
-        body_done = await self._pump_buffered(conn, upstream)
+        try:
+            body_done = await self._pump_buffered(conn, upstream)
+        except BadRequest as exc:
+            upstream.close()
+            await self._refuse(
+                writer, exc.status, r.node.name, exc.reason, writer.get_extra_info("peername")
+            )
         # A kept connection the target closed while idle fails before any answer; the request
         # is sent again on a new one only if that cannot repeat an effect (RFC 9110 §9.2.2).
         retry_ok = reused and body_done and outbound.method in IDEMPOTENT
@@ -360,11 +395,23 @@ class HttpProxy:
                 out.clear()
                 await writer.drain()
 
+        def body_refused() -> RoutingError | None:
+            """The client's body turned out malformed (the pump closed the target to stop
+            waiting for its answer): the 400 to give instead of a 502, before any response."""
+            if pump is None or not pump.done() or pump.cancelled() or started:
+                return None
+            exc = pump.exception()
+            if isinstance(exc, BadRequest):
+                return RoutingError(exc.status, r.node.name, exc.reason)
+            return None
+
         try:
             while True:
                 try:
                     event = await upstream.next_event(flush)
                 except h11.RemoteProtocolError as exc:
+                    if (refused := body_refused()) is not None:
+                        raise refused from None
                     if retry_ok and not started:
                         raise _Stale from None  # closed while idle: h11 calls that an error
                     if not started:
@@ -373,6 +420,8 @@ class HttpProxy:
                         ) from None
                     raise ConnectionError(f"bad response from the target: {exc}") from None
                 except _IO_ERRORS:
+                    if (refused := body_refused()) is not None:
+                        raise refused from None
                     if retry_ok and not started:
                         raise _Stale from None
                     if not started:
@@ -381,6 +430,8 @@ class HttpProxy:
                         ) from None
                     raise
                 if isinstance(event, h11.ConnectionClosed):
+                    if (refused := body_refused()) is not None:
+                        raise refused
                     if retry_ok and not started:
                         raise _Stale
                     if not started:
@@ -403,6 +454,11 @@ class HttpProxy:
                     started = True
                     self._count(event.status_code)
                     resp_headers = forwardable(_decode(event.headers))
+                    if _header(_decode(event.headers), "transfer-encoding") is not None:
+                        # RFC 9112 §6.3: Transfer-Encoding wins and a proxy drops the length.
+                        resp_headers = [
+                            (k, v) for k, v in resp_headers if k.lower() != "content-length"
+                        ]
                     response = h11.Response(
                         status_code=event.status_code,
                         headers=_encode(resp_headers),
@@ -448,7 +504,7 @@ class HttpProxy:
     async def _pump_buffered(self, conn: h11.Connection, upstream: _Upstream) -> bool:
         """Forward the body events h11 can give without reading; True once the body ended."""
         while True:
-            event = conn.next_event()
+            event = _body_event(conn.next_event)
             if event is h11.NEED_DATA or event is h11.PAUSED:
                 return event is h11.PAUSED
             if isinstance(event, h11.Data):
@@ -463,7 +519,11 @@ class HttpProxy:
         self, conn: h11.Connection, reader: asyncio.StreamReader, upstream: _Upstream
     ) -> None:
         while True:
-            event = await _next_event(conn, reader)
+            try:
+                event = await _next_event(conn, reader)
+            except h11.RemoteProtocolError as exc:
+                upstream.close()  # the answer will not be forwarded: stop waiting for it
+                raise BadRequest(400, f"bad request body: {exc}") from None
             if isinstance(event, h11.Data):
                 await upstream.send(h11.Data(data=event.data))
             elif isinstance(event, h11.EndOfMessage):
@@ -529,3 +589,13 @@ async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, event: h11.E
     if data:
         writer.write(data)
         await writer.drain()
+
+
+def _body_event(
+    next_event: Callable[[], h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]],
+) -> object:
+    """The next request-body event; a malformed body (a bad chunk size, ...) is a 400."""
+    try:
+        return next_event()
+    except h11.RemoteProtocolError as exc:
+        raise BadRequest(400, f"bad request body: {exc}") from None

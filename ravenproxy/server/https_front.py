@@ -53,7 +53,7 @@ class HttpsFront:
 
     async def start(self, host: str | None, port: int) -> int:
         s = self.server.settings
-        self._ctx = tls.https_server_context(s.cert_file, s.key_file)
+        self._ctx = tls.https_server_context(s.cert_file, s.key_file, s.front_client_ca_file)
         self._ctx.set_alpn_protocols(["http/1.1"])
         if host is None and socket.has_dualstack_ipv6():
             sock = socket.create_server(
@@ -65,6 +65,10 @@ class HttpsFront:
         self._sock = sock
         self._accepting = asyncio.create_task(self._accept_loop(sock), name="https-front-accept")
         return int(sock.getsockname()[1])
+
+    def socknames(self) -> list[tuple[object, ...]]:
+        """Where the front listens (for the server's own-listener check)."""
+        return [self._sock.getsockname()] if self._sock is not None else []
 
     async def stop(self) -> None:
         if self._accepting is not None:

@@ -89,7 +89,10 @@ def find_destination(method: str, target: str, headers: Sequence[tuple[str, str]
         chost, cport = split_authority(target)
         return Destination("connect", chost, cport, target=target)
     if target.startswith(("http://", "https://")):
-        url = urlsplit(target)
+        try:
+            url = urlsplit(target)
+        except ValueError:  # e.g. an unclosed "[" of an IPv6 literal
+            raise BadRequest(400, f"bad absolute URI {target[:80]!r}") from None
         if not url.netloc or "@" in url.netloc:
             raise BadRequest(400, f"bad absolute URI {target[:80]!r}")
         default = 443 if url.scheme == "https" else 80

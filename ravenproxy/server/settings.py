@@ -9,6 +9,7 @@ from typing import Any
 from ravenproxy import config as cfg
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError
+from ravenproxy.model.allowlist import Allowlist
 from ravenproxy.transport.session import SessionConfig
 from ravenproxy.wire.connection import WireConfig
 
@@ -34,6 +35,9 @@ FIELDS = {
     "kubelet_insecure_skip_verify",
     "max_header_size",
     "dial_timeout",
+    "allow",
+    "metrics_ports",
+    "front_client_ca_file",
     "agent_leases",
     "kubeconfig",
     "kube_model",
@@ -68,6 +72,13 @@ class ServerSettings:
     """Largest request or response head the HTTP fronts accept (431 / 502 beyond)."""
     dial_timeout: float = 5.0
     """Timeout of the server's own dials (targets in its own gateway)."""
+    allow: tuple[str, ...] = ()
+    """``--allow`` entries added to the policy of the server's own dials (the agent's policy)."""
+    metrics_ports: tuple[int, ...] = ()
+    """Ports allowed on every node of the server's gateway, beside the kubelet port."""
+    front_client_ca_file: str | None = None
+    """CA of the HTTPS front's client certificates. Only for a client that presented one is
+    the kubelet client certificate presented on re-originated TLS; None: never."""
     agent_leases: bool = False
     """Publish a coordination.k8s.io Lease per connected agent (the controller's liveness)."""
     kubeconfig: str | None = None
@@ -130,6 +141,9 @@ class ServerSettings:
                 )
             ),
             dial_timeout=cfg.positive(values.get("dial_timeout", 5.0), "--dial-timeout"),
+            allow=_allow(values),
+            metrics_ports=cfg.port_list(values.get("metrics_ports"), "--metrics-port"),
+            front_client_ca_file=optional_file("front_client_ca_file"),
             agent_leases=bool(values.get("agent_leases")),
             kubeconfig=optional_file("kubeconfig"),
             kube_model=bool(values.get("kube_model")),
@@ -143,3 +157,11 @@ def _inventory(values: Mapping[str, Any]) -> str | None:
             raise ConfigError("--inventory", "give either --inventory or --kube-model, not both")
         return None
     return cfg.existing_file(values.get("inventory"), "--inventory")
+
+
+def _allow(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """``--allow`` entries, checked now (a bad one names the flag) and kept as text: names in
+    them are resolved again whenever the policy is rebuilt."""
+    entries = cfg.string_list(values.get("allow"))
+    Allowlist.parse(entries)
+    return entries

@@ -100,12 +100,20 @@ def client_context(
     return ctx
 
 
-def https_server_context(cert_file: PathLike, key_file: PathLike) -> ssl.SSLContext:
-    """The terminating HTTPS front: TLS ≥ 1.2, no client certificate asked for."""
+def https_server_context(
+    cert_file: PathLike, key_file: PathLike, client_ca_file: PathLike | None = None
+) -> ssl.SSLContext:
+    """The terminating HTTPS front: TLS ≥ 1.2. With ``client_ca_file`` a client certificate is
+    asked for and, when one is presented, verified against it (a bad one fails the handshake;
+    none at all is an anonymous client); without, none is asked for."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     _load_chain(ctx, cert_file, key_file)
-    ctx.verify_mode = ssl.CERT_NONE
+    if client_ca_file is not None:
+        _load_ca(ctx, client_ca_file, "front-client-ca-file")
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    else:
+        ctx.verify_mode = ssl.CERT_NONE
     return ctx
 
 
@@ -153,12 +161,12 @@ def peer_node_name(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _load_ca(ctx: ssl.SSLContext, ca_file: PathLike) -> None:
-    load_certs(ca_file, "ca-file")
+def _load_ca(ctx: ssl.SSLContext, ca_file: PathLike, field: str = "ca-file") -> None:
+    load_certs(ca_file, field)
     try:
         ctx.load_verify_locations(cafile=str(ca_file))
     except (ssl.SSLError, OSError) as exc:
-        raise PKIError(f"ca-file {ca_file}: cannot be used as a trust anchor ({exc})") from exc
+        raise PKIError(f"{field} {ca_file}: cannot be used as a trust anchor ({exc})") from exc
 
 
 def _load_chain(ctx: ssl.SSLContext, cert_file: PathLike, key_file: PathLike | None) -> None:

@@ -173,6 +173,13 @@ class L7:
         return self.cluster.server.ports["https"]
 
     @property
+    def client_cert(self) -> tuple[str, str]:
+        """curl arguments presenting the cluster's kubelet-client certificate (what
+        kube-apiserver presents), trusted by the server's ``--front-client-ca-file``."""
+        kpki = self.base / "kubelet-pki"
+        return ("--cert", str(kpki / "client.crt"), "--key", str(kpki / "client.key"))
+
+    @property
     def ca(self) -> Path:
         """The ravenproxy CA (signs the server's certificate)."""
         return self.cluster.certs / "ca.crt"
@@ -251,6 +258,9 @@ def start_l7(base: Path) -> L7:
             "--kubelet-ca-file", str(kpki / "ca.crt"),
             "--kubelet-cert-file", str(kpki / "client.crt"),
             "--kubelet-key-file", str(kpki / "client.key"),
+            # The front trusts the cluster CA for its clients (kube-apiserver's kubelet-client
+            # certificate): only those get the server's kubelet identity.
+            "--front-client-ca-file", str(kpki / "ca.crt"),
             "--dial-timeout", "1",
         )  # fmt: skip
         cluster.start_agent(

@@ -142,3 +142,10 @@ def test_upgrade_keeps_its_fields() -> None:
     assert wants_upgrade([("Connection", "keep-alive, Upgrade"), ("upgrade", "websocket")]) == (
         "websocket"
     )
+
+
+def test_an_unparseable_absolute_uri_is_a_400_not_a_crash() -> None:
+    # Found by tests/unit/server/test_http_fuzz.py: urlsplit raises ValueError on it.
+    with pytest.raises(BadRequest) as info:
+        find_destination("GET", "http://[::1/", [("Host", "edge-1")])
+    assert info.value.status == 400

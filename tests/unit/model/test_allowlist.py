@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ravenproxy.agent.allowlist import ALWAYS_DENIED, Allowlist, denied_always, parse_entry
 from ravenproxy.errors import ConfigError
 from ravenproxy.model import load_inventory
+from ravenproxy.model.allowlist import ALWAYS_DENIED, Allowlist, denied_always, parse_entry
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "inventory-example.yaml"
 ip = ipaddress.ip_address

@@ -1,4 +1,5 @@
-"""Dial a stream's target on behalf of the cloud: resolve, check, then connect to the checked IP."""
+"""Dial a target on behalf of the cloud: resolve, check against the policy, then connect to the
+checked IP. The agent dials with it, and so does the server for targets in its own gateway."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 
-from ravenproxy.agent.allowlist import Allowlist, IPAddress, denied_always
+from ravenproxy.model.allowlist import Allowlist, IPAddress, denied_always
 from ravenproxy.transport.relay import READ_LIMIT
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.errors import WireError
@@ -37,7 +38,11 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
     return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0])) for info in infos))
 
 
-async def dial(host: str, port: int, allowlist: Allowlist, timeout: float) -> Dialed:
+async def dial(
+    host: str, port: int, allowlist: Allowlist, timeout: float, *, owner: str = "the agent"
+) -> Dialed:
+    """Connect to the first permitted address of ``host``; ``owner`` names whose allowlist it is
+    in refusals."""
     addresses = await resolve(host, port)
     permitted = [ip for ip in addresses if allowlist.permits(ip, port)]
     if not permitted:
@@ -45,7 +50,7 @@ async def dial(host: str, port: int, allowlist: Allowlist, timeout: float) -> Di
         if any(denied_always(ip) for ip in addresses):
             why = f"{host}:{port} resolves to an address that is never dialled ({shown})"
         else:
-            why = f"{host}:{port} is not in the agent's allowlist"
+            why = f"{host}:{port} is not in {owner}'s allowlist"
         raise DialError(why, ErrorCode.REFUSED)
     errors: list[str] = []
     try:
@@ -61,4 +66,4 @@ async def dial(host: str, port: int, allowlist: Allowlist, timeout: float) -> Di
         raise DialError(
             f"dial {host}:{port} timed out after {timeout:g}s", ErrorCode.DIAL_TIMEOUT
         ) from None
-    raise DialError("dial failed: " + "; ".join(errors), ErrorCode.DIAL_FAILED)
+    raise DialError(f"dial {host}:{port} failed: " + "; ".join(errors), ErrorCode.DIAL_FAILED)

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ravenproxy.agent import dialer
-from ravenproxy.agent.allowlist import Allowlist
-from ravenproxy.agent.dialer import DialError, dial, resolve
+from ravenproxy.model.allowlist import Allowlist
+from ravenproxy.transport import dialer
+from ravenproxy.transport.dialer import DialError, dial, resolve
 from ravenproxy.wire.codes import ErrorCode
 
 

@@ -1,4 +1,8 @@
-"""What the agent may dial: an allowlist of ``HOST:PORT`` entries, and addresses never dialled.
+"""What a gateway may dial: an allowlist of ``HOST:PORT`` entries, and addresses never dialled.
+
+One policy for every dialler: the agent (streams the cloud opens) and the proxy server's own
+dials to targets in its gateway both use :func:`gateway_allowlist` and
+:func:`ravenproxy.transport.dialer.dial`, so the two can never disagree.
 
 An entry's host is an IP, a CIDR or a name; its port a number, a range ``A-B`` or ``*``.
 Names in entries are resolved when the allowlist is built; a name in a *request* is resolved at
@@ -125,3 +129,13 @@ class Allowlist:
             f"{e.network}:{e.port_lo}" + (f"-{e.port_hi}" if e.port_hi != e.port_lo else "")
             for e in self.entries
         ]
+
+
+def gateway_allowlist(
+    model: Model, node_name: str, metrics_ports: Sequence[int] = (), extra: Allowlist | None = None
+) -> Allowlist:
+    """The policy of ``node_name``'s dialler: its gateway's nodes (itself only, in no gateway)
+    on their kubelet port and on ``metrics_ports``, plus the ``--allow`` entries in ``extra``.
+    Link-local and metadata addresses are refused whatever the entries say."""
+    derived = Allowlist.from_model(model, node_name, metrics_ports)
+    return derived + extra if extra is not None else derived

@@ -1,0 +1,116 @@
+"""The server's own dials follow the agent's policy (issue 8, item 2).
+
+A target in the server's own gateway is dialled by the server itself. It may reach exactly what an
+agent of that gateway may: the gateway's nodes on their kubelet port and on ``--metrics-port``s,
+plus ``--allow``; link-local and metadata addresses never. Everything else is a 403 naming the
+address — a service bound to loopback only, the server's own metrics, health and tunnel ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.cluster import Cluster, free_port
+from tests.integration.l7.env import curl, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+class _Target:
+    """A tiny HTTP service on 127.0.0.1 (a stand-in for a loopback-only daemon)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.hits = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.hits += 1
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nsecret")
+            await writer.drain()
+            writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+@pytest.fixture
+def loopback_only() -> Iterator[_Target]:
+    yield _Target()
+
+
+async def test_direct_dial_refuses_what_the_policy_does_not_admit(
+    cluster: Cluster, loopback_only: _Target
+) -> None:
+    await loopback_only.start()
+    try:
+        allowed = _Target()
+        await allowed.start()
+        try:
+            server = cluster.start_server("--allow", f"127.0.0.1:{allowed.port}")
+            await cluster.wait_up()
+            http = server.ports["http"]
+            # A service bound to loopback only, and the server's own non-front listeners.
+            for port in (
+                loopback_only.port,
+                server.ports["metrics"],
+                server.ports["health"],
+                server.ports["tunnel"],
+            ):
+                status, body = await curl(
+                    "-H", f"Host: cloud-1:{port}", f"http://127.0.0.1:{http}/"
+                )
+                assert status == 403, (port, body)
+                assert body == f"cloud-1: 127.0.0.1:{port} is not in the server's allowlist\n", body
+                # The same through CONNECT.
+                code, out, err = await run(
+                    "curl", "-sS", "-o", "/dev/null", "-w", "%{http_connect}",
+                    "-p", "-x", f"http://127.0.0.1:{http}", f"http://cloud-1:{port}/",
+                )  # fmt: skip
+                assert out.strip() == "403", (port, code, out, err)
+            # Through the terminated HTTPS front (TLS would be re-originated; refused first).
+            status, body = await curl(
+                "--cacert", str(cluster.certs / "ca.crt"),
+                "-H", f"Host: cloud-1:{loopback_only.port}",
+                f"https://127.0.0.1:{server.ports['https']}/",
+            )  # fmt: skip
+            assert status == 403, body
+            assert loopback_only.hits == 0
+            # What --allow names is dialled.
+            status, body = await curl(
+                "-H", f"Host: cloud-1:{allowed.port}", f"http://127.0.0.1:{http}/"
+            )
+            assert (status, body) == (200, "secret")
+            m = await cluster.metrics()
+            assert m['ravenproxy_server_direct_dials_total{result="refused"}'] >= 9
+            assert m['ravenproxy_server_direct_dials_total{result="ok"}'] == 1
+            assert "not in the server's allowlist" in server.output()
+        finally:
+            await allowed.stop()
+    finally:
+        await loopback_only.stop()
+
+
+async def test_the_kubelet_and_metrics_ports_of_the_gateway_are_dialled(cluster: Cluster) -> None:
+    # cloud-1's kubelet port (10250 by default in this inventory) and --metrics-port are the
+    # policy: an HTTP listener on a metrics port of 127.0.0.1 is reached through the server.
+    exporter = _Target()
+    await exporter.start()
+    try:
+        server = cluster.start_server("--metrics-port", str(exporter.port))
+        await cluster.wait_up()
+        status, body = await curl(
+            "-H", f"Host: cloud-1:{exporter.port}", f"http://127.0.0.1:{server.ports['http']}/"
+        )
+        assert (status, body) == (200, "secret")
+    finally:
+        await exporter.stop()
