@@ -414,7 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent = sub.add_parser("agent", help="run the edge agent")
     _add_common(agent)
-    agent.add_argument("--node-name", metavar="NODE", help="this node's name (NODE_NAME)")
+    agent.add_argument(
+        "--node-name",
+        metavar="NODE",
+        help="this node's name (default: NODE_NAME, else the node --cert-file names); must be "
+        "the node in --cert-file, as the server knows the agent by its certificate",
+    )
     agent.add_argument("--server-addr", metavar="wss://H:P", help="the server's tunnel address")
     agent.add_argument("--ca-file", metavar="F", help="CA that signs the server certificate")
     agent.add_argument("--cert-file", metavar="F", help="this agent's client certificate")

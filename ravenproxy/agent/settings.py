@@ -11,7 +11,7 @@ from ravenproxy import config as cfg
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.l3.settings import L3_FIELDS, L3Settings, settings_from
-from ravenproxy.pki.authority import validate_node_name
+from ravenproxy.pki.authority import cert_node_name, load_cert, validate_node_name
 from ravenproxy.transport.session import SessionConfig
 
 FIELDS = {
@@ -62,13 +62,16 @@ class AgentSettings:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> AgentSettings:
-        node = values.get("node_name") or cfg.env_node_name()
-        if not node:
-            raise ConfigError("--node-name", "is required (or set NODE_NAME)")
-        try:
-            validate_node_name(str(node))
-        except PKIError as exc:
-            raise ConfigError("--node-name", str(exc)) from None
+        # A flag (or config-file value) wins over NODE_NAME; neither: the certificate's node.
+        flag_node = values.get("node_name")
+        given_node, node_source = (
+            (str(flag_node), "--node-name") if flag_node else (cfg.env_node_name(), "NODE_NAME")
+        )
+        if given_node:
+            try:
+                validate_node_name(given_node)
+            except PKIError as exc:
+                raise ConfigError(node_source, str(exc)) from None
         url = str(values.get("server_addr") or "")
         parts = urlsplit(url)
         try:
@@ -97,11 +100,13 @@ class AgentSettings:
                 "--l3", "needs --inventory or --kube-model: the route driver plans from the model"
             )
         kubeconfig = values.get("kubeconfig")
+        cert_file = cfg.existing_file(values.get("cert_file"), "--cert-file")
+        node = _node_name(given_node, node_source, cert_node(cert_file), cert_file)
         return cls(
-            node_name=str(node),
+            node_name=node,
             server_url=url,
             ca_file=cfg.existing_file(values.get("ca_file"), "--ca-file"),
-            cert_file=cfg.existing_file(values.get("cert_file"), "--cert-file"),
+            cert_file=cert_file,
             key_file=cfg.existing_file(values.get("key_file"), "--key-file"),
             allow=allow,
             inventory=cfg.existing_file(inventory, "--inventory") if inventory else None,
@@ -118,3 +123,30 @@ class AgentSettings:
             kube_model=kube_model,
             kubeconfig=cfg.existing_file(kubeconfig, "--kubeconfig") if kubeconfig else None,
         )
+
+
+def cert_node(cert_file: str) -> str:
+    """The node ``cert_file`` (the agent's client certificate) names: what the server will
+    register this agent as (the same rule as the server's, :func:`cert_node_name`)."""
+    try:
+        return cert_node_name(load_cert(cert_file, "--cert-file"), f"--cert-file {cert_file}")
+    except PKIError as exc:
+        raise ConfigError("--cert-file", str(exc).removeprefix("--cert-file ")) from None
+
+
+def _node_name(given: str | None, source: str, from_cert: str, cert_file: str) -> str:
+    """This agent's node: the certificate's, which a given name (from ``source``) must equal.
+
+    The server identifies the agent by its certificate alone, so an agent running under another
+    name would serve the certificate's node with an allowlist, an L3 plan and a key publisher
+    built for the other one (half its requests refused). Refused at start-up instead, naming
+    both.
+    """
+    if given and given != from_cert:
+        raise ConfigError(
+            source,
+            f"{given} differs from {from_cert}, the node of --cert-file {cert_file} and the "
+            f"name the server registers this agent as; give the certificate of {given}, or "
+            f"leave {source} unset to run as {from_cert}",
+        )
+    return from_cert

@@ -280,25 +280,32 @@ def issue_client_cert(
 
 
 def node_name_from_cert(der: bytes) -> str:
-    """The node an agent's (already chain-verified) DER client certificate speaks for.
-
-    Strict on purpose: exactly one CN, every DNS SAN equal to it, clientAuth usage, and a valid
-    node name — an ambiguous certificate must not be mapped to some node by guesswork.
-    """
+    """The node an agent's (already chain-verified) DER client certificate speaks for."""
     try:
         cert = x509.load_der_x509_certificate(der)
     except ValueError as exc:
         raise PKIError(f"peer certificate is not valid DER: {exc}") from exc
+    return cert_node_name(cert)
+
+
+def cert_node_name(cert: x509.Certificate, what: str = "peer certificate") -> str:
+    """The node an agent's client certificate speaks for: the server's rule (on the peer's
+    certificate) and the agent's (on its own, so it never runs as another node than the one
+    the server will register it as). ``what`` names the certificate in errors.
+
+    Strict on purpose: exactly one CN, every DNS SAN equal to it, clientAuth usage, and a valid
+    node name — an ambiguous certificate must not be mapped to some node by guesswork.
+    """
     cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if len(cns) != 1:
-        raise PKIError(f"peer certificate must have exactly one CN, has {len(cns)}")
+        raise PKIError(f"{what} must have exactly one CN, has {len(cns)}")
     cn = cns[0].value
     if not isinstance(cn, str):
-        raise PKIError("peer certificate CN is not a string")
+        raise PKIError(f"{what} CN is not a string")
     try:
         validate_node_name(cn)
     except PKIError as exc:
-        raise PKIError(f"peer certificate CN is not a node name: {exc}") from exc
+        raise PKIError(f"{what} CN is not a node name: {exc}") from exc
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -307,13 +314,13 @@ def node_name_from_cert(der: bytes) -> str:
         dns_names = san.get_values_for_type(x509.DNSName)
     mismatched = [n for n in dns_names if n != cn]
     if mismatched:
-        raise PKIError(f"peer certificate CN {cn!r} does not match its DNS SANs {dns_names!r}")
+        raise PKIError(f"{what} CN {cn!r} does not match its DNS SANs {dns_names!r}")
     try:
         eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound as exc:
-        raise PKIError(f"peer certificate for {cn!r} has no extended key usage") from exc
+        raise PKIError(f"{what} for {cn!r} has no extended key usage") from exc
     if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
-        raise PKIError(f"peer certificate for {cn!r} is not a client certificate (no clientAuth)")
+        raise PKIError(f"{what} for {cn!r} is not a client certificate (no clientAuth)")
     return cn
 
 

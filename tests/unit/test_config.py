@@ -12,6 +12,7 @@ from ravenproxy.agent.settings import FIELDS as AGENT_FIELDS
 from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.config import Address, parse_address
 from ravenproxy.errors import ConfigError
+from ravenproxy.pki.authority import generate_ca, issue_client_cert, write_pem_cert
 from ravenproxy.server.settings import FIELDS as SERVER_FIELDS
 from ravenproxy.server.settings import ServerSettings
 
@@ -135,6 +136,9 @@ def pem(tmp_path: Path) -> dict[str, str]:
         path = tmp_path / f"{key}.pem"
         path.write_text("x", encoding="utf-8")
         files[key] = str(path)
+    # The agent reads its node name from its certificate: a real one, for edge-1.
+    ca, ca_key = generate_ca()
+    write_pem_cert(files["cert_file"], issue_client_cert(ca, ca_key, "edge-1")[0])
     return files
 
 
@@ -185,20 +189,18 @@ def test_agent_settings_full(pem: dict[str, str]) -> None:
 
 
 def test_agent_node_name_from_env(pem: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "edge-1")
+    assert AgentSettings.from_mapping(agent_values(pem, node_name=None)).node_name == "edge-1"
+    # A flag (or file value) wins over the environment (mismatches: tests/unit/agent).
     monkeypatch.setenv("NODE_NAME", "edge-from-env")
-    assert AgentSettings.from_mapping(agent_values(pem, node_name=None)).node_name == (
-        "edge-from-env"
-    )
-    # A flag (or file value) wins over the environment.
     assert AgentSettings.from_mapping(agent_values(pem)).node_name == "edge-1"
 
 
-def test_agent_node_name_required(pem: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_agent_node_name_defaults_to_the_certificates(
+    pem: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
-    with pytest.raises(ConfigError) as info:
-        AgentSettings.from_mapping(agent_values(pem, node_name=None))
-    assert info.value.field == "--node-name"
-    assert "NODE_NAME" in str(info.value)
+    assert AgentSettings.from_mapping(agent_values(pem, node_name=None)).node_name == "edge-1"
 
 
 def test_agent_node_name_validated(pem: dict[str, str]) -> None:

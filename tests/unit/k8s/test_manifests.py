@@ -76,6 +76,7 @@ def test_there_are_manifests() -> None:
         "controller.yaml",
         "server.yaml",
         "agent.yaml",
+        "agent-gateway-policy.yaml",
         "coredns.yaml",
     } <= names
     assert (K8S / "README.md").is_file()
@@ -271,6 +272,61 @@ def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
         ("*", "raven.openyurt.io", "gateways", verb, "*")
         for verb in ("list", "watch", "get", "update")
     }
+
+
+AGENT_CALLS = [
+    # model/sources.py --kube-model: the Reflectors (nodes, gateways).
+    ("*", "", "nodes", "list", ""),
+    ("*", "", "nodes", "watch", ""),
+    ("*", "raven.openyurt.io", "gateways", "list", ""),
+    ("*", "raven.openyurt.io", "gateways", "watch", ""),
+    # l3/publish.py: get_cluster_custom_object, then replace_cluster_custom_object.
+    ("*", "raven.openyurt.io", "gateways", "get", "gw-edge"),
+    ("*", "raven.openyurt.io", "gateways", "update", "gw-edge"),
+]
+
+
+@pytest.mark.parametrize("call", AGENT_CALLS, ids=lambda c: "/".join(x for x in c if x))
+def test_the_agent_may_make_every_call_it_makes(call: tuple[str, ...]) -> None:
+    assert allowed("ravenproxy-agent", *call)
+
+
+# Which admission operation each writing verb is (patch is an UPDATE to admission).
+WRITE_OPERATIONS = {
+    "create": "CREATE",
+    "update": "UPDATE",
+    "patch": "UPDATE",
+    "delete": "DELETE",
+    "deletecollection": "DELETE",
+}
+
+
+def test_every_write_the_agent_may_make_is_narrowed_by_its_policy() -> None:
+    """RBAC cannot say "only its own key": each write the agent is granted must be matched by
+    the ValidatingAdmissionPolicy that can (k8s/agent-gateway-policy.yaml), for the agent."""
+    (policy,) = by_kind("ValidatingAdmissionPolicy")
+    (binding,) = by_kind("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    covered = {
+        (group, resource, operation)
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for operation in rule["operations"]
+    }
+    writes = {
+        (group, resource, WRITE_OPERATIONS[verb])
+        for _ns, group, resource, verb, _name in grants("ravenproxy-agent")
+        if verb in WRITE_OPERATIONS
+    }
+    assert writes == {("raven.openyurt.io", "gateways", "UPDATE")}
+    assert writes <= covered
+    (condition,) = policy["spec"]["matchConditions"]
+    agent = workload("ravenproxy-agent")
+    account = agent["spec"]["template"]["spec"]["serviceAccountName"]
+    username = f"system:serviceaccount:{agent['metadata']['namespace']}:{account}"
+    assert condition["expression"] == f"request.userInfo.username == '{username}'"
 
 
 def test_coredns_patch_mounts_the_map_the_controller_writes() -> None:
