@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import resource
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from ravenproxy.client import ConnectRefused, open_tunnel
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import INVENTORY, Cluster
 from tests.integration.targets import echo, tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -42,13 +43,27 @@ async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         await writer.drain()
 
 
+async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A target that takes the request and never answers."""
+    await reader.read()
+
+
 @contextlib.asynccontextmanager
-async def bed(cluster: Cluster, *flags: str) -> AsyncIterator[tuple[int, int]]:
+async def bed(
+    cluster: Cluster, *flags: str, allow: tuple[int, ...] = ()
+) -> AsyncIterator[tuple[int, int]]:
     """A server started with ``flags``, an agent for edge-1 (127.0.0.1) allowed to reach an echo
-    target and an HTTP target; yields their ports once CONNECT reaches them."""
+    target (also edge-1's kubelet port, for SNI passthrough) and an HTTP target; yields their
+    ports once CONNECT reaches them."""
     async with tcp_server(echo) as echo_port, tcp_server(hello) as http_port:
+        edge1 = "  addresses: [{type: InternalIP, address: 127.0.0.1}]\n"
+        assert INVENTORY.count(edge1) == 2  # cloud-1, then edge-1
+        at = INVENTORY.index(edge1, INVENTORY.index("name: edge-1")) + len(edge1)
+        kubelet = f"  daemonEndpoints: {{kubeletEndpoint: {{Port: {echo_port}}}}}\n"
+        cluster.inventory.write_text(INVENTORY[:at] + kubelet + INVENTORY[at:])
         cluster.start_server(*flags)
-        cluster.start_agent("edge-1", f"127.0.0.1:{echo_port}", f"127.0.0.1:{http_port}")
+        ports = (echo_port, http_port, *allow)
+        cluster.start_agent("edge-1", *(f"127.0.0.1:{p}" for p in ports))
         await cluster.wait_routable(f"edge-1:{echo_port}")
         yield echo_port, http_port
 
@@ -264,3 +279,81 @@ async def test_idle_tunnel_is_closed_and_an_active_one_is_not(cluster: Cluster) 
         assert m['ravenproxy_server_idle_timeouts_total{front="http",relay="connect"}'] == 1
         assert cluster.server is not None
         assert "http front: idle connection closed" in cluster.server.output()
+
+
+def client_hello(server_name: str | None) -> bytes:
+    """The first flight of a real TLS client (a ClientHello, with SNI if named)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+async def test_tls_handshake_that_stalls_is_closed(cluster: Cluster) -> None:
+    async with bed(cluster, "--header-timeout", "1"):
+        assert cluster.server is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", cluster.server.ports["https"])
+        writer.write(client_hello(None))  # no SNI: terminated here; then never a Finished
+        started = time.monotonic()
+        try:
+            data = await closed_within(reader, 8)
+        finally:
+            writer.close()
+        assert data[:1] == b"\x16", data[:16]  # the server's flight came, then the close
+        assert time.monotonic() - started >= 0.5
+        m = await cluster.metrics()
+        key = 'ravenproxy_server_header_timeouts_total{front="https",stage="tls_handshake"}'
+        assert m[key] == 1
+        assert "https front: TLS handshake timed out" in cluster.server.output()
+
+
+async def test_sni_passthrough_stream_cap_and_idle_timeout(cluster: Cluster) -> None:
+    flags = ("--max-streams-per-client", "2", "--idle-timeout", "1")
+    async with bed(cluster, *flags):
+        assert cluster.server is not None
+        port = cluster.server.ports["https"]
+        hello_bytes = client_hello("edge-1")
+        passed = []
+        try:
+            for _ in range(2):  # SNI edge-1: passed through to its "kubelet" (an echo)
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(hello_bytes)
+                assert await reader.readexactly(len(hello_bytes)) == hello_bytes
+                passed.append((reader, writer))
+            # The third from the same address: no HTTP to answer in, so closed.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(hello_bytes)
+            try:
+                assert await closed_within(reader, 5) == b""
+            finally:
+                writer.close()
+            # Both passthroughs stay idle: closed after --idle-timeout.
+            for reader, _ in passed:
+                assert await closed_within(reader, 8) == b""
+        finally:
+            for _, writer in passed:
+                writer.close()
+        m = await cluster.metrics()
+        assert m['ravenproxy_server_client_stream_limit_total{front="https"}'] == 1
+        key = 'ravenproxy_server_idle_timeouts_total{front="https",relay="passthrough"}'
+        assert m[key] == 2
+        log = cluster.server.output()
+        assert "https front: refused" in log and "status=429" in log
+        assert "https front: idle connection closed" in log
+
+
+async def test_request_without_an_answer_ends_after_the_idle_timeout(cluster: Cluster) -> None:
+    async with tcp_server(silent) as silent_port:
+        async with bed(cluster, "--idle-timeout", "1", allow=(silent_port,)):
+            started = time.monotonic()
+            status, body = await get(cluster.http_port, "/", host=f"edge-1:{silent_port}")
+            assert time.monotonic() - started >= 0.8
+            assert (status, body) == (504, "edge-1: no byte either way for 1s (--idle-timeout)\n")
+            m = await cluster.metrics()
+            key = 'ravenproxy_server_idle_timeouts_total{front="http",relay="request"}'
+            assert m[key] == 1
+            assert m['ravenproxy_server_front_requests_total{front="http",status="504"}'] == 1
