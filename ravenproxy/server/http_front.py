@@ -9,14 +9,18 @@ log line and a count in ``ravenproxy_server_front_requests{front="http",status=.
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
+from ravenproxy.log import kv
 from ravenproxy.server.accept import FrontListener, streams
 from ravenproxy.server.http_proxy import HttpProxy
 
 if TYPE_CHECKING:
     from ravenproxy.server.app import ProxyServer
+
+log = logging.getLogger(__name__)
 
 READ_BUFFER = 64 * 1024
 """The client connection's read buffer (a head beyond --max-header-size is refused anyway)."""
@@ -41,6 +45,10 @@ class HttpFront:
     async def handle(self, conn: socket.socket, peer: Any) -> None:
         try:
             reader, writer = await streams(conn, limit=READ_BUFFER)
+        except OSError as exc:  # the client went away already
+            conn.close()
+            log.debug("http front: connection lost at once", extra=kv(peer=peer, error=exc))
+            return
         except BaseException:
             conn.close()
             raise
