@@ -432,9 +432,8 @@ class HttpProxy:
         try:
             while True:
                 try:
-                    async with watch:
+                    async with watch:  # entering stamps the activity of the last event
                         event = await upstream.next_event(flush)
-                    watch.touch()
                 except IdleTimeout:
                     peer = writer.get_extra_info("peername")
                     idle = RelayResult(error=IDLE_ERROR, idle=True)

@@ -153,13 +153,18 @@ class HttpsFront:
     ) -> None:
         assert self._ctx is not None
         remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        budget = asyncio.timeout(remaining)
         try:
-            async with asyncio.timeout(remaining):
+            async with budget:
                 reader, writer = await streams(
                     conn, self._ctx, limit=READ_LIMIT, handshake_timeout=remaining + 1
                 )
             self._handed.add(conn)
-        except TimeoutError:
+        except TimeoutError as exc:
+            if not budget.expired():  # ETIMEDOUT from the socket: a failed handshake
+                self.server.metrics.tls_connections.labels(mode="refused").inc()
+                log.info("https front: TLS handshake failed", extra=kv(peer=peer, error=exc))
+                return
             self.server.metrics.tls_connections.labels(mode="refused").inc()
             self.server.metrics.header_timeouts.labels(front=self.name, stage="tls_handshake").inc()
             log.info(
