@@ -392,6 +392,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="also allow this port on every node of the server's gateway (repeatable)",
     )
     server.add_argument(
+        "--header-timeout",
+        type=float,
+        metavar="S",
+        help="longest a request head may take once begun, and the TLS ClientHello and "
+        "handshake on the HTTPS front; 408 where HTTP can answer, else closed (default 10)",
+    )
+    server.add_argument(
+        "--max-front-connections",
+        type=int,
+        metavar="N",
+        help="connections open on the HTTP and HTTPS fronts together; beyond it new ones are "
+        "closed at once (default 8192, lowered to stay well under the descriptor limit)",
+    )
+    server.add_argument(
+        "--idle-timeout",
+        type=float,
+        metavar="S",
+        help="close a relayed connection (CONNECT, upgraded stream, SNI passthrough, request) "
+        "on which no byte moved either way for this long (default 14400: 4 h)",
+    )
+    server.add_argument(
+        "--max-streams-per-client",
+        type=int,
+        metavar="N",
+        help="concurrent streams of one client address; beyond it 429, or closed on SNI "
+        "passthrough (default 1000)",
+    )
+    server.add_argument(
         "--agent-leases",
         action="store_true",
         default=None,

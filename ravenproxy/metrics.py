@@ -95,6 +95,43 @@ class ServerMetrics:
             ["client_cert"],
             registry=r,
         )
+        self.front_connections = Gauge(
+            f"{NS}_server_front_connections",
+            "Client connections open on the HTTP and HTTPS fronts together",
+            registry=r,
+        )
+        self.front_refused = Counter(
+            f"{NS}_server_front_connections_refused",
+            "Front connections closed at once because --max-front-connections were open",
+            ["front"],
+            registry=r,
+        )
+        self.accept_errors = Counter(
+            f"{NS}_server_accept_errors",
+            "Failed accepts on a front, by error (emfile, enfile: out of descriptors)",
+            ["front", "error"],
+            registry=r,
+        )
+        self.header_timeouts = Counter(
+            f"{NS}_server_header_timeouts",
+            "Connections closed for taking longer than --header-timeout, by stage "
+            "(head, client_hello, tls_handshake)",
+            ["front", "stage"],
+            registry=r,
+        )
+        self.idle_timeouts = Counter(
+            f"{NS}_server_idle_timeouts",
+            "Relayed connections closed after --idle-timeout without a byte either way, by relay "
+            "(connect, upgrade, passthrough, request)",
+            ["front", "relay"],
+            registry=r,
+        )
+        self.client_stream_limit = Counter(
+            f"{NS}_server_client_stream_limit",
+            "Streams refused because their client address held --max-streams-per-client",
+            ["front"],
+            registry=r,
+        )
 
 
 class AgentMetrics:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import resource
 import ssl
 import time
 from typing import Any
@@ -25,6 +26,13 @@ from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.store import ModelStore
 from ravenproxy.server.http_front import HttpFront
 from ravenproxy.server.https_front import HttpsFront
+from ravenproxy.server.limits import (
+    ClientStreams,
+    ConnectionGate,
+    StreamLease,
+    client_key,
+    front_connection_cap,
+)
 from ravenproxy.server.liveness import KubeLiveness, add_agents_route
 from ravenproxy.server.loops import FRONTS, OwnListeners, via_token
 from ravenproxy.server.registry import AgentRegistry
@@ -39,6 +47,7 @@ from ravenproxy.server.upstream import (
 )
 from ravenproxy.transport import tls
 from ravenproxy.transport.dialer import DialError, dial
+from ravenproxy.transport.relay import RelayResult
 from ravenproxy.transport.session import (
     OpenError,
     Session,
@@ -59,10 +68,15 @@ class ProxyServer:
         self.metrics = ServerMetrics()
         self.ports: dict[str, int] = {}
         self._ws_server: WsServer | None = None
-        self._fronts: list[asyncio.Server] = []
         self._runners: list[web.AppRunner] = []
         self._liveness: KubeLiveness | None = None
         self._conn_tasks: set[asyncio.Task[Any]] = set()
+        # The fronts' limits, shared by both fronts (see ravenproxy.server.limits).
+        self.front_gate = ConnectionGate(
+            front_connection_cap(settings.max_front_connections, _fd_limit())
+        )
+        self.client_streams = ClientStreams(settings.max_streams_per_client)
+        self.metrics.front_connections.set_function(lambda: self.front_gate.open)
         self.http_front = HttpFront(self)
         self.https_front = HttpsFront(self)
         self.kubelet_tls: ssl.SSLContext | None = None
@@ -111,20 +125,21 @@ class ProxyServer:
         )
         self.ports["tunnel"] = self._ws_server.sockets[0].getsockname()[1]
         self.listeners.add("tunnel", (sock.getsockname() for sock in self._ws_server.sockets))
-        http = await asyncio.start_server(
-            self._owned(self.http_front.handle),
-            s.http_addr.bind_host,
-            s.http_addr.port,
-            limit=64 * 1024,
-            backlog=4096,
-        )
-        self._fronts.append(http)
-        self.ports["http"] = http.sockets[0].getsockname()[1]
-        self.listeners.add("http", (sock.getsockname() for sock in http.sockets))
+        if self.front_gate.limit < s.max_front_connections:
+            log.warning(
+                "front connection cap lowered to stay well under the file descriptor limit",
+                extra=kv(
+                    max_front_connections=s.max_front_connections,
+                    enforced=self.front_gate.limit,
+                    fd_limit=_fd_limit(),
+                ),
+            )
+        self.ports["http"] = await self.http_front.start(s.http_addr.bind_host, s.http_addr.port)
+        self.listeners.add("http", self.http_front.listener.socknames())
         self.ports["https"] = await self.https_front.start(
             s.https_addr.bind_host, s.https_addr.port
         )
-        self.listeners.add("https", self.https_front.socknames())
+        self.listeners.add("https", self.https_front.listener.socknames())
         runner, port = await start_app(
             metrics_app(self.metrics.registry), s.metrics_addr.host, s.metrics_addr.port
         )
@@ -190,8 +205,7 @@ class ProxyServer:
 
     async def stop(self) -> None:
         self._stopping = True
-        for front in self._fronts:
-            front.close()
+        await self.http_front.stop()
         await self.https_front.stop()
         if self._ws_server is not None:
             self._ws_server.close(close_connections=False)
@@ -207,8 +221,6 @@ class ProxyServer:
         if self._ws_server is not None:
             self._ws_server.close()
             await self._ws_server.wait_closed()
-        for front in self._fronts:
-            await front.wait_closed()
         if self._liveness is not None:
             await self._liveness.stop()  # releases every Lease it holds
         for runner in self._runners:
@@ -219,22 +231,6 @@ class ProxyServer:
         """Own a connection task: collected (cancelled after the drain timeout) at shutdown."""
         self._conn_tasks.add(task)
         task.add_done_callback(self._conn_tasks.discard)
-
-    def _owned(self, handler: Any) -> Any:
-        """Wrap a connection handler so its task is tracked and cancelled at shutdown."""
-
-        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self._conn_tasks.add(task)
-            try:
-                await handler(reader, writer)
-            finally:
-                self._conn_tasks.discard(task)
-                if not writer.is_closing():
-                    writer.transport.abort()
-
-        return run
 
     # -- agents -----------------------------------------------------------------------------
     async def _agent_connected(self, ws: ServerConnection) -> None:
@@ -290,6 +286,33 @@ class ProxyServer:
     def _stream_closed(self, stream: TunnelStream) -> None:
         self.metrics.bytes.labels(direction="up").inc(stream.bytes_out)
         self.metrics.bytes.labels(direction="down").inc(stream.bytes_in)
+
+    # -- limits -----------------------------------------------------------------------------
+    def stream_lease(self, front: str, peer: object) -> StreamLease:
+        """A stream slot of the client at ``peer`` (--max-streams-per-client); refused with
+        :class:`RoutingError` 429 (counted) while that address holds all of its slots."""
+        client = client_key(peer)
+        lease = self.client_streams.acquire(client)
+        if lease is None:
+            self.metrics.client_stream_limit.labels(front=front).inc()
+            raise RoutingError(
+                429,
+                "",
+                f"too many concurrent streams from {client} (limit {self.client_streams.limit})",
+            )
+        return lease
+
+    def relay_done(self, front: str, relay: str, result: RelayResult, **fields: object) -> None:
+        """Account for a finished relay (``relay``: connect, upgrade, passthrough, request):
+        one closed for --idle-timeout is counted and logged."""
+        if result.idle:
+            self.metrics.idle_timeouts.labels(front=front, relay=relay).inc()
+            log.info(
+                f"{front} front: idle connection closed",
+                extra=kv(relay=relay, idle_timeout=f"{self.settings.idle_timeout:g}s", **fields),
+            )
+        else:
+            log.debug(f"{front} front: {relay} done", extra=kv(error=result.error, **fields))
 
     # -- streams ----------------------------------------------------------------------------
     async def connect(
@@ -388,6 +411,15 @@ class ProxyServer:
             self.metrics.dial.observe(time.monotonic() - started)
         self.metrics.opens.labels(result="ok").inc()
         return stream
+
+
+def _fd_limit() -> int | None:
+    """The soft descriptor limit (the CLI lifts it to the hard one at start-up)."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ValueError, OSError):  # pragma: no cover - no limit to read
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def _peer(address: Any) -> str:

@@ -9,13 +9,21 @@ log line and a count in ``ravenproxy_server_front_requests{front="http",status=.
 
 from __future__ import annotations
 
-import asyncio
-from typing import TYPE_CHECKING
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
 
+from ravenproxy.log import kv
+from ravenproxy.server.accept import FrontListener, streams
 from ravenproxy.server.http_proxy import HttpProxy
 
 if TYPE_CHECKING:
     from ravenproxy.server.app import ProxyServer
+
+log = logging.getLogger(__name__)
+
+READ_BUFFER = 64 * 1024
+"""The client connection's read buffer (a head beyond --max-header-size is refused anyway)."""
 
 
 class HttpFront:
@@ -24,6 +32,28 @@ class HttpFront:
     def __init__(self, server: ProxyServer) -> None:
         self.server = server
         self.proxy = HttpProxy(server, self.name, over_tls=False)
+        self.listener = FrontListener(
+            self.name, self.handle, server.front_gate, server.metrics, server.track
+        )
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self.proxy.serve(reader, writer)
+    async def start(self, host: str | None, port: int) -> int:
+        return await self.listener.start(host, port)
+
+    async def stop(self) -> None:
+        await self.listener.stop()
+
+    async def handle(self, conn: socket.socket, peer: Any) -> None:
+        try:
+            reader, writer = await streams(conn, limit=READ_BUFFER)
+        except OSError as exc:  # the client went away already
+            conn.close()
+            log.debug("http front: connection lost at once", extra=kv(peer=peer, error=exc))
+            return
+        except BaseException:
+            conn.close()
+            raise
+        try:
+            await self.proxy.serve(reader, writer)
+        finally:
+            if not writer.is_closing():
+                writer.transport.abort()

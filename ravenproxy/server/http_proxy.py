@@ -25,11 +25,12 @@ import h11
 from ravenproxy.errors import RoutingError
 from ravenproxy.log import kv
 from ravenproxy.server.http1 import BadRequest, error_response
+from ravenproxy.server.limits import StreamLease
 from ravenproxy.server.loops import via_received_by
 from ravenproxy.server.podroutes import Destination, find_destination, forwardable, wants_upgrade
 from ravenproxy.server.routing import Route, route
 from ravenproxy.server.upstream import ByteStream, splice
-from ravenproxy.transport.relay import READ_LIMIT
+from ravenproxy.transport.relay import IDLE_ERROR, READ_LIMIT, IdleTimeout, IdleWatch, RelayResult
 from ravenproxy.transport.session import StreamClosedError
 
 if TYPE_CHECKING:
@@ -44,8 +45,9 @@ _IO_ERRORS = (ConnectionError, StreamClosedError, OSError)
 
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
-IDLE_TIMEOUT = 300.0
-"""A client connection with no request (or an unfinished head) for this long is closed."""
+KEEPALIVE_TIMEOUT = 300.0
+"""A kept-alive client connection with no byte of a next request for this long is closed (once
+a head has begun, --header-timeout bounds it)."""
 
 
 class _Closed(Exception):
@@ -54,6 +56,14 @@ class _Closed(Exception):
 
 class _Stale(Exception):
     """A kept-alive target connection turned out to be closed before it answered."""
+
+
+class _HeadTimeout(Exception):
+    """A request head did not arrive whole within --header-timeout."""
+
+
+class _KeepAliveIdle(Exception):
+    """No next request began on a kept-alive connection within the keep-alive timeout."""
 
 
 def _decode(headers: h11._headers.Headers) -> Headers:
@@ -83,11 +93,15 @@ def _header(headers: Headers, name: str) -> str | None:
 class _Upstream:
     """One connection to a target, with the h11 client state of the requests sent on it."""
 
-    def __init__(self, key: UpstreamKey, stream: ByteStream, max_head: int) -> None:
+    def __init__(
+        self, key: UpstreamKey, stream: ByteStream, max_head: int, lease: StreamLease
+    ) -> None:
         self.key = key
         self.stream = stream
         self.conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=max_head)
         self.used = False
+        self.lease = lease
+        """The client's stream slot (--max-streams-per-client), held while this is open."""
 
     async def send(self, event: h11.Event) -> None:
         data = self.conn.send(event)
@@ -120,6 +134,7 @@ class _Upstream:
 
     def close(self) -> None:
         self.stream.close()
+        self.lease.release()
 
 
 class HttpProxy:
@@ -163,19 +178,26 @@ class HttpProxy:
         # identity on re-originated TLS.
         authenticated = self.over_tls and bool(writer.get_extra_info("peercert"))
         upstream: _Upstream | None = None
+        first = True
         try:
             while True:
                 try:
-                    async with asyncio.timeout(IDLE_TIMEOUT):
-                        event = await _next_event(conn, reader)
-                except TimeoutError:
-                    return  # an idle keep-alive connection (or a head that never ends)
+                    event = await self._next_request(conn, reader, first)
+                except _KeepAliveIdle:
+                    return
+                except _HeadTimeout:
+                    timeout = self.server.settings.header_timeout
+                    self.server.metrics.header_timeouts.labels(front=self.front, stage="head").inc()
+                    await self._refuse(
+                        writer, 408, "", f"request head not received within {timeout:g}s", peer
+                    )
                 except h11.RemoteProtocolError as exc:
                     await self._refuse(
                         writer, exc.error_status_hint, "", f"bad request: {exc}", peer
                     )
                 if not isinstance(event, h11.Request):
                     return  # ConnectionClosed (or PAUSED after a switch: not reached)
+                first = False
                 upstream = await self._exchange(
                     conn, reader, writer, event, upstream, peer, authenticated
                 )
@@ -196,6 +218,33 @@ class HttpProxy:
                 upstream.close()
             if not writer.is_closing():
                 writer.close()
+
+    async def _next_request(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, first: bool
+    ) -> h11.Event | type[h11.PAUSED]:
+        """The next request head. The first one of a connection must arrive whole within
+        --header-timeout of the accept; a later one may keep the connection idle up to
+        KEEPALIVE_TIMEOUT, then must be whole within --header-timeout of its first byte."""
+        if not first:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event  # type: ignore[return-value]
+            if not conn.trailing_data[0]:  # nothing of the next head buffered yet
+                try:
+                    async with asyncio.timeout(KEEPALIVE_TIMEOUT) as idle:
+                        data = await reader.read(READ_LIMIT)
+                except TimeoutError:
+                    if idle.expired():
+                        raise _KeepAliveIdle from None
+                    raise
+                conn.receive_data(data)
+        try:
+            async with asyncio.timeout(self.server.settings.header_timeout) as head:
+                return await _next_event(conn, reader)
+        except TimeoutError:
+            if head.expired():
+                raise _HeadTimeout from None
+            raise
 
     async def _exchange(
         self,
@@ -254,7 +303,7 @@ class HttpProxy:
                 upstream.close()
                 upstream = None
             if upstream is None:
-                upstream = await self._open(r, key, tls_to, authenticated)
+                upstream = await self._open(r, key, tls_to, peer, authenticated)
         except BadRequest as exc:
             if upstream is not None:
                 upstream.close()
@@ -291,7 +340,9 @@ class HttpProxy:
                 if attempt == 2:
                     break
                 try:
-                    upstream = await self._open(r, upstream.key, upstream.key[3], authenticated)
+                    upstream = await self._open(
+                        r, upstream.key, upstream.key[3], peer, authenticated
+                    )
                 except RoutingError as exc:
                     await self._refuse(writer, exc.status, exc.node, exc.reason, peer)
         await self._refuse(
@@ -317,10 +368,15 @@ class HttpProxy:
         )
 
     async def _open(
-        self, r: Route, key: UpstreamKey, tls_to: bool, authenticated: bool
+        self, r: Route, key: UpstreamKey, tls_to: bool, peer: object, authenticated: bool
     ) -> _Upstream:
-        stream = await self.server.connect(r, tls_to=tls_to, authenticated=authenticated)
-        return _Upstream(key, stream, self.server.settings.max_header_size)
+        lease = self.server.stream_lease(self.front, peer)  # 429 past the client's cap
+        try:
+            stream = await self.server.connect(r, tls_to=tls_to, authenticated=authenticated)
+        except BaseException:
+            lease.release()
+            raise
+        return _Upstream(key, stream, self.server.settings.max_header_size, lease)
 
     async def _connect(
         self,
@@ -331,24 +387,35 @@ class HttpProxy:
     ) -> None:
         peer = writer.get_extra_info("peername")
         try:
-            r = route(
-                self.server.store.model,
-                self.server.registry,
-                dest.host,
-                dest.port,
-                local_node=self.server.settings.node_name,
-            )
-            stream = await self.server.connect(r)
+            lease = self.server.stream_lease(self.front, peer)
         except RoutingError as exc:
             await self._refuse(writer, exc.status, exc.node, exc.reason, peer)
-            return
-        self._count(200)
-        rest, _ = conn.trailing_data
-        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        error = await splice(stream, reader, writer, initial_up=bytes(rest))
-        log.debug(
-            f"{self.front} front: CONNECT done",
-            extra=kv(node=r.node.name, port=r.target.port, error=error),
+        try:
+            try:
+                r = route(
+                    self.server.store.model,
+                    self.server.registry,
+                    dest.host,
+                    dest.port,
+                    local_node=self.server.settings.node_name,
+                )
+                stream = await self.server.connect(r)
+            except RoutingError as exc:
+                await self._refuse(writer, exc.status, exc.node, exc.reason, peer)
+            self._count(200)
+            rest, _ = conn.trailing_data
+            writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            result = await splice(
+                stream,
+                reader,
+                writer,
+                initial_up=bytes(rest),
+                idle_timeout=self.server.settings.idle_timeout,
+            )
+        finally:
+            lease.release()
+        self.server.relay_done(
+            self.front, "connect", result, peer=peer, node=r.node.name, port=r.target.port
         )
 
     async def _forward(
@@ -382,8 +449,12 @@ class HttpProxy:
         # A kept connection the target closed while idle fails before any answer; the request
         # is sent again on a new one only if that cannot repeat an effect (RFC 9110 §9.2.2).
         retry_ok = reused and body_done and outbound.method in IDEMPOTENT
+        # No byte either way for --idle-timeout ends the exchange (the body pump counts too).
+        watch = IdleWatch(self.server.settings.idle_timeout)
         if not body_done:
-            pump = asyncio.create_task(self._pump(conn, reader, upstream), name="http-body-up")
+            pump = asyncio.create_task(
+                self._pump(conn, reader, upstream, watch), name="http-body-up"
+            )
         started = False
         # Bytes for the client are gathered while the target's events come without waiting
         # (head, body, end of a small response: one write) and flushed before any wait.
@@ -408,7 +479,19 @@ class HttpProxy:
         try:
             while True:
                 try:
-                    event = await upstream.next_event(flush)
+                    async with watch:  # entering stamps the activity of the last event
+                        event = await upstream.next_event(flush)
+                except IdleTimeout:
+                    peer = writer.get_extra_info("peername")
+                    idle = RelayResult(error=IDLE_ERROR, idle=True)
+                    self.server.relay_done(self.front, "request", idle, peer=peer, node=r.node.name)
+                    if not started:
+                        raise RoutingError(
+                            504,
+                            r.node.name,
+                            f"no byte either way for {watch.timeout:g}s (--idle-timeout)",
+                        ) from None
+                    raise _Closed from None
                 except h11.RemoteProtocolError as exc:
                     if (refused := body_refused()) is not None:
                         raise refused from None
@@ -516,7 +599,11 @@ class HttpProxy:
                 return True  # ConnectionClosed: the response may still be read
 
     async def _pump(
-        self, conn: h11.Connection, reader: asyncio.StreamReader, upstream: _Upstream
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        upstream: _Upstream,
+        watch: IdleWatch,
     ) -> None:
         while True:
             try:
@@ -524,6 +611,7 @@ class HttpProxy:
             except h11.RemoteProtocolError as exc:
                 upstream.close()  # the answer will not be forwarded: stop waiting for it
                 raise BadRequest(400, f"bad request body: {exc}") from None
+            watch.touch()
             if isinstance(event, h11.Data):
                 await upstream.send(h11.Data(data=event.data))
             elif isinstance(event, h11.EndOfMessage):
@@ -560,16 +648,21 @@ class HttpProxy:
         self._count(101)
         client_rest, _ = conn.trailing_data
         target_rest, _ = upstream.conn.trailing_data
-        error = await splice(
+        result = await splice(
             upstream.stream,
             reader,
             writer,
             initial_up=bytes(client_rest),
             initial_down=bytes(target_rest),
+            idle_timeout=self.server.settings.idle_timeout,
         )
-        log.debug(
-            f"{self.front} front: upgraded stream done",
-            extra=kv(node=r.node.name, port=r.target.port, error=error),
+        self.server.relay_done(
+            self.front,
+            "upgrade",
+            result,
+            peer=writer.get_extra_info("peername"),
+            node=r.node.name,
+            port=r.target.port,
         )
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from ravenproxy.errors import RoutingError
 from ravenproxy.log import kv
 from ravenproxy.server import sni
+from ravenproxy.server.accept import FrontListener, streams
 from ravenproxy.server.http_proxy import HttpProxy
 from ravenproxy.server.routing import route
 from ravenproxy.server.upstream import splice
@@ -34,10 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HELLO_TIMEOUT = 10.0
-"""A client that sends no complete ClientHello in this long is dropped."""
-HANDSHAKE_TIMEOUT = 10.0
-
 
 class HttpsFront:
     name = "https"
@@ -45,8 +42,9 @@ class HttpsFront:
     def __init__(self, server: ProxyServer) -> None:
         self.server = server
         self.proxy = HttpProxy(server, self.name, over_tls=True)
-        self._sock: socket.socket | None = None
-        self._accepting: asyncio.Task[None] | None = None
+        self.listener = FrontListener(
+            self.name, self._handle, server.front_gate, server.metrics, server.track
+        )
         self._ctx: ssl.SSLContext | None = None
         self._handed: set[socket.socket] = set()
         """Accepted sockets a transport has taken over (and will close)."""
@@ -55,47 +53,31 @@ class HttpsFront:
         s = self.server.settings
         self._ctx = tls.https_server_context(s.cert_file, s.key_file, s.front_client_ca_file)
         self._ctx.set_alpn_protocols(["http/1.1"])
-        if host is None and socket.has_dualstack_ipv6():
-            sock = socket.create_server(
-                ("", port), family=socket.AF_INET6, backlog=4096, dualstack_ipv6=True
-            )
-        else:
-            sock = socket.create_server((host or "", port), backlog=4096)
-        sock.setblocking(False)
-        self._sock = sock
-        self._accepting = asyncio.create_task(self._accept_loop(sock), name="https-front-accept")
-        return int(sock.getsockname()[1])
-
-    def socknames(self) -> list[tuple[object, ...]]:
-        """Where the front listens (for the server's own-listener check)."""
-        return [self._sock.getsockname()] if self._sock is not None else []
+        return await self.listener.start(host, port)
 
     async def stop(self) -> None:
-        if self._accepting is not None:
-            self._accepting.cancel()
-            await asyncio.gather(self._accepting, return_exceptions=True)
-        if self._sock is not None:
-            self._sock.close()
-
-    async def _accept_loop(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn, peer = await loop.sock_accept(sock)
-            except OSError as exc:  # EMFILE and friends: back off instead of spinning
-                log.warning("https front: accept failed", extra=kv(error=exc))
-                await asyncio.sleep(0.1)
-                continue
-            conn.setblocking(False)
-            task = asyncio.create_task(self._handle(conn, peer), name=f"https-front:{peer}")
-            self.server.track(task)
+        await self.listener.stop()
 
     async def _handle(self, conn: socket.socket, peer: object) -> None:
         # Until a transport takes the socket over, closing it is ours to do.
+        # --header-timeout bounds the ClientHello and the TLS handshake together.
+        timeout = self.server.settings.header_timeout
+        deadline = asyncio.get_running_loop().time() + timeout
         try:
             try:
-                hello = await _peek_client_hello(conn, HELLO_TIMEOUT)
-            except (sni.NotClientHello, ConnectionError, TimeoutError, OSError) as exc:
+                hello = await _peek_client_hello(conn, timeout)
+            except TimeoutError:
+                self.server.metrics.tls_connections.labels(mode="refused").inc()
+                self.server.metrics.header_timeouts.labels(
+                    front=self.name, stage="client_hello"
+                ).inc()
+                log.info(
+                    "https front: no ClientHello in time, closing",
+                    extra=kv(peer=peer, header_timeout=f"{timeout:g}s"),
+                )
+                conn.close()
+                return
+            except (sni.NotClientHello, ConnectionError, OSError) as exc:
                 self.server.metrics.tls_connections.labels(mode="refused").inc()
                 log.info("https front: not a TLS client", extra=kv(peer=peer, reason=exc))
                 conn.close()
@@ -105,7 +87,7 @@ class HttpsFront:
             if node is not None:
                 await self._passthrough(conn, peer, node.name)
             else:
-                await self._terminate(conn, peer, hello.server_name)
+                await self._terminate(conn, peer, hello.server_name, deadline)
         except Exception:
             log.exception("https front: connection failed", extra=kv(peer=peer))
         finally:
@@ -115,6 +97,23 @@ class HttpsFront:
                 conn.close()
 
     async def _passthrough(self, conn: socket.socket, peer: object, node: str) -> None:
+        try:
+            lease = self.server.stream_lease(self.name, peer)
+        except RoutingError as exc:
+            # No HTTP to answer in (the TLS is the client's with the kubelet): close.
+            self.server.metrics.tls_connections.labels(mode="refused").inc()
+            self.server.metrics.requests.labels(front=self.name, status=str(exc.status)).inc()
+            log.info(
+                "https front: refused",
+                extra=kv(peer=peer, node=node, status=exc.status, reason=exc.reason, sni=node),
+            )
+            return
+        try:
+            await self._passthrough_leased(conn, peer, node)
+        finally:
+            lease.release()
+
+    async def _passthrough_leased(self, conn: socket.socket, peer: object, node: str) -> None:
         try:
             r = route(
                 self.server.store.model,
@@ -139,43 +138,47 @@ class HttpsFront:
             extra=kv(peer=peer, node=node, target=f"{r.target.host}:{r.target.port}"),
         )
         try:
-            reader, writer = await _streams(conn, None)
+            reader, writer = await streams(conn, limit=READ_LIMIT)
         except BaseException:
             upstream.close()
             raise
         self._handed.add(conn)
-        error = await splice(upstream, reader, writer)
-        log.debug("https front: passthrough done", extra=kv(node=node, error=error))
+        result = await splice(
+            upstream, reader, writer, idle_timeout=self.server.settings.idle_timeout
+        )
+        self.server.relay_done(self.name, "passthrough", result, peer=peer, node=node)
 
-    async def _terminate(self, conn: socket.socket, peer: object, server_name: str | None) -> None:
+    async def _terminate(
+        self, conn: socket.socket, peer: object, server_name: str | None, deadline: float
+    ) -> None:
         assert self._ctx is not None
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        budget = asyncio.timeout(remaining)
         try:
-            reader, writer = await _streams(conn, self._ctx)
+            async with budget:
+                reader, writer = await streams(
+                    conn, self._ctx, limit=READ_LIMIT, handshake_timeout=remaining + 1
+                )
             self._handed.add(conn)
-        except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
+        except TimeoutError as exc:
+            if not budget.expired():  # ETIMEDOUT from the socket: a failed handshake
+                self.server.metrics.tls_connections.labels(mode="refused").inc()
+                log.info("https front: TLS handshake failed", extra=kv(peer=peer, error=exc))
+                return
+            self.server.metrics.tls_connections.labels(mode="refused").inc()
+            self.server.metrics.header_timeouts.labels(front=self.name, stage="tls_handshake").inc()
+            log.info(
+                "https front: TLS handshake timed out, closing",
+                extra=kv(peer=peer, header_timeout=f"{self.server.settings.header_timeout:g}s"),
+            )
+            return
+        except (ssl.SSLError, ConnectionError, OSError) as exc:
             self.server.metrics.tls_connections.labels(mode="refused").inc()
             log.info("https front: TLS handshake failed", extra=kv(peer=peer, error=exc))
             return
         self.server.metrics.tls_connections.labels(mode="terminate").inc()
         log.debug("https front: terminating TLS", extra=kv(peer=peer, sni=server_name or "-"))
         await self.proxy.serve(reader, writer)
-
-
-async def _streams(
-    conn: socket.socket, ctx: ssl.SSLContext | None
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Stream reader/writer over an accepted socket, optionally with server-side TLS."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=READ_LIMIT)
-    protocol = asyncio.StreamReaderProtocol(reader)
-    transport, _ = await loop.connect_accepted_socket(
-        lambda: protocol,
-        conn,
-        ssl=ctx,
-        ssl_handshake_timeout=HANDSHAKE_TIMEOUT if ctx is not None else None,
-    )
-    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-    return reader, writer
 
 
 async def _wait_readable(conn: socket.socket) -> None:

@@ -10,6 +10,7 @@ from ravenproxy import config as cfg
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError
 from ravenproxy.model.allowlist import Allowlist
+from ravenproxy.server import limits
 from ravenproxy.transport.session import SessionConfig
 from ravenproxy.wire.connection import WireConfig
 
@@ -41,6 +42,10 @@ FIELDS = {
     "agent_leases",
     "kubeconfig",
     "kube_model",
+    "header_timeout",
+    "max_front_connections",
+    "idle_timeout",
+    "max_streams_per_client",
 }
 
 DEFAULT_MAX_HEADER_SIZE = 64 * 1024
@@ -85,6 +90,16 @@ class ServerSettings:
     """API access for ``agent_leases`` and ``kube_model``; None: the in-cluster account."""
     kube_model: bool = False
     """Read Nodes, Gateways and Pods from the Kubernetes API instead of an inventory."""
+    header_timeout: float = limits.DEFAULT_HEADER_TIMEOUT
+    """Longest a request head may take once its first byte arrived (the whole first head of a
+    connection from its accept), and the TLS ClientHello plus handshake on the HTTPS front."""
+    max_front_connections: int = limits.DEFAULT_MAX_FRONT_CONNECTIONS
+    """Connections open on all fronts together; beyond it a new one is closed at once (lowered
+    at start-up to stay well under the descriptor limit)."""
+    idle_timeout: float = limits.DEFAULT_IDLE_TIMEOUT
+    """A relayed connection on which no byte moved either way for this long is closed."""
+    max_streams_per_client: int = limits.DEFAULT_MAX_STREAMS_PER_CLIENT
+    """Concurrent streams of one client address; beyond it 429 (SNI passthrough: closed)."""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerSettings:
@@ -147,6 +162,26 @@ class ServerSettings:
             agent_leases=bool(values.get("agent_leases")),
             kubeconfig=optional_file("kubeconfig"),
             kube_model=bool(values.get("kube_model")),
+            header_timeout=cfg.positive(
+                values.get("header_timeout", limits.DEFAULT_HEADER_TIMEOUT), "--header-timeout"
+            ),
+            max_front_connections=int(
+                cfg.positive(
+                    values.get("max_front_connections", limits.DEFAULT_MAX_FRONT_CONNECTIONS),
+                    "--max-front-connections",
+                    integer=True,
+                )
+            ),
+            idle_timeout=cfg.positive(
+                values.get("idle_timeout", limits.DEFAULT_IDLE_TIMEOUT), "--idle-timeout"
+            ),
+            max_streams_per_client=int(
+                cfg.positive(
+                    values.get("max_streams_per_client", limits.DEFAULT_MAX_STREAMS_PER_CLIENT),
+                    "--max-streams-per-client",
+                    integer=True,
+                )
+            ),
         )
 
 

@@ -13,7 +13,14 @@ import contextlib
 import ssl
 from typing import Protocol
 
-from ravenproxy.transport.relay import READ_LIMIT, relay
+from ravenproxy.transport.relay import (
+    IDLE_ERROR,
+    READ_LIMIT,
+    IdleTimeout,
+    IdleWatch,
+    RelayResult,
+    relay,
+)
 from ravenproxy.transport.session import StreamClosedError, TunnelStream
 
 
@@ -167,18 +174,25 @@ async def splice(
     *,
     initial_up: bytes = b"",
     initial_down: bytes = b"",
-) -> str:
-    """Copy client ⇄ upstream until both sides finished (half-close carried) or either failed.
-    Closes both. Returns "" or what failed."""
+    idle_timeout: float | None = None,
+) -> RelayResult:
+    """Copy client ⇄ upstream until both sides finished (half-close carried) or either failed,
+    or no byte moved either way for ``idle_timeout`` seconds (``idle`` set in the result).
+    Closes both. The result's ``error`` is "" or what failed."""
     if isinstance(upstream, TunnelByteStream) and not initial_down:
-        result = await relay(upstream.stream, reader, writer, initial=initial_up)
-        return result.error
+        return await relay(
+            upstream.stream, reader, writer, initial=initial_up, idle_timeout=idle_timeout
+        )
+    result = RelayResult()
+    watch = IdleWatch(idle_timeout)
 
     async def up() -> None:
         if initial_up:
             await upstream.write(initial_up)
         while data := await reader.read(READ_LIMIT):
+            watch.touch()
             await upstream.write(data)
+            result.bytes_up += len(data)
         await upstream.write_eof()
 
     async def down() -> None:
@@ -186,7 +200,9 @@ async def splice(
             writer.write(initial_down)
             await writer.drain()
         while data := await upstream.read():
+            watch.touch()
             writer.write(data)
+            result.bytes_down += len(data)
             await writer.drain()
         if writer.can_write_eof() and not writer.is_closing():
             writer.write_eof()
@@ -195,26 +211,28 @@ async def splice(
     half_close = writer.can_write_eof()
     down_task = asyncio.create_task(down(), name="splice-down")
     tasks = {asyncio.create_task(up(), name="splice-up"), down_task}
-    error = ""
     try:
         pending = tasks
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            failed = [exc for t in done if (exc := t.exception()) is not None]
-            if failed:
-                error = repr(failed[0])
-            if failed or (down_task in done and not half_close):
-                for t in pending:
-                    t.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                break
+        async with watch:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failed = [exc for t in done if (exc := t.exception()) is not None]
+                if failed:
+                    result.error = repr(failed[0])
+                if failed or (down_task in done and not half_close):
+                    for t in pending:
+                        t.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
+                    break
+    except IdleTimeout:
+        result.error, result.idle = IDLE_ERROR, True
     finally:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         upstream.close()
-        if error:
+        if result.error:
             writer.transport.abort()
         else:
             writer.close()
-    return error
+    return result

@@ -3,6 +3,9 @@
 Socket → stream: read only as much as the stream's credit allows, so a slow tunnel stops reading
 the socket (TCP pushes back on the sender) instead of queueing. Stream → socket: the next chunk
 is taken (and its credit returned) only after the socket accepted the previous one.
+
+Idleness (no byte either way for a while) is tracked once, by :class:`IdleWatch`, for this relay
+and for every other copy loop of a relayed connection: the loops only stamp the time.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import asyncio
 import logging
 import socket
 from dataclasses import dataclass
+from types import TracebackType
 
+from ravenproxy.errors import RavenProxyError
 from ravenproxy.transport.session import StreamClosedError, TunnelStream
 from ravenproxy.wire.codes import ErrorCode
 
@@ -21,6 +26,74 @@ READ_LIMIT = 1024 * 1024
 """Largest single read from a socket; also the StreamReader buffer limit we open sockets with."""
 
 
+class IdleTimeout(RavenProxyError):
+    """No byte moved either way on a relayed connection for its idle timeout."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"no byte either way for {timeout:g}s")
+        self.timeout = timeout
+
+
+class IdleWatch:
+    """An ``asyncio.timeout`` that activity pushes back: the block it guards is cancelled (and
+    leaves with :class:`IdleTimeout`) once no one called :meth:`touch` for ``timeout`` seconds.
+    ``timeout`` None: never. It may guard one block after another (not two at once).
+
+    The copy loops call :meth:`touch` per chunk, which only stamps the loop's clock; one timer
+    per connection checks the stamp when it is due and re-arms itself for the stamp's deadline,
+    so a busy connection costs no timer work per chunk.
+    """
+
+    __slots__ = ("_cm", "_loop", "_timer", "last", "timeout")
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self._loop = asyncio.get_running_loop()
+        self.last = self._loop.time()
+        self._cm: asyncio.Timeout | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def touch(self) -> None:
+        """A byte moved: the connection is not idle."""
+        self.last = self._loop.time()
+
+    async def __aenter__(self) -> IdleWatch:
+        self.touch()
+        self._cm = asyncio.timeout(None)
+        await self._cm.__aenter__()
+        if self.timeout is not None:
+            self._timer = self._loop.call_at(self.last + self.timeout, self._check)
+        return self
+
+    def _check(self) -> None:
+        assert self.timeout is not None and self._cm is not None
+        due = self.last + self.timeout
+        now = self._loop.time()
+        if now >= due - 0.001:  # timers may fire a clock tick early
+            self._timer = None
+            self._cm.reschedule(now)  # cancels the guarded block at once
+        else:
+            self._timer = self._loop.call_at(due, self._check)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        assert self._cm is not None
+        try:
+            await self._cm.__aexit__(exc_type, exc, tb)  # never swallows: returns None
+        except TimeoutError:  # raised by the timeout itself: only when it expired
+            assert self.timeout is not None
+            raise IdleTimeout(self.timeout) from None
+        finally:
+            self._cm = None
+
+
 @dataclass
 class RelayResult:
     bytes_up: int = 0
@@ -28,6 +101,12 @@ class RelayResult:
     bytes_down: int = 0
     """Tunnel → socket."""
     error: str = ""
+    idle: bool = False
+    """Closed because no byte moved either way for the idle timeout."""
+
+
+IDLE_ERROR = "idle timeout"
+"""The error a relay closed for idleness reports."""
 
 
 async def relay(
@@ -36,11 +115,14 @@ async def relay(
     writer: asyncio.StreamWriter,
     *,
     initial: bytes = b"",
+    idle_timeout: float | None = None,
 ) -> RelayResult:
-    """Copy both ways until both sides finished or either failed. Always closes the socket and
-    the stream. ``initial`` is data already read from the socket that belongs to the stream."""
+    """Copy both ways until both sides finished or either failed, or no byte moved either way
+    for ``idle_timeout`` seconds. Always closes the socket and the stream. ``initial`` is data
+    already read from the socket that belongs to the stream."""
     result = RelayResult()
     _tune(writer)
+    watch = IdleWatch(idle_timeout)
 
     async def up() -> None:
         if initial:
@@ -54,6 +136,7 @@ async def relay(
                 return
             await stream.write(data)
             result.bytes_up += len(data)
+            watch.touch()
 
     async def down() -> None:
         while True:
@@ -64,28 +147,36 @@ async def relay(
                 return
             writer.write(chunk)
             result.bytes_down += len(chunk)
+            watch.touch()
             await writer.drain()
 
     up_task = asyncio.create_task(up(), name=f"relay-up:{stream.id}")
     down_task = asyncio.create_task(down(), name=f"relay-down:{stream.id}")
     try:
         pending: set[asyncio.Task[None]] = {up_task, down_task}
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            failures = [exc for task in done if (exc := task.exception()) is not None]
-            if not failures:
-                continue
-            # One direction failed: the other has nothing sensible left to do.
-            exc = failures[0]
-            if isinstance(exc, StreamClosedError):
-                result.error = str(exc)
-            else:
-                result.error = f"socket: {exc!r}"
-                stream.reset(ErrorCode.CANCEL, "socket error")
-            for other in pending:
-                other.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            pending = set()
+        async with watch:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failures = [exc for task in done if (exc := task.exception()) is not None]
+                if not failures:
+                    continue
+                # One direction failed: the other has nothing sensible left to do.
+                exc = failures[0]
+                if isinstance(exc, StreamClosedError):
+                    result.error = str(exc)
+                else:
+                    result.error = f"socket: {exc!r}"
+                    stream.reset(ErrorCode.CANCEL, "socket error")
+                for other in pending:
+                    other.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                pending = set()
+    except IdleTimeout:
+        result.error, result.idle = IDLE_ERROR, True
+        stream.reset(ErrorCode.CANCEL, IDLE_ERROR)
+        up_task.cancel()
+        down_task.cancel()
+        await asyncio.gather(up_task, down_task, return_exceptions=True)
     except asyncio.CancelledError:
         stream.reset(ErrorCode.CANCEL, "relay cancelled")
         up_task.cancel()

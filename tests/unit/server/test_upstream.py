@@ -167,7 +167,7 @@ async def test_splice_over_tls_with_half_close(
 
     async def front(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream = await tls_to(half_close_server, client_ctx(pki["ca"]))
-        done.set_result(await splice(upstream, reader, writer, initial_up=b"abc"))
+        done.set_result((await splice(upstream, reader, writer, initial_up=b"abc")).error)
 
     server = await asyncio.start_server(front, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]

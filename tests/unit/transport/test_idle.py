@@ -1,0 +1,107 @@
+"""IdleWatch: the one idleness mechanism of relayed connections, and splice closing an idle
+connection while a busy one lives on (real sockets on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from ravenproxy.server.upstream import SocketByteStream, splice
+from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch
+
+
+async def test_an_untouched_block_is_cancelled_after_the_timeout() -> None:
+    watch = IdleWatch(0.2)
+    started = time.monotonic()
+    with pytest.raises(IdleTimeout) as info:
+        async with watch:
+            await asyncio.sleep(10)
+    assert 0.15 <= time.monotonic() - started < 2
+    assert info.value.timeout == 0.2
+
+
+async def test_touches_keep_it_alive_until_they_stop() -> None:
+    watch = IdleWatch(0.2)
+    started = time.monotonic()
+    with pytest.raises(IdleTimeout):
+        async with watch:
+            for _ in range(10):  # 0.5 s of activity, never 0.2 s without
+                await asyncio.sleep(0.05)
+                watch.touch()
+            assert time.monotonic() - started >= 0.45
+            await asyncio.sleep(10)
+    assert time.monotonic() - started < 2
+
+
+async def test_no_timeout_never_fires_and_errors_pass_unchanged() -> None:
+    async with IdleWatch(None):
+        await asyncio.sleep(0.05)
+    with pytest.raises(ValueError):
+        async with IdleWatch(5):
+            raise ValueError("inside")
+    # Once guarded, guarded again (one block after another), then left alone.
+    watch = IdleWatch(0.1)
+    async with watch:
+        pass
+    with pytest.raises(IdleTimeout):
+        async with watch:
+            await asyncio.sleep(5)
+
+
+async def test_cancelling_from_outside_stays_a_cancellation() -> None:
+    async def guarded() -> None:
+        async with IdleWatch(5):
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(guarded())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_splice_closes_an_idle_connection_not_a_busy_one() -> None:
+    results: list[object] = []
+
+    async def target(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    target_server = await asyncio.start_server(target, "127.0.0.1", 0)
+    target_port = target_server.sockets[0].getsockname()[1]
+
+    async def front(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target_port)
+        upstream = SocketByteStream(up_reader, up_writer)
+        results.append(await splice(upstream, reader, writer, idle_timeout=0.3))
+
+    front_server = await asyncio.start_server(front, "127.0.0.1", 0)
+    port = front_server.sockets[0].getsockname()[1]
+    try:
+        idle = await asyncio.open_connection("127.0.0.1", port)
+        busy = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        while time.monotonic() - started < 1.0:
+            busy[1].write(b"x")
+            assert await asyncio.wait_for(busy[0].readexactly(1), 2) == b"x"
+            await asyncio.sleep(0.1)
+        assert await asyncio.wait_for(idle[0].read(), 2) == b""  # closed for idleness
+        busy[1].write(b"y")
+        assert await asyncio.wait_for(busy[0].readexactly(1), 2) == b"y"
+        busy[1].close()
+        idle[1].close()
+        for _ in range(50):
+            if len(results) == 2:
+                break
+            await asyncio.sleep(0.05)
+        idles = [r for r in results if getattr(r, "idle", False)]
+        assert len(idles) == 1 and getattr(idles[0], "error", "") == IDLE_ERROR
+    finally:
+        front_server.close()
+        target_server.close()
+        await front_server.wait_closed()
+        await target_server.wait_closed()
