@@ -359,7 +359,7 @@ async def run_dns(
     the file cannot be loaded at start, DNSServerError when the address cannot be bound."""
     store = ModelStore()
     watcher = InventoryWatcher(inventory, store, interval)
-    watcher.load_initial()
+    await watcher.start()
     async with asyncio.TaskGroup() as tg:
         tg.create_task(watcher.run(), name="dns-inventory-watcher")
         tg.create_task(
