@@ -24,6 +24,8 @@ from ravenproxy.client import ConnectRefused
 from ravenproxy.model.inventory import MAX_INVENTORY_BYTES
 from tests.integration.cluster import INVENTORY, Cluster, Proc, free_port
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
 EDGE_9 = """\
 ---
 apiVersion: v1

@@ -21,8 +21,10 @@ import dns.exception
 import dns.message
 import pytest
 
-from ravenproxy.controller.dns import DNSServer, TCPLimits
+from ravenproxy.controller.dns import DNSServer, TCPLimits, _source_key
 from tests.integration.cluster import INVENTORY, Proc, free_port
+
+pytestmark = pytest.mark.timeout(120)
 
 HOST = "127.0.0.1"
 RECORDS = {"edge-1": ["10.0.0.1"]}
@@ -213,3 +215,17 @@ def test_a_taken_port_is_a_one_line_error_exit(tmp_path: Path) -> None:
     out = proc.output()
     assert f"ravenproxy dns: error: cannot bind UDP {HOST}:{port}" in out, out
     assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize(
+    "peer,key",
+    [
+        (("127.0.0.1", 5353), "127.0.0.1"),
+        (("2001:db8:1:2:aaaa::1", 5353, 0, 0), "2001:db8:1:2::/64"),
+        (("2001:db8:1:2:bbbb::9", 5353, 0, 0), "2001:db8:1:2::/64"),
+        (("::ffff:10.0.0.7", 5353, 0, 0), "10.0.0.7"),
+        (("fe80::1%eth0", 5353, 0, 2), "fe80::/64"),
+    ],
+)
+def test_sources_are_counted_by_address_and_ipv6_by_64(peer: tuple[object, ...], key: str) -> None:
+    assert _source_key(peer) == key
