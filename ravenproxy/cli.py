@@ -203,12 +203,29 @@ def cmd_dns(args: argparse.Namespace) -> int:
     where = (listen.host or "0.0.0.0", listen.port)
     if bool(args.inventory) == bool(args.kubeconfig):
         raise ConfigError("--inventory", "give exactly one of --inventory or --kubeconfig")
+    given: dict[str, Any] = {}
+    if args.tcp_idle_timeout is not None:
+        given["idle_timeout"] = cfg.positive(args.tcp_idle_timeout, "--tcp-idle-timeout")
+    for key, flag in (
+        ("max_clients", "--max-tcp-clients"),
+        ("max_clients_per_source", "--max-tcp-clients-per-source"),
+    ):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            given[key] = int(cfg.positive(value, flag, integer=True))
+    limits = dns.TCPLimits(**given)
     if args.inventory:
         inventory = Path(cfg.existing_file(args.inventory, "--inventory"))
         return run_async(
-            _forever(dns.run_dns(inventory, where, args.suffix, cluster_ip=args.cluster_ip))
+            _forever(
+                dns.run_dns(
+                    inventory, where, args.suffix, cluster_ip=args.cluster_ip, limits=limits
+                )
+            )
         )
-    return run_async(_forever(kube.run_dns_kube(Path(args.kubeconfig), where, args.suffix)))
+    return run_async(
+        _forever(kube.run_dns_kube(Path(args.kubeconfig), where, args.suffix, limits=limits))
+    )
 
 
 def _write(text: str) -> None:
@@ -575,6 +592,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster-ip",
         metavar="IP",
         help="answer this address (the internal Service) for every node",
+    )
+    # Defaults live in controller.dns.TCPLimits; the help repeats them for the reader.
+    dns.add_argument(
+        "--tcp-idle-timeout",
+        metavar="S",
+        help="close a TCP client that takes longer than this for a whole query, the wait for "
+        "it included, or to read a reply (default 3)",
+    )
+    dns.add_argument(
+        "--max-tcp-clients",
+        metavar="N",
+        help="TCP connections served at once; when full, the longest-idle one is closed for a "
+        "new client (default 256)",
+    )
+    dns.add_argument(
+        "--max-tcp-clients-per-source",
+        metavar="N",
+        help="TCP connections from one address (IPv6: one /64); more are closed at once "
+        "(default 16)",
     )
     dns.add_argument("--log-level", default="INFO")
     dns.set_defaults(func=cmd_dns)

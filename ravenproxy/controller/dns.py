@@ -10,6 +10,12 @@ Answers: A/AAAA (and both for ANY) with a short TTL, authoritative; NXDOMAIN for
 NOERROR with no answer for a known name without a record of the asked type; REFUSED for classes
 other than IN; NOTIMP for opcodes other than QUERY; FORMERR for anything that does not parse.
 Nothing a client sends may crash the server.
+
+TCP connections are a resource a client can hold without sending anything, so they are bounded
+the way RFC 7766 §6.2 advises (:class:`TCPLimits`): each message, and the wait for it, must
+complete within the idle timeout (a few seconds); one source address (an IPv6 /64) holds at most
+a few connections; and when the server is full, the connection idle the longest is closed to make
+room for a new client rather than turning the new one away.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import errno
 import ipaddress
 import logging
 import struct
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,10 +58,82 @@ _LEN = struct.Struct("!H")
 _UDP_PLAIN_MAX = 512
 _UDP_EDNS_MAX = 1232  # the DNS flag day 2020 size: no IP fragmentation on any sane path
 _TCP_MAX = 65535
+_REFUSAL_LOG_EVERY = 1.0  # seconds between two refusal lines of the same kind
+
+
+@dataclass(frozen=True)
+class TCPLimits:
+    """Bounds on DNS-over-TCP clients (flags of ``ravenproxy dns``; validated by the CLI)."""
+
+    idle_timeout: float = 3.0
+    """``--tcp-idle-timeout``: seconds a connection may take for each whole query (the wait for
+    its first byte included) and for sending each reply; then it is closed."""
+    max_clients: int = 256
+    """``--max-tcp-clients``: connections served at once; when full, the longest-idle one is
+    closed for a new client (refused only when none is idle)."""
+    max_clients_per_source: int = 16
+    """``--max-tcp-clients-per-source``: connections from one address (IPv6: one /64)."""
 
 
 class DNSServerError(RavenProxyError):
     """The DNS server cannot bind its sockets."""
+
+
+def _source_key(peer: object) -> str:
+    """The address a per-source cap counts by: the IP, or its /64 for IPv6 (one host's share)."""
+    host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
+    try:
+        addr = ipaddress.ip_address(str(host).split("%", 1)[0])
+    except ValueError:
+        return str(host)
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return str(ipaddress.IPv6Network((addr, 64), strict=False))
+    return str(addr)
+
+
+@dataclass(eq=False)
+class _TCPClient:
+    source: str
+    writer: asyncio.StreamWriter
+    task: asyncio.Task[None]
+    idle_since: float | None = None  # loop time the wait for the next query began; None: busy
+
+
+class _Throttle:
+    """At most one log line per ``every`` seconds per message. Events in between are counted and
+    summed up in one trailing line (``count``: events it stands for; the fields are the last
+    event's), so a flood of refusals costs a line a second, and its size is still on record."""
+
+    def __init__(self, every: float = _REFUSAL_LOG_EVERY) -> None:
+        self.every = every
+        self._last: dict[str, float] = {}
+        self._pending: Counter[str] = Counter()
+        self._fields: dict[str, dict[str, object]] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    def warning(self, message: str, **fields: object) -> None:
+        self._pending[message] += 1
+        self._fields[message] = fields
+        wait = self._last.get(message, -self.every) + self.every - time.monotonic()
+        if wait <= 0:
+            self._emit(message)
+        elif message not in self._timers:
+            loop = asyncio.get_running_loop()
+            self._timers[message] = loop.call_later(wait, self._emit, message)
+
+    def _emit(self, message: str) -> None:
+        self._timers.pop(message, None)
+        count = self._pending.pop(message, 0)
+        if count:
+            self._last[message] = time.monotonic()
+            log.warning(message, extra=kv(**self._fields.pop(message), count=count))
+
+    def flush(self) -> None:
+        for message in list(self._timers):
+            self._timers[message].cancel()
+            self._emit(message)
 
 
 @dataclass(frozen=True)
@@ -205,10 +285,11 @@ class _UDPProtocol(asyncio.DatagramProtocol):
 
 
 class DNSServer:
-    """A/AAAA for node names over UDP and TCP on one port.
+    """A/AAAA for node names over UDP and TCP on one port; TCP clients bounded by ``limits``.
 
-    ``idle_timeout`` closes a TCP connection that sends nothing for that long, and at most
-    ``max_tcp_clients`` connections are served at once, so idle clients cannot pin the server.
+    Counters (read by tests, totals in the refusal log lines): ``tcp_refused[reason]`` for
+    ``per-source-cap`` and ``total-cap``, ``tcp_evicted`` (idle connections closed to make room),
+    ``tcp_timed_out`` (connections closed by the idle timeout).
     """
 
     def __init__(
@@ -216,16 +297,19 @@ class DNSServer:
         records: Mapping[str, Sequence[str]] | None = None,
         suffix: str | None = None,
         ttl: int = DEFAULT_TTL,
-        idle_timeout: float = 10.0,
-        max_tcp_clients: int = 256,
+        limits: TCPLimits | None = None,
     ) -> None:
         self.answerer = Answerer(records, suffix, ttl)
-        self.idle_timeout = idle_timeout
-        self.max_tcp_clients = max_tcp_clients
+        self.limits = limits or TCPLimits()
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
-        self._clients: set[asyncio.Task[None]] = set()
+        self._clients: dict[asyncio.Task[None], _TCPClient] = {}
+        self._per_source: Counter[str] = Counter()
         self._port = 0
+        self.tcp_refused: Counter[str] = Counter()
+        self.tcp_evicted = 0
+        self.tcp_timed_out = 0
+        self._throttle = _Throttle()
 
     def update(self, records: Mapping[str, Sequence[str]]) -> None:
         """Replace the whole map; the next query is answered from it."""
@@ -272,11 +356,12 @@ class DNSServer:
         tcp, self._tcp = self._tcp, None
         if tcp is not None:
             tcp.close()
-        clients = list(self._clients)
-        for task in clients:
+        tasks = list(self._clients)
+        for task in tasks:
             task.cancel()
-        if clients:
-            await asyncio.gather(*clients, return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._throttle.flush()
         if tcp is not None:
             await tcp.wait_closed()
 
@@ -286,20 +371,76 @@ class DNSServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _admit(self, source: str, writer: asyncio.StreamWriter) -> _TCPClient | None:
+        """Register a new connection, or None (after logging why) when a cap refuses it."""
+        limits = self.limits
+        reason = None
+        if self._per_source[source] >= limits.max_clients_per_source:
+            reason = "per-source-cap"
+        elif len(self._clients) >= limits.max_clients and not self._evict_longest_idle():
+            reason = "total-cap"
+        if reason is not None:
+            self.tcp_refused[reason] += 1
+            self._throttle.warning(
+                "dns: TCP connection refused",
+                reason=reason,
+                source=source,
+                total=self.tcp_refused[reason],
+            )
+            return None
         task = asyncio.current_task()
         assert task is not None
-        if len(self._clients) >= self.max_tcp_clients:
+        client = _TCPClient(source, writer, task)
+        self._clients[task] = client
+        self._per_source[source] += 1
+        return client
+
+    def _forget(self, client: _TCPClient) -> None:
+        if self._clients.pop(client.task, None) is not None:
+            self._per_source[client.source] -= 1
+            if self._per_source[client.source] <= 0:
+                del self._per_source[client.source]
+
+    def _evict_longest_idle(self) -> bool:
+        """Close the connection that has waited longest for a query (RFC 7766 §6.2.3: under
+        pressure, idle connections go first); False when every connection is busy."""
+        idle = [c for c in self._clients.values() if c.idle_since is not None]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c.idle_since or 0.0)
+        self._forget(victim)  # its slot is free now, before its task gets to run again
+        victim.writer.close()
+        victim.task.cancel()
+        self.tcp_evicted += 1
+        self._throttle.warning(
+            "dns: full, closed the longest-idle TCP connection",
+            source=victim.source,
+            total=self.tcp_evicted,
+        )
+        return True
+
+    async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        source = _source_key(writer.get_extra_info("peername"))
+        client = self._admit(source, writer)
+        if client is None:
             writer.close()
             return
-        self._clients.add(task)
+        loop = asyncio.get_running_loop()
+        timeout = self.limits.idle_timeout
         try:
             while True:
+                client.idle_since = loop.time()
                 try:
-                    async with asyncio.timeout(self.idle_timeout):
-                        (length,) = _LEN.unpack(await reader.readexactly(_LEN.size))
-                        data = await reader.readexactly(length)
-                except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+                    # One deadline for the whole query: a byte-a-second trickle gains nothing.
+                    async with asyncio.timeout(timeout):
+                        prefix = await reader.readexactly(_LEN.size)
+                        client.idle_since = None
+                        data = await reader.readexactly(_LEN.unpack(prefix)[0])
+                except TimeoutError:
+                    self.tcp_timed_out += 1
+                    log.debug("dns: TCP client idle, closed", extra=kv(source=source))
+                    return
+                except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 try:
                     reply = self.answerer.respond(data, _TCP_MAX)
@@ -309,11 +450,16 @@ class DNSServer:
                 if reply is None:
                     return
                 writer.write(_LEN.pack(len(reply)) + reply)
-                await writer.drain()
+                try:
+                    async with asyncio.timeout(timeout):  # a client that never reads
+                        await writer.drain()
+                except TimeoutError:
+                    self.tcp_timed_out += 1
+                    return
         except ConnectionError:
             return
         finally:
-            self._clients.discard(task)
+            self._forget(client)
             writer.close()
 
 
@@ -324,6 +470,7 @@ async def serve_model_dns(
     ttl: int = DEFAULT_TTL,
     cluster_ip: str | None = None,
     started: Callable[[DNSServer], None] | None = None,
+    limits: TCPLimits | None = None,
 ) -> None:
     """Serve the DNS map of whatever model ``store`` holds until cancelled, following updates.
 
@@ -334,7 +481,7 @@ async def serve_model_dns(
     def records(model: Model) -> dict[str, list[str]]:
         return dns_map(model, cluster_ip)
 
-    server = DNSServer(records(store.model), suffix=suffix, ttl=ttl)
+    server = DNSServer(records(store.model), suffix=suffix, ttl=ttl, limits=limits)
     store.subscribe(lambda model: server.update(records(model)))
     await server.start(*listen)
     try:
@@ -353,15 +500,24 @@ async def run_dns(
     cluster_ip: str | None = None,
     interval: float = 1.0,
     started: Callable[[DNSServer], None] | None = None,
+    limits: TCPLimits | None = None,
 ) -> None:
     """``ravenproxy dns --inventory FILE``: serve until cancelled, reloading the map when the
     inventory file changes (a broken edit keeps the last good map). Raises InventoryError when
     the file cannot be loaded at start, DNSServerError when the address cannot be bound."""
     store = ModelStore()
     watcher = InventoryWatcher(inventory, store, interval)
-    watcher.load_initial()
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(watcher.run(), name="dns-inventory-watcher")
-        tg.create_task(
-            serve_model_dns(store, listen, suffix, ttl, cluster_ip, started), name="dns-server"
-        )
+    await watcher.start()
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(watcher.run(), name="dns-inventory-watcher")
+            tg.create_task(
+                serve_model_dns(store, listen, suffix, ttl, cluster_ip, started, limits),
+                name="dns-server",
+            )
+    except ExceptionGroup as group:
+        # One task failing with our own error (e.g. the port is taken) is that error: the CLI
+        # prints it on one line instead of a group's traceback.
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], RavenProxyError):
+            raise group.exceptions[0] from None
+        raise

@@ -125,7 +125,7 @@ async def _inventory_loop(
 ) -> None:
     store = ModelStore()
     watcher = InventoryWatcher(path, store, interval)
-    watcher.load_initial()
+    await watcher.start()
     written: dict[str, Gateway] = {}
     last = ""
     while True:
@@ -150,7 +150,7 @@ async def _inventory_loop(
         with suppress(TimeoutError):
             async with asyncio.timeout(interval):
                 await store.wait_changed(version)
-        watcher.check()
+        await watcher.poll()
 
 
 def _same_spec(a: Gateway | None, b: Gateway) -> bool:

@@ -26,7 +26,7 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
 from ravenproxy.controller import calico, dnsmap
-from ravenproxy.controller.dns import DEFAULT_TTL, DNSServer
+from ravenproxy.controller.dns import DEFAULT_TTL, DNSServer, TCPLimits
 from ravenproxy.errors import InventoryError, RavenProxyError
 from ravenproxy.log import kv
 from ravenproxy.model.parse import parse_gateway, parse_node, parse_pod
@@ -379,12 +379,13 @@ async def serve_configmap_dns(
     ttl: int = DEFAULT_TTL,
     settings: WatchSettings | None = None,
     started: Callable[[DNSServer], None] | None = None,
+    limits: TCPLimits | None = None,
 ) -> None:
     """Serve the map the controller publishes (ConfigMap ``kube-system/edge-tunnel-nodes``)
     until cancelled. Answering from the published ConfigMap rather than recomputing it keeps
     one source of truth (the ClusterIP rule lives in the controller) and also works next to
     Raven's own controller. While the ConfigMap is missing every name is NXDOMAIN."""
-    server = DNSServer({}, suffix=suffix, ttl=ttl)
+    server = DNSServer({}, suffix=suffix, ttl=ttl, limits=limits)
     reflector: Reflector
 
     def reload() -> None:
@@ -414,9 +415,10 @@ async def run_dns_kube(
     listen: tuple[str, int],
     suffix: str | None = None,
     ttl: int = DEFAULT_TTL,
+    limits: TCPLimits | None = None,
 ) -> None:
     """``ravenproxy dns --kubeconfig F``: serve until cancelled (in-cluster config when
     ``kubeconfig`` is None)."""
     api = await new_api_client(kubeconfig)
     async with api:
-        await serve_configmap_dns(api, listen, suffix, ttl)
+        await serve_configmap_dns(api, listen, suffix, ttl, limits=limits)

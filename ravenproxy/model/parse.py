@@ -26,6 +26,7 @@ from ravenproxy.model.objects import (
     frozen_map,
     parse_port_list,
 )
+from ravenproxy.model.safeyaml import brief, one_line
 
 GATEWAY_API_VERSIONS = ("raven.openyurt.io/v1beta1", "raven.openyurt.io/v1alpha1")
 
@@ -35,7 +36,8 @@ class _Ctx:
         self.what = what
 
     def fail(self, path: str, message: str) -> InventoryError:
-        return InventoryError(f"{self.what}: {path}: {message}")
+        # One bounded line: names and keys come from the file and may be arbitrarily long.
+        return InventoryError(one_line(f"{self.what}: {path}: {message}"))
 
     def mapping(self, obj: Any, path: str) -> Mapping[str, Any]:
         if obj is None:
@@ -55,20 +57,20 @@ class _Ctx:
         if obj is None:
             return default
         if isinstance(obj, bool) or not isinstance(obj, str | int):
-            raise self.fail(path, f"expected a string, got {obj!r}")
+            raise self.fail(path, f"expected a string, got {brief(obj)}")
         return str(obj)
 
     def integer(self, obj: Any, path: str, default: int, lo: int = 0, hi: int = 65535) -> int:
         if obj is None:
             return default
         if isinstance(obj, bool):
-            raise self.fail(path, f"expected an integer {lo}-{hi}, got {obj!r}")
+            raise self.fail(path, f"expected an integer {lo}-{hi}, got {brief(obj)}")
         try:
             value = int(obj)
         except (TypeError, ValueError):
-            raise self.fail(path, f"expected an integer {lo}-{hi}, got {obj!r}") from None
+            raise self.fail(path, f"expected an integer {lo}-{hi}, got {brief(obj)}") from None
         if not lo <= value <= hi:
-            raise self.fail(path, f"expected an integer {lo}-{hi}, got {obj!r}")
+            raise self.fail(path, f"expected an integer {lo}-{hi}, got {brief(obj)}")
         return value
 
     def boolean(self, obj: Any, path: str) -> bool:
@@ -78,7 +80,7 @@ class _Ctx:
             return obj
         if isinstance(obj, str) and obj.lower() in ("true", "false"):
             return obj.lower() == "true"
-        raise self.fail(path, f"expected true or false, got {obj!r}")
+        raise self.fail(path, f"expected true or false, got {brief(obj)}")
 
     def str_map(self, obj: Any, path: str) -> Mapping[str, str]:
         data = self.mapping(obj, path)
@@ -144,7 +146,7 @@ def _endpoint(c: _Ctx, obj: Any, path: str) -> Endpoint:
         raise c.fail(f"{path}.nodeName", "is required")
     type_ = c.string(e.get("type"), f"{path}.type")
     if type_ not in (ENDPOINT_PROXY, ENDPOINT_TUNNEL):
-        raise c.fail(f"{path}.type", f"must be 'proxy' or 'tunnel', got {type_!r}")
+        raise c.fail(f"{path}.type", f"must be 'proxy' or 'tunnel', got {brief(type_)}")
     return Endpoint(
         node_name=node_name,
         type=type_,
@@ -163,7 +165,7 @@ def parse_gateway(doc: Mapping[str, Any]) -> Gateway:
     api = doc.get("apiVersion")
     if api is not None and api not in GATEWAY_API_VERSIONS:
         raise c.fail(
-            "apiVersion", f"expected one of {', '.join(GATEWAY_API_VERSIONS)}, got {api!r}"
+            "apiVersion", f"expected one of {', '.join(GATEWAY_API_VERSIONS)}, got {brief(api)}"
         )
     meta = c.mapping(doc.get("metadata"), "metadata")
     spec = c.mapping(doc.get("spec"), "spec")
@@ -185,7 +187,7 @@ def parse_gateway(doc: Mapping[str, Any]) -> Gateway:
             raise c.fail(f"spec.proxyConfig.{field_name}", str(exc)) from None
     expose = c.string(spec.get("exposeType"), "spec.exposeType")
     if expose not in EXPOSE_TYPES:
-        raise c.fail("spec.exposeType", f"must be one of {EXPOSE_TYPES!r}, got {expose!r}")
+        raise c.fail("spec.exposeType", f"must be one of {EXPOSE_TYPES!r}, got {brief(expose)}")
     selector = c.mapping(spec.get("nodeSelector"), "spec.nodeSelector")
     match_labels = c.str_map(selector.get("matchLabels"), "spec.nodeSelector.matchLabels")
     status_nodes = []

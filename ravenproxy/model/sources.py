@@ -38,7 +38,7 @@ async def model_source(
         if not inventory:
             raise InventoryError("no model source: give --inventory or --kube-model")
         watcher = InventoryWatcher(inventory, store)
-        watcher.load_initial()
+        await watcher.start()
         task = asyncio.create_task(watcher.run(), name="model-inventory-watch")
         try:
             yield

@@ -16,7 +16,7 @@ import dns.message
 import dns.rcode
 import pytest
 
-from ravenproxy.controller.dns import DNSServer, DNSServerError, run_dns
+from ravenproxy.controller.dns import DNSServer, DNSServerError, TCPLimits, run_dns
 from ravenproxy.controller.dnsmap import dns_map
 from ravenproxy.model.inventory import InventoryWatcher
 from ravenproxy.model.store import ModelStore
@@ -171,7 +171,7 @@ async def test_close_drops_idle_tcp_clients_and_frees_the_port() -> None:
 
 
 async def test_idle_tcp_connections_time_out() -> None:
-    srv = DNSServer(RECORDS, idle_timeout=0.2)
+    srv = DNSServer(RECORDS, limits=TCPLimits(idle_timeout=0.2))
     await srv.start(HOST, 0)
     try:
         reader, writer = await asyncio.open_connection(HOST, srv.port)

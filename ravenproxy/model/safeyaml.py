@@ -1,0 +1,185 @@
+"""Loading untrusted YAML with bounded cost: size, nesting depth and alias expansion.
+
+An inventory is edited by hand and reloaded by long-running processes, so a bad edit must cost
+a one-line refusal, never the process. Three shapes of input are refused here before any object
+is built from them:
+
+- **over-size** text (:data:`MAX_INVENTORY_BYTES`): the time and memory of a parse grow with it;
+- **deep nesting** (:data:`MAX_DEPTH` levels of mappings/sequences): PyYAML composes nodes
+  recursively, and 10 000 ``[`` end in a ``RecursionError`` that no caller expects;
+- **alias bombs** (:data:`MAX_ALIAS_NODES`): ``&a [x, x]``, ``&b [*a, *a]``, ... builds a small
+  graph that every later walk (a repr in an error message, a copy) sees as 2**n nodes. The
+  composer counts, for every alias, the nodes its target expands to; Kubernetes objects use no
+  aliases at all, so the budget only has to leave room for hand-written ``<<: *defaults``.
+
+Scanning and parsing run in libyaml when PyYAML has it (an order of magnitude faster than pure
+Python), while composing stays in Python: that is where the limits are counted, and it gives the
+interpreter a switch point per event, so a parse in a worker thread never holds the GIL for
+long. Error messages are one line and never quote more than a few dozen characters of input.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.events import AliasEvent
+from yaml.nodes import Node
+from yaml.resolver import Resolver
+
+MAX_INVENTORY_BYTES = 16 * 1024 * 1024
+"""Largest inventory accepted: ~20 000 kubectl-printed Nodes fit in 16 MiB."""
+MAX_DEPTH = 100
+"""Deepest nesting of mappings and sequences; Kubernetes objects (managedFields included) stay
+far below 30, and 100 keeps the recursive composer well inside Python's recursion limit."""
+MAX_ALIAS_NODES = 100_000
+"""Most nodes that all aliases of one document may expand to, together."""
+
+_QUOTE_MAX = 60
+_MESSAGE_MAX = 300
+
+# reprlib bounds the work as well as the length: at most 4 items per level, 3 levels deep.
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel = 3
+_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = _SHORT_REPR.maxset = 4
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = _QUOTE_MAX
+
+
+class YAMLLimitError(yaml.YAMLError):
+    """The text exceeds one of the limits above."""
+
+
+def brief(value: object, limit: int = _QUOTE_MAX) -> str:
+    """``repr(value)`` for an error message: bounded in length and in the work to build it (an
+    alias-bomb value is a graph of 10**9 leaves; plain ``repr`` would try to print them all)."""
+    text = _SHORT_REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_line(text: str, limit: int = _MESSAGE_MAX) -> str:
+    """Collapse whitespace (log lines and CLI errors are one line) and cut at ``limit``."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def describe(exc: yaml.YAMLError) -> str:
+    """A YAML error as ``line L column C: problem``, without PyYAML's multi-line snippet."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        parts = []
+        mark = exc.problem_mark or exc.context_mark
+        if mark is not None:
+            parts.append(f"line {mark.line + 1} column {mark.column + 1}:")
+        if exc.context:
+            parts.append(f"{exc.context},")
+        parts.append(exc.problem or "invalid YAML")
+        return one_line(" ".join(parts))
+    return one_line(str(exc))
+
+
+def _line(event: Any) -> str:
+    mark = event.start_mark
+    return f"line {mark.line + 1}" if mark is not None else "somewhere"
+
+
+class _GuardedComposer(Composer):
+    """PyYAML's composer with the depth and alias-expansion limits counted as nodes arrive."""
+
+    if TYPE_CHECKING:  # provided by the parser half of the loader (libyaml or Python)
+
+        def check_event(self, *choices: Any) -> bool: ...
+        def peek_event(self) -> Any: ...
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._depth = 0
+        self._expanded = 0  # nodes of this document, aliases counted at their expanded size
+        self._aliased = 0  # the part of _expanded that aliases contributed
+        self._sizes: dict[Any, int] = {}  # anchor → expanded size of its node
+
+    def compose_document(self) -> Node | None:
+        self._expanded = self._aliased = 0
+        self._sizes = {}
+        node: Node | None = super().compose_document()
+        return node
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        if self.check_event(AliasEvent):
+            event = self.peek_event()
+            size = self._sizes.get(event.anchor)
+            if size is not None:  # an undefined alias is left to the composer's own error
+                self._aliased += size
+                self._expanded += size
+                if self._aliased > MAX_ALIAS_NODES:
+                    raise YAMLLimitError(
+                        f"{_line(event)}: aliases expand to more than "
+                        f"{MAX_ALIAS_NODES} nodes (an alias bomb?)"
+                    )
+            node: Node | None = super().compose_node(parent, index)
+            return node
+        event = self.peek_event()
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise YAMLLimitError(f"{_line(event)}: nested deeper than {MAX_DEPTH} levels")
+        before = self._expanded
+        self._expanded += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if event.anchor is not None:
+            self._sizes[event.anchor] = self._expanded - before
+        return node
+
+
+try:
+    from yaml._yaml import CParser as _Parser  # libyaml: scanner and parser in C
+
+    LIBYAML = True
+
+    class _Loader(_GuardedComposer, _Parser, SafeConstructor, Resolver):
+        def __init__(self, stream: str) -> None:
+            _Parser.__init__(self, stream)
+            _GuardedComposer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+except ImportError:  # pragma: no cover - PyYAML built without libyaml: slower, same limits
+    LIBYAML = False
+    from yaml.parser import Parser
+    from yaml.reader import Reader
+    from yaml.scanner import Scanner
+
+    class _Loader(_GuardedComposer, Reader, Scanner, Parser, SafeConstructor, Resolver):  # type: ignore[no-redef]
+        def __init__(self, stream: str) -> None:
+            Reader.__init__(self, stream)
+            Scanner.__init__(self)
+            Parser.__init__(self)
+            _GuardedComposer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+
+def load_all(text: str) -> list[Any]:
+    """Every document of ``text`` (safe types only), or :class:`yaml.YAMLError` — also for the
+    limits above. Never raises RecursionError or MemoryError for input within the size limit."""
+    if len(text) > MAX_INVENTORY_BYTES:
+        raise YAMLLimitError(f"larger than the limit of {MAX_INVENTORY_BYTES} bytes")
+    loader = _Loader(text)
+    try:
+        docs = []
+        while loader.check_data():  # type: ignore[no-untyped-call]  # untyped in the stubs
+            docs.append(loader.get_data())
+        return docs
+    except yaml.MarkedYAMLError as exc:
+        # libyaml has its own flow-nesting limit (1000), hit first when its scanner looks ahead
+        # for a simple key; say it the way the composer's own limit says it.
+        if exc.problem and "nesting depth" in exc.problem and exc.problem_mark is not None:
+            raise YAMLLimitError(
+                f"line {exc.problem_mark.line + 1}: nested deeper than {MAX_DEPTH} levels"
+            ) from None
+        raise
+    finally:
+        loader.dispose()
