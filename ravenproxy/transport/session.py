@@ -30,6 +30,9 @@ from ravenproxy.wire.frames import Target
 
 log = logging.getLogger(__name__)
 
+YIELD_EVERY = 0.002
+"""Seconds of reading a tunnel without a break, at most, before other tasks get a turn."""
+
 
 @dataclass(frozen=True)
 class SessionConfig:
@@ -296,7 +299,7 @@ class Session:
 
     async def close(self, reason: str = "closing") -> None:
         self.close_reason = self.close_reason or reason
-        await self.ws.close(1001, reason[:120])
+        await self._close_ws(1001, reason[:120])
 
     # -- streams ----------------------------------------------------------------------------
     async def open_stream(self, target: Target, timeout: float | None = None) -> TunnelStream:
@@ -397,6 +400,8 @@ class Session:
             self._flush()
 
     async def _reader(self) -> None:
+        loop = asyncio.get_running_loop()
+        yielded = loop.time()
         try:
             async for message in self.ws:
                 if isinstance(message, str):
@@ -410,7 +415,10 @@ class Session:
                     await self._paused()
                 # websockets hands out queued messages without yielding: a peer that sends
                 # faster than we process would otherwise starve every other tunnel and front.
-                await asyncio.sleep(0)
+                # Yield every few milliseconds of work (not per message: bulk data would pay).
+                if loop.time() - yielded >= YIELD_EVERY:
+                    await asyncio.sleep(0)
+                    yielded = loop.time()
         except ProtocolError as exc:
             if not self.conn.closed:  # found here, not by the wire layer: no GOAWAY queued yet
                 self.conn.fail(exc.code, exc.message)

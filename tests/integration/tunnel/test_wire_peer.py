@@ -1,7 +1,5 @@
-"""A PING on an idle tunnel is answered at once (protocol §4.7, §11), not with the next keepalive.
-
-The real server process against a hand-written tunnel client holding an agent certificate.
-"""
+"""The real server process against a hand-written tunnel client holding an agent certificate:
+PINGs answered at once (protocol sections 4.7, 11), a protocol error closed and counted."""
 
 from __future__ import annotations
 
@@ -11,7 +9,8 @@ import time
 
 import pytest
 
-from ravenproxy.wire.frames import Frame, Ping
+from ravenproxy.wire.codes import ErrorCode
+from ravenproxy.wire.frames import Frame, GoAway, Ping
 from tests.integration.cluster import Cluster
 from tests.integration.tunnel.rawpeer import raw_peer
 
@@ -42,3 +41,18 @@ async def test_ping_on_an_idle_tunnel_is_acked_within_100ms(cluster: Cluster) ->
             delays.append(time.monotonic() - started)
             await asyncio.sleep(0.3)
     assert max(delays) < ACK_WITHIN, f"PING acks took {[f'{d * 1000:.0f} ms' for d in delays]}"
+
+
+async def test_a_peer_that_breaks_the_protocol_gets_goaway_and_is_counted(cluster: Cluster) -> None:
+    server = cluster.start_server()
+    await cluster.wait_up()
+    async with raw_peer(cluster, "edge-3") as peer:
+        await peer.handshake()
+        await peer.ws.send("a text message")  # binary only (section 2)
+        frames = await peer.read_until_closed(timeout=15)
+    goaways = [f for f in frames if isinstance(f, GoAway)]
+    assert [g.code for g in goaways] == [ErrorCode.PROTOCOL_ERROR], frames
+    assert peer.close_code == 1002
+    key = 'ravenproxy_server_agent_sessions_total{outcome="protocol_error"}'
+    await cluster.wait_metric(key, lambda v: v == 1)  # counted when the session has ended
+    assert "peer broke the protocol" in server.output()
