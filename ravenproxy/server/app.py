@@ -55,7 +55,7 @@ from ravenproxy.transport.session import (
     TunnelStream,
     websocket_options,
 )
-from ravenproxy.wire.codes import SUBPROTOCOL
+from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +279,10 @@ class ProxyServer:
         try:
             await session.run()
         finally:
+            if session.error is not None:  # closed by us for a connection error
+                flood = session.error is ErrorCode.ENHANCE_YOUR_CALM
+                outcome = "flood_closed" if flood else "protocol_error"
+                self.metrics.agent_sessions.labels(outcome=outcome).inc()
             self.registry.remove(node, session)
             self.metrics.agents.set(len(self.registry))
             log.info("agent disconnected", extra=kv(node=node, reason=session.close_reason))

@@ -25,10 +25,13 @@ from ravenproxy.log import kv
 from ravenproxy.wire import events as ev
 from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode
 from ravenproxy.wire.connection import Connection, WireConfig
-from ravenproxy.wire.errors import ProtocolError, WireError
+from ravenproxy.wire.errors import ControlFloodError, ProtocolError, WireError
 from ravenproxy.wire.frames import Target
 
 log = logging.getLogger(__name__)
+
+YIELD_EVERY = 0.002
+"""Seconds of reading a tunnel without a break, at most, before other tasks get a turn."""
 
 
 @dataclass(frozen=True)
@@ -40,12 +43,19 @@ class SessionConfig:
     """A peer silent this long is dead: the session closes."""
     open_timeout: float = 15.0
     """How long an OPEN may wait for its OPEN_RESULT (the agent's dial timeout is shorter)."""
+    flood_grace: float = 10.0
+    """How long reading from the peer may stay paused because our unsent control output is over
+    ``wire.max_control_pending`` (the peer does not read our answers) before the tunnel is
+    closed with ENHANCE_YOUR_CALM. Also bounds the closing handshake with a peer that does not
+    read."""
 
     def __post_init__(self) -> None:
         if self.ping_interval <= 0 or self.dead_after <= self.ping_interval:
             raise ValueError("keepalive: need 0 < ping_interval < dead_after")
         if self.open_timeout <= 0:
             raise ValueError("open_timeout must be > 0")
+        if self.flood_grace <= 0:
+            raise ValueError("flood_grace must be > 0")
 
 
 def websocket_options(wire: WireConfig) -> dict[str, Any]:
@@ -229,10 +239,16 @@ class Session:
         self._window_waiters: set[TunnelStream] = set()
         self._wake = asyncio.Event()
         self._drain_event = asyncio.Event()
+        # Set whenever the writer has taken the connection's queue (or stopped for good): what
+        # a reader paused on unsent control output waits for.
+        self._taken = asyncio.Event()
+        self._writer_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._ready = asyncio.Event()
         self._closed = asyncio.Event()
         self.close_reason = ""
+        self.error: ErrorCode | None = None
+        """The connection error this side closed the tunnel with; None for any other end."""
         self.started = time.monotonic()
         """When the tunnel came up (monotonic clock)."""
         self.on_stream_closed: Callable[[TunnelStream], None] | None = None
@@ -241,6 +257,7 @@ class Session:
     async def run(self) -> None:
         self._flush()
         writer = asyncio.create_task(self._writer(), name=f"tunnel-writer:{self.name}")
+        self._writer_task = writer
         keepalive = asyncio.create_task(self._keepalive(), name=f"tunnel-keepalive:{self.name}")
         try:
             await self._reader()
@@ -257,7 +274,7 @@ class Session:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(writer, keepalive, *tasks, return_exceptions=True)
-            await self.ws.close()
+            await self._close_ws()
 
     async def wait_ready(self) -> None:
         """Until the peer's SETTINGS arrived (or the session ended)."""
@@ -282,7 +299,7 @@ class Session:
 
     async def close(self, reason: str = "closing") -> None:
         self.close_reason = self.close_reason or reason
-        await self.ws.close(1001, reason[:120])
+        await self._close_ws(1001, reason[:120])
 
     # -- streams ----------------------------------------------------------------------------
     async def open_stream(self, target: Target, timeout: float | None = None) -> TunnelStream:
@@ -349,20 +366,25 @@ class Session:
                 await self._wake.wait()
                 self._wake.clear()
                 if raw:
-                    for pieces in self.conn.pieces_to_send():
+                    batch = self.conn.pieces_to_send()
+                    self._taken.set()
+                    for pieces in batch:
                         if self.ws.protocol.state is not WsState.OPEN:
                             return
                         size = sum(len(p) for p in pieces)
                         self.ws.transport.writelines([_binary_frame_header(size), *pieces])
                         await self.ws.drain()
                 else:
-                    for message in self.conn.data_to_send():
+                    messages = self.conn.data_to_send()
+                    self._taken.set()
+                    for message in messages:
                         await self.ws.send(message)
                 self._drain_event.set()
         except ConnectionClosed:
             pass
         finally:
             self._drain_event.set()
+            self._taken.set()
 
     async def _keepalive(self) -> None:
         interval = self.config.ping_interval
@@ -378,21 +400,35 @@ class Session:
             self._flush()
 
     async def _reader(self) -> None:
+        loop = asyncio.get_running_loop()
+        yielded = loop.time()
         try:
             async for message in self.ws:
                 if isinstance(message, str):
                     raise ProtocolError("text message on the tunnel")
                 for event in self.conn.receive_message(message):
                     self._dispatch(event)
+                # Answers the message asked for (PING acks above all) go out now, not with
+                # whatever flushes next: protocol sections 4.7 and 11.
+                self._flush()
+                if not self.conn.should_read:
+                    await self._paused()
+                # websockets hands out queued messages without yielding: a peer that sends
+                # faster than we process would otherwise starve every other tunnel and front.
+                # Yield every few milliseconds of work (not per message: bulk data would pay).
+                if loop.time() - yielded >= YIELD_EVERY:
+                    await asyncio.sleep(0)
+                    yielded = loop.time()
         except ProtocolError as exc:
+            if not self.conn.closed:  # found here, not by the wire layer: no GOAWAY queued yet
+                self.conn.fail(exc.code, exc.message)
+            self.error = exc.code
             self.close_reason = f"protocol error {exc.code.name}: {exc.message}"
-            log.warning("peer broke the protocol", extra=kv(**self.fields, error=self.close_reason))
-            for message in self.conn.data_to_send():
-                try:
-                    await self.ws.send(message)
-                except ConnectionClosed:
-                    break
-            await self.ws.close(1002, exc.code.name)
+            if not isinstance(exc, ControlFloodError):
+                log.warning(
+                    "peer broke the protocol", extra=kv(**self.fields, error=self.close_reason)
+                )
+            await self._close_with_error(exc.code)
         except ConnectionClosed as exc:
             self.close_reason = self.close_reason or _close_text(exc)
         if not self.close_reason:
@@ -401,6 +437,64 @@ class Session:
             self.close_reason = (
                 f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"
             )
+
+    async def _paused(self) -> None:
+        """Read nothing while our unsent control output is over the bound: the writer cannot
+        get it out because the peer does not read. TCP backpressure then holds the peer's
+        further frames in its own buffers, not in our memory. Still paused after
+        ``flood_grace``: the peer floods; raise :class:`ControlFloodError`."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.config.flood_grace):
+                while not self.conn.should_read:
+                    writer = self._writer_task
+                    if (
+                        writer is None
+                        or writer.done()
+                        or self.ws.protocol.state is not WsState.OPEN
+                    ):
+                        return  # the tunnel is ending: let the read loop see how
+                    self._taken.clear()
+                    await self._taken.wait()
+        except TimeoutError:
+            if self.ws.protocol.state is not WsState.OPEN:
+                return
+            log.warning(
+                "peer floods control frames, closing",
+                extra=kv(
+                    **self.fields,
+                    pending=self.conn.control_pending,
+                    limit=self.config.wire.max_control_pending,
+                    paused=f"{time.monotonic() - started:.1f}s",
+                ),
+            )
+            raise ControlFloodError(
+                f"over {self.config.wire.max_control_pending} bytes of answers unread for "
+                f"{self.config.flood_grace:g}s"
+            ) from None
+
+    async def _close_with_error(self, code: ErrorCode) -> None:
+        """Send the GOAWAY the connection queued for a connection error, then close. The writer
+        stops first, so nothing it still holds follows the GOAWAY."""
+        if self._writer_task is not None:
+            self._writer_task.cancel()
+        status = 1008 if code is ErrorCode.ENHANCE_YOUR_CALM else 1002  # policy / protocol
+        try:
+            async with asyncio.timeout(self.config.flood_grace):
+                for message in self.conn.data_to_send():
+                    await self.ws.send(message)
+        except (ConnectionClosed, TimeoutError):
+            pass
+        await self._close_ws(status, code.name)
+
+    async def _close_ws(self, code: int = 1000, reason: str = "") -> None:
+        """The closing handshake, bounded: a peer that does not read would otherwise hold it
+        (and this task) forever."""
+        try:
+            async with asyncio.timeout(self.config.flood_grace):
+                await self.ws.close(code, reason)
+        except TimeoutError:
+            self.ws.transport.abort()
 
     def _dispatch(self, event: ev.Event) -> None:
         match event:

@@ -59,6 +59,8 @@ class ErrorCode(enum.IntEnum):
     """No OPEN_RESULT arrived in time."""
     CONNECTION_LOST = 13
     """Local only: the tunnel under the stream went away. Never sent."""
+    ENHANCE_YOUR_CALM = 14
+    """The peer made us queue more answers (PING acks, OPEN_RESULTs, ...) than it read."""
 
     @classmethod
     def parse(cls, value: int) -> ErrorCode:

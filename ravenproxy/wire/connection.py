@@ -70,6 +70,11 @@ class WireConfig:
     """Largest WebSocket message we send (frames are batched up to it)."""
     initial_rtt: float = 0.05
     """Round-trip estimate until a PING measures one."""
+    max_control_pending: int = 1 * MIB
+    """Unsent control output (everything queued but DATA) above which the peer should not be
+    read (:attr:`Connection.should_read`). Most control output answers the peer's own frames
+    (PING acks, OPEN_RESULTs): a peer that sends them and never reads the answers must not grow
+    our memory. Legitimate peers stay far below: answers are small and go out first."""
 
     def __post_init__(self) -> None:
         if not MIN_FRAME_SIZE <= self.max_frame_size <= MAX_FRAME_SIZE_LIMIT:
@@ -89,6 +94,8 @@ class WireConfig:
             raise ValueError("connection_window must be >= max_stream_window and <= 2^31-1")
         if self.max_message_size < self.max_frame_size + 12:
             raise ValueError("max_message_size must hold at least one full frame")
+        if self.max_control_pending <= 0:
+            raise ValueError(f"max_control_pending must be > 0, got {self.max_control_pending}")
 
 
 class Connection:
@@ -109,7 +116,11 @@ class Connection:
         self.streams: dict[int, Stream] = {}
         self._local_open = 0
         self._peer_open = 0
-        self._control: list[bytes] = []
+        # Control frames packed back to back into chunks of at most max_message_size, so that
+        # a flood of small answers costs its bytes rather than a Python object per frame.
+        self._control: list[bytearray] = []
+        self._control_bytes = 0
+        """Queued bytes that are not DATA (control frames, OPEN and RESET): see should_read."""
         # Each entry is one whole frame as (header-or-frame, payload): DATA payloads are kept
         # apart from their header so they are copied once, when the message is joined.
         self._data: list[tuple[bytes, bytes | memoryview]] = []
@@ -142,15 +153,19 @@ class Connection:
 
     def _emit(self, frame: Frame) -> None:
         raw = encode(frame)
-        self._control.append(raw)
+        if self._control and len(self._control[-1]) + len(raw) <= self.config.max_message_size:
+            self._control[-1] += raw
+        else:
+            self._control.append(bytearray(raw))
         self._pending_bytes += len(raw)
+        self._control_bytes += len(raw)
 
     def data_to_send(self) -> list[bytes]:
         """Everything queued, as WebSocket messages. Connection-level frames, credit and open
         results go first, so they are never stuck behind bulk data; OPEN, DATA and RESET keep
         their relative order."""
         return [
-            pieces[0] if len(pieces) == 1 else b"".join(pieces)  # type: ignore[misc]
+            pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces)
             for pieces in self.pieces_to_send()
         ]
 
@@ -163,12 +178,12 @@ class Connection:
         messages: list[list[bytes | memoryview]] = []
         batch: list[bytes | memoryview] = []
         size = 0
-        for piece in self._control:
-            if size and size + len(piece) > limit:
+        for chunk in self._control:
+            if size and size + len(chunk) > limit:
                 messages.append(batch)
                 batch, size = [], 0
-            batch.append(piece)
-            size += len(piece)
+            batch.append(bytes(chunk))
+            size += len(chunk)
         for head, payload in self._data:
             n = len(head) + len(payload)
             if size and size + n > limit:
@@ -183,11 +198,28 @@ class Connection:
         self._control.clear()
         self._data.clear()
         self._pending_bytes = 0
+        self._control_bytes = 0
         return messages
 
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
+
+    @property
+    def control_pending(self) -> int:
+        """Bytes queued that are not DATA: control frames (answers to the peer among them),
+        OPEN and RESET."""
+        return self._control_bytes
+
+    @property
+    def should_read(self) -> bool:
+        """Whether the adapter should feed the next message now (backpressure, like a
+        transport's ``pause_reading``). False while :attr:`control_pending` exceeds
+        ``max_control_pending``: most control output answers the peer's frames, so a peer that
+        does not read our answers is not read either, until :meth:`data_to_send` has taken the
+        output. An adapter that stays paused too long gives up with :meth:`fail` and
+        ``ENHANCE_YOUR_CALM`` (docs/protocol.md, section 8)."""
+        return self._control_bytes <= self.config.max_control_pending
 
     # -- local actions ----------------------------------------------------------------------
 
@@ -211,6 +243,7 @@ class Connection:
         # stream, the peer could still count that stream against its limit.
         self._data.append((raw, b""))
         self._pending_bytes += len(raw)
+        self._control_bytes += len(raw)
         return sid
 
     def accept_stream(self, stream_id: int) -> None:
@@ -276,6 +309,7 @@ class Connection:
         raw = encode(Reset(stream_id, code, _clip(message)))
         self._data.append((raw, b""))
         self._pending_bytes += len(raw)
+        self._control_bytes += len(raw)
 
     def consumed(self, stream_id: int, n: int) -> None:
         """The application wrote or dropped ``n`` received bytes: return their credit."""
@@ -307,6 +341,20 @@ class Connection:
         if self.goaway_sent is None or code is not ErrorCode.OK:
             self.goaway_sent = GoAway(self._highest_peer_id, code, _clip(reason))
             self._emit(self.goaway_sent)
+
+    def fail(self, code: ErrorCode, reason: str = "") -> None:
+        """A connection error found outside this object (a text message, a peer that floods):
+        drop everything queued, since nothing is worth sending to a peer we give up on but the
+        reason, queue ``GOAWAY(code)`` and mark the connection closed. Flush, then close."""
+        if code is ErrorCode.OK:
+            raise ValueError("fail needs an error code")
+        self._control.clear()
+        self._data.clear()
+        self._pending_bytes = 0
+        self._control_bytes = 0
+        self.closed = True
+        self.goaway_sent = GoAway(self._highest_peer_id, code, _clip(reason))
+        self._emit(self.goaway_sent)
 
     @property
     def open_streams(self) -> int:

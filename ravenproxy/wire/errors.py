@@ -30,6 +30,13 @@ class FlowControlError(ProtocolError):
     code = ErrorCode.FLOW_CONTROL_ERROR
 
 
+class ControlFloodError(ProtocolError):
+    """The peer kept us from sending our answers to its frames (it does not read them) for too
+    long: the connection is closed with ENHANCE_YOUR_CALM."""
+
+    code = ErrorCode.ENHANCE_YOUR_CALM
+
+
 class StreamError(WireError):
     """A local call is not valid for this stream now (closed, wrong state, unknown id)."""
 

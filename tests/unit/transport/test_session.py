@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 
 from ravenproxy.transport.session import (
     OpenError,
@@ -20,7 +22,8 @@ from ravenproxy.transport.session import (
     TunnelStream,
 )
 from ravenproxy.wire.codes import ErrorCode
-from ravenproxy.wire.frames import Target
+from ravenproxy.wire.connection import WireConfig
+from ravenproxy.wire.frames import Frame, GoAway, Ping, Settings, Target, decode_message, encode
 
 TARGET = Target("edge-1", "127.0.0.1", 10250)
 WAIT = 5.0
@@ -295,6 +298,94 @@ async def test_keepalive_closes_when_the_peer_goes_silent() -> None:
         assert "peer silent" in info.value.message
 
 
+async def test_a_ping_is_answered_at_once_on_an_idle_tunnel() -> None:
+    """Not with the next keepalive (10 s by default): protocol sections 4.7 and 11."""
+    async with tunnel() as t:
+        initial = t.edge.conn.rtt
+        t.edge.conn.ping()
+        t.edge._flush()
+        async with asyncio.timeout(2):
+            while t.edge.conn.rtt == initial:  # changes when the ack arrives
+                await asyncio.sleep(0.005)
+        assert t.edge.conn.rtt < 0.5
+
+
+async def test_a_peer_that_floods_and_never_reads_is_paused_then_closed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every PING asks for an answer; a peer that never reads them is read no further once
+    the unsent answers pass the bound, and closed with ENHANCE_YOUR_CALM after the grace."""
+    bound = 64 * 1024
+    SMALL = 64 * 1024
+    config = SessionConfig(wire=WireConfig(max_control_pending=bound), flood_grace=0.5)
+    loop = asyncio.get_running_loop()
+    cloud: asyncio.Future[Session] = loop.create_future()
+    cloud_done: asyncio.Future[None] = loop.create_future()
+    most_pending = 0
+
+    async def handler(ws: ServerConnection) -> None:
+        # Small socket buffers: the flood stalls after kilobytes, not after megabytes.
+        ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL)
+        session = Session(ws, server_side=True, config=config, name="cloud")
+        cloud.set_result(session)
+        try:
+            await session.run()
+        finally:
+            cloud_done.set_result(None)
+
+    async def watch(session: Session) -> None:
+        nonlocal most_pending
+        while not cloud_done.done():
+            most_pending = max(most_pending, session.conn.control_pending)
+            await asyncio.sleep(0.001)
+
+    async with serve(handler, "127.0.0.1", 0, compression=None, ping_interval=None) as server:
+        port = server.sockets[0].getsockname()[1]
+        # max_queue=1: the client's WebSocket stops reading the socket as soon as one message
+        # waits, and this test never asks it for one until the end.
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL)
+        sock.connect(("127.0.0.1", port))
+        async with connect(
+            f"ws://127.0.0.1:{port}", sock=sock, compression=None, ping_interval=None, max_queue=1
+        ) as flooder:
+            await flooder.send(encode(Settings(())))
+            session = await asyncio.wait_for(cloud, WAIT)
+            watcher = asyncio.create_task(watch(session))
+            pings = b"".join(encode(Ping(i.to_bytes(8, "big"))) for i in range(64 * 1024 // 20))
+            sent, stalled = 0, False
+            while sent < 256 * 1024 * 1024 and not cloud_done.done():
+                try:
+                    await asyncio.wait_for(flooder.send(pings), 1.0)
+                except TimeoutError:
+                    stalled = True
+                    break
+                except ConnectionClosed:
+                    break
+                sent += len(pings)
+            assert stalled, f"the server read all {sent} bytes"
+            async with asyncio.timeout(WAIT):
+                while "peer floods control frames, closing" not in caplog.text:
+                    await asyncio.sleep(0.01)
+            # Given up on: now read what did go out, up to the GOAWAY and the close.
+            messages: list[bytes] = []
+            with contextlib.suppress(ConnectionClosed):
+                async for message in flooder:  # decoded later: keep up with the server
+                    assert isinstance(message, bytes)
+                    messages.append(message)
+            assert flooder.close_code == 1008
+            await asyncio.wait_for(cloud_done, WAIT)
+            await watcher
+            assert session.error is ErrorCode.ENHANCE_YOUR_CALM
+            assert session.close_reason.startswith("protocol error ENHANCE_YOUR_CALM")
+            # Paused at the bound, give or take the answers to one message.
+            assert most_pending <= bound + len(pings)
+    frames: list[Frame] = [f for m in messages for f in decode_message(m, 16 * 1024 * 1024)]
+    goaways = [f for f in frames if isinstance(f, GoAway)]
+    assert [g.code for g in goaways] == [ErrorCode.ENHANCE_YOUR_CALM]
+
+
 async def test_no_tasks_left_after_run_returns() -> None:
     before = asyncio.all_tasks()
     blocked = asyncio.Event()
@@ -330,3 +421,5 @@ def test_session_config_validation() -> None:
         SessionConfig(ping_interval=5, dead_after=5)
     with pytest.raises(ValueError):
         SessionConfig(open_timeout=0)
+    with pytest.raises(ValueError):
+        SessionConfig(flood_grace=0)

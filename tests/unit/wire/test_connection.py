@@ -581,6 +581,96 @@ def test_last_received_tracks_the_clock() -> None:
     assert pair.agent.last_received == pair.clock.now
 
 
+# -- backpressure on control output -----------------------------------------------------------
+
+
+def test_control_pending_counts_everything_but_data() -> None:
+    pair = Pair()
+    a, b = pair.open(pair.server), pair.open(pair.server)
+    assert pair.server.control_pending == 0
+    pair.server.send_data(a, b"bulk" * 1000)
+    assert pair.server.control_pending == 0  # DATA we chose to send is not control output
+    pair.server.ping()
+    pair.server.reset_stream(b, ErrorCode.CANCEL, "bye")
+    sid = pair.server.open_stream(TARGET)
+    expected = (
+        len(encode(Ping(b"12345678")))
+        + len(encode(Reset(b, ErrorCode.CANCEL, "bye")))
+        + len(encode(Open(sid, WireConfig().initial_stream_window, TARGET)))
+    )
+    assert pair.server.control_pending == expected
+    assert pair.server.pending_bytes == expected + len(b"bulk" * 1000) + HEADER_SIZE
+    pair.server.data_to_send()
+    assert pair.server.control_pending == 0 and pair.server.should_read
+
+
+def test_a_peer_that_does_not_read_its_answers_is_not_read_either() -> None:
+    ping = len(encode(Ping(b"12345678")))
+    pair = Pair(agent_config=WireConfig(max_control_pending=50 * ping))
+    agent = pair.agent
+    payloads = [i.to_bytes(8, "big") for i in range(51)]
+    agent.receive_message(b"".join(encode(Ping(p)) for p in payloads[:50]))
+    assert agent.control_pending == 50 * ping
+    assert agent.should_read  # at the bound, not over it
+    agent.receive_message(encode(Ping(payloads[50])))
+    assert not agent.should_read
+    # Once the adapter has taken the answers (they are on their way), read again.
+    answers = frames_of(agent.data_to_send())
+    assert answers == [Ping(p, ack=True) for p in payloads]
+    assert agent.should_read
+
+
+def test_rejected_opens_count_as_control_output() -> None:
+    pair = Pair(agent_config=WireConfig(max_concurrent_streams=1, max_control_pending=500))
+    agent = pair.agent
+    sid = 1
+    while agent.should_read:
+        agent.receive_message(encode(Open(sid, 1000, TARGET)))
+        sid += 2
+    results = frames_of(agent.data_to_send())
+    assert {type(f) for f in results} == {OpenResult}
+    assert all(isinstance(f, OpenResult) and f.code is ErrorCode.TOO_MANY_STREAMS for f in results)
+    assert agent.open_streams == 1
+
+
+def test_control_output_is_packed_into_messages_not_kept_per_frame() -> None:
+    """A flood of tiny answers costs its bytes, not an object per frame: the queue holds
+    chunks of whole frames up to max_message_size."""
+    pair = Pair()
+    agent = pair.agent
+    message = b"".join(encode(Ping(i.to_bytes(8, "big"))) for i in range(10_000))
+    for _ in range(12):
+        agent.receive_message(message)
+    messages = agent.pieces_to_send()
+    limit = WireConfig().max_message_size
+    assert all(len(pieces) == 1 and len(pieces[0]) <= limit for pieces in messages)
+    assert sum(len(pieces[0]) for pieces in messages) == 12 * len(message)
+    acks = [f for pieces in messages for f in decode_message(bytes(pieces[0]), limit)]
+    assert len(acks) == 120_000 and all(isinstance(f, Ping) and f.ack for f in acks)
+
+
+def test_fail_sends_only_goaway_and_closes() -> None:
+    pair = Pair()
+    sid = pair.open(pair.server)
+    pair.transfer(pair.agent)
+    pair.server.send_data(sid, b"queued")
+    pair.server.ping()
+    pair.server.fail(ErrorCode.ENHANCE_YOUR_CALM, "answers unread")
+    assert pair.server.closed
+    assert frames_of(pair.server.data_to_send()) == [
+        GoAway(0, ErrorCode.ENHANCE_YOUR_CALM, "answers unread")
+    ]
+    assert pair.server.receive_message(encode(Ping(b"12345678"))) == []
+    assert pair.server.pending_bytes == 0 and pair.server.control_pending == 0
+    with pytest.raises(ValueError):
+        pair.agent.fail(ErrorCode.OK)
+
+
+def test_max_control_pending_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_control_pending"):
+        WireConfig(max_control_pending=0)
+
+
 # -- output -----------------------------------------------------------------------------------
 
 

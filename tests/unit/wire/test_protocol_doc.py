@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ravenproxy.transport.session import SessionConfig
 from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode, FrameType, Setting
 from ravenproxy.wire.connection import WireConfig
 from ravenproxy.wire.frames import MAX_TEXT, Data, Frame, Open, Settings, Target, encode
@@ -90,3 +91,11 @@ def test_constants_are_documented(doc: str) -> None:
     assert f"| {config.connection_window} (64 MiB)" in doc
     assert config.max_stream_window == 8 * 1024 * 1024 and "8 MiB" in doc
     assert config.initial_rtt == 0.05 and "50 ms is\nassumed" in doc
+
+
+def test_flood_limits_are_documented(doc: str) -> None:
+    """The bound is the wire layer's; the grace is the session adapter's (it owns the clock)."""
+    assert WireConfig().max_control_pending == 1024 * 1024
+    assert re.search(r"`max_control_pending`\s+\(1 MiB\)", doc)
+    grace = SessionConfig().flood_grace
+    assert re.search(rf"paused for {grace:g} s\s+\(`flood_grace`\)", doc)
