@@ -307,3 +307,15 @@ async def curl(*args: str, timeout: float = 30) -> tuple[int, str]:
     assert code == 0, f"curl {' '.join(args)} failed ({code}): {err}"
     body, _, status = out.rpartition("\n")
     return int(status), body
+
+
+async def raw_exchange(port: int, request: bytes, *, timeout: float = 15) -> bytes:
+    """Send ``request`` as it is to a front on 127.0.0.1 and read until the server closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        async with asyncio.timeout(timeout):
+            return await reader.read()
+    finally:
+        writer.close()

@@ -16,20 +16,9 @@ from collections.abc import AsyncIterator
 import h11
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, L7
+from tests.integration.l7.env import EDGE_IP, L7, raw_exchange
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-
-
-async def _raw(port: int, request: bytes, *, timeout: float = 15) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request)
-        await writer.drain()
-        async with asyncio.timeout(timeout):
-            return await reader.read()
-    finally:
-        writer.close()
 
 
 class _RawTarget:
@@ -70,7 +59,7 @@ async def test_request_with_content_length_and_transfer_encoding_is_refused(
     before = (await l7.cluster.metrics()).get(
         'ravenproxy_server_front_requests_total{front="http",status="400"}', 0.0
     )
-    answer = await _raw(
+    answer = await raw_exchange(
         l7.http,
         f"POST /x HTTP/1.1\r\nHost: edge-1:{l7.spare_port}\r\nContent-Length: 5\r\n"
         "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n".encode(),
@@ -87,7 +76,7 @@ async def test_request_with_content_length_and_transfer_encoding_is_refused(
 async def test_response_with_content_length_and_transfer_encoding_is_framed_by_chunks(
     l7: L7, target: _RawTarget
 ) -> None:
-    answer = await _raw(
+    answer = await raw_exchange(
         l7.http,
         f"GET /x HTTP/1.1\r\nHost: edge-1:{l7.spare_port}\r\nConnection: close\r\n\r\n".encode(),
     )
@@ -114,7 +103,7 @@ async def test_response_with_content_length_and_transfer_encoding_is_framed_by_c
 
 
 async def test_malformed_chunk_size_is_answered_with_400(l7: L7) -> None:
-    answer = await _raw(
+    answer = await raw_exchange(
         l7.http,
         f"POST /echo HTTP/1.1\r\nHost: edge-1:{l7.kubelet.http_port}\r\n"
         "Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n".encode(),

@@ -8,24 +8,11 @@ answers the CN of the client certificate it was shown, or ``anonymous``.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, KUBELET_CLIENT_CN, L7, curl, run
+from tests.integration.l7.env import EDGE_IP, KUBELET_CLIENT_CN, L7, curl, raw_exchange, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-
-
-async def _raw(port: int, request: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request)
-        await writer.drain()
-        async with asyncio.timeout(15):
-            return await reader.read()
-    finally:
-        writer.close()
 
 
 async def test_plain_http_request_for_https_gets_no_client_certificate(l7: L7) -> None:
@@ -33,7 +20,7 @@ async def test_plain_http_request_for_https_gets_no_client_certificate(l7: L7) -
     # to the kubelet, but nobody authenticated, so no client certificate reaches it.
     port = l7.kubelet.tls_port
     for authority in (f"edge-1:{port}", f"{EDGE_IP}:{port}"):
-        answer = await _raw(
+        answer = await raw_exchange(
             l7.http,
             f"GET https://{authority}/whoami HTTP/1.1\r\nHost: {authority}\r\n"
             "Connection: close\r\n\r\n".encode(),

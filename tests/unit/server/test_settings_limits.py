@@ -4,28 +4,14 @@ connection cap the server actually enforces."""
 from __future__ import annotations
 
 import resource
-from pathlib import Path
 
 import pytest
 
 from ravenproxy.errors import ConfigError
 from ravenproxy.model.store import ModelStore
-from ravenproxy.pki import init_pki
 from ravenproxy.server.app import ProxyServer
 from ravenproxy.server.limits import front_connection_cap
 from ravenproxy.server.settings import ServerSettings
-
-
-@pytest.fixture
-def base(tmp_path: Path) -> dict[str, str]:
-    init_pki(tmp_path, ("localhost",), ("edge-1",))
-    (tmp_path / "inv.yaml").write_text("")
-    return {
-        "inventory": str(tmp_path / "inv.yaml"),
-        "ca_file": str(tmp_path / "ca.crt"),
-        "cert_file": str(tmp_path / "server.crt"),
-        "key_file": str(tmp_path / "server.key"),
-    }
 
 
 def test_defaults(base: dict[str, str]) -> None:
