@@ -12,7 +12,7 @@ from ravenproxy.errors import ConfigError
 from ravenproxy.model.allowlist import Allowlist
 from ravenproxy.server import limits
 from ravenproxy.transport.session import SessionConfig
-from ravenproxy.wire.connection import WireConfig
+from ravenproxy.wire.config import WireConfig
 
 FIELDS = {
     "inventory",

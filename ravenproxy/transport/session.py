@@ -24,7 +24,8 @@ from ravenproxy.errors import RavenProxyError
 from ravenproxy.log import kv
 from ravenproxy.wire import events as ev
 from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode
-from ravenproxy.wire.connection import Connection, WireConfig
+from ravenproxy.wire.config import WireConfig
+from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import ControlFloodError, ProtocolError, WireError
 from ravenproxy.wire.frames import Target
 

@@ -11,10 +11,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ravenproxy.wire import events as ev
 from ravenproxy.wire.codes import ErrorCode, Setting
+from ravenproxy.wire.config import (
+    DEFAULT_PEER_MAX_FRAME_SIZE,
+    DEFAULT_PEER_MAX_STREAMS,
+    WireConfig,
+)
 from ravenproxy.wire.errors import (
     GoingAwayError,
     ProtocolError,
@@ -40,62 +44,9 @@ from ravenproxy.wire.frames import (
     encode,
     encode_data_header,
 )
+from ravenproxy.wire.outbox import Outbox
 from ravenproxy.wire.streams import Input, State, Stream
 from ravenproxy.wire.windows import RecvWindow, SendWindow
-
-KIB = 1024
-MIB = 1024 * KIB
-
-# What a peer may assume before our SETTINGS arrive (SETTINGS is always the first frame, so in
-# practice only the frame size matters: it bounds that very first message).
-DEFAULT_PEER_MAX_FRAME_SIZE = MIN_FRAME_SIZE
-DEFAULT_PEER_MAX_STREAMS = 100
-
-
-@dataclass(frozen=True)
-class WireConfig:
-    """Limits and windows of one side. Each field is announced to the peer or governs us."""
-
-    max_frame_size: int = 256 * KIB
-    """Largest frame payload we accept (announced as MAX_FRAME_SIZE)."""
-    max_concurrent_streams: int = 10_000
-    """Streams the peer may have open toward us at once (announced)."""
-    initial_stream_window: int = 256 * KIB
-    """Credit a new stream starts with, in each direction we receive."""
-    max_stream_window: int = 8 * MIB
-    """Cap for auto-tuned stream windows."""
-    connection_window: int = 64 * MIB
-    """Budget for bytes received but not yet consumed, over all streams (announced)."""
-    max_message_size: int = 1 * MIB
-    """Largest WebSocket message we send (frames are batched up to it)."""
-    initial_rtt: float = 0.05
-    """Round-trip estimate until a PING measures one."""
-    max_control_pending: int = 1 * MIB
-    """Unsent control output (everything queued but DATA) above which the peer should not be
-    read (:attr:`Connection.should_read`). Most control output answers the peer's own frames
-    (PING acks, OPEN_RESULTs): a peer that sends them and never reads the answers must not grow
-    our memory. Legitimate peers stay far below: answers are small and go out first."""
-
-    def __post_init__(self) -> None:
-        if not MIN_FRAME_SIZE <= self.max_frame_size <= MAX_FRAME_SIZE_LIMIT:
-            raise ValueError(
-                f"max_frame_size must be {MIN_FRAME_SIZE}..{MAX_FRAME_SIZE_LIMIT}, "
-                f"got {self.max_frame_size}"
-            )
-        if not 1 <= self.max_concurrent_streams <= 2**31:
-            raise ValueError(
-                f"max_concurrent_streams must be >= 1, got {self.max_concurrent_streams}"
-            )
-        if not 0 < self.initial_stream_window <= self.max_stream_window <= MAX_WINDOW:
-            raise ValueError(
-                "windows must satisfy 0 < initial_stream_window <= max_stream_window <= 2^31-1"
-            )
-        if not self.max_stream_window <= self.connection_window <= MAX_WINDOW:
-            raise ValueError("connection_window must be >= max_stream_window and <= 2^31-1")
-        if self.max_message_size < self.max_frame_size + 12:
-            raise ValueError("max_message_size must hold at least one full frame")
-        if self.max_control_pending <= 0:
-            raise ValueError(f"max_control_pending must be > 0, got {self.max_control_pending}")
 
 
 class Connection:
@@ -116,15 +67,7 @@ class Connection:
         self.streams: dict[int, Stream] = {}
         self._local_open = 0
         self._peer_open = 0
-        # Control frames packed back to back into chunks of at most max_message_size, so that
-        # a flood of small answers costs its bytes rather than a Python object per frame.
-        self._control: list[bytearray] = []
-        self._control_bytes = 0
-        """Queued bytes that are not DATA (control frames, OPEN and RESET): see should_read."""
-        # Each entry is one whole frame as (header-or-frame, payload): DATA payloads are kept
-        # apart from their header so they are copied once, when the message is joined.
-        self._data: list[tuple[bytes, bytes | memoryview]] = []
-        self._pending_bytes = 0
+        self._out = Outbox(self.config.max_message_size)
         self._settings_received = False
         self.peer_max_frame_size = DEFAULT_PEER_MAX_FRAME_SIZE
         self.peer_max_streams = DEFAULT_PEER_MAX_STREAMS
@@ -152,13 +95,7 @@ class Connection:
     # -- output ---------------------------------------------------------------------------
 
     def _emit(self, frame: Frame) -> None:
-        raw = encode(frame)
-        if self._control and len(self._control[-1]) + len(raw) <= self.config.max_message_size:
-            self._control[-1] += raw
-        else:
-            self._control.append(bytearray(raw))
-        self._pending_bytes += len(raw)
-        self._control_bytes += len(raw)
+        self._out.control(encode(frame))
 
     def data_to_send(self) -> list[bytes]:
         """Everything queued, as WebSocket messages. Connection-level frames, credit and open
@@ -172,44 +109,17 @@ class Connection:
     def pieces_to_send(self) -> list[list[bytes | memoryview]]:
         """As :meth:`data_to_send`, each message still in pieces (frame headers and payloads)
         for a writer that can send them without joining them first."""
-        if not self._pending_bytes:
-            return []
-        limit = self.config.max_message_size
-        messages: list[list[bytes | memoryview]] = []
-        batch: list[bytes | memoryview] = []
-        size = 0
-        for chunk in self._control:
-            if size and size + len(chunk) > limit:
-                messages.append(batch)
-                batch, size = [], 0
-            batch.append(bytes(chunk))
-            size += len(chunk)
-        for head, payload in self._data:
-            n = len(head) + len(payload)
-            if size and size + n > limit:
-                messages.append(batch)
-                batch, size = [], 0
-            batch.append(head)
-            if payload:
-                batch.append(payload)
-            size += n
-        if batch:
-            messages.append(batch)
-        self._control.clear()
-        self._data.clear()
-        self._pending_bytes = 0
-        self._control_bytes = 0
-        return messages
+        return self._out.take_pieces()
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending_bytes
+        return self._out.pending_bytes
 
     @property
     def control_pending(self) -> int:
         """Bytes queued that are not DATA: control frames (answers to the peer among them),
         OPEN and RESET."""
-        return self._control_bytes
+        return self._out.control_bytes
 
     @property
     def should_read(self) -> bool:
@@ -219,7 +129,7 @@ class Connection:
         does not read our answers is not read either, until :meth:`data_to_send` has taken the
         output. An adapter that stays paused too long gives up with :meth:`fail` and
         ``ENHANCE_YOUR_CALM`` (docs/protocol.md, section 8)."""
-        return self._control_bytes <= self.config.max_control_pending
+        return self._out.control_bytes <= self.config.max_control_pending
 
     # -- local actions ----------------------------------------------------------------------
 
@@ -241,9 +151,7 @@ class Connection:
         self._local_open += 1
         # OPEN travels in order with DATA: if it overtook the DATA+FIN that closed an earlier
         # stream, the peer could still count that stream against its limit.
-        self._data.append((raw, b""))
-        self._pending_bytes += len(raw)
-        self._control_bytes += len(raw)
+        self._out.ordered(raw)
         return sid
 
     def accept_stream(self, stream_id: int) -> None:
@@ -286,11 +194,9 @@ class Connection:
             chunk = view[pos : pos + step]
             last = pos + step >= n
             # Header and payload stay one entry: a frame never spans two messages.
-            self._data.append((encode_data_header(stream_id, len(chunk), fin and last), chunk))
-            self._pending_bytes += len(chunk) + 12
+            self._out.data(encode_data_header(stream_id, len(chunk), fin and last), chunk)
         if n == 0 and fin:
-            self._data.append((encode_data_header(stream_id, 0, True), b""))
-            self._pending_bytes += 12
+            self._out.data(encode_data_header(stream_id, 0, True), b"")
         if fin:
             self._transition(stream, Input.SEND_FIN)
 
@@ -306,10 +212,7 @@ class Connection:
         self._transition(stream, Input.SEND_RESET)
         # In order with OPEN and DATA: a RESET overtaking its stream's queued OPEN would name
         # a stream the peer has never heard of.
-        raw = encode(Reset(stream_id, code, _clip(message)))
-        self._data.append((raw, b""))
-        self._pending_bytes += len(raw)
-        self._control_bytes += len(raw)
+        self._out.ordered(encode(Reset(stream_id, code, _clip(message))))
 
     def consumed(self, stream_id: int, n: int) -> None:
         """The application wrote or dropped ``n`` received bytes: return their credit."""
@@ -348,10 +251,7 @@ class Connection:
         reason, queue ``GOAWAY(code)`` and mark the connection closed. Flush, then close."""
         if code is ErrorCode.OK:
             raise ValueError("fail needs an error code")
-        self._control.clear()
-        self._data.clear()
-        self._pending_bytes = 0
-        self._control_bytes = 0
+        self._out.clear()
         self.closed = True
         self.goaway_sent = GoAway(self._highest_peer_id, code, _clip(reason))
         self._emit(self.goaway_sent)

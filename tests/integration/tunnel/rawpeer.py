@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed
 
 from ravenproxy.transport import tls
 from ravenproxy.wire.codes import SUBPROTOCOL, Setting
-from ravenproxy.wire.connection import WireConfig
+from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.frames import Frame, Settings, decode_message, encode
 from tests.integration.cluster import Cluster
 

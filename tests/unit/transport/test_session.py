@@ -22,7 +22,7 @@ from ravenproxy.transport.session import (
     TunnelStream,
 )
 from ravenproxy.wire.codes import ErrorCode
-from ravenproxy.wire.connection import WireConfig
+from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.frames import Frame, GoAway, Ping, Settings, Target, decode_message, encode
 
 TARGET = Target("edge-1", "127.0.0.1", 10250)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ravenproxy.wire import events as ev
-from ravenproxy.wire.connection import Connection, WireConfig
+from ravenproxy.wire.config import WireConfig
+from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.frames import Frame, Target, decode_message
 
 TARGET = Target("edge-1", "127.0.0.1", 10250)

@@ -8,7 +8,8 @@ import pytest
 
 from ravenproxy.wire import events as ev
 from ravenproxy.wire.codes import ErrorCode, FrameType, Setting
-from ravenproxy.wire.connection import KIB, MIB, Connection, WireConfig
+from ravenproxy.wire.config import KIB, MIB, WireConfig
+from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import (
     FlowControlError,
     FrameSizeError,

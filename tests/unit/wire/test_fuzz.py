@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from ravenproxy.wire import events as ev
 from ravenproxy.wire.codes import ErrorCode, FrameType, Setting
-from ravenproxy.wire.connection import Connection, WireConfig
+from ravenproxy.wire.config import WireConfig
+from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import ProtocolError, WireError
 from ravenproxy.wire.frames import (
     HEADER,

@@ -9,7 +9,7 @@ import pytest
 
 from ravenproxy.transport.session import SessionConfig
 from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode, FrameType, Setting
-from ravenproxy.wire.connection import WireConfig
+from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.frames import MAX_TEXT, Data, Frame, Open, Settings, Target, encode
 from ravenproxy.wire.streams import TRANSITIONS, Input, State
 

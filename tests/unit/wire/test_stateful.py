@@ -10,7 +10,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from ravenproxy.wire import events as ev
 from ravenproxy.wire.codes import ErrorCode
-from ravenproxy.wire.connection import KIB, Connection, WireConfig
+from ravenproxy.wire.config import KIB, WireConfig
+from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.streams import State
 
 from .harness import TARGET, Pair

@@ -1,0 +1,85 @@
+"""What a connection has queued to send, and how it becomes WebSocket messages.
+
+Two queues, because they obey two ordering rules:
+
+- **control**: connection-level frames, credit (WINDOW_UPDATE), PING and its ack, OPEN_RESULT,
+  GOAWAY. They go first, so an answer is never stuck behind bulk data. Packed back to back into
+  chunks of at most one message, so a flood of small answers costs its bytes, not a Python
+  object per frame.
+- **ordered**: OPEN, DATA and RESET, in the order they were queued. OPEN must not overtake the
+  DATA+FIN that closed an earlier stream (the peer would still count it against its limit); a
+  RESET must not overtake its stream's queued OPEN. DATA payloads stay apart from their header so
+  they are copied once, when a message is joined (or never, for a writer that sends pieces).
+
+Everything that is not DATA counts as control output (:attr:`Outbox.control_bytes`): most of it
+answers the peer's own frames, so it is what a peer that never reads would grow.
+"""
+
+from __future__ import annotations
+
+
+class Outbox:
+    def __init__(self, max_message_size: int) -> None:
+        self.max_message_size = max_message_size
+        self._control: list[bytearray] = []
+        self._ordered: list[tuple[bytes, bytes | memoryview]] = []
+        self.pending_bytes = 0
+        """Every byte queued."""
+        self.control_bytes = 0
+        """Queued bytes that are not DATA (control frames, OPEN and RESET)."""
+
+    def control(self, raw: bytes) -> None:
+        """Queue an encoded control frame (sent before anything in the ordered queue)."""
+        if self._control and len(self._control[-1]) + len(raw) <= self.max_message_size:
+            self._control[-1] += raw
+        else:
+            self._control.append(bytearray(raw))
+        self.pending_bytes += len(raw)
+        self.control_bytes += len(raw)
+
+    def ordered(self, raw: bytes) -> None:
+        """Queue an encoded OPEN or RESET, in order with DATA."""
+        self._ordered.append((raw, b""))
+        self.pending_bytes += len(raw)
+        self.control_bytes += len(raw)
+
+    def data(self, header: bytes, payload: bytes | memoryview) -> None:
+        """Queue one DATA frame as its header and (referenced, not copied) payload: a frame
+        never spans two messages."""
+        self._ordered.append((header, payload))
+        self.pending_bytes += len(header) + len(payload)
+
+    def clear(self) -> None:
+        self._control.clear()
+        self._ordered.clear()
+        self.pending_bytes = 0
+        self.control_bytes = 0
+
+    def take_pieces(self) -> list[list[bytes | memoryview]]:
+        """Everything queued, as messages of at most ``max_message_size`` bytes, each still in
+        pieces (frame headers and payloads); the outbox is empty afterwards."""
+        if not self.pending_bytes:
+            return []
+        limit = self.max_message_size
+        messages: list[list[bytes | memoryview]] = []
+        batch: list[bytes | memoryview] = []
+        size = 0
+        for chunk in self._control:
+            if size and size + len(chunk) > limit:
+                messages.append(batch)
+                batch, size = [], 0
+            batch.append(bytes(chunk))
+            size += len(chunk)
+        for head, payload in self._ordered:
+            n = len(head) + len(payload)
+            if size and size + n > limit:
+                messages.append(batch)
+                batch, size = [], 0
+            batch.append(head)
+            if payload:
+                batch.append(payload)
+            size += n
+        if batch:
+            messages.append(batch)
+        self.clear()
+        return messages

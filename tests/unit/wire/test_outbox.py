@@ -1,0 +1,53 @@
+"""The outbox's ordering and batching rules, as data."""
+
+from __future__ import annotations
+
+from ravenproxy.wire.outbox import Outbox
+
+
+def test_control_goes_first_and_ordered_keeps_its_order() -> None:
+    box = Outbox(max_message_size=100)
+    box.ordered(b"OPEN1")
+    box.data(b"H1", b"payload")
+    box.control(b"ACK")
+    box.ordered(b"RESET1")
+    box.control(b"WU")
+    assert box.pending_bytes == 5 + 2 + 7 + 3 + 6 + 2
+    assert box.control_bytes == 5 + 3 + 6 + 2  # everything but DATA
+    [message] = box.take_pieces()
+    # Control frames packed together, ahead of OPEN, DATA and RESET in queue order.
+    assert message == [b"ACKWU", b"OPEN1", b"H1", b"payload", b"RESET1"]
+    assert (box.pending_bytes, box.control_bytes, box.take_pieces()) == (0, 0, [])
+
+
+def test_messages_never_exceed_the_limit_and_a_frame_never_spans_two() -> None:
+    box = Outbox(max_message_size=10)
+    for _ in range(7):
+        box.control(b"abc")  # packed: three per chunk of at most 10 bytes
+    box.data(b"HH", b"12345678")  # 10 bytes: a message of its own
+    box.data(b"HH", b"1")
+    messages = box.take_pieces()
+    assert [b"".join(m) for m in messages] == [
+        b"abcabcabc",
+        b"abcabcabc",
+        b"abc",
+        b"HH12345678",
+        b"HH1",
+    ]
+    assert all(sum(len(p) for p in m) <= 10 for m in messages)
+
+
+def test_payloads_are_referenced_not_copied() -> None:
+    box = Outbox(max_message_size=1 << 20)
+    payload = memoryview(b"x" * 1000)
+    box.data(b"H", payload)
+    [message] = box.take_pieces()
+    assert message[1] is payload
+
+
+def test_clear_drops_everything() -> None:
+    box = Outbox(max_message_size=100)
+    box.control(b"a")
+    box.data(b"H", b"b")
+    box.clear()
+    assert (box.pending_bytes, box.control_bytes, box.take_pieces()) == (0, 0, [])
