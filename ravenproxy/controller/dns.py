@@ -45,6 +45,7 @@ import dns.rrset
 
 from ravenproxy.controller.dnsmap import dns_map
 from ravenproxy.errors import RavenProxyError
+from ravenproxy.flags import setting
 from ravenproxy.log import kv
 from ravenproxy.model.inventory import InventoryWatcher
 from ravenproxy.model.snapshot import Model
@@ -63,15 +64,32 @@ _REFUSAL_LOG_EVERY = 1.0  # seconds between two refusal lines of the same kind
 
 @dataclass(frozen=True)
 class TCPLimits:
-    """Bounds on DNS-over-TCP clients (flags of ``ravenproxy dns``; validated by the CLI)."""
+    """Bounds on DNS-over-TCP clients (flags of ``ravenproxy dns``, declared here)."""
 
-    idle_timeout: float = 3.0
+    idle_timeout: float = setting(
+        3.0,
+        "--tcp-idle-timeout",
+        "S",
+        "close a TCP client that takes longer than this for a whole query, the wait for it "
+        "included, or to read a reply",
+    )
     """``--tcp-idle-timeout``: seconds a connection may take for each whole query (the wait for
     its first byte included) and for sending each reply; then it is closed."""
-    max_clients: int = 256
+    max_clients: int = setting(
+        256,
+        "--max-tcp-clients",
+        "N",
+        "TCP connections served at once; when full, the longest-idle one is closed for a new "
+        "client",
+    )
     """``--max-tcp-clients``: connections served at once; when full, the longest-idle one is
     closed for a new client (refused only when none is idle)."""
-    max_clients_per_source: int = 16
+    max_clients_per_source: int = setting(
+        16,
+        "--max-tcp-clients-per-source",
+        "N",
+        "TCP connections from one address (IPv6: one /64); more are closed at once",
+    )
     """``--max-tcp-clients-per-source``: connections from one address (IPv6: one /64)."""
 
 
