@@ -351,7 +351,7 @@ class DNSServer:
                     lambda: _UDPProtocol(self.answerer), local_addr=(host, port)
                 )
             except OSError as exc:
-                raise DNSServerError(f"cannot bind UDP {host}:{port}: {exc.strerror}") from exc
+                raise DNSServerError(f"cannot bind UDP {host}:{port}: {exc.strerror or exc}") from exc
             bound = udp.get_extra_info("sockname")[1]
             try:
                 self._tcp = await asyncio.start_server(self._serve_tcp, host, bound)
@@ -360,7 +360,7 @@ class DNSServer:
                 # With port 0 the UDP port may be taken for TCP by someone else: try another.
                 if exc.errno == errno.EADDRINUSE and attempt + 1 < attempts:
                     continue
-                raise DNSServerError(f"cannot bind TCP {host}:{bound}: {exc.strerror}") from exc
+                raise DNSServerError(f"cannot bind TCP {host}:{bound}: {exc.strerror or exc}") from exc
             self._udp = udp
             self._port = bound
             log.info("dns: serving", extra=kv(host=host, port=bound))
