@@ -46,6 +46,7 @@ import dns.rrset
 from ravenproxy.controller.dnsmap import dns_map
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.flags import setting
+from ravenproxy.lifecycle import parts
 from ravenproxy.log import kv
 from ravenproxy.model.inventory import InventoryWatcher
 from ravenproxy.model.snapshot import Model
@@ -351,7 +352,9 @@ class DNSServer:
                     lambda: _UDPProtocol(self.answerer), local_addr=(host, port)
                 )
             except OSError as exc:
-                raise DNSServerError(f"cannot bind UDP {host}:{port}: {exc.strerror or exc}") from exc
+                raise DNSServerError(
+                    f"cannot bind UDP {host}:{port}: {exc.strerror or exc}"
+                ) from exc
             bound = udp.get_extra_info("sockname")[1]
             try:
                 self._tcp = await asyncio.start_server(self._serve_tcp, host, bound)
@@ -360,7 +363,9 @@ class DNSServer:
                 # With port 0 the UDP port may be taken for TCP by someone else: try another.
                 if exc.errno == errno.EADDRINUSE and attempt + 1 < attempts:
                     continue
-                raise DNSServerError(f"cannot bind TCP {host}:{bound}: {exc.strerror or exc}") from exc
+                raise DNSServerError(
+                    f"cannot bind TCP {host}:{bound}: {exc.strerror or exc}"
+                ) from exc
             self._udp = udp
             self._port = bound
             log.info("dns: serving", extra=kv(host=host, port=bound))
@@ -526,16 +531,10 @@ async def run_dns(
     store = ModelStore()
     watcher = InventoryWatcher(inventory, store, interval)
     await watcher.start()
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(watcher.run(), name="dns-inventory-watcher")
-            tg.create_task(
-                serve_model_dns(store, listen, suffix, ttl, cluster_ip, started, limits),
-                name="dns-server",
-            )
-    except ExceptionGroup as group:
-        # One task failing with our own error (e.g. the port is taken) is that error: the CLI
-        # prints it on one line instead of a group's traceback.
-        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], RavenProxyError):
-            raise group.exceptions[0] from None
-        raise
+    # One task failing with our own error (e.g. the port is taken) is that error, raised alone.
+    async with parts() as tg:
+        tg.create_task(watcher.run(), name="dns-inventory-watcher")
+        tg.create_task(
+            serve_model_dns(store, listen, suffix, ttl, cluster_ip, started, limits),
+            name="dns-server",
+        )
