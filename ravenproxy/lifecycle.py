@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
@@ -115,4 +116,11 @@ async def listening(flag: str, where: object) -> AsyncIterator[None]:
     try:
         yield
     except OSError as exc:
-        raise ConfigError(flag, f"cannot listen on {where}: {exc.strerror or exc}") from None
+        raise ConfigError(flag, f"cannot listen on {where}: {os_reason(exc)}") from None
+
+
+def os_reason(exc: OSError) -> str:
+    """The OS's words for ``exc`` (uvloop leaves ``strerror`` empty but sets ``errno``)."""
+    if exc.strerror:
+        return exc.strerror
+    return os.strerror(exc.errno) if exc.errno else str(exc)

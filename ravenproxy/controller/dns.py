@@ -46,7 +46,7 @@ import dns.rrset
 from ravenproxy.controller.dnsmap import dns_map
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.flags import setting
-from ravenproxy.lifecycle import parts
+from ravenproxy.lifecycle import os_reason, parts
 from ravenproxy.log import kv
 from ravenproxy.model.inventory import InventoryWatcher
 from ravenproxy.model.snapshot import Model
@@ -352,9 +352,7 @@ class DNSServer:
                     lambda: _UDPProtocol(self.answerer), local_addr=(host, port)
                 )
             except OSError as exc:
-                raise DNSServerError(
-                    f"cannot bind UDP {host}:{port}: {exc.strerror or exc}"
-                ) from exc
+                raise DNSServerError(f"cannot bind UDP {host}:{port}: {os_reason(exc)}") from exc
             bound = udp.get_extra_info("sockname")[1]
             try:
                 self._tcp = await asyncio.start_server(self._serve_tcp, host, bound)
@@ -363,9 +361,7 @@ class DNSServer:
                 # With port 0 the UDP port may be taken for TCP by someone else: try another.
                 if exc.errno == errno.EADDRINUSE and attempt + 1 < attempts:
                     continue
-                raise DNSServerError(
-                    f"cannot bind TCP {host}:{bound}: {exc.strerror or exc}"
-                ) from exc
+                raise DNSServerError(f"cannot bind TCP {host}:{bound}: {os_reason(exc)}") from exc
             self._udp = udp
             self._port = bound
             log.info("dns: serving", extra=kv(host=host, port=bound))
