@@ -44,8 +44,8 @@ import dns.rdatatype
 import dns.rrset
 
 from ravenproxy.controller.dnsmap import dns_map
+from ravenproxy.controller.settings import TCPLimits as TCPLimits  # re-exported: its users
 from ravenproxy.errors import RavenProxyError
-from ravenproxy.flags import setting
 from ravenproxy.lifecycle import os_reason, parts
 from ravenproxy.log import kv
 from ravenproxy.model.inventory import InventoryWatcher
@@ -61,37 +61,6 @@ _UDP_PLAIN_MAX = 512
 _UDP_EDNS_MAX = 1232  # the DNS flag day 2020 size: no IP fragmentation on any sane path
 _TCP_MAX = 65535
 _REFUSAL_LOG_EVERY = 1.0  # seconds between two refusal lines of the same kind
-
-
-@dataclass(frozen=True)
-class TCPLimits:
-    """Bounds on DNS-over-TCP clients (flags of ``ravenproxy dns``, declared here)."""
-
-    idle_timeout: float = setting(
-        3.0,
-        "--tcp-idle-timeout",
-        "S",
-        "close a TCP client that takes longer than this for a whole query, the wait for it "
-        "included, or to read a reply",
-    )
-    """``--tcp-idle-timeout``: seconds a connection may take for each whole query (the wait for
-    its first byte included) and for sending each reply; then it is closed."""
-    max_clients: int = setting(
-        256,
-        "--max-tcp-clients",
-        "N",
-        "TCP connections served at once; when full, the longest-idle one is closed for a new "
-        "client",
-    )
-    """``--max-tcp-clients``: connections served at once; when full, the longest-idle one is
-    closed for a new client (refused only when none is idle)."""
-    max_clients_per_source: int = setting(
-        16,
-        "--max-tcp-clients-per-source",
-        "N",
-        "TCP connections from one address (IPv6: one /64); more are closed at once",
-    )
-    """``--max-tcp-clients-per-source``: connections from one address (IPv6: one /64)."""
 
 
 class DNSServerError(RavenProxyError):

@@ -11,10 +11,40 @@ from typing import Any
 from ravenproxy import config as cfg
 from ravenproxy import flags
 from ravenproxy.config import Address
-from ravenproxy.controller.dns import TCPLimits
 from ravenproxy.controller.election import DEFAULT_GRACE
 from ravenproxy.errors import ConfigError
 from ravenproxy.flags import setting
+
+
+@dataclass(frozen=True)
+class TCPLimits:
+    """Bounds on DNS-over-TCP clients (flags of ``ravenproxy dns``, declared here)."""
+
+    idle_timeout: float = setting(
+        3.0,
+        "--tcp-idle-timeout",
+        "S",
+        "close a TCP client that takes longer than this for a whole query, the wait for it "
+        "included, or to read a reply",
+    )
+    """``--tcp-idle-timeout``: seconds a connection may take for each whole query (the wait for
+    its first byte included) and for sending each reply; then it is closed."""
+    max_clients: int = setting(
+        256,
+        "--max-tcp-clients",
+        "N",
+        "TCP connections served at once; when full, the longest-idle one is closed for a new "
+        "client",
+    )
+    """``--max-tcp-clients``: connections served at once; when full, the longest-idle one is
+    closed for a new client (refused only when none is idle)."""
+    max_clients_per_source: int = setting(
+        16,
+        "--max-tcp-clients-per-source",
+        "N",
+        "TCP connections from one address (IPv6: one /64); more are closed at once",
+    )
+    """``--max-tcp-clients-per-source``: connections from one address (IPv6: one /64)."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +84,9 @@ class ControllerCommand:
 class DnsCommand:
     """``ravenproxy dns``: the map's source, where to answer, the DNS-over-TCP limits."""
 
-    listen: Address = setting(flag="--listen", metavar="H:P", help="UDP and TCP address")
+    listen: Address = setting(
+        flag="--listen", metavar="H:P", help="where to answer, UDP and TCP (required)"
+    )
     inventory: str | None = setting(None, "--inventory", "FILE", "answer from this inventory")
     kubeconfig: str | None = setting(
         None, "--kubeconfig", "F", "answer from the published ConfigMap (API access)"
