@@ -100,10 +100,10 @@ class Agent:
     async def run(self) -> None:
         """Serve until cancelled.
 
-        The parts (model source, key publisher, L3 reconciler, the tunnel's connect loop, the
-        metrics listener) start in one task group: when one fails, at start or later, the
-        others are stopped and waited for, and the error is raised alone when it is ours (a
-        taken ``--metrics-addr`` is one line naming the flag, see :mod:`ravenproxy.lifecycle`).
+        The parts (model source, metrics listener, key publisher, L3 reconciler, the tunnel's
+        connect loop) start in one task group: when one fails, at start or later, those started
+        are stopped and waited for, and the error is raised alone when it is ours (a taken
+        ``--metrics-addr`` is one line naming the flag, see :mod:`ravenproxy.lifecycle`).
         """
         s = self.settings
         ctx = tls.client_context(
@@ -129,8 +129,10 @@ class Agent:
                     stack.push_async_callback(api.close)
                     publisher = KeyPublisher(self.store, api, s.node_name, s.l3)
                 async with parts() as tg:
-                    self._start_parts(tg, ctx, publisher)
+                    # Listeners bind before any loop dials out: a taken address then fails
+                    # the start without cutting a TLS handshake short (uvloop logs that).
                     await self._start_metrics()
+                    self._start_parts(tg, ctx, publisher)
         finally:
             for runner in self._runners:
                 await runner.cleanup()

@@ -73,8 +73,8 @@ async def test_agent_with_a_taken_metrics_addr_exits_with_one_line(
 async def test_agent_parts_started_before_the_metrics_listener_are_stopped(
     cluster: Cluster, taken: int
 ) -> None:
-    """In process: the inventory watcher and the connect loop were running when the listener
-    failed; afterwards no task of the agent is left, and the tunnel is not up."""
+    """In process: the model source (its inventory watcher) was running when the listener
+    failed; afterwards no task of the agent is left, and no tunnel was opened."""
     cluster.start_server()
     await cluster.wait_up()
     assert cluster.server is not None
@@ -90,6 +90,8 @@ async def test_agent_parts_started_before_the_metrics_listener_are_stopped(
     )
     before = asyncio.all_tasks()
     agent = Agent(settings)
+    started: list[str] = []
+    agent.store.subscribe(lambda _model: started.append("model"))
     with pytest.raises(ConfigError) as info:
         await asyncio.wait_for(agent.run(), 30)
     assert info.value.field == "--metrics-addr"
@@ -97,6 +99,7 @@ async def test_agent_parts_started_before_the_metrics_listener_are_stopped(
     assert not agent.connected.is_set()
     assert agent.session is None or agent.session.closed
     assert "metrics" not in agent.ports
+    assert started == ["model"]  # the inventory had been loaded: the source had started
 
 
 def test_controller_whose_inventory_loop_fails_beside_the_poller_exits_with_one_line(
