@@ -1,7 +1,8 @@
 """Settings as frozen dataclasses, validated once at start-up.
 
 Precedence: command-line flags > the YAML file given with ``--config`` > environment
-(``NODE_NAME``, ``NODE_IP`` as a DaemonSet sets them) > defaults. Every error names the field.
+(``NODE_NAME``, as a DaemonSet sets it) > defaults. Every error names the field. What each
+command accepts is declared once, on its settings dataclass (:mod:`ravenproxy.flags`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,6 @@ from typing import Any
 import yaml
 
 from ravenproxy.errors import ConfigError
-
-DEFAULT_TUNNEL_PORT = 10262
-DEFAULT_HTTPS_PORT = 10263
-DEFAULT_HTTP_PORT = 10264
-DEFAULT_METRICS_PORT = 10266
-DEFAULT_AGENT_METRICS_PORT = 10265
-DEFAULT_HEALTH_PORT = 10275
 
 
 @dataclass(frozen=True)
@@ -88,22 +82,8 @@ def merge(
     return merged
 
 
-def gather(args: object, fields: set[str]) -> dict[str, Any]:
-    """A component's settings values from its flags (``args``) and its ``--config`` file.
-
-    The settings module's ``FIELDS`` is the one list of what a component accepts, both as
-    flags and as ``--config`` keys.
-    """
-    flags = {name: getattr(args, name, None) for name in fields}
-    return merge(flags, load_config_file(getattr(args, "config", None)), fields)
-
-
 def env_node_name() -> str | None:
     return os.environ.get("NODE_NAME") or None
-
-
-def env_node_ip() -> str | None:
-    return os.environ.get("NODE_IP") or None
 
 
 def positive(value: Any, field: str, *, integer: bool = False) -> float:

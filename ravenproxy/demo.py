@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ravenproxy.client import ConnectRefused, open_tunnel
+from ravenproxy.lifecycle import until_signalled
 from ravenproxy.pki import init_pki
 
 EDGE_NODE = "edge-1"
@@ -321,8 +322,6 @@ async def run_demo(options: DemoOptions) -> int:
             print(f"  curl -p -x http://127.0.0.1:{front} http://edge-9:{tport}/hello   # 404")
             print(f"  curl -s http://127.0.0.1:{metrics}/metrics | grep ravenproxy_server")
             print(f"files and logs: {base}")
-            from ravenproxy.cli import until_signalled
-
             await until_signalled()
         return 0
     except (AssertionError, RuntimeError, ConnectRefused, OSError) as exc:

@@ -20,6 +20,7 @@ from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatu
 
 from ravenproxy.agent.backoff import backoff
 from ravenproxy.agent.settings import AgentSettings
+from ravenproxy.lifecycle import listening, parts
 from ravenproxy.log import kv
 from ravenproxy.metrics import AgentMetrics, metrics_app, start_app
 from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
@@ -97,19 +98,17 @@ class Agent:
         return False, "tunnel down"
 
     async def run(self) -> None:
-        """Serve until cancelled."""
+        """Serve until cancelled.
+
+        The parts (model source, metrics listener, key publisher, L3 reconciler, the tunnel's
+        connect loop) start in one task group: when one fails, at start or later, those started
+        are stopped and waited for, and the error is raised alone when it is ours (a taken
+        ``--metrics-addr`` is one line naming the flag, see :mod:`ravenproxy.lifecycle`).
+        """
         s = self.settings
         ctx = tls.client_context(
             s.ca_file, s.cert_file, s.key_file, server_hostname_check=s.server_hostname_check
         )
-        if s.metrics_addr is not None:
-            runner, port = await start_app(
-                metrics_app(self.metrics.registry, self._ready),
-                s.metrics_addr.host,
-                s.metrics_addr.port,
-            )
-            self._runners.append(runner)
-            self.ports["metrics"] = port
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if s.inventory or s.kube_model:
@@ -129,34 +128,48 @@ class Agent:
                     api = await new_api_client(Path(s.kubeconfig) if s.kubeconfig else None)
                     stack.push_async_callback(api.close)
                     publisher = KeyPublisher(self.store, api, s.node_name, s.l3)
-                await self._serve_with_model(ctx, publisher)
+                async with parts() as tg:
+                    # Listeners bind before any loop dials out: a taken address then fails
+                    # the start without cutting a TLS handshake short (uvloop logs that).
+                    await self._start_metrics()
+                    self._start_parts(tg, ctx, publisher)
         finally:
             for runner in self._runners:
                 await runner.cleanup()
+            self._runners.clear()
 
-    async def _serve_with_model(self, ctx: ssl.SSLContext, publisher: KeyPublisher | None) -> None:
+    def _start_parts(
+        self, tg: asyncio.TaskGroup, ctx: ssl.SSLContext, publisher: KeyPublisher | None
+    ) -> None:
         s = self.settings
-        background: list[asyncio.Task[None]] = []
         if publisher is not None:
             # Remote gateways can only reach this one once its public key is in the Gateway.
-            background.append(asyncio.create_task(publisher.run(), name="agent-wg-key-publish"))
+            tg.create_task(publisher.run(), name="agent-wg-key-publish")
         if s.l3 is not None:
             from ravenproxy.l3.driver import Reconciler
 
             # The route driver reconciles on its own schedule: a tunnel that is down (or a
             # server that is away) never stops the L3 data path from being kept right.
             reconciler = Reconciler(self.store, s.node_name, s.l3)
-            background.append(asyncio.create_task(reconciler.run(), name="agent-l3-reconcile"))
+            tg.create_task(reconciler.run(), name="agent-l3-reconcile")
         if not len(self.allowlist):
             log.warning(
                 "the allowlist is empty: every stream will be refused", extra=kv(node=s.node_name)
             )
-        try:
-            await self._connect_loop(ctx)
-        finally:
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+        tg.create_task(self._connect_loop(ctx), name="agent-connect")
+
+    async def _start_metrics(self) -> None:
+        """Bind ``--metrics-addr`` (metrics, /healthz, /readyz); cleaned up when :meth:`run`
+        ends."""
+        addr = self.settings.metrics_addr
+        if addr is None:
+            return
+        async with listening("--metrics-addr", addr):
+            runner, port = await start_app(
+                metrics_app(self.metrics.registry, self._ready), addr.host, addr.port
+            )
+        self._runners.append(runner)
+        self.ports["metrics"] = port
 
     async def _connect_loop(self, ctx: ssl.SSLContext) -> None:
         s = self.settings

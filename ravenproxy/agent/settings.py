@@ -8,56 +8,99 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ravenproxy import config as cfg
+from ravenproxy import flags
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError, PKIError
-from ravenproxy.l3.settings import L3_FIELDS, L3Settings, settings_from
+from ravenproxy.flags import setting
+from ravenproxy.l3.settings import L3Settings, settings_from
 from ravenproxy.pki.authority import cert_node_name, load_cert, validate_node_name
 from ravenproxy.transport.session import SessionConfig
-
-FIELDS = {
-    "node_name",
-    "server_addr",
-    "ca_file",
-    "cert_file",
-    "key_file",
-    "allow",
-    "inventory",
-    "metrics_ports",
-    "metrics_addr",
-    "dial_timeout",
-    "ping_interval",
-    "dead_after",
-    "backoff_base",
-    "backoff_cap",
-    "no_server_hostname_check",
-    "l3",
-    "kube_model",
-    "kubeconfig",
-    *L3_FIELDS,
-}
 
 
 @dataclass(frozen=True)
 class AgentSettings:
-    node_name: str
-    server_url: str
-    ca_file: str
-    cert_file: str
-    key_file: str
-    allow: tuple[str, ...] = ()
-    inventory: str | None = None
-    metrics_ports: tuple[int, ...] = ()
-    metrics_addr: Address | None = None
-    dial_timeout: float = 5.0
-    session: SessionConfig = field(default_factory=SessionConfig)
-    backoff_base: float = 0.5
-    backoff_cap: float = 30.0
-    server_hostname_check: bool = True
-    kube_model: bool = False
+    node_name: str = setting(
+        flag="--node-name",
+        metavar="NODE",
+        help="this node's name (without it: NODE_NAME, else the node --cert-file names); must "
+        "be the node in --cert-file, as the server knows the agent by its certificate",
+    )
+    server_url: str = setting(
+        flag="--server-addr",
+        metavar="wss://H:P",
+        help="the server's tunnel address",
+    )
+    ca_file: str = setting(
+        flag="--ca-file", metavar="F", help="CA that signs the server certificate", kind="file"
+    )
+    cert_file: str = setting(
+        flag="--cert-file", metavar="F", help="this agent's client certificate", kind="file"
+    )
+    key_file: str = setting(flag="--key-file", metavar="F", help="this agent's key", kind="file")
+    allow: tuple[str, ...] = setting(
+        (),
+        "--allow",
+        "HOST:PORT",
+        "a target the agent may dial (repeatable; HOST may be an IP, CIDR or name; PORT N, N-M "
+        "or *). Added to the inventory-derived default.",
+    )
+    inventory: str | None = setting(
+        None,
+        "--inventory",
+        "FILE",
+        "derive the default allowlist: the InternalIPs of this gateway's nodes on their "
+        "kubelet port",
+    )
+    metrics_ports: tuple[int, ...] = setting(
+        (),
+        "--metrics-port",
+        "PORT",
+        "also allow this port on the gateway's nodes",
+        key="metrics_ports",  # as before: the --config key is plural
+    )
+    metrics_addr: Address | None = setting(
+        None, "--metrics-addr", "H:P", "serve metrics and health here"
+    )
+    dial_timeout: float = setting(5.0, "--dial-timeout", "S", "timeout of the agent's dials")
+    session: SessionConfig = field(
+        default_factory=SessionConfig, metadata={"options": ("ping_interval", "dead_after")}
+    )
+    backoff_base: float = setting(
+        0.5, "--backoff-base", "S", "first delay before dialling the server again"
+    )
+    backoff_cap: float = setting(
+        30.0, "--backoff-cap", "S", "longest delay before dialling the server again"
+    )
+    server_hostname_check: bool = setting(
+        True,
+        "--no-server-hostname-check",
+        help="verify the server's chain but not its name (NAT'd public IP)",
+        kind="switch",
+    )
+    kube_model: bool = setting(
+        False,
+        "--kube-model",
+        help="read Nodes and Gateways from the Kubernetes API instead of --inventory",
+    )
     """Read Nodes and Gateways from the Kubernetes API instead of an inventory."""
-    kubeconfig: str | None = None
+    kubeconfig: str | None = setting(
+        None,
+        "--kubeconfig",
+        "F",
+        "API access for --kube-model (without it: the in-cluster account)",
+        kind="file",
+    )
     """API access for ``kube_model``; None: the in-cluster service account."""
-    l3: L3Settings | None = None
+    l3: L3Settings | None = field(
+        default=None,
+        metadata={
+            "flag": "--l3",
+            "kind": "switch",
+            "help": "also run the L3 route driver (as `ravenproxy routes apply`, reconciled on "
+            "every inventory change and every 60 s); needs --inventory and root",
+            "options": "*",
+        },
+    )
     """The embedded L3 route driver's settings; None: L3 off (the tunnel only)."""
 
     @classmethod
@@ -80,26 +123,19 @@ class AgentSettings:
             port = None
         if parts.scheme != "wss" or not parts.hostname or not port:
             raise ConfigError("--server-addr", f"{url!r} must look like wss://HOST:PORT")
-        allow = cfg.string_list(values.get("allow"))
-        metrics_ports = cfg.port_list(values.get("metrics_ports"), "--metrics-port")
-        metrics_addr = values.get("metrics_addr")
-        inventory = values.get("inventory")
+        v = flags.read(cls, values)
         try:
-            session = SessionConfig(
-                ping_interval=cfg.positive(values.get("ping_interval", 10.0), "--ping-interval"),
-                dead_after=cfg.positive(values.get("dead_after", 30.0), "--dead-after"),
-            )
+            session = SessionConfig(ping_interval=v["ping_interval"], dead_after=v["dead_after"])
         except ValueError as exc:
             raise ConfigError("tunnel settings", str(exc)) from None
-        l3 = settings_from(values) if values.get("l3") else None
-        kube_model = bool(values.get("kube_model"))
+        l3 = settings_from(values) if v["l3"] else None
+        inventory, kube_model = v["inventory"], v["kube_model"]
         if kube_model and inventory:
             raise ConfigError("--inventory", "give either --inventory or --kube-model, not both")
         if l3 is not None and not (inventory or kube_model):
             raise ConfigError(
                 "--l3", "needs --inventory or --kube-model: the route driver plans from the model"
             )
-        kubeconfig = values.get("kubeconfig")
         cert_file = cfg.existing_file(values.get("cert_file"), "--cert-file")
         node = _node_name(given_node, node_source, cert_node(cert_file), cert_file)
         return cls(
@@ -108,20 +144,18 @@ class AgentSettings:
             ca_file=cfg.existing_file(values.get("ca_file"), "--ca-file"),
             cert_file=cert_file,
             key_file=cfg.existing_file(values.get("key_file"), "--key-file"),
-            allow=allow,
+            allow=v["allow"],
             inventory=cfg.existing_file(inventory, "--inventory") if inventory else None,
-            metrics_ports=metrics_ports,
-            metrics_addr=cfg.parse_address(str(metrics_addr), "--metrics-addr")
-            if metrics_addr
-            else None,
-            dial_timeout=cfg.positive(values.get("dial_timeout", 5.0), "--dial-timeout"),
+            metrics_ports=v["metrics_ports"],
+            metrics_addr=v["metrics_addr"],
+            dial_timeout=v["dial_timeout"],
             session=session,
-            backoff_base=cfg.positive(values.get("backoff_base", 0.5), "--backoff-base"),
-            backoff_cap=cfg.positive(values.get("backoff_cap", 30.0), "--backoff-cap"),
-            server_hostname_check=not values.get("no_server_hostname_check"),
+            backoff_base=v["backoff_base"],
+            backoff_cap=v["backoff_cap"],
+            server_hostname_check=not v["no_server_hostname_check"],
             l3=l3,
             kube_model=kube_model,
-            kubeconfig=cfg.existing_file(kubeconfig, "--kubeconfig") if kubeconfig else None,
+            kubeconfig=v["kubeconfig"],
         )
 
 

@@ -44,7 +44,9 @@ import dns.rdatatype
 import dns.rrset
 
 from ravenproxy.controller.dnsmap import dns_map
+from ravenproxy.controller.settings import TCPLimits as TCPLimits  # re-exported: its users
 from ravenproxy.errors import RavenProxyError
+from ravenproxy.lifecycle import os_reason, parts
 from ravenproxy.log import kv
 from ravenproxy.model.inventory import InventoryWatcher
 from ravenproxy.model.snapshot import Model
@@ -59,20 +61,6 @@ _UDP_PLAIN_MAX = 512
 _UDP_EDNS_MAX = 1232  # the DNS flag day 2020 size: no IP fragmentation on any sane path
 _TCP_MAX = 65535
 _REFUSAL_LOG_EVERY = 1.0  # seconds between two refusal lines of the same kind
-
-
-@dataclass(frozen=True)
-class TCPLimits:
-    """Bounds on DNS-over-TCP clients (flags of ``ravenproxy dns``; validated by the CLI)."""
-
-    idle_timeout: float = 3.0
-    """``--tcp-idle-timeout``: seconds a connection may take for each whole query (the wait for
-    its first byte included) and for sending each reply; then it is closed."""
-    max_clients: int = 256
-    """``--max-tcp-clients``: connections served at once; when full, the longest-idle one is
-    closed for a new client (refused only when none is idle)."""
-    max_clients_per_source: int = 16
-    """``--max-tcp-clients-per-source``: connections from one address (IPv6: one /64)."""
 
 
 class DNSServerError(RavenProxyError):
@@ -333,7 +321,7 @@ class DNSServer:
                     lambda: _UDPProtocol(self.answerer), local_addr=(host, port)
                 )
             except OSError as exc:
-                raise DNSServerError(f"cannot bind UDP {host}:{port}: {exc.strerror}") from exc
+                raise DNSServerError(f"cannot bind UDP {host}:{port}: {os_reason(exc)}") from exc
             bound = udp.get_extra_info("sockname")[1]
             try:
                 self._tcp = await asyncio.start_server(self._serve_tcp, host, bound)
@@ -342,7 +330,7 @@ class DNSServer:
                 # With port 0 the UDP port may be taken for TCP by someone else: try another.
                 if exc.errno == errno.EADDRINUSE and attempt + 1 < attempts:
                     continue
-                raise DNSServerError(f"cannot bind TCP {host}:{bound}: {exc.strerror}") from exc
+                raise DNSServerError(f"cannot bind TCP {host}:{bound}: {os_reason(exc)}") from exc
             self._udp = udp
             self._port = bound
             log.info("dns: serving", extra=kv(host=host, port=bound))
@@ -508,16 +496,10 @@ async def run_dns(
     store = ModelStore()
     watcher = InventoryWatcher(inventory, store, interval)
     await watcher.start()
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(watcher.run(), name="dns-inventory-watcher")
-            tg.create_task(
-                serve_model_dns(store, listen, suffix, ttl, cluster_ip, started, limits),
-                name="dns-server",
-            )
-    except ExceptionGroup as group:
-        # One task failing with our own error (e.g. the port is taken) is that error: the CLI
-        # prints it on one line instead of a group's traceback.
-        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], RavenProxyError):
-            raise group.exceptions[0] from None
-        raise
+    # One task failing with our own error (e.g. the port is taken) is that error, raised alone.
+    async with parts() as tg:
+        tg.create_task(watcher.run(), name="dns-inventory-watcher")
+        tg.create_task(
+            serve_model_dns(store, listen, suffix, ttl, cluster_ip, started, limits),
+            name="dns-server",
+        )

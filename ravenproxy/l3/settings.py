@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ravenproxy import flags
 from ravenproxy.errors import ConfigError
+from ravenproxy.flags import setting
 from ravenproxy.l3.cidrs import parse_network
 from ravenproxy.l3.errors import CidrError
 
@@ -28,15 +30,29 @@ class L3Settings:
     """How this node's L3 data path is built. Every field has a working default."""
 
     #: ``strongswan`` (IPsec IKEv2, ESP in UDP 4500) or ``wireguard`` (wireguard-go).
-    vpn_driver: str = "strongswan"
+    vpn_driver: str = setting(
+        "strongswan", "--vpn-driver", None, "VPN between gateways", choices=VPN_DRIVERS
+    )
     #: The CNI's overlay interface; it gets rp_filter=2 because replies from remote domains
     #: come in on it while the main table would route them out elsewhere.
-    cni_interface: str = "flannel.1"
+    cni_interface: str = setting(
+        "flannel.1", "--cni-interface", "IF", "CNI interface whose rp_filter is set to loose"
+    )
     #: Service CIDR; when set, xfrm policies let IPVS-rewritten replies in (XfrmInNoPols bug).
-    service_cidr: str | None = None
+    service_cidr: str | None = setting(
+        None,
+        "--service-cidr",
+        "CIDR",
+        "service CIDR: install xfrm policies so IPVS replies are not dropped",
+    )
     #: Fixed skip-SNAT supernets chosen by the operator; when empty they are computed from
     #: the gateways' subnets and never widened.
-    skip_nat_cidrs: tuple[str, ...] = ()
+    skip_nat_cidrs: tuple[str, ...] = setting(
+        (),
+        "--skip-nat-cidr",
+        "CIDR",
+        "fix the skip-SNAT set by configuration (repeatable)",
+    )
     #: MTU of the underlay interface; raven0 gets this minus the vxlan overhead.
     underlay_mtu: int = 1500
     #: VNI and UDP port of raven0 (Raven uses 1 and 4478; 4789 is often taken by the CNI).
@@ -49,20 +65,34 @@ class L3Settings:
     #: UDP port the VPN listens on / dials (IKE NAT-T and WireGuard).
     vpn_port: int = 4500
     #: Name of the WireGuard interface on a gateway node.
-    wireguard_interface: str = "raven-wg0"
+    wireguard_interface: str = setting(
+        "raven-wg0", "--wireguard-interface", "IF", "WireGuard device on gateway nodes"
+    )
     #: Seconds between full reconciliations (besides every model change).
     reconcile_period: float = 60.0
     #: strongSwan's VICI socket (charon must run on gateway nodes with the vici plugin).
-    vici_socket: str = "/var/run/charon.vici"
+    vici_socket: str = setting(
+        "/var/run/charon.vici", "--vici-socket", "PATH", "strongSwan charon's VICI socket"
+    )
     #: Table charon installs its routes in (strongswan.conf ``charon.routing_table``); 0 when
     #: charon runs with ``install_routes = no``. Checked so that a route removed by hand is
     #: noticed (charon would not notice) and brought back.
     ipsec_route_table: int = 220
     #: File holding the IPsec pre-shared key (one line). Read when a tunnel is applied; an
     #: empty or well-known default key is refused.
-    psk_file: str | None = None
+    psk_file: str | None = setting(
+        None,
+        "--psk-file",
+        "F",
+        "IPsec pre-shared key file (an empty or default key is refused)",
+    )
     #: Where the WireGuard private key (0600) and the wireguard-go pidfile are kept.
-    wireguard_key_dir: str = "/var/lib/ravenproxy/wireguard"
+    wireguard_key_dir: str = setting(
+        "/var/lib/ravenproxy/wireguard",
+        "--wireguard-key-dir",
+        "DIR",
+        "where the WireGuard key pair is kept, 0600",
+    )
     #: Seconds between WireGuard keepalives from the side under NAT (keeps the NAT mapping).
     wireguard_keepalive: int = 25
 
@@ -127,26 +157,22 @@ def _check_port(field: str, port: int) -> None:
         raise ConfigError(field, f"{port} is outside 1..65535")
 
 
-#: Settings that come from flags or a config file, by their flag names (``--skip-nat-cidr``
-#: is repeatable and fills ``skip_nat_cidrs``).
-L3_FIELDS = {
-    "vpn_driver",
-    "cni_interface",
-    "service_cidr",
-    "skip_nat_cidr",
-    "psk_file",
-    "vici_socket",
-    "wireguard_interface",
-    "wireguard_key_dir",
-}
-
-
 def settings_from(values: Mapping[str, Any]) -> L3Settings:
     """L3Settings from flag/config values; what is None or absent keeps its default."""
-    given = {k: v for k, v in values.items() if k in L3_FIELDS and v not in (None, [], ())}
-    cidrs = given.pop("skip_nat_cidr", ())
-    if isinstance(cidrs, str):
-        cidrs = (cidrs,)
-    if cidrs:
-        given["skip_nat_cidrs"] = tuple(str(c) for c in cidrs)
-    return L3Settings(**given)
+    return flags.build(L3Settings, values)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """``ravenproxy routes``: this node and its inventory, then the driver's own settings."""
+
+    inventory: str | None = setting(None, "--inventory", "FILE", "the inventory to plan from")
+    node_name: str | None = setting(None, "--node-name", "NODE", "this node (NODE_NAME)")
+    l3: L3Settings = field(default_factory=L3Settings, metadata={"options": "*"})
+
+
+@dataclass(frozen=True)
+class DoctorSettings(NodeSettings):
+    """``ravenproxy doctor``: also the sampling window."""
+
+    interval: float = setting(2.0, "--interval", "S", "sampling window")

@@ -1,4 +1,8 @@
-"""The proxy server's settings (``ravenproxy server``), validated once."""
+"""The proxy server's settings (``ravenproxy server``), validated once.
+
+Each field is declared once, with its flag and help (:mod:`ravenproxy.flags`); the tunnel's
+keepalive, open timeout and window cap are lent by :class:`SessionConfig`.
+"""
 
 from __future__ import annotations
 
@@ -7,181 +11,196 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ravenproxy import config as cfg
+from ravenproxy import flags
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError
+from ravenproxy.flags import setting
 from ravenproxy.model.allowlist import Allowlist
 from ravenproxy.server import limits
 from ravenproxy.transport.session import SessionConfig
 from ravenproxy.wire.config import WireConfig
-
-FIELDS = {
-    "inventory",
-    "ca_file",
-    "cert_file",
-    "key_file",
-    "node_name",
-    "tunnel_addr",
-    "https_addr",
-    "http_addr",
-    "metrics_addr",
-    "health_addr",
-    "open_timeout",
-    "ping_interval",
-    "dead_after",
-    "max_stream_window",
-    "drain_timeout",
-    "kubelet_ca_file",
-    "kubelet_cert_file",
-    "kubelet_key_file",
-    "kubelet_insecure_skip_verify",
-    "max_header_size",
-    "dial_timeout",
-    "allow",
-    "metrics_ports",
-    "front_client_ca_file",
-    "agent_leases",
-    "kubeconfig",
-    "kube_model",
-    "header_timeout",
-    "max_front_connections",
-    "idle_timeout",
-    "max_streams_per_client",
-}
 
 DEFAULT_MAX_HEADER_SIZE = 64 * 1024
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    inventory: str | None
+    inventory: str | None = setting(
+        flag="--inventory",
+        metavar="FILE",
+        help="YAML inventory of Nodes and Gateways (or --kube-model)",
+    )
     """The YAML inventory; None when the model comes from Kubernetes (``kube_model``)."""
-    ca_file: str
-    cert_file: str
-    key_file: str
-    node_name: str | None = None
-    tunnel_addr: Address = Address("", cfg.DEFAULT_TUNNEL_PORT)
-    https_addr: Address = Address("", cfg.DEFAULT_HTTPS_PORT)
-    http_addr: Address = Address("", cfg.DEFAULT_HTTP_PORT)
-    metrics_addr: Address = Address("127.0.0.1", cfg.DEFAULT_METRICS_PORT)
-    health_addr: Address = Address("", cfg.DEFAULT_HEALTH_PORT)
-    session: SessionConfig = field(default_factory=SessionConfig)
-    drain_timeout: float = 10.0
-    kubelet_ca_file: str | None = None
+    ca_file: str = setting(
+        flag="--ca-file", metavar="F", help="CA that signs agent certificates", kind="file"
+    )
+    cert_file: str = setting(
+        flag="--cert-file", metavar="F", help="server certificate", kind="file"
+    )
+    key_file: str = setting(flag="--key-file", metavar="F", help="server key", kind="file")
+    node_name: str | None = setting(
+        None, "--node-name", "NODE", "node this server runs on (NODE_NAME)"
+    )
+    tunnel_addr: Address = setting(Address("", 10262), "--tunnel-addr", "H:P", "agent listener")
+    https_addr: Address = setting(Address("", 10263), "--https-addr", "H:P", "HTTPS front")
+    http_addr: Address = setting(Address("", 10264), "--http-addr", "H:P", "HTTP/CONNECT front")
+    metrics_addr: Address = setting(
+        Address("127.0.0.1", 10266), "--metrics-addr", "H:P", "Prometheus metrics"
+    )
+    health_addr: Address = setting(
+        Address("", 10275), "--health-addr", "H:P", "/healthz, /readyz and /agents"
+    )
+    session: SessionConfig = field(
+        default_factory=SessionConfig,
+        metadata={"options": ("open_timeout", "ping_interval", "dead_after", "max_stream_window")},
+    )
+    drain_timeout: float = setting(
+        10.0, "--drain-timeout", "S", "how long shutdown waits for open streams"
+    )
+    kubelet_ca_file: str | None = setting(
+        None,
+        "--kubelet-ca-file",
+        "F",
+        "CA that verifies kubelet certificates when TLS is re-originated (without it: the "
+        "system store)",
+        kind="file",
+    )
     """CA that verifies kubelet serving certificates (re-originated TLS); None: system store."""
-    kubelet_cert_file: str | None = None
+    kubelet_cert_file: str | None = setting(
+        None, "--kubelet-cert-file", "F", "client certificate presented to kubelets", kind="file"
+    )
     """Client certificate presented to kubelets (re-originated TLS)."""
-    kubelet_key_file: str | None = None
-    kubelet_insecure_skip_verify: bool = False
-    """Do not verify kubelet certificates at all (logged loudly at start-up)."""
-    max_header_size: int = DEFAULT_MAX_HEADER_SIZE
-    """Largest request or response head the HTTP fronts accept (431 / 502 beyond)."""
-    dial_timeout: float = 5.0
-    """Timeout of the server's own dials (targets in its own gateway)."""
-    allow: tuple[str, ...] = ()
-    """``--allow`` entries added to the policy of the server's own dials (the agent's policy)."""
-    metrics_ports: tuple[int, ...] = ()
-    """Ports allowed on every node of the server's gateway, beside the kubelet port."""
-    front_client_ca_file: str | None = None
+    kubelet_key_file: str | None = setting(None, "--kubelet-key-file", "F", "its key", kind="file")
+    front_client_ca_file: str | None = setting(
+        None,
+        "--front-client-ca-file",
+        "F",
+        "CA whose client certificates authenticate clients of the HTTPS front; only for them "
+        "is --kubelet-cert-file presented (others reach kubelets without a client certificate)",
+        kind="file",
+    )
     """CA of the HTTPS front's client certificates. Only for a client that presented one is
     the kubelet client certificate presented on re-originated TLS; None: never."""
-    agent_leases: bool = False
-    """Publish a coordination.k8s.io Lease per connected agent (the controller's liveness)."""
-    kubeconfig: str | None = None
-    """API access for ``agent_leases`` and ``kube_model``; None: the in-cluster account."""
-    kube_model: bool = False
-    """Read Nodes, Gateways and Pods from the Kubernetes API instead of an inventory."""
-    header_timeout: float = limits.DEFAULT_HEADER_TIMEOUT
+    kubelet_insecure_skip_verify: bool = setting(
+        False,
+        "--kubelet-insecure-skip-verify",
+        help="do not verify kubelet certificates (logged as a warning)",
+    )
+    """Do not verify kubelet certificates at all (logged loudly at start-up)."""
+    max_header_size: int = setting(
+        DEFAULT_MAX_HEADER_SIZE,
+        "--max-header-size",
+        "BYTES",
+        "largest HTTP request/response head the fronts accept",
+    )
+    """Largest request or response head the HTTP fronts accept (431 / 502 beyond)."""
+    dial_timeout: float = setting(
+        5.0,
+        "--dial-timeout",
+        "S",
+        "timeout of the server's own dials to targets in its gateway",
+    )
+    """Timeout of the server's own dials (targets in its own gateway)."""
+    allow: tuple[str, ...] = setting(
+        (),
+        "--allow",
+        "HOST:PORT",
+        "also let the server dial this in its own gateway (repeatable; port N, N-M or *); "
+        "the gateway's kubelet ports and --metrics-port are allowed already",
+    )
+    """``--allow`` entries added to the policy of the server's own dials (the agent's policy)."""
+    metrics_ports: tuple[int, ...] = setting(
+        (),
+        "--metrics-port",
+        "PORT",
+        "also allow this port on every node of the server's gateway (repeatable)",
+        key="metrics_ports",  # as before: the --config key is plural
+    )
+    """Ports allowed on every node of the server's gateway, beside the kubelet port."""
+    header_timeout: float = setting(
+        limits.DEFAULT_HEADER_TIMEOUT,
+        "--header-timeout",
+        "S",
+        "longest a request head may take once begun, and the TLS ClientHello and handshake on "
+        "the HTTPS front; 408 where HTTP can answer, else closed",
+    )
     """Longest a request head may take once its first byte arrived (the whole first head of a
     connection from its accept), and the TLS ClientHello plus handshake on the HTTPS front."""
-    max_front_connections: int = limits.DEFAULT_MAX_FRONT_CONNECTIONS
+    max_front_connections: int = setting(
+        limits.DEFAULT_MAX_FRONT_CONNECTIONS,
+        "--max-front-connections",
+        "N",
+        "connections open on the HTTP and HTTPS fronts together; beyond it new ones are closed "
+        "at once; lowered at start-up to stay well under the descriptor limit",
+    )
     """Connections open on all fronts together; beyond it a new one is closed at once (lowered
     at start-up to stay well under the descriptor limit)."""
-    idle_timeout: float = limits.DEFAULT_IDLE_TIMEOUT
+    idle_timeout: float = setting(
+        limits.DEFAULT_IDLE_TIMEOUT,
+        "--idle-timeout",
+        "S",
+        "close a relayed connection (CONNECT, upgraded stream, SNI passthrough, request) on "
+        "which no byte moved either way for this long",
+    )
     """A relayed connection on which no byte moved either way for this long is closed."""
-    max_streams_per_client: int = limits.DEFAULT_MAX_STREAMS_PER_CLIENT
+    max_streams_per_client: int = setting(
+        limits.DEFAULT_MAX_STREAMS_PER_CLIENT,
+        "--max-streams-per-client",
+        "N",
+        "concurrent streams of one client address; beyond it 429, or closed on SNI passthrough",
+    )
     """Concurrent streams of one client address; beyond it 429 (SNI passthrough: closed)."""
+    agent_leases: bool = setting(
+        False,
+        "--agent-leases",
+        help="publish a Lease per connected agent in kube-system (the controller's liveness "
+        "signal); uses --kubeconfig or the in-cluster service account",
+    )
+    """Publish a coordination.k8s.io Lease per connected agent (the controller's liveness)."""
+    kube_model: bool = setting(
+        False,
+        "--kube-model",
+        help="read Nodes, Gateways and Pods from the Kubernetes API (list-then-watch) instead "
+        "of --inventory",
+    )
+    """Read Nodes, Gateways and Pods from the Kubernetes API instead of an inventory."""
+    kubeconfig: str | None = setting(
+        None,
+        "--kubeconfig",
+        "F",
+        "API access for --agent-leases and --kube-model (without it: the in-cluster account)",
+        kind="file",
+    )
+    """API access for ``agent_leases`` and ``kube_model``; None: the in-cluster account."""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerSettings:
-        def addr(key: str, default: Address) -> Address:
-            text = values.get(key)
-            return cfg.parse_address(str(text), "--" + key.replace("_", "-")) if text else default
-
-        def optional_file(key: str) -> str | None:
-            value = values.get(key)
-            return cfg.existing_file(value, "--" + key.replace("_", "-")) if value else None
-
+        """Settings from flag and ``--config`` values keyed by flag name (``snake_case``)."""
         if values.get("kubelet_key_file") and not values.get("kubelet_cert_file"):
             raise ConfigError("--kubelet-key-file", "given without --kubelet-cert-file")
         if values.get("kubelet_cert_file") and not values.get("kubelet_key_file"):
             raise ConfigError("--kubelet-cert-file", "given without --kubelet-key-file")
-
-        wire_kwargs: dict[str, Any] = {}
-        if values.get("max_stream_window"):
-            wire_kwargs["max_stream_window"] = int(
-                cfg.positive(values["max_stream_window"], "--max-stream-window", integer=True)
-            )
+        v = flags.read(cls, values)
         try:
-            wire = WireConfig(**wire_kwargs)
             session = SessionConfig(
-                wire=wire,
-                ping_interval=cfg.positive(values.get("ping_interval", 10.0), "--ping-interval"),
-                dead_after=cfg.positive(values.get("dead_after", 30.0), "--dead-after"),
-                open_timeout=cfg.positive(values.get("open_timeout", 15.0), "--open-timeout"),
+                wire=WireConfig(max_stream_window=v.pop("max_stream_window")),
+                ping_interval=v.pop("ping_interval"),
+                dead_after=v.pop("dead_after"),
+                open_timeout=v.pop("open_timeout"),
             )
         except ValueError as exc:
             raise ConfigError("tunnel settings", str(exc)) from None
         return cls(
-            inventory=_inventory(values),
-            ca_file=cfg.existing_file(values.get("ca_file"), "--ca-file"),
-            cert_file=cfg.existing_file(values.get("cert_file"), "--cert-file"),
-            key_file=cfg.existing_file(values.get("key_file"), "--key-file"),
-            node_name=values.get("node_name") or cfg.env_node_name(),
-            tunnel_addr=addr("tunnel_addr", cls.tunnel_addr),
-            https_addr=addr("https_addr", cls.https_addr),
-            http_addr=addr("http_addr", cls.http_addr),
-            metrics_addr=addr("metrics_addr", cls.metrics_addr),
-            health_addr=addr("health_addr", cls.health_addr),
-            session=session,
-            drain_timeout=cfg.positive(values.get("drain_timeout", 10.0), "--drain-timeout"),
-            kubelet_ca_file=optional_file("kubelet_ca_file"),
-            kubelet_cert_file=optional_file("kubelet_cert_file"),
-            kubelet_key_file=optional_file("kubelet_key_file"),
-            kubelet_insecure_skip_verify=bool(values.get("kubelet_insecure_skip_verify")),
-            max_header_size=int(
-                cfg.positive(
-                    values.get("max_header_size", DEFAULT_MAX_HEADER_SIZE),
-                    "--max-header-size",
-                    integer=True,
-                )
-            ),
-            dial_timeout=cfg.positive(values.get("dial_timeout", 5.0), "--dial-timeout"),
-            allow=_allow(values),
-            metrics_ports=cfg.port_list(values.get("metrics_ports"), "--metrics-port"),
-            front_client_ca_file=optional_file("front_client_ca_file"),
-            agent_leases=bool(values.get("agent_leases")),
-            kubeconfig=optional_file("kubeconfig"),
-            kube_model=bool(values.get("kube_model")),
-            header_timeout=cfg.positive(
-                values.get("header_timeout", limits.DEFAULT_HEADER_TIMEOUT), "--header-timeout"
-            ),
-            max_front_connections=int(
-                cfg.positive(
-                    values.get("max_front_connections", limits.DEFAULT_MAX_FRONT_CONNECTIONS),
-                    "--max-front-connections",
-                    integer=True,
-                )
-            ),
-            idle_timeout=cfg.positive(
-                values.get("idle_timeout", limits.DEFAULT_IDLE_TIMEOUT), "--idle-timeout"
-            ),
-            max_streams_per_client=int(
-                cfg.positive(
-                    values.get("max_streams_per_client", limits.DEFAULT_MAX_STREAMS_PER_CLIENT),
-                    "--max-streams-per-client",
-                    integer=True,
-                )
-            ),
+            **{
+                **v,
+                "inventory": _inventory(values),
+                "ca_file": cfg.existing_file(values.get("ca_file"), "--ca-file"),
+                "cert_file": cfg.existing_file(values.get("cert_file"), "--cert-file"),
+                "key_file": cfg.existing_file(values.get("key_file"), "--key-file"),
+                "node_name": v["node_name"] or cfg.env_node_name(),
+                "session": session,
+                "allow": _allow(v["allow"]),
+            }
         )
 
 
@@ -194,9 +213,8 @@ def _inventory(values: Mapping[str, Any]) -> str | None:
     return cfg.existing_file(values.get("inventory"), "--inventory")
 
 
-def _allow(values: Mapping[str, Any]) -> tuple[str, ...]:
+def _allow(entries: tuple[str, ...]) -> tuple[str, ...]:
     """``--allow`` entries, checked now (a bad one names the flag) and kept as text: names in
     them are resolved again whenever the policy is rebuilt."""
-    entries = cfg.string_list(values.get("allow"))
     Allowlist.parse(entries)
     return entries

@@ -35,14 +35,26 @@ YIELD_EVERY = 0.002
 """Seconds of reading a tunnel without a break, at most, before other tasks get a turn."""
 
 
+def _flag(flag: str, help: str) -> dict[str, str]:
+    return {"flag": flag, "metavar": "S", "help": help}
+
+
 @dataclass(frozen=True)
 class SessionConfig:
+    # The metadata declares the flags (ravenproxy.flags) of the commands that lend these.
     wire: WireConfig = field(default_factory=WireConfig)
-    ping_interval: float = 10.0
+    ping_interval: float = field(
+        default=10.0, metadata=_flag("--ping-interval", "keepalive interval")
+    )
     """Seconds between keepalive PINGs."""
-    dead_after: float = 30.0
+    dead_after: float = field(
+        default=30.0,
+        metadata=_flag("--dead-after", "a silent peer is dead after this; above --ping-interval"),
+    )
     """A peer silent this long is dead: the session closes."""
-    open_timeout: float = 15.0
+    open_timeout: float = field(
+        default=15.0, metadata=_flag("--open-timeout", "seconds a stream open waits for the agent")
+    )
     """How long an OPEN may wait for its OPEN_RESULT (the agent's dial timeout is shorter)."""
     flood_grace: float = 10.0
     """How long reading from the peer may stay paused because our unsent control output is over

@@ -3,7 +3,7 @@ the peer's SETTINGS arrive."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ravenproxy.wire.frames import MAX_FRAME_SIZE_LIMIT, MAX_WINDOW, MIN_FRAME_SIZE
 
@@ -26,7 +26,14 @@ class WireConfig:
     """Streams the peer may have open toward us at once (announced)."""
     initial_stream_window: int = 256 * KIB
     """Credit a new stream starts with, in each direction we receive."""
-    max_stream_window: int = 8 * MIB
+    max_stream_window: int = field(
+        default=8 * MIB,
+        metadata={  # the server's flag (ravenproxy.flags reads this; wire imports nothing)
+            "flag": "--max-stream-window",
+            "metavar": "BYTES",
+            "help": "cap of a stream's auto-tuned receive window",
+        },
+    )
     """Cap for auto-tuned stream windows."""
     connection_window: int = 64 * MIB
     """Budget for bytes received but not yet consumed, over all streams (announced)."""

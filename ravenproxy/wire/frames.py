@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ravenproxy.wire.codes import ErrorCode, Flag, FrameType, Setting
+from ravenproxy.wire.codes import ErrorCode, Flag, FrameType
 from ravenproxy.wire.errors import FrameSizeError, ProtocolError
 
 HEADER = struct.Struct("!BBHII")
@@ -269,6 +269,3 @@ def decode_message(message: bytes | bytearray | memoryview, max_frame_size: int)
         if frame is not None:
             frames.append(frame)
     return frames
-
-
-SETTING_NAMES = {s.value: s for s in Setting}

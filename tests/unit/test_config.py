@@ -8,13 +8,15 @@ from typing import Any
 import pytest
 
 from ravenproxy import config as cfg
-from ravenproxy.agent.settings import FIELDS as AGENT_FIELDS
+from ravenproxy import flags
 from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.config import Address, parse_address
 from ravenproxy.errors import ConfigError
 from ravenproxy.pki.authority import generate_ca, issue_client_cert, write_pem_cert
-from ravenproxy.server.settings import FIELDS as SERVER_FIELDS
 from ravenproxy.server.settings import ServerSettings
+
+AGENT_FIELDS = {o.key for o in flags.options(AgentSettings)}
+SERVER_FIELDS = {o.key for o in flags.options(ServerSettings)}
 
 
 # -- addresses ---------------------------------------------------------------------------------
@@ -332,3 +334,87 @@ def test_known_fields_match_the_settings() -> None:
 def test_agent_metrics_port_above_65535_is_refused(pem: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
         AgentSettings.from_mapping(agent_values(pem, metrics_ports=70000))
+
+
+# -- --config on controller, dns and doctor ------------------------------------------------------
+def _parse(*argv: str) -> Any:
+    from ravenproxy.cli import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+def test_dns_config_file_keys_are_the_flag_names_and_flags_win(tmp_path: Path) -> None:
+    from ravenproxy.controller.settings import DnsCommand
+
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("")
+    path = tmp_path / "dns.yaml"
+    path.write_text(
+        f"listen: 127.0.0.1:5353\ninventory: {inventory}\nsuffix: from-file\n"
+        "max-tcp-clients: 7\ntcp-idle-timeout: 2\n",
+        encoding="utf-8",
+    )
+    args = _parse("dns", "--config", str(path), "--suffix", "from-flag")
+    cmd = DnsCommand.from_mapping(flags.gather(args, DnsCommand))
+    assert cmd.listen == Address("127.0.0.1", 5353)
+    assert cmd.suffix == "from-flag"
+    assert (cmd.limits.max_clients, cmd.limits.idle_timeout) == (7, 2.0)
+    assert cmd.limits.max_clients_per_source == 16  # the declared default
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [
+        ("max-tcp-clients: many\n", "--max-tcp-clients"),
+        ("listen: nowhere\n", "--listen"),
+        ("bogus: 1\n", "--config"),
+    ],
+)
+def test_dns_config_file_errors_name_the_field(tmp_path: Path, content: str, field: str) -> None:
+    from ravenproxy.controller.settings import DnsCommand
+
+    path = tmp_path / "dns.yaml"
+    path.write_text(content, encoding="utf-8")
+    args = _parse("dns", "--config", str(path), "--listen", ":0", "--inventory", str(path))
+    if field == "--listen":
+        args = _parse("dns", "--config", str(path), "--inventory", str(path))
+    with pytest.raises(ConfigError) as info:
+        DnsCommand.from_mapping(flags.gather(args, DnsCommand))
+    assert info.value.field == field
+    if field == "--config":
+        assert "bogus" in str(info.value)
+
+
+def test_controller_config_file(tmp_path: Path) -> None:
+    from ravenproxy.controller.settings import ControllerCommand
+
+    path = tmp_path / "controller.yaml"
+    path.write_text("agent-grace: 12\nagents-url: [10.0.0.1:10275]\n", encoding="utf-8")
+    cmd = ControllerCommand.from_mapping(
+        flags.gather(_parse("controller", "--config", str(path)), ControllerCommand)
+    )
+    assert cmd.agent_grace == 12.0
+    assert cmd.agents_urls == ("10.0.0.1:10275",)
+    path.write_text("agent-grace: -1\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        ControllerCommand.from_mapping(
+            flags.gather(_parse("controller", "--config", str(path)), ControllerCommand)
+        )
+    assert info.value.field == "--agent-grace"
+
+
+def test_doctor_config_file(tmp_path: Path) -> None:
+    from ravenproxy.l3.settings import DoctorSettings, settings_from
+
+    path = tmp_path / "doctor.yaml"
+    path.write_text("interval: 5\ncni-interface: cni0\nvpn-driver: wireguard\n", encoding="utf-8")
+    values = flags.gather(
+        _parse("doctor", "--config", str(path), "--interval", "3"), DoctorSettings
+    )
+    assert flags.read(DoctorSettings, values)["interval"] == 3.0
+    l3 = settings_from(values)
+    assert (l3.cni_interface, l3.vpn_driver) == ("cni0", "wireguard")
+    path.write_text("vpn-driver: openvpn\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        settings_from(flags.gather(_parse("doctor", "--config", str(path)), DoctorSettings))
+    assert info.value.field == "--vpn-driver"

@@ -1,0 +1,120 @@
+"""Settings of ``ravenproxy controller`` and ``ravenproxy dns``: each declared once, with its
+flag and help (:mod:`ravenproxy.flags`); both take ``--config FILE`` with the flag names as keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ravenproxy import config as cfg
+from ravenproxy import flags
+from ravenproxy.config import Address
+from ravenproxy.controller.election import DEFAULT_GRACE
+from ravenproxy.errors import ConfigError
+from ravenproxy.flags import setting
+
+
+@dataclass(frozen=True)
+class TCPLimits:
+    """Bounds on DNS-over-TCP clients (flags of ``ravenproxy dns``, declared here)."""
+
+    idle_timeout: float = setting(
+        3.0,
+        "--tcp-idle-timeout",
+        "S",
+        "close a TCP client that takes longer than this for a whole query, the wait for it "
+        "included, or to read a reply",
+    )
+    """``--tcp-idle-timeout``: seconds a connection may take for each whole query (the wait for
+    its first byte included) and for sending each reply; then it is closed."""
+    max_clients: int = setting(
+        256,
+        "--max-tcp-clients",
+        "N",
+        "TCP connections served at once; when full, the longest-idle one is closed for a new "
+        "client",
+    )
+    """``--max-tcp-clients``: connections served at once; when full, the longest-idle one is
+    closed for a new client (refused only when none is idle)."""
+    max_clients_per_source: int = setting(
+        16,
+        "--max-tcp-clients-per-source",
+        "N",
+        "TCP connections from one address (IPv6: one /64); more are closed at once",
+    )
+    """``--max-tcp-clients-per-source``: connections from one address (IPv6: one /64)."""
+
+
+@dataclass(frozen=True)
+class ControllerCommand:
+    """``ravenproxy controller``: where the model comes from, and agent liveness."""
+
+    kubeconfig: str | None = setting(
+        None, "--kubeconfig", "F", "API access (without it: the in-cluster account)"
+    )
+    inventory: str | None = setting(
+        None, "--inventory", "FILE", "print the objects it would write instead (no cluster)"
+    )
+    dry_run: bool = setting(False, "--dry-run", help="print the objects once and exit")
+    agent_grace: float = setting(
+        DEFAULT_GRACE,
+        "--agent-grace",
+        "S",
+        "an edge gateway whose agent no server has reported for this long fails over",
+    )
+    agents_urls: tuple[str, ...] = setting(
+        (),
+        "--agents-url",
+        "URL",
+        "poll this server's GET /agents (H:P of its health address, or a URL; repeatable) "
+        "instead of watching the servers' agent Leases; with --inventory, the only source",
+    )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ControllerCommand:
+        v = flags.read(cls, values)
+        if v["inventory"] and v["kubeconfig"]:
+            raise ConfigError("--inventory", "give either --inventory or --kubeconfig, not both")
+        return cls(**{o.path[0]: v[o.key] for o in flags.options(cls)})
+
+
+@dataclass(frozen=True)
+class DnsCommand:
+    """``ravenproxy dns``: the map's source, where to answer, the DNS-over-TCP limits."""
+
+    listen: Address = setting(
+        flag="--listen", metavar="H:P", help="where to answer, UDP and TCP (required)"
+    )
+    inventory: str | None = setting(None, "--inventory", "FILE", "answer from this inventory")
+    kubeconfig: str | None = setting(
+        None, "--kubeconfig", "F", "answer from the published ConfigMap (API access)"
+    )
+    suffix: str | None = setting(None, "--suffix", "S", "also answer NODE.S")
+    cluster_ip: str | None = setting(
+        None, "--cluster-ip", "IP", "answer this address (the internal Service) for every node"
+    )
+    limits: TCPLimits = field(default_factory=TCPLimits, metadata={"options": "*"})
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> DnsCommand:
+        v = flags.read(cls, values)
+        if v["listen"] is None:
+            raise ConfigError("--listen", "is required")
+        if bool(v["inventory"]) == bool(v["kubeconfig"]):
+            raise ConfigError("--inventory", "give exactly one of --inventory or --kubeconfig")
+        inventory = cfg.existing_file(v["inventory"], "--inventory") if v["inventory"] else None
+        return cls(
+            listen=v["listen"],
+            inventory=inventory,
+            kubeconfig=v["kubeconfig"],
+            suffix=v["suffix"],
+            cluster_ip=v["cluster_ip"],
+            limits=flags.build(TCPLimits, values),
+        )
+
+    @property
+    def where(self) -> tuple[str, int]:
+        """The address to bind: every IPv4 interface when ``--listen`` gives no host."""
+        return (self.listen.host or "0.0.0.0", self.listen.port)
