@@ -91,7 +91,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 async def _server_main(settings: Any) -> int:
-    from ravenproxy.model.sources import model_source
+    from ravenproxy.kube.sources import model_source
     from ravenproxy.model.store import ModelStore
     from ravenproxy.server.app import ProxyServer
 
@@ -197,7 +197,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 
 def cmd_dns(args: argparse.Namespace) -> int:
-    from ravenproxy.controller import dns, kube
+    from ravenproxy.controller import dns, dnsfeed
 
     listen = cfg.parse_address(args.listen, "--listen")
     where = (listen.host or "0.0.0.0", listen.port)
@@ -218,13 +218,13 @@ def cmd_dns(args: argparse.Namespace) -> int:
         inventory = Path(cfg.existing_file(args.inventory, "--inventory"))
         return run_async(
             _forever(
-                dns.run_dns(
+                dnsfeed.run_dns(
                     inventory, where, args.suffix, cluster_ip=args.cluster_ip, limits=limits
                 )
             )
         )
     return run_async(
-        _forever(kube.run_dns_kube(Path(args.kubeconfig), where, args.suffix, limits=limits))
+        _forever(dnsfeed.run_dns_kube(Path(args.kubeconfig), where, args.suffix, limits=limits))
     )
 
 
