@@ -47,7 +47,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 async def _server_main(settings: ServerSettings) -> int:
-    from ravenproxy.model.sources import model_source
+    from ravenproxy.kube.sources import model_source
     from ravenproxy.model.store import ModelStore
     from ravenproxy.server.app import ProxyServer
 
@@ -147,11 +147,11 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 
 def cmd_dns(args: argparse.Namespace) -> int:
-    from ravenproxy.controller import dns, kube
+    from ravenproxy.controller import dnsfeed
 
     cmd = DnsCommand.from_mapping(flags.gather(args, DnsCommand))
     if cmd.inventory:
-        job = dns.run_dns(
+        job = dnsfeed.run_dns(
             Path(cmd.inventory),
             cmd.where,
             cmd.suffix,
@@ -159,7 +159,7 @@ def cmd_dns(args: argparse.Namespace) -> int:
             limits=cmd.limits,
         )
     else:
-        job = kube.run_dns_kube(
+        job = dnsfeed.run_dns_kube(
             Path(cmd.kubeconfig or ""), cmd.where, cmd.suffix, limits=cmd.limits
         )
     return run_async(serve_until_signalled(_naming_listen(job)))

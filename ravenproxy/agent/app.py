@@ -20,11 +20,11 @@ from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatu
 
 from ravenproxy.agent.backoff import backoff
 from ravenproxy.agent.settings import AgentSettings
+from ravenproxy.kube.sources import model_source
 from ravenproxy.lifecycle import listening, parts
 from ravenproxy.log import kv
 from ravenproxy.metrics import AgentMetrics, metrics_app, start_app
 from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
-from ravenproxy.model.sources import model_source
 from ravenproxy.model.store import ModelStore
 from ravenproxy.transport import tls
 from ravenproxy.transport.dialer import DialError, dial
@@ -122,7 +122,7 @@ class Agent:
                     )
                 publisher = None
                 if s.kube_model and s.l3 is not None and s.l3.vpn_driver == "wireguard":
-                    from ravenproxy.controller.kube import new_api_client
+                    from ravenproxy.kube.client import new_api_client
                     from ravenproxy.l3.publish import KeyPublisher
 
                     api = await new_api_client(Path(s.kubeconfig) if s.kubeconfig else None)

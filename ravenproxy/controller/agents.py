@@ -2,10 +2,10 @@
 
 Two sources, one rule ("an agent not reported for longer than ``grace`` is gone"):
 
-- :class:`AgentLeases` (Kubernetes): watches the servers' agent Leases
-  (:mod:`ravenproxy.server.liveness`). Time is our own: a Lease counts as renewed when we
-  *observe* its ``renewTime`` change (client-go's leader election does the same), so clock skew
-  between a server and the controller never moves a failover. A released or deleted Lease is
+- :class:`AgentLeases` (Kubernetes): watches the agent Leases the servers publish (names in
+  :mod:`ravenproxy.kube.leases`). Time is our own: a Lease counts as renewed when we *observe*
+  its ``renewTime`` change (client-go's leader election does the same), so clock skew between a
+  server and the controller never moves a failover. A released or deleted Lease is
   the agent leaving, seen now.
 - :class:`AgentPoller` (inventory, or servers without API access): polls each server's
   ``GET /agents``; an agent is seen at every successful poll that lists it. A server that stops
@@ -30,24 +30,11 @@ import aiohttp
 from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.controller.election import DEFAULT_GRACE, Health
-from ravenproxy.controller.kube import Reflector, WatchSettings
+from ravenproxy.kube.leases import LABEL_SELECTOR, NAMESPACE, lease_node
+from ravenproxy.kube.reflector import Reflector, WatchSettings
 from ravenproxy.log import kv
-from ravenproxy.server.liveness import (
-    ANNOTATION_NODE,
-    LABEL_SELECTOR,
-    LEASE_PREFIX,
-    NAMESPACE,
-)
 
 log = logging.getLogger(__name__)
-
-
-def lease_node(lease: Mapping[str, Any]) -> str:
-    meta = lease.get("metadata") or {}
-    node = (meta.get("annotations") or {}).get(ANNOTATION_NODE)
-    if node:
-        return str(node)
-    return str(meta.get("name", "")).removeprefix(LEASE_PREFIX)
 
 
 @dataclass(frozen=True)

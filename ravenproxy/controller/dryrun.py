@@ -1,4 +1,11 @@
-"""``ravenproxy controller --dry-run``: the objects the controller would write, as YAML."""
+"""``ravenproxy controller --dry-run``, and ``--inventory``: the objects the controller would
+write, as YAML.
+
+Without a cluster the controller writes nothing: ``--inventory`` prints what it would write, at
+start and on every change, from a model that ``model_source`` keeps current as for every other
+command. A one-shot dry run of an inventory needs no store to keep current; it reads the file
+once with the same loader (:func:`~ravenproxy.model.inventory.load_inventory`).
+"""
 
 from __future__ import annotations
 
@@ -17,8 +24,9 @@ import yaml
 from ravenproxy.controller.agents import AgentPoller
 from ravenproxy.controller.desired import Desired, desired_state
 from ravenproxy.controller.election import DEFAULT_GRACE, Health
+from ravenproxy.kube.sources import model_source
 from ravenproxy.log import kv
-from ravenproxy.model.inventory import InventoryWatcher, load_inventory
+from ravenproxy.model.inventory import load_inventory
 from ravenproxy.model.objects import Gateway
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
@@ -104,28 +112,27 @@ async def run_inventory_controller(
     the output stays stable while nothing changes. With ``agents_urls`` (servers' ``/agents``)
     an edge gateway whose agent is gone for ``agent_grace`` seconds fails over; without them
     Ready alone decides, as in Raven."""
-    if not agents_urls:
-        await _inventory_loop(path, write, interval, cluster_ip, Health.ready_only)
-        return
-    poller = AgentPoller(agents_urls, agent_grace)
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(poller.run(), name="controller-agent-poller")
-        tg.create_task(
-            _inventory_loop(path, write, interval, cluster_ip, poller.health),
-            name="controller-inventory-loop",
-        )
+    store = ModelStore()
+    async with model_source(store, inventory=path, interval=interval) as feed:
+        poller = AgentPoller(agents_urls, agent_grace) if agents_urls else None
+        health = poller.health if poller is not None else Health.ready_only
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(feed.wait(), name="controller-model-feed")
+            if poller is not None:
+                tg.create_task(poller.run(), name="controller-agent-poller")
+            tg.create_task(
+                _inventory_loop(store, write, interval, cluster_ip, health),
+                name="controller-inventory-loop",
+            )
 
 
 async def _inventory_loop(
-    path: str | os.PathLike[str],
+    store: ModelStore,
     write: Callable[[str], None],
     interval: float,
     cluster_ip: str | None,
     health: Callable[[], Health],
 ) -> None:
-    store = ModelStore()
-    watcher = InventoryWatcher(path, store, interval)
-    await watcher.start()
     written: dict[str, Gateway] = {}
     last = ""
     while True:
@@ -150,7 +157,6 @@ async def _inventory_loop(
         with suppress(TimeoutError):
             async with asyncio.timeout(interval):
                 await store.wait_changed(version)
-        await watcher.poll()
 
 
 def _same_spec(a: Gateway | None, b: Gateway) -> bool:

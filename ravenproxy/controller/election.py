@@ -76,40 +76,6 @@ class Health:
         return now - seen <= self.grace
 
 
-class AgentTracker:
-    """Turns the server's connect/disconnect reports into :class:`Health` snapshots.
-
-    Pure bookkeeping (the caller supplies the clock), so the grace rule is testable as data.
-    """
-
-    def __init__(self, since: float, grace: float = DEFAULT_GRACE) -> None:
-        self._since = since
-        self._grace = grace
-        self._connected: dict[str, int] = {}
-        self._last_seen: dict[str, float] = {}
-
-    def connected(self, node_name: str) -> None:
-        # An agent may briefly hold two tunnels while it reconnects; count them so the first
-        # one closing does not mark the node as gone.
-        self._connected[node_name] = self._connected.get(node_name, 0) + 1
-
-    def disconnected(self, node_name: str, now: float) -> None:
-        count = self._connected.get(node_name, 0) - 1
-        if count > 0:
-            self._connected[node_name] = count
-            return
-        self._connected.pop(node_name, None)
-        self._last_seen[node_name] = now
-
-    def snapshot(self) -> Health:
-        return Health(
-            connected=frozenset(self._connected),
-            last_seen=MappingProxyType(dict(self._last_seen)),
-            since=self._since,
-            grace=self._grace,
-        )
-
-
 @dataclass(frozen=True)
 class ElectionEvent:
     """One change of a gateway's active endpoints; becomes a Kubernetes Event on the Gateway."""

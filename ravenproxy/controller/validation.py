@@ -26,7 +26,6 @@ The rules, as Raven's webhook states them:
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,7 @@ from ravenproxy.model.objects import (
     ENDPOINT_TUNNEL,
     EXPOSE_TYPES,
     Gateway,
+    is_ip,
 )
 
 REASON_INVALID = "InvalidGatewaySpec"
@@ -146,14 +146,6 @@ CEL_RULES: tuple[CelRule, ...] = (
 )
 
 
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
 def field_violations(spec: Spec) -> list[Violation]:
     """The per-field rules the CRD states in OpenAPI (``enum``, ``minLength``, ``format``,
     ``minimum``/``maximum``); Raven's webhook checks the first three."""
@@ -183,7 +175,7 @@ def field_violations(spec: Spec) -> list[Violation]:
         if not ep.get("nodeName"):
             out.append(Violation(f"spec.endpoints[{i}].nodeName", "must not be empty"))
         public_ip = ep.get("publicIP")
-        if public_ip and not (isinstance(public_ip, str) and _is_ip(public_ip)):
+        if public_ip and not (isinstance(public_ip, str) and is_ip(public_ip)):
             out.append(
                 Violation(f"spec.endpoints[{i}].publicIP", f"must be an IP address: {public_ip!r}")
             )

@@ -24,6 +24,7 @@ from ravenproxy.log import kv
 from ravenproxy.metrics import ServerMetrics, metrics_app, start_app
 from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.store import ModelStore
+from ravenproxy.server.agents import add_agents_route
 from ravenproxy.server.http_front import HttpFront
 from ravenproxy.server.https_front import HttpsFront
 from ravenproxy.server.limits import (
@@ -33,7 +34,7 @@ from ravenproxy.server.limits import (
     client_key,
     front_connection_cap,
 )
-from ravenproxy.server.liveness import KubeLiveness, add_agents_route
+from ravenproxy.server.liveness import KubeLiveness
 from ravenproxy.server.loops import FRONTS, OwnListeners, via_token
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.routing import HTTP_STATUS, REASONS, Route

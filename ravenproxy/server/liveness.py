@@ -1,4 +1,4 @@
-"""Agent liveness, published by the server: one Lease per connected agent, and ``GET /agents``.
+"""Agent liveness, published by the server: one Lease per connected agent.
 
 The controller fails an edge gateway over when its agent is gone (a dead tunnel behind a Ready
 node is Raven's blind spot). Only the server knows which agents hold a tunnel, so it says so in
@@ -8,10 +8,10 @@ two ways:
   ``kube-system/ravenproxy-agent-<node>``: ``holderIdentity`` is this server (its pod name),
   ``renewTime`` is renewed every ``renew_interval`` seconds while the agent is connected, and the
   Lease is released (holder cleared) when it disconnects. A server that dies stops renewing, which
-  the controller sees the same way. The controller watches these Leases
-  (:mod:`ravenproxy.controller.agents`);
-- anywhere, ``GET /agents`` on the health address: ``[{"node", "connected_since",
-  "connections"}]``, for ``ravenproxy controller --agents-url`` and for people.
+  the controller sees the same way. The controller watches these Leases; both ends take their
+  names from :mod:`ravenproxy.kube.leases`;
+- anywhere, ``GET /agents`` on the health address (:mod:`ravenproxy.server.agents`), for
+  ``ravenproxy controller --agents-url`` and for people.
 
 Two servers may briefly both hold a tunnel from one agent (it reconnects, or is balanced to
 another replica). The Lease then follows client-go's leader-election rule: it is taken over only
@@ -26,75 +26,34 @@ connect or disconnect reaches the API within about a second without a hook in th
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from ravenproxy.kube.client import MERGE_PATCH, new_api_client, raw_call, resource_version
+from ravenproxy.kube.leases import (
+    ANNOTATION_NODE,
+    LABELS,
+    LEASE_DURATION,
+    NAMESPACE,
+    RENEW_INTERVAL,
+    default_identity,
+    lease_name,
+    micro_time,
+    parse_time,
+)
 from ravenproxy.log import kv
 
 log = logging.getLogger(__name__)
-
-NAMESPACE = "kube-system"
-LEASE_PREFIX = "ravenproxy-agent-"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "ravenproxy"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-COMPONENT = "agent-liveness"
-LABELS: Mapping[str, str] = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT}
-LABEL_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}={COMPONENT}"
-# The node's name, whole: a Lease name may have had to shorten it.
-ANNOTATION_NODE = "ravenproxy/node"
-MERGE_PATCH = "application/merge-patch+json"
-
-RENEW_INTERVAL = 10.0
-LEASE_DURATION = 30
-_NAME_MAX = 253
-
-
-def lease_name(node: str) -> str:
-    """``ravenproxy-agent-<node>``; a name too long for the API keeps a readable prefix and a
-    digest of the whole node name."""
-    name = LEASE_PREFIX + node
-    if len(name) <= _NAME_MAX:
-        return name
-    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
-    head = (LEASE_PREFIX + node)[: _NAME_MAX - len(digest) - 1].rstrip(".-")
-    return f"{head}-{digest}"
-
-
-def micro_time(t: float) -> str:
-    """Kubernetes MicroTime: RFC 3339 with microseconds, UTC."""
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(text: Any) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def default_identity() -> str:
-    # POD_NAME from the downward API; the pid tells two servers on one host apart.
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-
-
-def _rv(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
 
 @dataclass
@@ -132,19 +91,6 @@ class LivenessPublisher:
         # Connected nodes whose Lease another live server holds: when we last tried.
         self._deferred: dict[str, float] = {}
 
-    # -- API calls, raw JSON -----------------------------------------------------------------
-    async def _call(
-        self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
-    ) -> tuple[int, dict[str, Any]]:
-        resp: aiohttp.ClientResponse = await fn(*args, **kwargs, _preload_content=False)
-        try:
-            body = await resp.json(content_type=None)
-        except ValueError:
-            body = {}
-        finally:
-            resp.release()
-        return resp.status, body if isinstance(body, dict) else {}
-
     def _spec(self, now: float) -> dict[str, Any]:
         return {
             "holderIdentity": self.identity,
@@ -153,14 +99,14 @@ class LivenessPublisher:
         }
 
     async def _patch(self, node: str, rv: str, spec: Mapping[str, Any]) -> tuple[int, str]:
-        status, body = await self._call(
+        status, body = await raw_call(
             self._api.patch_namespaced_lease,
             lease_name(node),
             self.namespace,
             {"metadata": {"resourceVersion": rv}, "spec": dict(spec)},
             _content_type=MERGE_PATCH,
         )
-        return status, _rv(body)
+        return status, resource_version(body)
 
     # -- one round -----------------------------------------------------------------------------
     async def sync(self) -> None:
@@ -208,7 +154,7 @@ class LivenessPublisher:
 
     async def _acquire(self, node: str, now: float) -> None:
         name = lease_name(node)
-        status, body = await self._call(self._api.read_namespaced_lease, name, self.namespace)
+        status, body = await raw_call(self._api.read_namespaced_lease, name, self.namespace)
         if status == 404:
             lease = {
                 "apiVersion": "coordination.k8s.io/v1",
@@ -221,11 +167,9 @@ class LivenessPublisher:
                 },
                 "spec": {**self._spec(now), "acquireTime": micro_time(now), "leaseTransitions": 0},
             }
-            status, body = await self._call(
-                self._api.create_namespaced_lease, self.namespace, lease
-            )
+            status, body = await raw_call(self._api.create_namespaced_lease, self.namespace, lease)
             if status < 300:
-                self._took(node, _rv(body), now)
+                self._took(node, resource_version(body), now)
             else:  # 409: another server created it first; look again next round.
                 self._deferred[node] = now
             return
@@ -248,7 +192,7 @@ class LivenessPublisher:
         if holder != self.identity:
             new_spec["acquireTime"] = micro_time(now)
             new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-        status, rv = await self._patch(node, _rv(body), new_spec)
+        status, rv = await self._patch(node, resource_version(body), new_spec)
         if status < 300:
             self._took(node, rv, now)
         else:
@@ -319,10 +263,6 @@ class KubeLiveness:
 
     async def start(self) -> None:
         """Raises KubeError when no API client can be made (bad kubeconfig, not in a cluster)."""
-        from pathlib import Path
-
-        from ravenproxy.controller.kube import new_api_client
-
         self._api = await new_api_client(
             Path(self._kubeconfig) if self._kubeconfig is not None else None
         )
@@ -341,46 +281,3 @@ class KubeLiveness:
         if self._api is not None:
             await self._api.close()
             self._api = None
-
-
-# -- GET /agents ----------------------------------------------------------------------------
-
-
-def agents_report(
-    sessions: Iterable[Any],
-    now: float | None = None,
-    monotonic_now: float | None = None,
-) -> list[dict[str, Any]]:
-    """One entry per connected node: since when (its oldest tunnel), and how many tunnels.
-    ``sessions`` are the registry's sessions: ``.name`` is the node, ``.started`` the
-    ``time.monotonic()`` of the connect."""
-    wall = time.time() if now is None else now
-    mono = time.monotonic() if monotonic_now is None else monotonic_now
-    oldest: dict[str, float] = {}
-    count: dict[str, int] = {}
-    for s in sessions:
-        oldest[s.name] = min(oldest.get(s.name, s.started), s.started)
-        count[s.name] = count.get(s.name, 0) + 1
-    return [
-        {
-            "node": node,
-            "connected_since": micro_time(wall - (mono - oldest[node])),
-            "connections": count[node],
-        }
-        for node in sorted(oldest)
-    ]
-
-
-def agents_handler(
-    sessions: Callable[[], Iterable[Any]],
-) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """``GET /agents`` for the server's health app: ``sessions`` is ``registry.sessions``."""
-
-    async def handler(_: web.Request) -> web.Response:
-        return web.json_response({"agents": agents_report(sessions())})
-
-    return handler
-
-
-def add_agents_route(app: web.Application, sessions: Callable[[], Iterable[Any]]) -> None:
-    app.router.add_get("/agents", agents_handler(sessions))

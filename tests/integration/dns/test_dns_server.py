@@ -16,7 +16,8 @@ import dns.message
 import dns.rcode
 import pytest
 
-from ravenproxy.controller.dns import DNSServer, DNSServerError, TCPLimits, run_dns
+from ravenproxy.controller.dns import DNSServer, DNSServerError, TCPLimits
+from ravenproxy.controller.dnsfeed import run_dns
 from ravenproxy.controller.dnsmap import dns_map
 from ravenproxy.model.inventory import InventoryWatcher
 from ravenproxy.model.store import ModelStore

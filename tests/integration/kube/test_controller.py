@@ -11,15 +11,12 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.controller.election import Health
-from ravenproxy.controller.kube import KubeSource, WatchSettings
-from ravenproxy.controller.runtime import (
-    ControllerSettings,
-    KubeWriter,
-    NotLeader,
-    Reconciler,
-    run_controller_with,
-)
+from ravenproxy.controller.reconciler import Reconciler
+from ravenproxy.controller.runtime import ControllerSettings, run_controller_with
 from ravenproxy.controller.services import INTERNAL_SERVICE
+from ravenproxy.controller.writer import KubeWriter, NotLeader
+from ravenproxy.kube.model import KubeSource
+from ravenproxy.kube.reflector import WatchSettings
 from ravenproxy.model.store import ModelStore
 from tests.integration.kube.apiserver import APIServer
 
@@ -275,7 +272,7 @@ async def test_events_are_emitted_once_even_before_the_watch_catches_up(
     source = KubeSource(api, frozen, FAST)
     await source.nodes.list()
     await source.gateways.list()
-    from ravenproxy.controller.kube import build_model
+    from ravenproxy.kube.model import build_model
 
     frozen.update(build_model(source.nodes.objects, source.gateways.objects))
     reconciler = Reconciler(KubeWriter(api, lambda: True), frozen, UP)

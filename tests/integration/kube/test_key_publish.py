@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from ravenproxy.kube.sources import model_source
 from ravenproxy.l3 import wireguard
 from ravenproxy.l3.publish import KeyPublisher, publish_public_key
 from ravenproxy.l3.settings import L3Settings
-from ravenproxy.model.sources import model_source
 from ravenproxy.model.store import ModelStore
 from tests.integration.kube.apiserver import APIServer
 from tests.integration.kube.conftest import kubeconfig

@@ -14,7 +14,9 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.controller.dns import DNSServer
-from ravenproxy.controller.kube import KubeSource, WatchSettings, serve_configmap_dns
+from ravenproxy.controller.dnsfeed import serve_configmap_dns
+from ravenproxy.kube.model import KubeSource
+from ravenproxy.kube.reflector import WatchSettings
 from ravenproxy.model.store import ModelStore
 from tests.integration.kube.apiserver import APIServer
 

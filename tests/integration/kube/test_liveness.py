@@ -14,8 +14,10 @@ from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.controller.agents import AgentLeases, AgentPoller, agents_url
 from ravenproxy.controller.runtime import ControllerSettings, run_controller_with
+from ravenproxy.kube.leases import ANNOTATION_NODE, LABELS, NAMESPACE, lease_name, parse_time
 from ravenproxy.server import liveness
-from ravenproxy.server.liveness import LivenessPublisher, lease_name
+from ravenproxy.server.agents import add_agents_route, agents_report
+from ravenproxy.server.liveness import LivenessPublisher
 from tests.integration.kube.apiserver import APIServer
 from tests.integration.kube.conftest import kubeconfig
 from tests.integration.kube.test_controller import (
@@ -26,7 +28,7 @@ from tests.integration.kube.test_controller import (
     node_obj,
 )
 
-NS = liveness.NAMESPACE
+NS = NAMESPACE
 
 
 def lease(apiserver: APIServer, node: str) -> dict[str, Any] | None:
@@ -72,8 +74,8 @@ async def test_a_connected_agent_gets_a_lease_renewed_and_released(
         first = lease(apiserver, "edge-1")
         assert first is not None
         meta = first["metadata"]
-        assert meta["labels"] == dict(liveness.LABELS)
-        assert meta["annotations"] == {liveness.ANNOTATION_NODE: "edge-1"}
+        assert meta["labels"] == dict(LABELS)
+        assert meta["annotations"] == {ANNOTATION_NODE: "edge-1"}
         assert first["spec"]["leaseDurationSeconds"] == 1
         renewed = first["spec"]["renewTime"]
         await eventually(
@@ -283,7 +285,7 @@ class FakeSession:
 
 def test_agents_report_lists_each_node_once_since_its_oldest_tunnel() -> None:
     sessions = [FakeSession("edge-2", 90.0), FakeSession("edge-1", 50.0), FakeSession("edge-2", 95)]
-    report = liveness.agents_report(sessions, now=1_700_000_000.0, monotonic_now=100.0)
+    report = agents_report(sessions, now=1_700_000_000.0, monotonic_now=100.0)
     assert report == [
         {"node": "edge-1", "connected_since": "2023-11-14T22:12:30.000000Z", "connections": 1},
         {"node": "edge-2", "connected_since": "2023-11-14T22:13:10.000000Z", "connections": 2},
@@ -299,7 +301,7 @@ def test_agents_url_accepts_an_address_or_a_url() -> None:
 async def test_the_poller_sees_agents_through_the_servers_endpoint() -> None:
     sessions: list[FakeSession] = [FakeSession("edge-1", time.monotonic())]
     app = web.Application()
-    liveness.add_agents_route(app, lambda: list(sessions))
+    add_agents_route(app, lambda: list(sessions))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -350,7 +352,7 @@ async def test_the_inventory_controller_fails_over_by_the_servers_agents_report(
     ]
     inventory.write_text(yaml.safe_dump_all(docs))
     app = web.Application()
-    liveness.add_agents_route(app, lambda: [FakeSession("edge-2", time.monotonic())])
+    add_agents_route(app, lambda: [FakeSession("edge-2", time.monotonic())])
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -435,9 +437,9 @@ async def test_a_real_agent_connecting_to_a_real_server_gets_its_lease(
     agent_task = asyncio.create_task(agent.run())
     try:
         await eventually(lambda: holder(apiserver, "edge-1") == "server-a", within=10)
-        (entry,) = liveness.agents_report(server.registry.sessions())
+        (entry,) = agents_report(server.registry.sessions())
         assert entry["node"] == "edge-1" and entry["connections"] == 1
-        since = liveness.parse_time(entry["connected_since"])
+        since = parse_time(entry["connected_since"])
         assert since is not None and abs(since - time.time()) < 10
         await stop(agent_task)
         await eventually(lambda: holder(apiserver, "edge-1") == "", within=10)

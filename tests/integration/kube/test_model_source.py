@@ -10,7 +10,7 @@ import pytest
 
 from ravenproxy.client import ConnectRefused
 from ravenproxy.errors import InventoryError
-from ravenproxy.model.sources import model_source
+from ravenproxy.kube.sources import model_source
 from ravenproxy.model.store import ModelStore
 from tests.integration.cluster import Cluster, free_port
 from tests.integration.kube.apiserver import APIServer

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ravenproxy.controller.agents import LeaseTracker, lease_node
-from ravenproxy.server.liveness import ANNOTATION_NODE, lease_name, micro_time, parse_time
+from ravenproxy.controller.agents import LeaseTracker
+from ravenproxy.kube.leases import ANNOTATION_NODE, lease_name
 
 
 def lease(node: str, holder: str = "server-a", renew: str = "t1") -> dict[str, Any]:
@@ -71,16 +71,3 @@ def test_a_new_holder_is_a_renewal() -> None:
     tracker.observe([lease("edge-1", holder="server-a", renew="t1")], 100.0)
     tracker.observe([lease("edge-1", holder="server-b", renew="t1")], 108.0)
     assert tracker.snapshot().agent_alive("edge-1", 118.0)
-
-
-def test_lease_names_and_times() -> None:
-    assert lease_name("edge-1") == "ravenproxy-agent-edge-1"
-    long = "n" * 250
-    name = lease_name(long)
-    assert len(name) <= 253 and name.startswith("ravenproxy-agent-nnn")
-    assert name != lease_name("n" * 251)
-    assert lease_node({"metadata": {"name": name, "annotations": {ANNOTATION_NODE: long}}}) == long
-    assert lease_node({"metadata": {"name": "ravenproxy-agent-edge-7"}}) == "edge-7"
-    assert micro_time(1_700_000_000.25) == "2023-11-14T22:13:20.250000Z"
-    assert parse_time("2023-11-14T22:13:20.250000Z") == 1_700_000_000.25
-    assert parse_time("garbage") is None and parse_time(None) is None

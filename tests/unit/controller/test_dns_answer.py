@@ -13,7 +13,7 @@ import dns.rdatatype
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ravenproxy.controller.dns import Answerer
+from ravenproxy.controller.dnsanswer import Answerer
 
 RECORDS = {"edge-1": ["10.0.0.1", "fd00::1"], "Edge-2.": ["10.0.0.2"], "v6only": ["fd00::6"]}
 

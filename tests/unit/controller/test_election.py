@@ -14,7 +14,6 @@ from ravenproxy.controller.election import (
     LOST_REPLICAS,
     REASON_ELECTED,
     REASON_FAILOVER,
-    AgentTracker,
     Health,
     elect,
     elect_with_events,
@@ -228,23 +227,15 @@ def test_types_are_elected_independently() -> None:
     assert result.events == ()
 
 
-def test_agent_tracker_counts_overlapping_connections() -> None:
-    tracker = AgentTracker(since=0.0, grace=10.0)
-    tracker.connected("edge-1")
-    tracker.connected("edge-1")  # reconnect races the old tunnel's close
-    tracker.disconnected("edge-1", 50.0)
-    health = tracker.snapshot()
-    assert "edge-1" in health.connected
+def test_health_connected_agents_are_alive_and_gone_ones_expire_after_grace() -> None:
+    # (AgentTracker, which built these snapshots from connect reports, is gone: the servers'
+    # Leases and /agents feed Health now. The rule it was checked against stays.)
+    health = Health(connected=frozenset({"edge-1"}), since=0.0, grace=10.0)
     assert health.agent_alive("edge-1", 1000.0)
-    tracker.disconnected("edge-1", 60.0)
-    health = tracker.snapshot()
+    health = Health(last_seen={"edge-1": 60.0}, since=0.0, grace=10.0)
     assert health.connected == frozenset()
-    assert health.last_seen == {"edge-1": 60.0}
     assert health.agent_alive("edge-1", 70.0)
     assert not health.agent_alive("edge-1", 70.1)
-    # A snapshot is frozen: later reports do not change it.
-    tracker.connected("edge-1")
-    assert "edge-1" not in health.connected
 
 
 # --- properties -------------------------------------------------------------------------------

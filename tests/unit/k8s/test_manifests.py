@@ -14,7 +14,7 @@ from ravenproxy.cli import build_parser
 from ravenproxy.controller import dnsmap
 from ravenproxy.controller.runtime import ControllerSettings
 from ravenproxy.controller.services import NAMESPACE
-from ravenproxy.server import liveness
+from ravenproxy.kube import leases
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "k8s"
@@ -210,14 +210,14 @@ def test_no_wildcards_anywhere() -> None:
 
 
 CONTROLLER_CALLS = [
-    # kube.py: the Reflectors.
+    # kube/model.py: the Reflectors.
     ("*", "", "nodes", "list", ""),
     ("*", "", "nodes", "watch", ""),
     ("*", "raven.openyurt.io", "gateways", "list", ""),
     ("*", "raven.openyurt.io", "gateways", "watch", ""),
     ("*", "crd.projectcalico.org", "blockaffinities", "list", ""),
     ("*", "crd.projectcalico.org", "blockaffinities", "watch", ""),
-    # runtime.py: KubeWriter.
+    # writer.py: KubeWriter.
     ("*", "raven.openyurt.io", "gateways/status", "patch", "gw-edge"),
     *[
         (NAMESPACE, "", res, verb, "x-raven-proxy-internal-svc")
@@ -228,14 +228,14 @@ CONTROLLER_CALLS = [
     (dnsmap.NAMESPACE, "", "configmaps", "create", dnsmap.CONFIGMAP_NAME),
     (dnsmap.NAMESPACE, "", "configmaps", "patch", dnsmap.CONFIGMAP_NAME),
     (ControllerSettings().event_namespace, "", "events", "create", "gw-edge.abc"),
-    # runtime.py: leader election (kubernetes_asyncio's LeaseLock reads, creates, replaces).
+    # leader.py: leader election (kubernetes_asyncio's LeaseLock reads, creates, replaces).
     *[
         ("kube-system", "coordination.k8s.io", "leases", verb, ControllerSettings().lease_name)
         for verb in ("get", "create", "update")
     ],
     # agents.py: the agent-liveness Leases, by label.
-    (liveness.NAMESPACE, "coordination.k8s.io", "leases", "list", ""),
-    (liveness.NAMESPACE, "coordination.k8s.io", "leases", "watch", ""),
+    (leases.NAMESPACE, "coordination.k8s.io", "leases", "list", ""),
+    (leases.NAMESPACE, "coordination.k8s.io", "leases", "watch", ""),
 ]
 
 
@@ -254,10 +254,10 @@ def test_the_controller_may_not_do_more() -> None:
 
 
 def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
-    name = liveness.lease_name("edge-1")
+    name = leases.lease_name("edge-1")
     for verb in ("get", "create", "patch"):
         assert allowed(
-            "ravenproxy-server", liveness.NAMESPACE, "coordination.k8s.io", "leases", verb, name
+            "ravenproxy-server", leases.NAMESPACE, "coordination.k8s.io", "leases", verb, name
         )
     # --kube-model: reads of the model's objects, and nothing else.
     model_reads = {("*", "", "nodes"), ("*", "", "pods"), ("*", "raven.openyurt.io", "gateways")}
@@ -275,7 +275,7 @@ def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
 
 
 AGENT_CALLS = [
-    # model/sources.py --kube-model: the Reflectors (nodes, gateways).
+    # kube/sources.py --kube-model: the Reflectors (nodes, gateways).
     ("*", "", "nodes", "list", ""),
     ("*", "", "nodes", "watch", ""),
     ("*", "raven.openyurt.io", "gateways", "list", ""),

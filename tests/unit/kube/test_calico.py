@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ravenproxy.controller.calico import confirmed_block_affinities
+from ravenproxy.kube.calico import confirmed_block_affinities
 
 
 def affinity(node: str, cidr: str, state: str = "confirmed", deleted: str = "false") -> dict:  # type: ignore[type-arg]
