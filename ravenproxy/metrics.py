@@ -186,7 +186,11 @@ async def start_app(app: web.Application, host: str, port: int) -> tuple[web.App
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host or None, port)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()  # a failed bind leaves nothing behind
+        raise
     bound = port
     for address in runner.addresses:
         bound = int(address[1])
