@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import ssl
 from collections.abc import Awaitable
@@ -302,7 +303,8 @@ async def _bind(flag: str, address: Address, binding: Awaitable[T]) -> T:
     try:
         return await binding
     except OSError as exc:
-        raise ConfigError(flag, f"cannot listen on {address}: {exc.strerror or exc}") from None
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(flag, f"cannot listen on {address}: {why}") from None
 
 
 async def _close_ws(server: WsServer) -> None:

@@ -33,7 +33,7 @@ from ravenproxy.transport.bytestream import (
     TunnelByteStream,
 )
 from ravenproxy.transport.dialer import DialError, dial
-from ravenproxy.transport.session import OpenError, StreamClosedError, TunnelStream
+from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,21 @@ from dataclasses import dataclass
 
 import h11
 
+from ravenproxy.server.exchange_actions import (
+    Action,
+    Close,
+    CloseUpstream,
+    Count,
+    Looped,
+    OpenUpstream,
+    ReadBody,
+    Refuse,
+    RouteRequest,
+    SwitchProtocols,
+    Tunnel,
+    WriteClient,
+    WriteUpstream,
+)
 from ravenproxy.server.http1 import BadRequest
 from ravenproxy.server.loops import via_received_by
 from ravenproxy.server.podroutes import Destination, find_destination, forwardable, wants_upgrade
@@ -49,102 +64,6 @@ class UpstreamKey:
     def of(cls, route: Route) -> UpstreamKey:
         session = id(route.session) if route.session is not None else 0
         return cls(session, route.target.host, route.target.port, route.tls)
-
-
-# -- actions --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RouteRequest:
-    """Route the request to ``dest``; answer with :meth:`Exchange.routed` or
-    :meth:`Exchange.refused`."""
-
-    dest: Destination
-
-
-@dataclass(frozen=True)
-class Tunnel:
-    """CONNECT: route ``dest`` (no TLS of ours), answer 200, relay raw bytes; ``rest`` was read
-    from the client past the head."""
-
-    dest: Destination
-    rest: bytes
-
-
-@dataclass(frozen=True)
-class OpenUpstream:
-    """Open a target connection for ``route``; then :meth:`Exchange.upstream_opened`."""
-
-    route: Route
-
-
-@dataclass(frozen=True)
-class CloseUpstream:
-    """Close the target connection (it cannot carry anything more)."""
-
-
-@dataclass(frozen=True)
-class WriteUpstream:
-    data: bytes
-
-
-@dataclass(frozen=True)
-class WriteClient:
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Count:
-    """A response with this status went (or goes) to the client."""
-
-    status: int
-
-
-@dataclass(frozen=True)
-class Looped:
-    """The request already passed through this server (its Via): counted as a loop."""
-
-
-@dataclass(frozen=True)
-class ReadBody:
-    """The rest of the request body is to be read from the client (into
-    :meth:`Exchange.receive_client`) while the response is read."""
-
-
-@dataclass(frozen=True)
-class SwitchProtocols:
-    """The target answered 101: once the request body is through, take
-    :meth:`Exchange.switch` and relay raw bytes both ways."""
-
-
-@dataclass(frozen=True)
-class Refuse:
-    """Answer ``status`` with a one-line body naming the node and the reason, then close."""
-
-    status: int
-    node: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Close:
-    """End the client connection (mid-response: no status can be given any more)."""
-
-    reason: str
-
-
-Action = (
-    RouteRequest
-    | Tunnel
-    | OpenUpstream
-    | CloseUpstream
-    | WriteUpstream
-    | WriteClient
-    | Count
-    | Looped
-    | ReadBody
-    | SwitchProtocols
-    | Refuse
-    | Close
-)
 
 
 def _decode(headers: h11._headers.Headers) -> Headers:
@@ -343,7 +262,7 @@ class Exchange:
             return [WriteUpstream(b"".join(self._up.send(e) or b"" for e in self._outbound))]
         data = self._up.send(self._outbound[0]) or b""
         actions = self._body(first=True, head=data)
-        if not self.body_done:
+        if not self.body_done and self.phase == "forwarding":
             self._outbound = []  # not whole: never retried
             actions.append(ReadBody())
         return actions

@@ -24,12 +24,12 @@ import h11
 
 from ravenproxy.errors import RoutingError
 from ravenproxy.log import kv
-from ravenproxy.server.exchange import (
+from ravenproxy.server.exchange import Exchange
+from ravenproxy.server.exchange_actions import (
     Action,
     Close,
     CloseUpstream,
     Count,
-    Exchange,
     Looped,
     OpenUpstream,
     ReadBody,
@@ -45,7 +45,7 @@ from ravenproxy.server.http1 import error_response
 from ravenproxy.server.limits import StreamLease
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult, relay
-from ravenproxy.transport.session import StreamClosedError
+from ravenproxy.transport.tunnel_stream import StreamClosedError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import ssl
 from typing import Protocol
 
 from ravenproxy.errors import RavenProxyError
-from ravenproxy.transport.session import StreamClosedError, TunnelStream
+from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
 from ravenproxy.wire.codes import ErrorCode
 
 READ_LIMIT = 1024 * 1024

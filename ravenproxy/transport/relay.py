@@ -22,7 +22,7 @@ from types import TracebackType
 
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
-from ravenproxy.transport.session import StreamClosedError
+from ravenproxy.transport.tunnel_stream import StreamClosedError
 
 log = logging.getLogger(__name__)
 
