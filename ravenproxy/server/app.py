@@ -1,8 +1,11 @@
-"""The cloud proxy server: the agent listener, the agent registry and the fronts.
+"""The cloud proxy server's lifecycle: it builds the agent registry, the router, the connector
+and the fronts (which get those, never the server), binds the listeners, accepts agents, stops.
 
-Lifecycle: :meth:`ProxyServer.start` binds every listener (port 0 allowed; the bound ports are
-then in :attr:`ProxyServer.ports`), :meth:`ProxyServer.stop` stops accepting, asks agents to
-drain, waits up to ``drain_timeout``, then closes what is left and collects every task.
+:meth:`ProxyServer.start` binds every listener in order (port 0 allowed; the bound ports are then
+in :attr:`ProxyServer.ports`); a listener that fails closes the ones bound before it and is one
+:class:`~ravenproxy.errors.ConfigError` naming its flag. :meth:`ProxyServer.stop` stops
+accepting, asks agents to drain, waits up to ``drain_timeout``, then closes what is left and
+collects every task.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from ravenproxy.server.exchange_actions import (
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http1 import error_response
 from ravenproxy.server.limits import StreamLease
+from ravenproxy.server.router import Route
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult, relay
 from ravenproxy.transport.tunnel_stream import StreamClosedError
@@ -295,31 +296,16 @@ class _Connection:
         await self.writer.drain()
         self.proxy.count(101)
         upstream, lease = self.upstream, self.lease
-        assert upstream is not None and self.ex.route is not None
-        self.upstream = None  # the relay closes it
-        try:
-            result = await relay(
-                upstream,
-                self.reader,
-                self.writer,
-                initial_up=client_rest,
-                initial_down=target_rest,
-                idle_timeout=self.ctx.limits.idle_timeout,
-            )
-        finally:
-            if lease is not None:
-                lease.release()
-            self.lease = None
-        r = self.ex.route
-        self.ctx.relay_done(
-            self.proxy.front,
+        assert upstream is not None and lease is not None and self.ex.route is not None
+        self.upstream, self.lease = None, None  # the relay closes it, then gives the slot back
+        await self._relay(
             "upgrade",
-            result,
-            peer=self.peer,
-            node=r.node.name,
-            port=r.target.port,
+            self.ex.route,
+            upstream,
+            lease,
+            initial_up=client_rest,
+            initial_down=target_rest,
         )
-        raise _Done
 
     async def _tunnel(self, action: Tunnel) -> None:
         """CONNECT node:port: 200, then raw bytes both ways."""
@@ -328,28 +314,39 @@ class _Connection:
         except RoutingError as exc:
             await self._refuse(exc.status, exc.node, exc.reason)
         try:
-            try:
-                r = self.ctx.router.route(action.dest.host, action.dest.port)
-                stream = await self.ctx.connector.connect(r)
-            except RoutingError as exc:
+            r = self.ctx.router.route(action.dest.host, action.dest.port)
+            stream = await self.ctx.connector.connect(r)
+        except BaseException as exc:
+            lease.release()
+            if isinstance(exc, RoutingError):
                 await self._refuse(exc.status, exc.node, exc.reason)
-            self.proxy.count(200)
-            self.writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            raise
+        self.proxy.count(200)
+        self.writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        await self._relay("connect", r, stream, lease, initial_up=action.rest)
+
+    async def _relay(
+        self,
+        kind: str,
+        route: Route,
+        upstream: ByteStream,
+        lease: StreamLease,
+        *,
+        initial_up: bytes = b"",
+        initial_down: bytes = b"",
+    ) -> NoReturn:
+        """Raw bytes both ways until both sides are done (the relay closes both ends)."""
+        try:
             result = await relay(
-                stream,
+                upstream,
                 self.reader,
                 self.writer,
-                initial_up=action.rest,
+                initial_up=initial_up,
+                initial_down=initial_down,
                 idle_timeout=self.ctx.limits.idle_timeout,
             )
         finally:
             lease.release()
-        self.ctx.relay_done(
-            self.proxy.front,
-            "connect",
-            result,
-            peer=self.peer,
-            node=r.node.name,
-            port=r.target.port,
-        )
+        node, port = route.node.name, route.target.port
+        self.ctx.relay_done(self.proxy.front, kind, result, peer=self.peer, node=node, port=port)
         raise _Done

@@ -1,4 +1,5 @@
-"""One tunnel: a WebSocket carrying a :class:`ravenproxy.wire.Connection`, and its streams.
+"""One tunnel: a WebSocket carrying a :class:`ravenproxy.wire.Connection`, and its streams
+(:class:`~ravenproxy.transport.tunnel_stream.TunnelStream`, driven from here).
 
 This is the only place that turns the sans-I/O protocol into asyncio calls. A session owns three
 tasks (reader, writer, keepalive) plus one task per stream the peer opens; :meth:`run` returns

@@ -9,16 +9,7 @@ import sys
 from pathlib import Path
 
 from ravenproxy.pki import init_pki
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+from tests.unit.server.test_start import bindable
 
 
 def test_a_taken_port_is_one_line_and_nothing_listens(tmp_path: Path) -> None:
@@ -51,4 +42,4 @@ def test_a_taken_port_is_one_line_and_nothing_listens(tmp_path: Path) -> None:
     assert errors == [f"ravenproxy server: error: --http-addr: cannot listen on 127.0.0.1:{http}: "
                       "Address already in use"], done.stderr  # fmt: skip
     assert "Traceback" not in done.stderr
-    assert _bindable(tunnel)
+    assert bindable(tunnel)

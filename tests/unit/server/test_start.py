@@ -20,7 +20,8 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:``port`` (a socket may bind it)."""
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -48,6 +49,6 @@ async def test_a_taken_http_port_undoes_the_start(base: dict[str, str]) -> None:
             await server.start()
     assert info.value.field == "--http-addr"
     assert f"127.0.0.1:{http}" in str(info.value) and "\n" not in str(info.value)
-    assert _bindable(tunnel), "the tunnel listener bound before the failure is still open"
+    assert bindable(tunnel), "the tunnel listener bound before the failure is still open"
     await asyncio.sleep(0)
     assert asyncio.all_tasks() == before, "a task of the failed start is left running"
