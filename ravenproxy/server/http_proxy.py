@@ -158,7 +158,9 @@ class _Connection:
         watch = self.watch = IdleWatch(self.ctx.limits.idle_timeout)
         while self.ex.phase == "forwarding":
             upstream = self.upstream
-            assert upstream is not None
+            if upstream is None:  # the body pump closed it (a malformed body)
+                await self._act(self.ex.upstream_lost())
+                continue
             try:
                 async with watch:  # entering stamps the activity of the last event
                     data = await upstream.read()
@@ -190,7 +192,8 @@ class _Connection:
                 self.watch.touch()
             for action in self.ex.receive_client(data):
                 if isinstance(action, WriteUpstream):
-                    assert self.upstream is not None
+                    if self.upstream is None:
+                        return  # the exchange ended meanwhile
                     await self.upstream.write(action.data)
                 elif isinstance(action, CloseUpstream):
                     self._close_upstream()  # a malformed body: stop waiting for the answer
