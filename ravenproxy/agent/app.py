@@ -27,6 +27,7 @@ from ravenproxy.metrics import AgentMetrics, metrics_app, start_app
 from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.store import ModelStore
 from ravenproxy.transport import tls
+from ravenproxy.transport.bytestream import TunnelByteStream
 from ravenproxy.transport.dialer import DialError, dial
 from ravenproxy.transport.relay import relay
 from ravenproxy.transport.session import Session, StreamClosedError, TunnelStream, websocket_options
@@ -263,7 +264,7 @@ class Agent:
             return
         self.metrics.dials.labels(result="ok").inc()
         stream.accept()
-        await relay(stream, dialed.reader, dialed.writer)
+        await relay(TunnelByteStream(stream), dialed.reader, dialed.writer, label=str(stream.id))
 
 
 async def run_agent(settings: AgentSettings) -> None:

@@ -1,64 +1,51 @@
-"""The cloud proxy server: the agent listener, the agent registry and the fronts.
+"""The cloud proxy server's lifecycle: it builds the agent registry, the router, the connector
+and the fronts (which get those, never the server), binds the listeners, accepts agents, stops.
 
-Lifecycle: :meth:`ProxyServer.start` binds every listener (port 0 allowed; the bound ports are
-then in :attr:`ProxyServer.ports`), :meth:`ProxyServer.stop` stops accepting, asks agents to
-drain, waits up to ``drain_timeout``, then closes what is left and collects every task.
+:meth:`ProxyServer.start` binds every listener in order (port 0 allowed; the bound ports are then
+in :attr:`ProxyServer.ports`); a listener that fails closes the ones bound before it and is one
+:class:`~ravenproxy.errors.ConfigError` naming its flag. :meth:`ProxyServer.stop` stops
+accepting, asks agents to drain, waits up to ``drain_timeout``, then closes what is left and
+collects every task.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
+import contextlib
 import logging
+import os
 import resource
 import ssl
-import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from aiohttp import web
 from websockets.asyncio.server import Server as WsServer
 from websockets.asyncio.server import ServerConnection, serve
 
-from ravenproxy.errors import PKIError, RoutingError
+from ravenproxy.config import Address
+from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.log import kv
 from ravenproxy.metrics import ServerMetrics, metrics_app, start_app
-from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.store import ModelStore
 from ravenproxy.server.agents import add_agents_route
+from ravenproxy.server.connector import Connector
+from ravenproxy.server.front import FrontContext, FrontLimits
 from ravenproxy.server.http_front import HttpFront
 from ravenproxy.server.https_front import HttpsFront
-from ravenproxy.server.limits import (
-    ClientStreams,
-    ConnectionGate,
-    StreamLease,
-    client_key,
-    front_connection_cap,
-)
+from ravenproxy.server.limits import ClientStreams, ConnectionGate, front_connection_cap
 from ravenproxy.server.liveness import KubeLiveness
-from ravenproxy.server.loops import FRONTS, OwnListeners, via_token
+from ravenproxy.server.loops import OwnListeners, via_token
 from ravenproxy.server.registry import AgentRegistry
-from ravenproxy.server.routing import HTTP_STATUS, REASONS, Route
+from ravenproxy.server.router import Router
 from ravenproxy.server.settings import ServerSettings
-from ravenproxy.server.upstream import (
-    ByteStream,
-    SocketByteStream,
-    TlsByteStream,
-    TlsError,
-    TunnelByteStream,
-)
 from ravenproxy.transport import tls
-from ravenproxy.transport.dialer import DialError, dial
-from ravenproxy.transport.relay import RelayResult
-from ravenproxy.transport.session import (
-    OpenError,
-    Session,
-    StreamClosedError,
-    TunnelStream,
-    websocket_options,
-)
+from ravenproxy.transport.session import Session, TunnelStream, websocket_options
 from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ProxyServer:
@@ -78,18 +65,28 @@ class ProxyServer:
         )
         self.client_streams = ClientStreams(settings.max_streams_per_client)
         self.metrics.front_connections.set_function(lambda: self.front_gate.open)
-        self.http_front = HttpFront(self)
-        self.https_front = HttpsFront(self)
-        self.kubelet_tls: ssl.SSLContext | None = None
-        """Re-originated TLS presenting --kubelet-cert-file: for authenticated clients only."""
-        self.kubelet_tls_anonymous: ssl.SSLContext | None = None
-        """Re-originated TLS without a client certificate: for everyone else."""
         self.listeners = OwnListeners()
         self.via = via_token(settings.node_name)
         """This process's Via pseudonym (loop detection)."""
-        self._extra_allow = Allowlist.parse(settings.allow)
-        self.allowlist = self._build_allowlist()
-        self.store.subscribe(lambda _model: self._refresh_allowlist())
+        # The request path, built downward: front → router → connector → session.
+        self.router = Router(store, self.registry, settings.node_name)
+        self.connector = Connector(settings, store, self.metrics, self.listeners)
+        fronts = FrontContext(
+            router=self.router,
+            connector=self.connector,
+            limits=FrontLimits(
+                max_header_size=settings.max_header_size,
+                header_timeout=settings.header_timeout,
+                idle_timeout=settings.idle_timeout,
+                via=self.via,
+            ),
+            gate=self.front_gate,
+            client_streams=self.client_streams,
+            metrics=self.metrics,
+            track=self.track,
+        )
+        self.http_front = HttpFront(fronts)
+        self.https_front = HttpsFront(fronts)
         self.metrics.streams.set_function(
             lambda: sum(len(s.streams) for s in self.registry.sessions())
         )
@@ -103,59 +100,87 @@ class ProxyServer:
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
+        """Bind every listener, in order; if one fails, close the ones already bound (nothing
+        is left listening) and raise :class:`ConfigError` naming the flag and address."""
         s = self.settings
-        self.kubelet_tls = self._kubelet_context(with_client_cert=True)
-        self.kubelet_tls_anonymous = self._kubelet_context(with_client_cert=False)
-        if s.kubelet_cert_file and not s.front_client_ca_file:
-            log.warning(
-                "--kubelet-cert-file is never presented without --front-client-ca-file: only "
-                "clients that authenticate to the HTTPS front may use the server's kubelet identity"
+        async with contextlib.AsyncExitStack() as undo:
+            self.connector.load_tls()
+            if s.kubelet_cert_file and not s.front_client_ca_file:
+                log.warning(
+                    "--kubelet-cert-file is never presented without --front-client-ca-file: "
+                    "only clients that authenticate to the HTTPS front may use the server's "
+                    "kubelet identity"
+                )
+            ssl_ctx = tls.server_context(
+                s.ca_file, s.cert_file, s.key_file, on_handshake_error=self._tls_refused
             )
-        ssl_ctx = tls.server_context(
-            s.ca_file, s.cert_file, s.key_file, on_handshake_error=self._tls_refused
-        )
-        wire = s.session.wire
-        self._ws_server = await serve(
-            self._agent_connected,
-            s.tunnel_addr.bind_host,
-            s.tunnel_addr.port,
-            ssl=ssl_ctx,
-            server_header="ravenproxy",
-            logger=logging.getLogger("ravenproxy.server.websocket"),
-            **websocket_options(wire),
-        )
-        self.ports["tunnel"] = self._ws_server.sockets[0].getsockname()[1]
-        self.listeners.add("tunnel", (sock.getsockname() for sock in self._ws_server.sockets))
-        if self.front_gate.limit < s.max_front_connections:
-            log.warning(
-                "front connection cap lowered to stay well under the file descriptor limit",
-                extra=kv(
-                    max_front_connections=s.max_front_connections,
-                    enforced=self.front_gate.limit,
-                    fd_limit=_fd_limit(),
+            front_ctx = tls.https_server_context(s.cert_file, s.key_file, s.front_client_ca_file)
+            ws = self._ws_server = await _bind(
+                "--tunnel-addr",
+                s.tunnel_addr,
+                serve(
+                    self._agent_connected,
+                    s.tunnel_addr.bind_host,
+                    s.tunnel_addr.port,
+                    ssl=ssl_ctx,
+                    server_header="ravenproxy",
+                    logger=logging.getLogger("ravenproxy.server.websocket"),
+                    **websocket_options(s.session.wire),
                 ),
             )
-        self.ports["http"] = await self.http_front.start(s.http_addr.bind_host, s.http_addr.port)
-        self.listeners.add("http", self.http_front.listener.socknames())
-        self.ports["https"] = await self.https_front.start(
-            s.https_addr.bind_host, s.https_addr.port
-        )
-        self.listeners.add("https", self.https_front.listener.socknames())
-        runner, port = await start_app(
-            metrics_app(self.metrics.registry), s.metrics_addr.host, s.metrics_addr.port
-        )
-        self._runners.append(runner)
-        self.ports["metrics"] = port
-        self.listeners.add("metrics", runner.addresses)
-        health = metrics_app(self.metrics.registry, self._ready)
-        add_agents_route(health, self.registry.sessions)
-        runner, port = await start_app(health, s.health_addr.host, s.health_addr.port)
-        self._runners.append(runner)
-        self.ports["health"] = port
-        self.listeners.add("health", runner.addresses)
-        if s.agent_leases:
-            self._liveness = KubeLiveness(self.registry.connected_nodes, s.kubeconfig)
-            await self._liveness.start()
+            undo.push_async_callback(_close_ws, ws)
+            self.ports["tunnel"] = ws.sockets[0].getsockname()[1]
+            self.listeners.add("tunnel", (sock.getsockname() for sock in ws.sockets))
+            if self.front_gate.limit < s.max_front_connections:
+                log.warning(
+                    "front connection cap lowered to stay well under the file descriptor limit",
+                    extra=kv(
+                        max_front_connections=s.max_front_connections,
+                        enforced=self.front_gate.limit,
+                        fd_limit=_fd_limit(),
+                    ),
+                )
+            self.ports["http"] = await _bind(
+                "--http-addr",
+                s.http_addr,
+                self.http_front.start(s.http_addr.bind_host, s.http_addr.port),
+            )
+            undo.push_async_callback(self.http_front.stop)
+            self.listeners.add("http", self.http_front.listener.socknames())
+            self.ports["https"] = await _bind(
+                "--https-addr",
+                s.https_addr,
+                self.https_front.start(s.https_addr.bind_host, s.https_addr.port, front_ctx),
+            )
+            undo.push_async_callback(self.https_front.stop)
+            self.listeners.add("https", self.https_front.listener.socknames())
+            runner, port = await _bind(
+                "--metrics-addr",
+                s.metrics_addr,
+                start_app(
+                    metrics_app(self.metrics.registry), s.metrics_addr.host, s.metrics_addr.port
+                ),
+            )
+            undo.push_async_callback(runner.cleanup)
+            self._runners.append(runner)
+            self.ports["metrics"] = port
+            self.listeners.add("metrics", runner.addresses)
+            health = metrics_app(self.metrics.registry, self._ready)
+            add_agents_route(health, self.registry.sessions)
+            runner, port = await _bind(
+                "--health-addr",
+                s.health_addr,
+                start_app(health, s.health_addr.host, s.health_addr.port),
+            )
+            undo.push_async_callback(runner.cleanup)
+            self._runners.append(runner)
+            self.ports["health"] = port
+            self.listeners.add("health", runner.addresses)
+            if s.agent_leases:
+                liveness = KubeLiveness(self.registry.connected_nodes, s.kubeconfig)
+                await liveness.start()
+                self._liveness = liveness
+            undo.pop_all()  # started: stop() takes everything down from here
         log.info("server listening", extra=kv(**self.ports))
 
     def _tls_refused(self, exc: ssl.SSLError) -> None:
@@ -166,38 +191,6 @@ class ProxyServer:
             "and presented at all?",
             extra=kv(reason=reason, verify=getattr(exc, "verify_message", "") or ""),
         )
-
-    def _build_allowlist(self) -> Allowlist:
-        """The policy of the server's own dials: the agent's, for the server's node."""
-        node = self.settings.node_name
-        if node is None:
-            return Allowlist()  # no node, no gateway of its own: it never dials directly
-        return gateway_allowlist(
-            self.store.model, node, self.settings.metrics_ports, self._extra_allow
-        )
-
-    def _refresh_allowlist(self) -> None:
-        self.allowlist = self._build_allowlist()
-        log.debug("direct-dial allowlist updated", extra=kv(entries=len(self.allowlist)))
-
-    def _kubelet_context(self, *, with_client_cert: bool) -> ssl.SSLContext:
-        """TLS re-originated to kubelets: verified against --kubelet-ca-file (or the system
-        store) unless --kubelet-insecure-skip-verify; ``with_client_cert`` presents
-        --kubelet-cert-file."""
-        s = self.settings
-        ctx = tls.origin_client_context(
-            s.kubelet_ca_file,
-            s.kubelet_cert_file if with_client_cert else None,
-            s.kubelet_key_file if with_client_cert else None,
-            verify=not s.kubelet_insecure_skip_verify,
-        )
-        ctx.set_alpn_protocols(["http/1.1"])
-        if s.kubelet_insecure_skip_verify and with_client_cert:
-            log.warning(
-                "kubelet certificates are NOT verified (--kubelet-insecure-skip-verify): "
-                "re-originated TLS to kubelets can be intercepted"
-            )
-        return ctx
 
     def _ready(self) -> tuple[bool, str]:
         if self._stopping:
@@ -292,131 +285,6 @@ class ProxyServer:
         self.metrics.bytes.labels(direction="up").inc(stream.bytes_out)
         self.metrics.bytes.labels(direction="down").inc(stream.bytes_in)
 
-    # -- limits -----------------------------------------------------------------------------
-    def stream_lease(self, front: str, peer: object) -> StreamLease:
-        """A stream slot of the client at ``peer`` (--max-streams-per-client); refused with
-        :class:`RoutingError` 429 (counted) while that address holds all of its slots."""
-        client = client_key(peer)
-        lease = self.client_streams.acquire(client)
-        if lease is None:
-            self.metrics.client_stream_limit.labels(front=front).inc()
-            raise RoutingError(
-                429,
-                "",
-                f"too many concurrent streams from {client} (limit {self.client_streams.limit})",
-            )
-        return lease
-
-    def relay_done(self, front: str, relay: str, result: RelayResult, **fields: object) -> None:
-        """Account for a finished relay (``relay``: connect, upgrade, passthrough, request):
-        one closed for --idle-timeout is counted and logged."""
-        if result.idle:
-            self.metrics.idle_timeouts.labels(front=front, relay=relay).inc()
-            log.info(
-                f"{front} front: idle connection closed",
-                extra=kv(relay=relay, idle_timeout=f"{self.settings.idle_timeout:g}s", **fields),
-            )
-        else:
-            log.debug(f"{front} front: {relay} done", extra=kv(error=result.error, **fields))
-
-    # -- streams ----------------------------------------------------------------------------
-    async def connect(
-        self, route: Route, *, tls_to: bool = False, authenticated: bool = False
-    ) -> ByteStream:
-        """A byte stream to the route's target: through its agent, or dialled by the server
-        itself for a target in its own gateway; with ``tls_to``, TLS re-originated on top
-        (verified against the kubelet CA). The kubelet client certificate is presented only
-        when the client ``authenticated`` to the front (a certificate from
-        --front-client-ca-file): the server never lends its identity to an anonymous client.
-        Failures become a :class:`RoutingError` with their HTTP status."""
-        upstream: ByteStream
-        if route.session is None:
-            upstream = await self._dial_direct(route)
-        else:
-            upstream = TunnelByteStream(await self.open(route))
-        if not tls_to:
-            return upstream
-        ctx = self.kubelet_tls if authenticated else self.kubelet_tls_anonymous
-        assert ctx is not None
-        self.metrics.kubelet_tls.labels(
-            client_cert="presented"
-            if authenticated and self.settings.kubelet_cert_file
-            else "withheld"
-        ).inc()
-        secured = TlsByteStream(upstream, ctx, route.node.name)
-        try:
-            async with asyncio.timeout(self.settings.dial_timeout + 5):
-                await secured.handshake()
-        except TlsError as exc:
-            upstream.close()
-            raise RoutingError(502, route.node.name, f"TLS to the kubelet failed: {exc}") from None
-        except TimeoutError:
-            upstream.close()
-            raise RoutingError(
-                504, route.node.name, "TLS handshake to the kubelet timed out"
-            ) from None
-        except (ConnectionError, StreamClosedError) as exc:
-            upstream.close()
-            raise RoutingError(502, route.node.name, f"TLS to the kubelet failed: {exc}") from None
-        return secured
-
-    async def _dial_direct(self, route: Route) -> ByteStream:
-        """Dial a target of the server's own gateway under the agent's policy, never one of the
-        server's own listeners (a front → 508: the request would come straight back)."""
-        target = route.target
-        where = f"{target.host}:{target.port}"
-        try:
-            ip = ipaddress.ip_address(target.host)
-        except ValueError:
-            ip = None  # a name: the dialer checks every address it resolves to
-        own = self.listeners.which(ip, target.port) if ip is not None else None
-        if own in FRONTS:
-            self.metrics.direct_dials.labels(result="refused").inc()
-            self.metrics.loops.labels(kind="self_dial").inc()
-            raise RoutingError(
-                508, route.node.name, f"loop: {where} is this server's own {own} front"
-            )
-        if own is not None:
-            self.metrics.direct_dials.labels(result="refused").inc()
-            raise RoutingError(403, route.node.name, f"{where} is not in the server's allowlist")
-        started = time.monotonic()
-        try:
-            dialed = await dial(
-                target.host,
-                target.port,
-                self.allowlist,
-                self.settings.dial_timeout,
-                owner="the server",
-            )
-        except DialError as exc:
-            result = exc.code.name.lower()
-            self.metrics.direct_dials.labels(result=result).inc()
-            status = HTTP_STATUS.get(exc.code, 502)
-            reason = exc.message if status == 403 else f"direct {exc.message}"
-            raise RoutingError(status, route.node.name, reason) from None
-        finally:
-            self.metrics.dial.observe(time.monotonic() - started)
-        self.metrics.direct_dials.labels(result="ok").inc()
-        return SocketByteStream(dialed.reader, dialed.writer)
-
-    async def open(self, route: Route) -> TunnelStream:
-        """Open a stream for a route; failures become a :class:`RoutingError` with its status."""
-        assert route.session is not None, "a direct route has no agent stream"
-        started = time.monotonic()
-        try:
-            stream = await route.session.open_stream(route.target)
-        except OpenError as exc:
-            self.metrics.opens.labels(result=exc.code.name.lower()).inc()
-            status = HTTP_STATUS.get(exc.code, 502)
-            reason = REASONS.get(exc.code, exc.code.name.lower())
-            if exc.message:
-                reason = f"{reason} ({exc.message})"
-            raise RoutingError(status, route.node.name, reason) from None
-        finally:
-            self.metrics.dial.observe(time.monotonic() - started)
-        self.metrics.opens.labels(result="ok").inc()
-        return stream
-
 
 def _fd_limit() -> int | None:
     """The soft descriptor limit (the CLI lifts it to the hard one at start-up)."""
@@ -431,3 +299,18 @@ def _peer(address: Any) -> str:
     if isinstance(address, tuple) and len(address) >= 2:
         return f"{address[0]}:{address[1]}"
     return str(address)
+
+
+async def _bind(flag: str, address: Address, binding: Awaitable[T]) -> T:
+    """Await a listener's bind; a failure (address in use, not ours, ...) becomes a
+    :class:`ConfigError` naming the flag, so the CLI prints one line instead of a traceback."""
+    try:
+        return await binding
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(flag, f"cannot listen on {address}: {why}") from None
+
+
+async def _close_ws(server: WsServer) -> None:
+    server.close()
+    await server.wait_closed()

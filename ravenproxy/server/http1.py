@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+from ravenproxy.errors import RavenProxyError
 
-class BadRequest(Exception):
+
+class BadRequest(RavenProxyError):
+    """A request the fronts refuse before routing it; ``status`` is the 4xx to answer with."""
+
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ravenproxy.log import kv
 from ravenproxy.server.accept import FrontListener, streams
+from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http_proxy import HttpProxy
-
-if TYPE_CHECKING:
-    from ravenproxy.server.app import ProxyServer
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +27,9 @@ READ_BUFFER = 64 * 1024
 class HttpFront:
     name = "http"
 
-    def __init__(self, server: ProxyServer) -> None:
-        self.server = server
-        self.proxy = HttpProxy(server, self.name, over_tls=False)
-        self.listener = FrontListener(
-            self.name, self.handle, server.front_gate, server.metrics, server.track
-        )
+    def __init__(self, ctx: FrontContext) -> None:
+        self.proxy = HttpProxy(ctx, self.name, over_tls=False)
+        self.listener = FrontListener(self.name, self.handle, ctx.gate, ctx.metrics, ctx.track)
 
     async def start(self, host: str | None, port: int) -> int:
         return await self.listener.start(host, port)

@@ -18,20 +18,15 @@ import asyncio
 import logging
 import socket
 import ssl
-from typing import TYPE_CHECKING
 
 from ravenproxy.errors import RoutingError
 from ravenproxy.log import kv
 from ravenproxy.server import sni
 from ravenproxy.server.accept import FrontListener, streams
+from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http_proxy import HttpProxy
-from ravenproxy.server.routing import route
-from ravenproxy.server.upstream import splice
-from ravenproxy.transport import tls
-from ravenproxy.transport.relay import READ_LIMIT
-
-if TYPE_CHECKING:
-    from ravenproxy.server.app import ProxyServer
+from ravenproxy.transport.bytestream import READ_LIMIT
+from ravenproxy.transport.relay import relay
 
 log = logging.getLogger(__name__)
 
@@ -39,19 +34,19 @@ log = logging.getLogger(__name__)
 class HttpsFront:
     name = "https"
 
-    def __init__(self, server: ProxyServer) -> None:
-        self.server = server
-        self.proxy = HttpProxy(server, self.name, over_tls=True)
-        self.listener = FrontListener(
-            self.name, self._handle, server.front_gate, server.metrics, server.track
-        )
+    def __init__(self, ctx: FrontContext) -> None:
+        self.kit = ctx
+        self.metrics = ctx.metrics
+        self.proxy = HttpProxy(ctx, self.name, over_tls=True)
+        self.listener = FrontListener(self.name, self._handle, ctx.gate, ctx.metrics, ctx.track)
         self._ctx: ssl.SSLContext | None = None
         self._handed: set[socket.socket] = set()
         """Accepted sockets a transport has taken over (and will close)."""
 
-    async def start(self, host: str | None, port: int) -> int:
-        s = self.server.settings
-        self._ctx = tls.https_server_context(s.cert_file, s.key_file, s.front_client_ca_file)
+    async def start(self, host: str | None, port: int, ctx: ssl.SSLContext) -> int:
+        """Listen; ``ctx`` terminates TLS (the server certificate, and client certificates
+        from --front-client-ca-file when given)."""
+        self._ctx = ctx
         self._ctx.set_alpn_protocols(["http/1.1"])
         return await self.listener.start(host, port)
 
@@ -61,16 +56,14 @@ class HttpsFront:
     async def _handle(self, conn: socket.socket, peer: object) -> None:
         # Until a transport takes the socket over, closing it is ours to do.
         # --header-timeout bounds the ClientHello and the TLS handshake together.
-        timeout = self.server.settings.header_timeout
+        timeout = self.kit.limits.header_timeout
         deadline = asyncio.get_running_loop().time() + timeout
         try:
             try:
                 hello = await _peek_client_hello(conn, timeout)
             except TimeoutError:
-                self.server.metrics.tls_connections.labels(mode="refused").inc()
-                self.server.metrics.header_timeouts.labels(
-                    front=self.name, stage="client_hello"
-                ).inc()
+                self.metrics.tls_connections.labels(mode="refused").inc()
+                self.metrics.header_timeouts.labels(front=self.name, stage="client_hello").inc()
                 log.info(
                     "https front: no ClientHello in time, closing",
                     extra=kv(peer=peer, header_timeout=f"{timeout:g}s"),
@@ -78,12 +71,11 @@ class HttpsFront:
                 conn.close()
                 return
             except (sni.NotClientHello, ConnectionError, OSError) as exc:
-                self.server.metrics.tls_connections.labels(mode="refused").inc()
+                self.metrics.tls_connections.labels(mode="refused").inc()
                 log.info("https front: not a TLS client", extra=kv(peer=peer, reason=exc))
                 conn.close()
                 return
-            model = self.server.store.model
-            node = model.node(hello.server_name) if hello.server_name else None
+            node = self.kit.router.node_named(hello.server_name) if hello.server_name else None
             if node is not None:
                 await self._passthrough(conn, peer, node.name)
             else:
@@ -98,11 +90,11 @@ class HttpsFront:
 
     async def _passthrough(self, conn: socket.socket, peer: object, node: str) -> None:
         try:
-            lease = self.server.stream_lease(self.name, peer)
+            lease = self.kit.stream_lease(self.name, peer)
         except RoutingError as exc:
             # No HTTP to answer in (the TLS is the client's with the kubelet): close.
-            self.server.metrics.tls_connections.labels(mode="refused").inc()
-            self.server.metrics.requests.labels(front=self.name, status=str(exc.status)).inc()
+            self.metrics.tls_connections.labels(mode="refused").inc()
+            self.metrics.requests.labels(front=self.name, status=str(exc.status)).inc()
             log.info(
                 "https front: refused",
                 extra=kv(peer=peer, node=node, status=exc.status, reason=exc.reason, sni=node),
@@ -115,24 +107,18 @@ class HttpsFront:
 
     async def _passthrough_leased(self, conn: socket.socket, peer: object, node: str) -> None:
         try:
-            r = route(
-                self.server.store.model,
-                self.server.registry,
-                node,
-                None,
-                local_node=self.server.settings.node_name,
-            )
-            upstream = await self.server.connect(r)
+            r = self.kit.router.route(node)
+            upstream = await self.kit.connector.connect(r)
         except RoutingError as exc:
             # Inside TLS we cannot answer in HTTP without a certificate for the node: close.
-            self.server.metrics.tls_connections.labels(mode="refused").inc()
-            self.server.metrics.requests.labels(front=self.name, status=str(exc.status)).inc()
+            self.metrics.tls_connections.labels(mode="refused").inc()
+            self.metrics.requests.labels(front=self.name, status=str(exc.status)).inc()
             log.info(
                 "https front: refused",
                 extra=kv(peer=peer, node=exc.node, status=exc.status, reason=exc.reason, sni=node),
             )
             return
-        self.server.metrics.tls_connections.labels(mode="passthrough").inc()
+        self.metrics.tls_connections.labels(mode="passthrough").inc()
         log.debug(
             "https front: SNI passthrough",
             extra=kv(peer=peer, node=node, target=f"{r.target.host}:{r.target.port}"),
@@ -143,10 +129,8 @@ class HttpsFront:
             upstream.close()
             raise
         self._handed.add(conn)
-        result = await splice(
-            upstream, reader, writer, idle_timeout=self.server.settings.idle_timeout
-        )
-        self.server.relay_done(self.name, "passthrough", result, peer=peer, node=node)
+        result = await relay(upstream, reader, writer, idle_timeout=self.kit.limits.idle_timeout)
+        self.kit.relay_done(self.name, "passthrough", result, peer=peer, node=node)
 
     async def _terminate(
         self, conn: socket.socket, peer: object, server_name: str | None, deadline: float
@@ -162,21 +146,21 @@ class HttpsFront:
             self._handed.add(conn)
         except TimeoutError as exc:
             if not budget.expired():  # ETIMEDOUT from the socket: a failed handshake
-                self.server.metrics.tls_connections.labels(mode="refused").inc()
+                self.metrics.tls_connections.labels(mode="refused").inc()
                 log.info("https front: TLS handshake failed", extra=kv(peer=peer, error=exc))
                 return
-            self.server.metrics.tls_connections.labels(mode="refused").inc()
-            self.server.metrics.header_timeouts.labels(front=self.name, stage="tls_handshake").inc()
+            self.metrics.tls_connections.labels(mode="refused").inc()
+            self.metrics.header_timeouts.labels(front=self.name, stage="tls_handshake").inc()
             log.info(
                 "https front: TLS handshake timed out, closing",
-                extra=kv(peer=peer, header_timeout=f"{self.server.settings.header_timeout:g}s"),
+                extra=kv(peer=peer, header_timeout=f"{self.kit.limits.header_timeout:g}s"),
             )
             return
         except (ssl.SSLError, ConnectionError, OSError) as exc:
-            self.server.metrics.tls_connections.labels(mode="refused").inc()
+            self.metrics.tls_connections.labels(mode="refused").inc()
             log.info("https front: TLS handshake failed", extra=kv(peer=peer, error=exc))
             return
-        self.server.metrics.tls_connections.labels(mode="terminate").inc()
+        self.metrics.tls_connections.labels(mode="terminate").inc()
         log.debug("https front: terminating TLS", extra=kv(peer=peer, sni=server_name or "-"))
         await self.proxy.serve(reader, writer)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ravenproxy.errors import RavenProxyError
+
 RECORD_HANDSHAKE = 0x16
 HANDSHAKE_CLIENT_HELLO = 0x01
 EXT_SERVER_NAME = 0x0000
@@ -21,7 +23,7 @@ MAX_HELLO = 64 * 1024
 """Largest ClientHello we wait for; real ones are 200 bytes to a few KiB."""
 
 
-class NotClientHello(ValueError):
+class NotClientHello(RavenProxyError, ValueError):
     """The bytes are not the start of a TLS connection (or a malformed ClientHello)."""
 
 
@@ -31,11 +33,6 @@ class ClientHello:
     """The SNI host name, lower-cased, without a trailing dot; None when absent."""
     length: int
     """Bytes (records included) the ClientHello occupies at the start of the stream."""
-
-
-def looks_like_tls(data: bytes) -> bool:
-    """True when the first bytes could start a TLS handshake record (needs 3 bytes)."""
-    return len(data) >= 3 and data[0] == RECORD_HANDSHAKE and data[1] == 0x03
 
 
 def parse_client_hello(data: bytes) -> ClientHello | None:

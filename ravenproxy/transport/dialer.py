@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass
 
 from ravenproxy.model.allowlist import Allowlist, IPAddress, denied_always
-from ravenproxy.transport.relay import READ_LIMIT
+from ravenproxy.transport.bytestream import READ_LIMIT
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.errors import WireError
 

@@ -1,8 +1,12 @@
-"""Socket ⇄ tunnel stream relay with backpressure both ways and half-close carried through.
+"""The one relay: socket ⇄ any :class:`~ravenproxy.transport.bytestream.ByteStream` (a tunnel
+stream, a dialled socket, TLS on either), with backpressure both ways and half-close carried
+through. The agent relays its dialled target to the tunnel with it; the server's fronts relay
+their clients (CONNECT, upgrades, SNI passthrough) to the route's target.
 
-Socket → stream: read only as much as the stream's credit allows, so a slow tunnel stops reading
-the socket (TCP pushes back on the sender) instead of queueing. Stream → socket: the next chunk
-is taken (and its credit returned) only after the socket accepted the previous one.
+Socket → stream: read only as much as the stream accepts now (:meth:`ByteStream.writable`, a
+tunnel stream's credit), so a slow tunnel stops reading the socket (TCP pushes back on the
+sender) instead of queueing. Stream → socket: the next chunk is taken (and its credit returned)
+only after the socket accepted the previous one.
 
 Idleness (no byte either way for a while) is tracked once, by :class:`IdleWatch`, for this relay
 and for every other copy loop of a relayed connection: the loops only stamp the time.
@@ -17,13 +21,12 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from ravenproxy.errors import RavenProxyError
-from ravenproxy.transport.session import StreamClosedError, TunnelStream
-from ravenproxy.wire.codes import ErrorCode
+from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
+from ravenproxy.transport.tunnel_stream import StreamClosedError
 
 log = logging.getLogger(__name__)
 
-READ_LIMIT = 1024 * 1024
-"""Largest single read from a socket; also the StreamReader buffer limit we open sockets with."""
+__all__ = ["IDLE_ERROR", "READ_LIMIT", "IdleTimeout", "IdleWatch", "RelayResult", "relay"]
 
 
 class IdleTimeout(RavenProxyError):
@@ -97,9 +100,9 @@ class IdleWatch:
 @dataclass
 class RelayResult:
     bytes_up: int = 0
-    """Socket → tunnel."""
+    """Socket → upstream."""
     bytes_down: int = 0
-    """Tunnel → socket."""
+    """Upstream → socket."""
     error: str = ""
     idle: bool = False
     """Closed because no byte moved either way for the idle timeout."""
@@ -110,37 +113,49 @@ IDLE_ERROR = "idle timeout"
 
 
 async def relay(
-    stream: TunnelStream,
+    upstream: ByteStream,
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     *,
-    initial: bytes = b"",
+    initial_up: bytes = b"",
+    initial_down: bytes = b"",
     idle_timeout: float | None = None,
+    label: str = "",
 ) -> RelayResult:
-    """Copy both ways until both sides finished or either failed, or no byte moved either way
-    for ``idle_timeout`` seconds. Always closes the socket and the stream. ``initial`` is data
-    already read from the socket that belongs to the stream."""
+    """Copy socket ⇄ ``upstream`` until both sides finished (half-close carried) or either
+    failed, or no byte moved either way for ``idle_timeout`` seconds (``idle`` set in the
+    result). Always closes the socket and the upstream. ``initial_up`` was already read from the
+    socket and belongs upstream; ``initial_down`` was already read from upstream.
+
+    A socket that cannot half-close (TLS) ends the relay once upstream is done: there is no
+    other way to tell its peer."""
     result = RelayResult()
     _tune(writer)
     watch = IdleWatch(idle_timeout)
 
     async def up() -> None:
-        if initial:
-            await stream.write(initial)
-            result.bytes_up += len(initial)
+        if initial_up:
+            await upstream.write(initial_up)
+            result.bytes_up += len(initial_up)
         while True:
-            room = await stream.writable()
+            # Read only as much as upstream takes now (a tunnel stream's credit): a slow
+            # tunnel stops reading the socket, and TCP pushes back on the sender.
+            room = await upstream.writable()
             data = await reader.read(min(room, READ_LIMIT))
             if not data:
-                stream.write_eof()
+                await upstream.write_eof()
                 return
-            await stream.write(data)
+            await upstream.write(data)
             result.bytes_up += len(data)
             watch.touch()
 
     async def down() -> None:
+        if initial_down:
+            writer.write(initial_down)
+            result.bytes_down += len(initial_down)
+            await writer.drain()
         while True:
-            chunk = await stream.read()
+            chunk = await upstream.read()
             if not chunk:
                 if writer.can_write_eof() and not writer.is_closing():
                     writer.write_eof()
@@ -150,35 +165,38 @@ async def relay(
             watch.touch()
             await writer.drain()
 
-    up_task = asyncio.create_task(up(), name=f"relay-up:{stream.id}")
-    down_task = asyncio.create_task(down(), name=f"relay-down:{stream.id}")
+    half_close = writer.can_write_eof()
+    suffix = f":{label}" if label else ""
+    up_task = asyncio.create_task(up(), name=f"relay-up{suffix}")
+    down_task = asyncio.create_task(down(), name=f"relay-down{suffix}")
     try:
         pending: set[asyncio.Task[None]] = {up_task, down_task}
         async with watch:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 failures = [exc for task in done if (exc := task.exception()) is not None]
-                if not failures:
+                if failures:
+                    # One direction failed: the other has nothing sensible left to do.
+                    exc = failures[0]
+                    if isinstance(exc, StreamClosedError):
+                        result.error = str(exc)
+                    else:
+                        result.error = f"socket: {exc!r}"
+                        upstream.abort("socket error")
+                elif down_task not in done or half_close:
                     continue
-                # One direction failed: the other has nothing sensible left to do.
-                exc = failures[0]
-                if isinstance(exc, StreamClosedError):
-                    result.error = str(exc)
-                else:
-                    result.error = f"socket: {exc!r}"
-                    stream.reset(ErrorCode.CANCEL, "socket error")
                 for other in pending:
                     other.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
                 pending = set()
     except IdleTimeout:
         result.error, result.idle = IDLE_ERROR, True
-        stream.reset(ErrorCode.CANCEL, IDLE_ERROR)
+        upstream.abort(IDLE_ERROR)
         up_task.cancel()
         down_task.cancel()
         await asyncio.gather(up_task, down_task, return_exceptions=True)
     except asyncio.CancelledError:
-        stream.reset(ErrorCode.CANCEL, "relay cancelled")
+        upstream.abort("relay cancelled")
         up_task.cancel()
         down_task.cancel()
         await asyncio.gather(up_task, down_task, return_exceptions=True)
@@ -188,7 +206,7 @@ async def relay(
             writer.transport.abort()
         else:
             writer.close()
-        stream.close()
+        upstream.close()
     return result
 
 

@@ -1,4 +1,5 @@
-"""One tunnel: a WebSocket carrying a :class:`ravenproxy.wire.Connection`, and its streams.
+"""One tunnel: a WebSocket carrying a :class:`ravenproxy.wire.Connection`, and its streams
+(:class:`~ravenproxy.transport.tunnel_stream.TunnelStream`, driven from here).
 
 This is the only place that turns the sans-I/O protocol into asyncio calls. A session owns three
 tasks (reader, writer, keepalive) plus one task per stream the peer opens; :meth:`run` returns
@@ -8,7 +9,6 @@ when the WebSocket is gone, after every stream has been failed and every task co
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import struct
 import time
@@ -20,8 +20,8 @@ from websockets.asyncio.connection import Connection as WebSocket
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
 
-from ravenproxy.errors import RavenProxyError
 from ravenproxy.log import kv
+from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
 from ravenproxy.wire import events as ev
 from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode
 from ravenproxy.wire.config import WireConfig
@@ -30,6 +30,16 @@ from ravenproxy.wire.errors import ControlFloodError, ProtocolError, WireError
 from ravenproxy.wire.frames import Target
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "OpenError",
+    "Session",
+    "SessionConfig",
+    "StreamClosedError",
+    "StreamHandler",
+    "TunnelStream",
+    "websocket_options",
+]
 
 YIELD_EVERY = 0.002
 """Seconds of reading a tunnel without a break, at most, before other tasks get a turn."""
@@ -83,147 +93,6 @@ def websocket_options(wire: WireConfig) -> dict[str, Any]:
         # The tunnel protocol has its own keepalive (PING frames, SessionConfig).
         "ping_interval": None,
     }
-
-
-class StreamClosedError(RavenProxyError):
-    """The stream was reset (by either side) or its tunnel went away."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(f"{code.name}: {message}" if message else code.name)
-        self.code = code
-        self.message = message
-
-    def fresh(self) -> StreamClosedError:
-        """A new instance to raise: re-raising one shared instance from many tasks would chain
-        every raise into its traceback (and make logging it very slow)."""
-        return type(self)(self.code, self.message)
-
-
-class OpenError(StreamClosedError):
-    """The peer refused to open the stream, or did not answer in time."""
-
-
-class TunnelStream:
-    """A bidirectional byte stream inside the tunnel, with backpressure both ways."""
-
-    def __init__(self, session: Session, stream_id: int, target: Target) -> None:
-        self.session = session
-        self.id = stream_id
-        self.target = target
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._readable = asyncio.Event()
-        self._writable = asyncio.Event()
-        self._eof = False
-        self._error: StreamClosedError | None = None
-        self._opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.bytes_in = 0
-        self.bytes_out = 0
-
-    # -- called by the session ------------------------------------------------------------
-    def _feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._readable.set()
-
-    def _feed_eof(self) -> None:
-        self._eof = True
-        self._readable.set()
-
-    def _fail(self, error: StreamClosedError) -> None:
-        if self._error is None:
-            self._error = error
-        # Buffered bytes will never be read: hand their credit back now.
-        dropped = sum(len(c) for c in self._chunks)
-        self._chunks.clear()
-        if dropped:
-            self.session._consumed(self.id, dropped)
-        self._readable.set()
-        self._writable.set()
-        if not self._opened.done():
-            self._opened.set_exception(error)
-            self._opened.exception()  # mark retrieved: nobody may be waiting any more
-
-    def _wake_writer(self) -> None:
-        self._writable.set()
-
-    # -- public ----------------------------------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return self._error is not None
-
-    @property
-    def buffered(self) -> int:
-        return sum(len(c) for c in self._chunks)
-
-    async def read(self) -> bytes:
-        """The next chunk, or ``b""`` once the peer half-closed. Reading returns credit."""
-        while not self._chunks:
-            if self._error is not None:
-                raise self._error.fresh()
-            if self._eof:
-                return b""
-            self._readable.clear()
-            await self._readable.wait()
-        chunk = self._chunks.popleft()
-        self.bytes_in += len(chunk)
-        self.session._consumed(self.id, len(chunk))
-        return chunk
-
-    async def write(self, data: bytes | memoryview) -> None:
-        """Send all of ``data``, waiting for credit as needed."""
-        view = memoryview(data)
-        while view:
-            room = await self.writable()
-            chunk = view[:room]
-            self.session.conn.send_data(self.id, chunk)
-            self.bytes_out += len(chunk)
-            view = view[room:]
-            self.session._flush()
-        if self.session.conn.pending_bytes > self.session.config.wire.max_message_size:
-            await self.session._drained()
-
-    async def writable(self) -> int:
-        """Wait until some credit is available; return how much."""
-        while True:
-            if self._error is not None:
-                raise self._error.fresh()
-            room = self.session.conn.send_window(self.id)
-            if room > 0:
-                return room
-            self._writable.clear()
-            self.session._wait_window(self)
-            await self._writable.wait()
-
-    def write_eof(self) -> None:
-        """Half-close: no more data from this side."""
-        if self._error is None and self.id in self.session.conn.streams:
-            stream = self.session.conn.streams[self.id]
-            if stream.can_send:
-                self.session.conn.end_stream(self.id)
-                self.session._flush()
-
-    def reset(self, code: ErrorCode = ErrorCode.CANCEL, message: str = "") -> None:
-        if self._error is None:
-            self.session.conn.reset_stream(self.id, code, message)
-            self.session._flush()
-            self._fail(StreamClosedError(code, message or "reset locally"))
-        self.session._forget(self.id)
-
-    def accept(self) -> None:
-        self.session.conn.accept_stream(self.id)
-        self.session._flush()
-
-    def reject(self, code: ErrorCode, message: str) -> None:
-        self.session.conn.reject_stream(self.id, code, message)
-        self.session._flush()
-        self._fail(StreamClosedError(code, message))
-        self.session._forget(self.id)
-
-    def close(self) -> None:
-        """The application is done with this stream: reset it unless both sides already
-        finished cleanly, and forget it. Idempotent."""
-        if self.id in self.session.conn.streams and self._error is None:
-            self.reset(ErrorCode.CANCEL, "closed by the application")
-        self.session._forget(self.id)
 
 
 StreamHandler = Callable[[TunnelStream], Awaitable[None]]

@@ -132,7 +132,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> HttpProxy:
         }
     )
     server = ProxyServer(s, ModelStore(parse_inventory(INVENTORY)))
-    return HttpProxy(server, "http", over_tls=False)
+    return server.http_front.proxy
 
 
 class _Errors(logging.Handler):

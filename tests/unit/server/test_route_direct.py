@@ -8,7 +8,7 @@ import pytest
 from ravenproxy.errors import RoutingError
 from ravenproxy.model import GATEWAY_LABEL, Model, Node, NodeAddress
 from ravenproxy.server.registry import AgentRegistry
-from ravenproxy.server.routing import route
+from ravenproxy.server.router import route
 
 
 def node(name: str, ip: str, gateway: str | None, kubelet_port: int = 10250) -> Node:

@@ -11,7 +11,7 @@ import pytest
 from ravenproxy.errors import RoutingError
 from ravenproxy.model import GATEWAY_LABEL, Endpoint, Gateway, Model, Node, NodeAddress
 from ravenproxy.server.registry import AgentRegistry
-from ravenproxy.server.routing import HTTP_STATUS, REASONS, find_node, route
+from ravenproxy.server.router import HTTP_STATUS, REASONS, find_node, route
 from ravenproxy.transport.session import Session
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.frames import Target

@@ -17,7 +17,7 @@ def test_defaults_verify_kubelets(base: dict[str, str]) -> None:
     s = ServerSettings.from_mapping(base)
     assert s.kubelet_insecure_skip_verify is False
     assert s.max_header_size == DEFAULT_MAX_HEADER_SIZE
-    ctx = ProxyServer(s, ModelStore())._kubelet_context(with_client_cert=True)
+    ctx = ProxyServer(s, ModelStore()).connector._kubelet_context(with_client_cert=True)
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
 
 
@@ -43,7 +43,7 @@ def test_kubelet_client_certificate_needs_both_files(base: dict[str, str]) -> No
 def test_insecure_mode_says_so(base: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
     s = ServerSettings.from_mapping({**base, "kubelet_insecure_skip_verify": True})
     with caplog.at_level(logging.WARNING):
-        ctx = ProxyServer(s, ModelStore())._kubelet_context(with_client_cert=True)
+        ctx = ProxyServer(s, ModelStore()).connector._kubelet_context(with_client_cert=True)
     assert ctx.verify_mode == ssl.CERT_NONE
     assert "NOT verified" in caplog.text
 

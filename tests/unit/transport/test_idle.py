@@ -1,4 +1,4 @@
-"""IdleWatch: the one idleness mechanism of relayed connections, and splice closing an idle
+"""IdleWatch: the one idleness mechanism of relayed connections, and the relay closing an idle
 connection while a busy one lives on (real sockets on loopback)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from ravenproxy.server.upstream import SocketByteStream, splice
-from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch
+from ravenproxy.transport.bytestream import SocketByteStream
+from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, relay
 
 
 async def test_an_untouched_block_is_cancelled_after_the_timeout() -> None:
@@ -62,7 +62,7 @@ async def test_cancelling_from_outside_stays_a_cancellation() -> None:
         await task
 
 
-async def test_splice_closes_an_idle_connection_not_a_busy_one() -> None:
+async def test_relay_closes_an_idle_connection_not_a_busy_one() -> None:
     results: list[object] = []
 
     async def target(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -77,7 +77,7 @@ async def test_splice_closes_an_idle_connection_not_a_busy_one() -> None:
     async def front(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target_port)
         upstream = SocketByteStream(up_reader, up_writer)
-        results.append(await splice(upstream, reader, writer, idle_timeout=0.3))
+        results.append(await relay(upstream, reader, writer, idle_timeout=0.3))
 
     front_server = await asyncio.start_server(front, "127.0.0.1", 0)
     port = front_server.sockets[0].getsockname()[1]

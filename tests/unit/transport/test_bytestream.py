@@ -1,5 +1,5 @@
-"""Re-originated TLS over a byte stream (memory BIOs), and splice with half-close, against a
-real asyncio TLS server on loopback."""
+"""Re-originated TLS over a byte stream (memory BIOs), and the relay to it with half-close,
+against a real asyncio TLS server on loopback."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from ravenproxy.pki.authority import generate_ca, issue_server_cert, write_pem_cert, write_pem_key
-from ravenproxy.server.upstream import SocketByteStream, TlsByteStream, TlsError, splice
+from ravenproxy.transport.bytestream import SocketByteStream, TlsByteStream, TlsError
+from ravenproxy.transport.relay import relay
 
 
 @pytest.fixture
@@ -159,15 +160,13 @@ async def test_handshake_with_a_closing_peer(pki: dict[str, Path]) -> None:
         await server.wait_closed()
 
 
-async def test_splice_over_tls_with_half_close(
-    half_close_server: int, pki: dict[str, Path]
-) -> None:
-    """A client socket spliced to a TLS upstream: initial bytes, half-close, the answer."""
+async def test_relay_over_tls_with_half_close(half_close_server: int, pki: dict[str, Path]) -> None:
+    """A client socket relayed to a TLS upstream: initial bytes, half-close, the answer."""
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def front(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream = await tls_to(half_close_server, client_ctx(pki["ca"]))
-        done.set_result((await splice(upstream, reader, writer, initial_up=b"abc")).error)
+        done.set_result((await relay(upstream, reader, writer, initial_up=b"abc")).error)
 
     server = await asyncio.start_server(front, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]

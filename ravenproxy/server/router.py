@@ -1,18 +1,28 @@
-"""From what a client asked for (``nodename:port``, an IP) to a node, a target and an agent."""
+"""The router: from what a client asked for to a :class:`Route` — the node, the target the
+agent (or the server itself) dials, the agent that carries it, and whether TLS is re-originated.
+
+Everything routing decides is here: the node a name, an IP or a pod names (the destination
+itself is parsed from the request by :mod:`ravenproxy.server.podroutes`, below this), the agent
+that may serve it (:class:`~ravenproxy.server.registry.AgentRegistry`), the server's own gateway
+(dialled directly), TLS to the kubelet, and the one mapping of wire codes to HTTP statuses.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ravenproxy.errors import RoutingError
 from ravenproxy.model.objects import Node
 from ravenproxy.model.snapshot import Model
+from ravenproxy.model.store import ModelStore
+from ravenproxy.server.podroutes import Destination
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.transport.session import Session
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.frames import Target
 
-# OPEN_RESULT / RESET codes → the HTTP status a front answers with.
+# OPEN_RESULT / RESET codes (and a direct dial's refusals) → the HTTP status a front answers with.
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.REFUSED: 403,
     ErrorCode.UNKNOWN_NODE: 404,
@@ -36,12 +46,24 @@ REASONS: dict[ErrorCode, str] = {
 }
 
 
+def http_status(code: ErrorCode) -> int:
+    """The HTTP status for a wire code (502 for any code without one of its own)."""
+    return HTTP_STATUS.get(code, 502)
+
+
+def reason(code: ErrorCode) -> str:
+    """Why, in words, for a wire code."""
+    return REASONS.get(code, code.name.lower())
+
+
 @dataclass(frozen=True)
 class Route:
     node: Node
     target: Target
     session: Session | None
     """The agent that carries it; None: the server dials the target itself (its own gateway)."""
+    tls: bool = False
+    """Re-originate TLS to the target (a kubelet) on top of the stream."""
 
     @property
     def direct(self) -> bool:
@@ -82,3 +104,36 @@ def route(
     if session is None:
         raise RoutingError(503, node.name, "no agent connected for this node")
     return Route(node, Target(node.name, address, port), session)
+
+
+class Router:
+    """Routes on the current model, the connected agents and the server's own node."""
+
+    def __init__(self, store: ModelStore, registry: AgentRegistry, own_node: str | None) -> None:
+        self.store = store
+        self.registry = registry
+        self.own_node = own_node
+
+    def node_named(self, name: str) -> Node | None:
+        """The node a TLS server name (SNI) names exactly, if any."""
+        return self.store.model.node(name)
+
+    def route(self, host: str, port: int | None = None) -> Route:
+        """A raw byte stream to ``host:port`` (CONNECT, SNI passthrough): no TLS of ours."""
+        return route(self.store.model, self.registry, host, port, local_node=self.own_node)
+
+    def route_request(self, dest: Destination, *, over_tls: bool) -> Route:
+        """An HTTP request's route: a pod path goes to the pod's node. TLS is re-originated
+        when the client came over TLS, asked for ``https://``, or the port is the node's
+        kubelet port (kubelets speak only TLS)."""
+        model = self.store.model
+        host = dest.host
+        if dest.pod is not None:
+            namespace, name = dest.pod
+            pod = model.pod(namespace, name)
+            if pod is None or not pod.node_name:
+                raise RoutingError(404, f"pod {namespace}/{name}", "pod not found on any node")
+            host = pod.node_name
+        r = route(model, self.registry, host, dest.port, local_node=self.own_node)
+        tls = over_tls or dest.scheme == "https" or r.target.port == r.node.kubelet_port
+        return dataclasses.replace(r, tls=tls) if tls else r

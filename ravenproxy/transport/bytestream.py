@@ -1,9 +1,10 @@
-"""What a front talks to after routing: a byte stream to the target, however it is carried.
+"""One byte-stream interface over the carriers a relayed connection can have.
 
-Three carriers share one small interface (:class:`ByteStream`): a tunnel stream through an agent,
-a TCP connection the server dialled itself (a target in its own gateway), and TLS re-originated
-to a kubelet on top of either (an :class:`ssl.SSLObject` over memory BIOs, because a tunnel
-stream is not a socket). :func:`splice` copies both ways between a client socket and one.
+Three carriers share :class:`ByteStream`: a tunnel stream (:class:`TunnelByteStream`), a TCP
+connection (:class:`SocketByteStream`), and client-side TLS on top of either
+(:class:`TlsByteStream`: an :class:`ssl.SSLObject` over memory BIOs, because a tunnel stream is
+not a socket). :func:`ravenproxy.transport.relay.relay` copies between a socket and any of them;
+:meth:`ByteStream.writable` is what makes that copy credit-driven for tunnel streams.
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ import contextlib
 import ssl
 from typing import Protocol
 
-from ravenproxy.transport.relay import (
-    IDLE_ERROR,
-    READ_LIMIT,
-    IdleTimeout,
-    IdleWatch,
-    RelayResult,
-    relay,
-)
-from ravenproxy.transport.session import StreamClosedError, TunnelStream
+from ravenproxy.errors import RavenProxyError
+from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
+from ravenproxy.wire.codes import ErrorCode
+
+READ_LIMIT = 1024 * 1024
+"""Largest single read from a socket; also the StreamReader buffer limit we open sockets with."""
 
 
 class ByteStream(Protocol):
@@ -31,7 +29,16 @@ class ByteStream(Protocol):
 
     async def write(self, data: bytes) -> None: ...
 
+    async def writable(self) -> int:
+        """Wait until bytes may be written without queueing; how many (a tunnel stream's
+        credit, otherwise :data:`READ_LIMIT`)."""
+        ...
+
     async def write_eof(self) -> None: ...
+
+    def abort(self, reason: str) -> None:
+        """Give up on the stream (a tunnel stream is reset with ``reason``)."""
+        ...
 
     def close(self) -> None:
         """Done: release everything. Idempotent."""
@@ -39,7 +46,7 @@ class ByteStream(Protocol):
 
 
 class TunnelByteStream:
-    """A :class:`TunnelStream` through an agent."""
+    """A :class:`TunnelStream` through an agent (or, on the agent, from the server)."""
 
     def __init__(self, stream: TunnelStream) -> None:
         self.stream = stream
@@ -50,15 +57,21 @@ class TunnelByteStream:
     async def write(self, data: bytes) -> None:
         await self.stream.write(data)
 
+    async def writable(self) -> int:
+        return await self.stream.writable()
+
     async def write_eof(self) -> None:
         self.stream.write_eof()
+
+    def abort(self, reason: str) -> None:
+        self.stream.reset(ErrorCode.CANCEL, reason)
 
     def close(self) -> None:
         self.stream.close()
 
 
 class SocketByteStream:
-    """A TCP connection the server opened itself."""
+    """A TCP connection (one the server or the agent dialled)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
@@ -71,16 +84,22 @@ class SocketByteStream:
         self.writer.write(data)
         await self.writer.drain()
 
+    async def writable(self) -> int:
+        return READ_LIMIT  # drain() after each write is the backpressure
+
     async def write_eof(self) -> None:
         if self.writer.can_write_eof() and not self.writer.is_closing():
             self.writer.write_eof()
+
+    def abort(self, reason: str) -> None:
+        self.close()
 
     def close(self) -> None:
         if not self.writer.is_closing():
             self.writer.transport.abort()
 
 
-class TlsError(ConnectionError):
+class TlsError(RavenProxyError, ConnectionError):
     """The TLS handshake with the target failed; the message says why."""
 
 
@@ -156,6 +175,10 @@ class TlsByteStream:
             view = view[n:]
         await self._flush()
 
+    async def writable(self) -> int:
+        # The records carry a little more than the plaintext: the inner write waits for that.
+        return await self.inner.writable()
+
     async def write_eof(self) -> None:
         # close_notify is TLS's half-close; the TCP side stays open for the peer's answer.
         with contextlib.suppress(ssl.SSLError):
@@ -163,76 +186,8 @@ class TlsByteStream:
         with contextlib.suppress(ConnectionError, StreamClosedError):
             await self._flush()
 
+    def abort(self, reason: str) -> None:
+        self.inner.abort(reason)
+
     def close(self) -> None:
         self.inner.close()
-
-
-async def splice(
-    upstream: ByteStream,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    *,
-    initial_up: bytes = b"",
-    initial_down: bytes = b"",
-    idle_timeout: float | None = None,
-) -> RelayResult:
-    """Copy client ⇄ upstream until both sides finished (half-close carried) or either failed,
-    or no byte moved either way for ``idle_timeout`` seconds (``idle`` set in the result).
-    Closes both. The result's ``error`` is "" or what failed."""
-    if isinstance(upstream, TunnelByteStream) and not initial_down:
-        return await relay(
-            upstream.stream, reader, writer, initial=initial_up, idle_timeout=idle_timeout
-        )
-    result = RelayResult()
-    watch = IdleWatch(idle_timeout)
-
-    async def up() -> None:
-        if initial_up:
-            await upstream.write(initial_up)
-        while data := await reader.read(READ_LIMIT):
-            watch.touch()
-            await upstream.write(data)
-            result.bytes_up += len(data)
-        await upstream.write_eof()
-
-    async def down() -> None:
-        if initial_down:
-            writer.write(initial_down)
-            await writer.drain()
-        while data := await upstream.read():
-            watch.touch()
-            writer.write(data)
-            result.bytes_down += len(data)
-            await writer.drain()
-        if writer.can_write_eof() and not writer.is_closing():
-            writer.write_eof()
-
-    # A TLS client connection has no half-close: once the target is done, the relay is.
-    half_close = writer.can_write_eof()
-    down_task = asyncio.create_task(down(), name="splice-down")
-    tasks = {asyncio.create_task(up(), name="splice-up"), down_task}
-    try:
-        pending = tasks
-        async with watch:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                failed = [exc for t in done if (exc := t.exception()) is not None]
-                if failed:
-                    result.error = repr(failed[0])
-                if failed or (down_task in done and not half_close):
-                    for t in pending:
-                        t.cancel()
-                    await asyncio.gather(*pending, return_exceptions=True)
-                    break
-    except IdleTimeout:
-        result.error, result.idle = IDLE_ERROR, True
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        upstream.close()
-        if result.error:
-            writer.transport.abort()
-        else:
-            writer.close()
-    return result

@@ -1,0 +1,104 @@
+"""What :class:`~ravenproxy.server.exchange.Exchange` asks its driver to do: the commands of the
+sans-I/O HTTP exchange, as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ravenproxy.server.podroutes import Destination
+from ravenproxy.server.router import Route
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """Route the request to ``dest``; answer with :meth:`Exchange.routed` or
+    :meth:`Exchange.refused`."""
+
+    dest: Destination
+
+
+@dataclass(frozen=True)
+class Tunnel:
+    """CONNECT: route ``dest`` (no TLS of ours), answer 200, relay raw bytes; ``rest`` was read
+    from the client past the head."""
+
+    dest: Destination
+    rest: bytes
+
+
+@dataclass(frozen=True)
+class OpenUpstream:
+    """Open a target connection for ``route``; then :meth:`Exchange.upstream_opened`."""
+
+    route: Route
+
+
+@dataclass(frozen=True)
+class CloseUpstream:
+    """Close the target connection (it cannot carry anything more)."""
+
+
+@dataclass(frozen=True)
+class WriteUpstream:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class WriteClient:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Count:
+    """A response with this status went (or goes) to the client."""
+
+    status: int
+
+
+@dataclass(frozen=True)
+class Looped:
+    """The request already passed through this server (its Via): counted as a loop."""
+
+
+@dataclass(frozen=True)
+class ReadBody:
+    """The rest of the request body is to be read from the client (into
+    :meth:`Exchange.receive_client`) while the response is read."""
+
+
+@dataclass(frozen=True)
+class SwitchProtocols:
+    """The target answered 101: once the request body is through, take
+    :meth:`Exchange.switch` and relay raw bytes both ways."""
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Answer ``status`` with a one-line body naming the node and the reason, then close."""
+
+    status: int
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Close:
+    """End the client connection (mid-response: no status can be given any more)."""
+
+    reason: str
+
+
+Action = (
+    RouteRequest
+    | Tunnel
+    | OpenUpstream
+    | CloseUpstream
+    | WriteUpstream
+    | WriteClient
+    | Count
+    | Looped
+    | ReadBody
+    | SwitchProtocols
+    | Refuse
+    | Close
+)

@@ -1,0 +1,73 @@
+"""What a front is given: the router, the connector, its limits, its metrics and a task owner —
+never the server itself, so the request path runs one way (front → router → connector →
+session) and :class:`~ravenproxy.server.app.ProxyServer` stays lifecycle only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ravenproxy.errors import RoutingError
+from ravenproxy.log import kv
+from ravenproxy.metrics import ServerMetrics
+from ravenproxy.server.connector import Connector
+from ravenproxy.server.limits import ClientStreams, ConnectionGate, StreamLease, client_key
+from ravenproxy.server.router import Router
+from ravenproxy.transport.relay import RelayResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FrontLimits:
+    """The settings values the fronts read (see ServerSettings for each)."""
+
+    max_header_size: int
+    header_timeout: float
+    idle_timeout: float
+    via: str
+    """This process's Via pseudonym (loop detection, :func:`ravenproxy.server.loops.via_token`)."""
+
+
+@dataclass(frozen=True)
+class FrontContext:
+    router: Router
+    connector: Connector
+    limits: FrontLimits
+    gate: ConnectionGate
+    """Connections open over all fronts (--max-front-connections)."""
+    client_streams: ClientStreams
+    """Concurrent streams per client address (--max-streams-per-client)."""
+    metrics: ServerMetrics
+    track: Callable[[asyncio.Task[Any]], None]
+    """Owns a connection task: collected (cancelled after the drain timeout) at shutdown."""
+
+    def stream_lease(self, front: str, peer: object) -> StreamLease:
+        """A stream slot of the client at ``peer`` (--max-streams-per-client); refused with
+        :class:`RoutingError` 429 (counted) while that address holds all of its slots."""
+        client = client_key(peer)
+        lease = self.client_streams.acquire(client)
+        if lease is None:
+            self.metrics.client_stream_limit.labels(front=front).inc()
+            raise RoutingError(
+                429,
+                "",
+                f"too many concurrent streams from {client} (limit {self.client_streams.limit})",
+            )
+        return lease
+
+    def relay_done(self, front: str, relay: str, result: RelayResult, **fields: object) -> None:
+        """Account for a finished relay (``relay``: connect, upgrade, passthrough, request):
+        one closed for --idle-timeout is counted and logged."""
+        if result.idle:
+            self.metrics.idle_timeouts.labels(front=front, relay=relay).inc()
+            log.info(
+                f"{front} front: idle connection closed",
+                extra=kv(relay=relay, idle_timeout=f"{self.limits.idle_timeout:g}s", **fields),
+            )
+        else:
+            log.debug(f"{front} front: {relay} done", extra=kv(error=result.error, **fields))

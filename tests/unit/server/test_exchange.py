@@ -1,0 +1,263 @@
+"""The HTTP exchange, sans-I/O: bytes and routes in, actions out (no sockets, no event loop)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from ravenproxy.model import Node, NodeAddress
+from ravenproxy.server.exchange import Exchange, UpstreamKey
+from ravenproxy.server.exchange_actions import (
+    Action,
+    Close,
+    CloseUpstream,
+    Count,
+    Looped,
+    OpenUpstream,
+    ReadBody,
+    Refuse,
+    RouteRequest,
+    SwitchProtocols,
+    Tunnel,
+    WriteClient,
+    WriteUpstream,
+)
+from ravenproxy.server.router import Route
+from ravenproxy.wire.frames import Target
+
+VIA = "ravenproxy-test-0000"
+
+
+def route(name: str, port: int = 9100, ip: str = "10.1.0.1", *, tls: bool = False) -> Route:
+    node = Node(name=name, addresses=(NodeAddress("InternalIP", ip),))
+    return Route(node, Target(name, ip, port), None, tls=tls)
+
+
+def kinds(actions: Sequence[Action]) -> list[type]:
+    return [type(a) for a in actions]
+
+
+def to_client(actions: Sequence[Action]) -> bytes:
+    return b"".join(a.data for a in actions if isinstance(a, WriteClient))
+
+
+def to_upstream(actions: Sequence[Action]) -> bytes:
+    """What went to the target, lower-cased (h11 keeps the client's field-name case)."""
+    return b"".join(a.data for a in actions if isinstance(a, WriteUpstream)).lower()
+
+
+def only(actions: Sequence[Action], kind: type) -> Action:
+    found = [a for a in actions if isinstance(a, kind)]
+    assert len(found) == 1, actions
+    return found[0]
+
+
+def get(path: str, host: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def test_keep_alive_to_two_nodes() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    pipelined = get("/a", "edge-1:9100") + get("/b", "edge-1:9100") + get("/c", "edge-2:9100")
+    actions = ex.receive_client(pipelined)
+    dest = only(actions, RouteRequest).dest  # type: ignore[attr-defined]
+    assert (dest.host, dest.port, dest.target) == ("edge-1", 9100, "/a")
+    edge1 = route("edge-1")
+    assert kinds(ex.routed(edge1)) == [OpenUpstream]
+    sent = to_upstream(ex.upstream_opened())
+    assert sent.startswith(b"get /a http/1.1\r\nhost: edge-1:9100\r\n")
+    assert f"via: 1.1 {VIA}\r\n".encode() in sent
+    actions = ex.receive_upstream(OK)
+    assert Count(200) in actions and to_client(actions).endswith(b"\r\n\r\nok")
+    assert ex.phase == "head"
+
+    # The same node again: the kept target connection carries it, nothing is opened.
+    assert only(ex.poll(), RouteRequest).dest.target == "/b"  # type: ignore[attr-defined]
+    actions = ex.routed(route("edge-1"))
+    assert kinds(actions) == [WriteUpstream] and to_upstream(actions).startswith(b"get /b ")
+    assert to_client(ex.receive_upstream(OK)).endswith(b"ok")
+
+    # Another node: the kept connection is closed, a new one opened.
+    assert only(ex.poll(), RouteRequest).dest.host == "edge-2"  # type: ignore[attr-defined]
+    assert kinds(ex.routed(route("edge-2", ip="10.1.0.2"))) == [CloseUpstream, OpenUpstream]
+    assert to_upstream(ex.upstream_opened()).startswith(b"get /c http/1.1\r\nhost: edge-2:9100")
+    assert to_client(ex.receive_upstream(OK)).endswith(b"ok")
+    assert ex.poll() == [] and ex.phase == "head"
+
+
+def test_upstream_key_is_what_a_kept_connection_must_match() -> None:
+    assert UpstreamKey.of(route("edge-1")) == UpstreamKey(0, "10.1.0.1", 9100, False)
+    assert UpstreamKey.of(route("edge-1", tls=True)) != UpstreamKey.of(route("edge-1"))
+
+
+def test_a_kept_connection_closed_while_idle_is_retried_once() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(get("/a", "edge-1:9100") + get("/b", "edge-1:9100"))
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    ex.receive_upstream(OK)
+    ex.poll()
+    first = to_upstream(ex.routed(route("edge-1")))
+    # The target had closed the kept connection: no answer at all.
+    assert kinds(ex.receive_upstream(b"")) == [CloseUpstream, OpenUpstream]
+    assert to_upstream(ex.upstream_opened()) == first  # the same request, whole
+    # The new connection is not retried again: a 502 names the node (h11 calls a close
+    # before any answer a protocol error).
+    refusal = only(ex.receive_upstream(b""), Refuse)
+    assert isinstance(refusal, Refuse) and (refusal.status, refusal.node) == (502, "edge-1")
+    assert refusal.reason.startswith("bad response from the target")
+
+
+def test_connect_tunnels_with_the_bytes_past_the_head() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    actions = ex.receive_client(b"CONNECT edge-1:10250 HTTP/1.1\r\nHost: x\r\n\r\n\x16\x03\x01")
+    tunnel = only(actions, Tunnel)
+    assert isinstance(tunnel, Tunnel)
+    assert (tunnel.dest.host, tunnel.dest.port, tunnel.rest) == ("edge-1", 10250, b"\x16\x03\x01")
+    assert ex.phase == "closed"
+
+
+def test_upgrade_switches_protocols_on_101() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    head = (
+        b"GET /exec/ns/pod/c HTTP/1.1\r\nHost: edge-1:10250\r\n"
+        b"Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n"
+    )
+    ex.receive_client(head + b"client-early")
+    ex.routed(route("edge-1", 10250, tls=True))
+    sent = to_upstream(ex.upstream_opened())
+    assert b"connection: upgrade\r\n" in sent and b"upgrade: spdy/3.1\r\n" in sent
+    answer = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n"
+    assert kinds(ex.receive_upstream(answer + b"target-early")) == [SwitchProtocols]
+    response, client_rest, target_rest = ex.switch()
+    assert response.startswith(b"HTTP/1.1 101 ") and b"upgrade: spdy/3.1\r\n" in response.lower()
+    assert (client_rest, target_rest) == (b"client-early", b"target-early")
+
+
+def test_101_without_an_upgrade_request_is_a_bad_response() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(get("/", "edge-1:9100"))
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    actions = ex.receive_upstream(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n")
+    assert kinds(actions) == [CloseUpstream, Refuse]
+    assert only(actions, Refuse).status == 502  # type: ignore[attr-defined]
+
+
+def test_expect_100_continue_is_carried() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(
+        b"PUT /x HTTP/1.1\r\nHost: edge-1:9100\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"
+    )
+    ex.routed(route("edge-1"))
+    actions = ex.upstream_opened()
+    assert kinds(actions) == [WriteUpstream, ReadBody]  # the body waits for the 100
+    assert b"expect: 100-continue\r\n" in to_upstream(actions)
+    assert to_client(ex.receive_upstream(b"HTTP/1.1 100 Continue\r\n\r\n")).startswith(
+        b"HTTP/1.1 100 "
+    )
+    assert to_upstream(ex.receive_client(b"hello")) == b"hello"
+    assert ex.body_done
+    actions = ex.receive_upstream(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+    assert Count(201) in actions and to_client(actions).startswith(b"HTTP/1.1 201 ")
+    assert ex.phase == "head"
+
+
+def test_content_length_with_transfer_encoding_is_refused() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    actions = ex.receive_client(
+        b"POST / HTTP/1.1\r\nHost: edge-1:9100\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    )
+    assert actions == [Refuse(400, "", "bad request: both Content-Length and Transfer-Encoding")]
+
+
+def test_a_chunked_response_loses_its_content_length() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(get("/logs", "edge-1:9100"))
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    actions = ex.receive_upstream(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\n\r\n5\r\nhello\r\n"
+    )
+    out = to_client(actions).lower()
+    assert b"content-length" not in out and b"transfer-encoding: chunked" in out
+    assert out.endswith(b"5\r\nhello\r\n")  # flushed before the rest arrives
+    assert to_client(ex.receive_upstream(b"0\r\n\r\n")) == b"0\r\n\r\n"
+
+
+def test_a_malformed_chunk_at_hand_is_a_400_at_once() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(
+        b"POST / HTTP/1.1\r\nHost: edge-1:9100\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+    )
+    ex.routed(route("edge-1"))
+    actions = ex.upstream_opened()
+    assert kinds(actions) == [CloseUpstream, Refuse]
+    refusal = only(actions, Refuse)
+    assert isinstance(refusal, Refuse) and refusal.status == 400 and refusal.node == "edge-1"
+    assert refusal.reason.startswith("bad request body")
+
+
+def test_a_malformed_chunk_later_is_a_400_unless_the_response_began() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(b"POST / HTTP/1.1\r\nHost: edge-1:9100\r\nTransfer-Encoding: chunked\r\n\r\n")
+    ex.routed(route("edge-1"))
+    assert ReadBody() in ex.upstream_opened()
+    # The body goes bad: the target connection is closed to stop waiting for its answer...
+    assert ex.receive_client(b"zz\r\n") == [CloseUpstream()]
+    # ...and its failure is answered with the 400, not a 502.
+    refusal = only(ex.upstream_lost(), Refuse)
+    assert isinstance(refusal, Refuse) and refusal.status == 400
+
+
+def test_via_loop_is_a_508() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    actions = ex.receive_client(
+        f"GET / HTTP/1.1\r\nHost: edge-1:9100\r\nVia: 1.1 other, 1.1 {VIA}\r\n\r\n".encode()
+    )
+    assert kinds(actions) == [Looped, Refuse]
+    refusal = only(actions, Refuse)
+    assert isinstance(refusal, Refuse) and (refusal.status, refusal.node) == (508, "edge-1")
+
+
+@pytest.mark.parametrize("pieces", [1, 2])
+def test_a_head_too_large_is_a_431(pieces: int) -> None:
+    ex = Exchange(via=VIA, max_head=256)
+    head = b"GET / HTTP/1.1\r\nHost: edge-1:9100\r\nX-Big: " + b"a" * 400 + b"\r\n\r\n"
+    actions: list[Action] = []
+    if pieces == 2:  # h11 bounds a head that arrives in pieces
+        actions += ex.receive_client(head[:300])
+    actions += ex.receive_client(head[300:] if pieces == 2 else head)
+    refusal = only(actions, Refuse)
+    assert isinstance(refusal, Refuse) and refusal.status == 431
+
+
+def test_a_bad_response_before_any_byte_is_a_502_after_is_a_close() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(get("/", "edge-1:9100"))
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    refusal = only(ex.receive_upstream(b"NOT HTTP\r\n\r\n"), Refuse)
+    assert isinstance(refusal, Refuse) and refusal.status == 502
+    assert refusal.reason.startswith("bad response from the target")
+
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(get("/", "edge-1:9100"))
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    ex.receive_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+    assert kinds(ex.receive_upstream(b"")) == [CloseUpstream, Close]
+
+
+def test_idle_before_the_answer_is_a_504() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(get("/", "edge-1:9100"))
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    refusal = only(ex.upstream_idle(30), Refuse)
+    assert refusal == Refuse(504, "edge-1", "no byte either way for 30s (--idle-timeout)")
