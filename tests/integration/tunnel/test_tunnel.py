@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.integration.cluster import Cluster, free_port
+from tests.helpers import free_port
+from tests.integration.cluster import Cluster
 from tests.integration.targets import Firehose, echo, hash_sink, tcp_server
 
 pytestmark = pytest.mark.timeout(180)
@@ -39,8 +40,9 @@ async def test_one_gib_through_one_stream_sha256(cluster: Cluster) -> None:
         cluster.start_agent("edge-1", f"127.0.0.1:{port}")
         await cluster.wait_routable(f"edge-1:{port}")
         await send_and_hash(cluster, f"edge-1:{port}", 1024 * MIB)
-        m = await cluster.metrics()
-        assert m['ravenproxy_server_bytes_total{direction="up"}'] >= 1024 * MIB
+        # Counted when the server closes the stream, a moment after the client saw the hash.
+        key = 'ravenproxy_server_bytes_total{direction="up"}'
+        await cluster.wait_metric(key, lambda v: v >= 1024 * MIB)
 
 
 async def test_thousand_concurrent_streams_echo_their_own_data(cluster: Cluster) -> None:
