@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import pytest
 
 from ravenproxy.client import ConnectRefused
 from ravenproxy.model.inventory import MAX_INVENTORY_BYTES
-from tests.integration.cluster import INVENTORY, Cluster, Proc, free_port
+from tests.helpers import eventually, free_port
+from tests.integration.cluster import INVENTORY, Cluster, Proc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -77,14 +77,14 @@ def replace_file(path: Path, data: bytes) -> None:
 async def wait_for(
     check: Callable[[], Awaitable[bool]], what: str, proc: Proc, within: float = 20
 ) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    async def alive_and_seen() -> bool:
         if not proc.running:
             pytest.fail(f"{proc.name} exited while waiting for {what}:\n{proc.output()[-3000:]}")
-        if await check():
-            return
-        await asyncio.sleep(0.1)
-    pytest.fail(f"{what}: not seen within {within}s\n{proc.output()[-3000:]}")
+        return await check()
+
+    await eventually(
+        alive_and_seen, within, interval=0.1, what=lambda: f"{what}\n{proc.output()[-3000:]}"
+    )
 
 
 def refusal_lines(proc: Proc, path: Path) -> list[str]:

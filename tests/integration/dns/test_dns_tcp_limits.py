@@ -22,7 +22,8 @@ import dns.message
 import pytest
 
 from ravenproxy.controller.dns import DNSServer, TCPLimits, _source_key
-from tests.integration.cluster import INVENTORY, Proc, free_port
+from tests.helpers import free_port
+from tests.integration.cluster import INVENTORY, Proc
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,12 +16,12 @@ from ravenproxy.controller.agents import AgentLeases, AgentPoller, agents_url
 from ravenproxy.controller.runtime import ControllerSettings, run_controller_with
 from ravenproxy.server import liveness
 from ravenproxy.server.liveness import LivenessPublisher, lease_name
+from tests.helpers import eventually
 from tests.integration.kube.apiserver import APIServer
 from tests.integration.kube.conftest import kubeconfig
 from tests.integration.kube.test_controller import (
     FAST,
     api_client,
-    eventually,
     gateway_obj,
     node_obj,
 )

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from tests.integration.cluster import Cluster, Proc, free_port
+from tests.helpers import free_port
+from tests.integration.cluster import Cluster, Proc
 from tests.integration.targets import echo, tcp_server
 
 pytestmark = pytest.mark.timeout(120)
