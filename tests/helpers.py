@@ -8,6 +8,7 @@ Look here before writing a helper in a test file; the harnesses (``tests/integra
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import socket
@@ -38,7 +39,7 @@ async def eventually(
     while True:
         try:
             result = check()
-            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            if inspect.isawaitable(result):
                 result = await result
         except ignore as exc:
             last, result = exc, None

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFTEST = """\
+import asyncio
 import socket
 
 import pytest
@@ -44,6 +45,20 @@ def tidy_fixture():
     s.bind(("127.0.0.1", 0))
     yield s
     s.close()
+
+
+@pytest.fixture
+async def tidy_async_fixture():
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    yield server
+    server.close()
+    await server.wait_closed()
+
+
+@pytest.fixture
+async def leaky_async_fixture():
+    task = asyncio.create_task(asyncio.sleep(60), name="fixture-sleeper")
+    yield task
 
 
 KEEP = []
@@ -80,7 +95,11 @@ async def test_fixture_leaks_a_socket(leaky_fixture):
     pass
 
 
-async def test_clean_async(tidy_fixture):
+async def test_async_fixture_leaks_a_task(leaky_async_fixture):
+    pass
+
+
+async def test_clean_async(tidy_fixture, tidy_async_fixture):
     # A cancelled task not awaited, a task ending within the grace, a connection closed
     # without wait_closed(): all finish on their own right after the test.
     asyncio.create_task(asyncio.sleep(60)).cancel()
@@ -148,20 +167,33 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     return outcomes, done.stdout + done.stderr
 
 
-def test_a_leaked_task_fails_the_test_and_is_named(outcome: Outcome):
+def teardown_error(out: str, test: str) -> str:
+    """The text pytest printed for ``test``'s error at teardown."""
+    found = re.search(rf"ERROR at teardown of {test} _+\n(.*?)\n[_=]{{3}}", out, re.S)
+    assert found, out
+    return found[1]
+
+
+@pytest.mark.parametrize(
+    ("test", "name"),
+    [
+        ("test_leaks_a_task", "forgotten-sleeper"),
+        ("test_async_fixture_leaks_a_task", "fixture-sleeper"),
+    ],
+)
+def test_a_leaked_task_fails_the_test_and_is_named(outcome: Outcome, test: str, name: str):
     outcomes, out = outcome
-    assert "ERROR" in outcomes["test_leaks_a_task"], out
-    assert "1 asyncio task(s) still pending after the test" in out
-    assert "forgotten-sleeper: sleep at" in out
+    assert "ERROR" in outcomes[test], out
+    section = teardown_error(out, test)
+    assert "1 asyncio task(s) still pending after the test" in section, section
+    assert f"{name}: sleep at" in section, section
 
 
 @pytest.mark.parametrize("test", SOCKET_LEAKS)
 def test_a_leaked_socket_fails_the_test(outcome: Outcome, test: str):
     outcomes, out = outcome
     assert "ERROR" in outcomes[test], out
-    found = re.search(rf"ERROR at teardown of {test} _+\n(.*?)\n[_=]{{3}}", out, re.S)
-    assert found, out
-    section = found[1]
+    section = teardown_error(out, test)
     assert "1 socket(s) left open by the test" in section, section
     # Named by its address: bound only (asked of the socket), or listening (from /proc/net).
     assert re.search(r"127\.0\.0\.1'?[:,] ?\d+", section), section

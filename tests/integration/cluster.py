@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import inspect
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from ravenproxy.client import ConnectRefused, open_tunnel
 from ravenproxy.pki import init_pki
@@ -113,6 +117,33 @@ class Proc:
 
     def fd_count(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    async def wait_until(
+        self,
+        check: Callable[[], object],
+        what: str,
+        within: float = 20,
+        *,
+        ignore: tuple[type[Exception], ...] = (),
+    ) -> None:
+        """Until ``check()`` is truthy (see :func:`eventually`); fails at once, with the log,
+        if the process exits meanwhile."""
+
+        async def alive_and_seen() -> object:
+            if not self.running:
+                pytest.fail(
+                    f"{self.name} exited while waiting for {what}:\n{self.output()[-3000:]}"
+                )
+            result = check()
+            return await result if inspect.isawaitable(result) else result
+
+        await eventually(
+            alive_and_seen,
+            within,
+            interval=0.1,
+            what=lambda: f"{what}\n{self.output()[-3000:]}",
+            ignore=ignore,
+        )
 
 
 class Cluster:
