@@ -22,29 +22,33 @@ import pytest
 from tests.leak_guard import _async_leak_guard, leak_guard, pytest_runtest_makereport  # noqa
 
 
+KEEP = []
+
+
+def bound(keep=False):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    if keep:  # referenced for good: the collector cannot close it
+        KEEP.append(s)
+    return s
+
+
 @pytest.fixture(scope="module")
 def held():
     # Holds a socket on purpose for the whole module, like the L7 test bed.
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    yield s
-    s.close()
+    with bound() as s:
+        yield s
 
 
 @pytest.fixture
 def leaky_fixture():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    KEEP.append(s)
-    yield s
+    yield bound(keep=True)
 
 
 @pytest.fixture
 def tidy_fixture():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    yield s
-    s.close()
+    with bound() as s:
+        yield s
 
 
 @pytest.fixture
@@ -59,16 +63,13 @@ async def tidy_async_fixture():
 async def leaky_async_fixture():
     task = asyncio.create_task(asyncio.sleep(60), name="fixture-sleeper")
     yield task
-
-
-KEEP = []
 """
 
 TESTS = """\
 import asyncio
 import socket
 
-from conftest import KEEP
+from conftest import KEEP, bound
 
 
 async def test_leaks_a_task():
@@ -76,15 +77,11 @@ async def test_leaks_a_task():
 
 
 async def test_leaks_a_socket():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    KEEP.append(s)
+    bound(keep=True)
 
 
 def test_sync_leaks_a_socket():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    KEEP.append(s)
+    bound(keep=True)
 
 
 async def test_leaks_a_listening_server():
@@ -112,10 +109,11 @@ async def test_clean_async(tidy_fixture, tidy_async_fixture):
 
 
 def test_clean_sync(tidy_fixture):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-    # An unreferenced socket is closed by the collector before the guard counts.
-    socket.socket()
+    bound().close()
+    # A socket in an unreachable reference cycle: the collector closes it before the guard
+    # counts (only a socket something still references is a leak).
+    cycle = [socket.socket()]
+    cycle.append(cycle)
 
 
 async def test_wider_fixture_first_use(held):
