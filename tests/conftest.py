@@ -1,10 +1,15 @@
-"""Suite-wide rules: root-only tests are skipped loudly when not root, never silently."""
+"""Suite-wide rules: root-only tests are skipped loudly when not root, never silently; a test that
+leaves asyncio tasks or sockets behind fails (the leak guard, tests/leak_guard.py)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+from tests.leak_guard import _async_leak_guard, leak_guard, pytest_runtest_makereport
+
+__all__ = ["_async_leak_guard", "leak_guard", "pytest_runtest_makereport"]
 
 IS_ROOT = os.geteuid() == 0
 _skipped_root: list[str] = []

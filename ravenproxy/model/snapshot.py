@@ -53,12 +53,6 @@ class Model:
     def pod(self, namespace: str, name: str) -> Pod | None:
         return self.pods.get((namespace, name))
 
-    def gateway_of(self, node_name: str) -> Gateway | None:
-        node = self.nodes.get(node_name)
-        if node is None or node.gateway is None:
-            return None
-        return self.gateways.get(node.gateway)
-
     def members(self, gateway: str) -> tuple[Node, ...]:
         """Nodes of a gateway: membership comes from the node label alone."""
         return tuple(
@@ -66,23 +60,16 @@ class Model:
         )
 
     def peers_of(self, node_name: str) -> tuple[Node, ...]:
-        """The nodes an agent on ``node_name`` may serve: its gateway's members, or only itself."""
+        """The nodes an agent on ``node_name`` may serve: its gateway's members, or only itself.
+        The one statement of that rule: the agent's default allowlist and the server's choice
+        of agent both ask here (peers are symmetric: ``b in peers_of(a)`` iff ``a in
+        peers_of(b)``)."""
         node = self.nodes.get(node_name)
         if node is None:
             return ()
         if node.gateway is None:
             return (node,)
         return self.members(node.gateway)
-
-    def may_serve(self, agent_node: str, target_node: str) -> bool:
-        """May the agent authenticated as ``agent_node`` carry traffic for ``target_node``?"""
-        if agent_node == target_node:
-            return True
-        agent = self.nodes.get(agent_node)
-        target = self.nodes.get(target_node)
-        if agent is None or target is None or agent.gateway is None:
-            return False
-        return agent.gateway == target.gateway
 
     def proxy_nodes(self, gateway: str) -> tuple[str, ...]:
         """Node names that act as proxy endpoints of a gateway: the elected ones when the

@@ -47,22 +47,20 @@ class AgentRegistry:
 
     def candidates(self, model: Model, target: str) -> list[Session]:
         """Agents allowed to serve ``target``, best first: the node's own agent; else the
-        active proxy endpoints of its gateway; else any agent of that gateway."""
+        active proxy endpoints of its gateway; else any agent of that gateway. Who may serve a
+        node is ``Model.peers_of`` (the rule the agent's allowlist uses too); the proxy
+        endpoints only order those peers."""
         own = self._live(target)
         if own:
             return own
+        peers = [n.name for n in model.peers_of(target) if n.name != target]
         node = model.node(target)
-        if node is None or node.gateway is None:
+        if not peers or node is None or node.gateway is None:
             return []
-        proxies = [s for n in model.proxy_nodes(node.gateway) if n != target for s in self._live(n)]
+        proxies = [s for n in model.proxy_nodes(node.gateway) if n in peers for s in self._live(n)]
         if proxies:
             return proxies
-        return [
-            s
-            for member in model.members(node.gateway)
-            if member.name != target
-            for s in self._live(member.name)
-        ]
+        return [s for n in peers for s in self._live(n)]
 
     def pick(self, model: Model, target: str) -> Session | None:
         """One agent for ``target``: the least loaded candidate, ties spread round-robin."""

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import inspect
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from ravenproxy.client import ConnectRefused, open_tunnel
 from ravenproxy.pki import init_pki
@@ -27,6 +28,7 @@ from ravenproxy.pki.authority import (
     write_pem_cert,
     write_pem_key,
 )
+from tests.helpers import eventually, free_port, scrape, spawn_python, stop
 
 INVENTORY = """\
 apiVersion: raven.openyurt.io/v1beta1
@@ -75,12 +77,6 @@ status:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Proc:
     name: str
@@ -90,15 +86,7 @@ class Proc:
     ports: dict[str, int] = field(default_factory=dict)
 
     def start(self) -> Proc:
-        out = self.log.open("ab")
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "ravenproxy", *self.args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        out.close()
+        self.popen = spawn_python(["-m", "ravenproxy", *self.args], self.log)
         return self
 
     @property
@@ -119,14 +107,7 @@ class Proc:
         """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
         if self.popen is None:
             return None
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        return self.popen.returncode
+        return stop(self.popen, timeout)
 
     def output(self) -> str:
         try:
@@ -136,6 +117,33 @@ class Proc:
 
     def fd_count(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    async def wait_until(
+        self,
+        check: Callable[[], object],
+        what: str,
+        within: float = 20,
+        *,
+        ignore: tuple[type[Exception], ...] = (),
+    ) -> None:
+        """Until ``check()`` is truthy (see :func:`eventually`); fails at once, with the log,
+        if the process exits meanwhile."""
+
+        async def alive_and_seen() -> object:
+            if not self.running:
+                pytest.fail(
+                    f"{self.name} exited while waiting for {what}:\n{self.output()[-3000:]}"
+                )
+            result = check()
+            return await result if inspect.isawaitable(result) else result
+
+        await eventually(
+            alive_and_seen,
+            within,
+            interval=0.1,
+            what=lambda: f"{what}\n{self.output()[-3000:]}",
+            ignore=ignore,
+        )
 
 
 class Cluster:
@@ -256,17 +264,19 @@ class Cluster:
 
     async def wait_routable(self, target: str, timeout: float = 20) -> None:
         """Until ``CONNECT target`` succeeds (the agent is up and may dial it)."""
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                _, writer = await self.connect(target)
-                writer.close()
-                return
-            except (ConnectRefused, OSError) as exc:
-                last = exc
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"{target} not routable after {timeout}s: {last}\n{self.logs()}")
+
+        async def routable() -> bool:
+            _, writer = await self.connect(target)
+            writer.close()
+            return True
+
+        await eventually(
+            routable,
+            timeout,
+            interval=0.1,
+            what=lambda: f"{target} routable\n{self.logs()}",
+            ignore=(ConnectRefused, OSError),
+        )
 
     async def wait_up(self, proc: Proc | None = None) -> None:
         """Until the process serves its metrics (it has bound every listener)."""
@@ -276,29 +286,22 @@ class Cluster:
         """The process's /metrics as {'name{labels}': value}."""
         proc = proc or self.server
         assert proc is not None
-        reader, writer = await asyncio.open_connection("127.0.0.1", proc.ports["metrics"])
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        text = (await reader.read()).decode()
-        writer.close()
-        body = text.split("\r\n\r\n", 1)[1]
-        values: dict[str, float] = {}
-        for line in body.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                values[key] = float(value)
-        return values
+        return await scrape(proc.ports["metrics"])
 
     async def wait_metric(
         self, key: str, predicate: object, timeout: float = 15, proc: Proc | None = None
     ) -> float:
-        deadline = time.monotonic() + timeout
-        value = None
-        while time.monotonic() < deadline:
-            try:
-                value = (await self.metrics(proc)).get(key, 0.0)
-            except OSError:  # not listening yet
-                value = None
-            if value is not None and predicate(value):  # type: ignore[operator]
-                return value
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"metric {key} = {value}, condition not met in {timeout}s")
+        seen: list[float] = []
+
+        async def met() -> bool:
+            seen.append((await self.metrics(proc)).get(key, 0.0))
+            return bool(predicate(seen[-1]))  # type: ignore[operator]
+
+        await eventually(
+            met,
+            timeout,
+            interval=0.1,
+            what=lambda: f"metric {key} = {seen[-1] if seen else None}, condition",
+            ignore=(OSError,),  # not listening yet
+        )
+        return seen[-1]

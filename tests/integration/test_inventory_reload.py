@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import dns.asyncquery
@@ -22,7 +20,8 @@ import pytest
 
 from ravenproxy.client import ConnectRefused
 from ravenproxy.model.inventory import MAX_INVENTORY_BYTES
-from tests.integration.cluster import INVENTORY, Cluster, Proc, free_port
+from tests.helpers import free_port
+from tests.integration.cluster import INVENTORY, Cluster, Proc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -74,19 +73,6 @@ def replace_file(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-async def wait_for(
-    check: Callable[[], Awaitable[bool]], what: str, proc: Proc, within: float = 20
-) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not proc.running:
-            pytest.fail(f"{proc.name} exited while waiting for {what}:\n{proc.output()[-3000:]}")
-        if await check():
-            return
-        await asyncio.sleep(0.1)
-    pytest.fail(f"{what}: not seen within {within}s\n{proc.output()[-3000:]}")
-
-
 def refusal_lines(proc: Proc, path: Path) -> list[str]:
     return [
         line
@@ -99,7 +85,7 @@ async def wait_refused(proc: Proc, path: Path, seen: int, reason: str) -> None:
     async def logged() -> bool:
         return len(refusal_lines(proc, path)) > seen
 
-    await wait_for(logged, f"a refusal log line for {reason!r}", proc)
+    await proc.wait_until(logged, f"a refusal log line for {reason!r}")
     line = refusal_lines(proc, path)[seen]
     assert reason in line, line
     assert len(line) < 600, line  # one short line: no expanded value, no traceback
@@ -135,7 +121,7 @@ async def test_server_refuses_bad_edits_keeps_the_model_and_loads_a_good_one(
     async def loaded() -> bool:
         return await route_status(cluster, "edge-9:10250") == 503
 
-    await wait_for(loaded, "the good edit (edge-9 known: 503 no agent)", server)
+    await server.wait_until(loaded, "the good edit (edge-9 known: 503 no agent)")
     assert server.running
 
 
@@ -167,7 +153,7 @@ async def test_dns_refuses_bad_edits_keeps_the_map_and_loads_a_good_one(
             return False
         return [r.to_text() for rr in reply.answer for r in rr] == ["127.0.0.1"]
 
-    await wait_for(answers, "dns answering edge-1", proc)
+    await proc.wait_until(answers, "dns answering edge-1")
     assert (await dns_a(port, "edge-9")).rcode() == dns.rcode.NXDOMAIN
 
     for seen, (name, (data, reason)) in enumerate(BAD_EDITS.items()):
@@ -183,7 +169,7 @@ async def test_dns_refuses_bad_edits_keeps_the_map_and_loads_a_good_one(
         reply = await dns_a(port, "edge-9")
         return [r.to_text() for rr in reply.answer for r in rr] == ["127.0.0.9"]
 
-    await wait_for(loaded, "the good edit (edge-9 answered)", proc)
+    await proc.wait_until(loaded, "the good edit (edge-9 answered)")
 
 
 @pytest.mark.parametrize("command", ["server", "dns"])

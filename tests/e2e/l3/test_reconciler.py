@@ -12,6 +12,7 @@ from ravenproxy.l3 import driver
 from ravenproxy.l3.settings import L3Settings
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
+from tests.helpers import eventually
 
 from ...unit.l3.models import cloud_and_edge, node
 from .conftest import add_bridge, sh
@@ -21,15 +22,14 @@ pytestmark = pytest.mark.root
 PERIOD = 0.5
 
 
-async def eventually(check: str, netns: str, needle: str, present: bool, within: float) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        out = sh(*check.split(), netns=netns, check=False)
-        if (needle in out) == present:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{check!r}: {needle!r} present={not present} after {within}s")
-        await asyncio.sleep(0.05)
+async def shows(check: str, netns: str, needle: str, present: bool, within: float) -> None:
+    """Until ``needle`` is (or is not) in the output of the command ``check`` in ``netns``."""
+    await eventually(
+        lambda: (needle in sh(*check.split(), netns=netns, check=False)) == present,
+        within,
+        interval=0.05,
+        what=f"{check!r}: {needle!r} present={present}",
+    )
 
 
 async def test_hand_removed_state_returns_within_a_period(netns: str):
@@ -41,12 +41,12 @@ async def test_hand_removed_state_returns_within_a_period(netns: str):
     task = asyncio.create_task(loop.run(), name="l3-reconciler-test")
     try:
         routes = "ip route show table 9027"
-        await eventually(routes, netns, "10.16.0.0/23", True, within=5)
+        await shows(routes, netns, "10.16.0.0/23", True, within=5)
 
         sh("ip", "route", "del", "10.16.0.0/23", "table", "9027", netns=netns)
         sh("iptables", "-t", "nat", "-F", "RAVEN-POSTROUTING", netns=netns)
-        await eventually(routes, netns, "10.16.0.0/23", True, within=PERIOD * 2 + 1)
-        await eventually(
+        await shows(routes, netns, "10.16.0.0/23", True, within=PERIOD * 2 + 1)
+        await shows(
             "iptables -t nat -S RAVEN-POSTROUTING", netns, "-j ACCEPT", True, within=PERIOD * 2 + 1
         )
 
@@ -57,7 +57,7 @@ async def test_hand_removed_state_returns_within_a_period(netns: str):
                 model.gateways.values(),
             )
         )
-        await eventually(routes, netns, "10.16.7.0/24", True, within=PERIOD * 2 + 1)
+        await shows(routes, netns, "10.16.7.0/24", True, within=PERIOD * 2 + 1)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -7,8 +7,7 @@ import os
 import shutil
 import socket
 import struct
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import dns.asyncquery
@@ -21,6 +20,7 @@ from ravenproxy.controller.dnsfeed import run_dns
 from ravenproxy.controller.dnsmap import dns_map
 from ravenproxy.model.inventory import InventoryWatcher
 from ravenproxy.model.store import ModelStore
+from tests.helpers import eventually, run
 
 HOST = "127.0.0.1"
 RECORDS = {"edge-1": ["10.0.0.1", "fd00::1"], "edge-2": ["10.0.0.2"]}
@@ -47,20 +47,11 @@ def dig_path() -> str:
 
 
 async def dig(port: int, *args: str) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        dig_path(),
-        f"@{HOST}",
-        "-p",
-        str(port),
-        "+time=2",
-        "+tries=1",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    code, out, err = await run(
+        dig_path(), f"@{HOST}", "-p", str(port), "+time=2", "+tries=1", *args
     )
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    return out.decode()
+    assert code == 0, err
+    return out
 
 
 async def query(port: int, name: str, rdtype: str = "A", tcp: bool = False) -> dns.message.Message:
@@ -72,20 +63,6 @@ async def query(port: int, name: str, rdtype: str = "A", tcp: bool = False) -> d
 
 def ips(reply: dns.message.Message) -> list[str]:
     return sorted(r.to_text() for rrset in reply.answer for r in rrset)
-
-
-async def eventually(check: Callable[[], object], within: float = 1.0) -> float:
-    """Await ``check()`` (a coroutine function) until it is truthy; return the time it took."""
-    start = time.monotonic()
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return time.monotonic() - start
-        if time.monotonic() - start > within:
-            pytest.fail(f"condition not met within {within} s")
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("tcp", [False, True], ids=["udp", "tcp"])
@@ -157,7 +134,7 @@ async def test_close_drops_idle_tcp_clients_and_frees_the_port() -> None:
     port = srv.port
     reader, writer = await asyncio.open_connection(HOST, port)
     try:
-        await eventually(lambda: len(srv._clients) == 1)
+        await eventually(lambda: len(srv._clients) == 1, within=1.0)
         await asyncio.wait_for(srv.close(), 2)
         assert await asyncio.wait_for(reader.read(), 2) == b""
     finally:

@@ -22,7 +22,8 @@ import dns.message
 import pytest
 
 from ravenproxy.controller.dns import DNSServer, TCPLimits, _source_key
-from tests.integration.cluster import INVENTORY, Proc, free_port
+from tests.helpers import free_port
+from tests.integration.cluster import INVENTORY, Proc
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -88,14 +89,10 @@ def dns_process(tmp_path: Path) -> Iterator[Proc]:
 
 
 async def wait_answering(proc: Proc) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        assert proc.running, proc.output()
-        with contextlib.suppress(OSError, dns.exception.Timeout):
-            if addresses(await udp_query(proc.ports["dns"], "edge-1")) == ["127.0.0.1"]:
-                return
-        await asyncio.sleep(0.1)
-    pytest.fail(f"dns not answering:\n{proc.output()}")
+    async def answering() -> bool:
+        return addresses(await udp_query(proc.ports["dns"], "edge-1")) == ["127.0.0.1"]
+
+    await proc.wait_until(answering, "dns answering", ignore=(OSError, dns.exception.Timeout))
 
 
 async def test_300_idle_tcp_clients_do_not_lock_out_another_client(dns_process: Proc) -> None:

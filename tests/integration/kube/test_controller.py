@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from ravenproxy.controller.writer import KubeWriter, NotLeader
 from ravenproxy.kube.model import KubeSource
 from ravenproxy.kube.reflector import WatchSettings
 from ravenproxy.model.store import ModelStore
+from tests.helpers import eventually
 from tests.integration.kube.apiserver import APIServer
 
 FAST = WatchSettings(watch_timeout=1, resync=3600, backoff_initial=0.05, backoff_max=0.2)
@@ -78,14 +78,6 @@ async def store(api: k8s_client.ApiClient) -> AsyncIterator[ModelStore]:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-
-
-async def eventually(check: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {within} s")
-        await asyncio.sleep(0.02)
 
 
 async def settled(store: ModelStore, apiserver: APIServer) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import dns.asyncquery
@@ -18,6 +18,7 @@ from ravenproxy.controller.dnsfeed import serve_configmap_dns
 from ravenproxy.kube.model import KubeSource
 from ravenproxy.kube.reflector import WatchSettings
 from ravenproxy.model.store import ModelStore
+from tests.helpers import eventually
 from tests.integration.kube.apiserver import APIServer
 
 FAST = WatchSettings(watch_timeout=1, resync=3600, backoff_initial=0.05, backoff_max=0.2)
@@ -45,14 +46,6 @@ async def api(apiserver: APIServer) -> AsyncIterator[k8s_client.ApiClient]:
     cfg = k8s_client.Configuration(host=apiserver.url)
     async with k8s_client.ApiClient(cfg) as client:
         yield client
-
-
-async def eventually(check: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {within} s")
-        await asyncio.sleep(0.02)
 
 
 async def running(source: KubeSource) -> asyncio.Task[None]:

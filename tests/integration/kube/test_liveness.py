@@ -18,12 +18,12 @@ from ravenproxy.kube.leases import ANNOTATION_NODE, LABELS, NAMESPACE, lease_nam
 from ravenproxy.server import liveness
 from ravenproxy.server.agents import add_agents_route, agents_report
 from ravenproxy.server.liveness import LivenessPublisher
+from tests.helpers import eventually
 from tests.integration.kube.apiserver import APIServer
 from tests.integration.kube.conftest import kubeconfig
 from tests.integration.kube.test_controller import (
     FAST,
     api_client,
-    eventually,
     gateway_obj,
     node_obj,
 )

@@ -37,7 +37,7 @@ async def test_model_source_lists_then_follows_the_api(
             if "edge-2" in store.model.nodes:
                 break
             await asyncio.sleep(0.05)
-        assert store.model.may_serve("edge-1", "edge-2")
+        assert "edge-2" in {n.name for n in store.model.peers_of("edge-1")}
 
 
 async def test_no_model_source_is_an_error() -> None:

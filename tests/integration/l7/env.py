@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +29,7 @@ from ravenproxy.pki.authority import (
     write_pem_cert,
     write_pem_key,
 )
+from tests.helpers import free_port, run, spawn, stop
 from tests.integration.cluster import Cluster
 
 EDGE_IP = "127.0.0.11"
@@ -99,12 +98,6 @@ spec: {{nodeName: edge-3}}
 """
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Kubelet:
     popen: subprocess.Popen[bytes]
@@ -113,13 +106,7 @@ class Kubelet:
     log: Path
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(5)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        stop(self.popen, 5)
 
 
 def start_kubelet(base: Path, host: str, cert: Path, key: Path, ca: Path | None) -> Kubelet:
@@ -131,15 +118,7 @@ def start_kubelet(base: Path, host: str, cert: Path, key: Path, ca: Path | None)
     ]  # fmt: skip
     if ca is not None:
         args += ["--ca", str(ca)]
-    with log.open("ab") as out:
-        popen = subprocess.Popen(
-            args,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=Path(__file__).resolve().parents[3],
-        )
+    popen = spawn(args, log, cwd=Path(__file__).resolve().parents[3])
     deadline = time.monotonic() + 15
     while not ready.exists():
         if popen.poll() is not None or time.monotonic() > deadline:
@@ -231,8 +210,8 @@ def start_l7(base: Path) -> L7:
         base, EDGE_IP, kpki / "edge-1.crt", kpki / "edge-1.key", kpki / "ca.crt"
     )
     hole, fillers = blackhole(EDGE_IP)
-    refused_port = _free_port(EDGE_IP)  # allowed, nothing listens
-    spare_port = _free_port(EDGE_IP)
+    refused_port = free_port(EDGE_IP)  # allowed, nothing listens
+    spare_port = free_port(EDGE_IP)
     env = L7(
         base,
         cluster,
@@ -247,7 +226,7 @@ def start_l7(base: Path) -> L7:
         cluster.inventory.write_text(
             INVENTORY.format(
                 cloud_ip=CLOUD_IP,
-                cloud_port=_free_port(CLOUD_IP),
+                cloud_port=free_port(CLOUD_IP),
                 edge_ip=EDGE_IP,
                 edge2_ip=EDGE2_IP,
                 edge3_ip=EDGE3_IP,
@@ -281,41 +260,9 @@ def start_l7(base: Path) -> L7:
     return env
 
 
-async def run(*args: str, timeout: float = 30) -> tuple[int, str, str]:
-    """Run a command (curl); return (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        stdin=asyncio.subprocess.DEVNULL,
-        env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except BaseException:
-        if proc.returncode is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-
-
 async def curl(*args: str, timeout: float = 30) -> tuple[int, str]:
     """curl with the status code appended on a last line; returns (status, body)."""
     code, out, err = await run("curl", "-sS", "-w", "\n%{http_code}", *args, timeout=timeout)
     assert code == 0, f"curl {' '.join(args)} failed ({code}): {err}"
     body, _, status = out.rpartition("\n")
     return int(status), body
-
-
-async def raw_exchange(port: int, request: bytes, *, timeout: float = 15) -> bytes:
-    """Send ``request`` as it is to a front on 127.0.0.1 and read until the server closes."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request)
-        await writer.drain()
-        async with asyncio.timeout(timeout):
-            return await reader.read()
-    finally:
-        writer.close()

@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from tests.integration.l7.env import KUBELET_CLIENT_CN, L7, curl, run
+from tests.helpers import run
+from tests.integration.l7.env import KUBELET_CLIENT_CN, L7, curl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.cluster import Cluster, free_port
-from tests.integration.l7.env import curl, run
+from tests.helpers import free_port, run
+from tests.integration.cluster import Cluster
+from tests.integration.l7.env import curl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

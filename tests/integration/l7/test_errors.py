@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.l7.env import L7, curl, run
+from tests.helpers import run
+from tests.integration.l7.env import L7, curl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

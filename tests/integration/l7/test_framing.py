@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 import h11
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, L7, raw_exchange
+from tests.helpers import raw_exchange
+from tests.integration.l7.env import EDGE_IP, L7
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, KUBELET_CLIENT_CN, L7, curl, raw_exchange, run
+from tests.helpers import raw_exchange, run
+from tests.integration.l7.env import EDGE_IP, KUBELET_CLIENT_CN, L7, curl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

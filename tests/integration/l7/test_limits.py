@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from ravenproxy.client import ConnectRefused, open_tunnel
+from tests.helpers import http_get
 from tests.integration.cluster import INVENTORY, Cluster
 from tests.integration.targets import echo, tcp_server
 
@@ -68,24 +69,10 @@ async def bed(
         yield echo_port, http_port
 
 
-async def get(port: int, path: str, host: str = "x", source: str | None = None) -> tuple[int, str]:
-    """One HTTP/1.1 request with ``Connection: close``; (status, body)."""
-    local = (source, 0) if source else None
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=local)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        async with asyncio.timeout(10):
-            data = await reader.read()
-    finally:
-        writer.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body.decode()
-
-
 async def health_and_metrics(cluster: Cluster) -> None:
     """/healthz and /metrics answer (each within 5 s)."""
     assert cluster.server is not None
-    status, body = await get(cluster.server.ports["health"], "/healthz")
+    status, body = await http_get(cluster.server.ports["health"], "/healthz")
     assert (status, body) == (200, "ok\n")
     async with asyncio.timeout(5):
         metrics = await cluster.metrics()
@@ -113,7 +100,7 @@ async def test_slow_heads_are_closed_after_the_header_timeout(cluster: Cluster) 
         started = time.monotonic()
         try:
             # Meanwhile the front, health and metrics serve everyone else.
-            status, body = await get(front, "/", host=f"edge-1:{http_port}")
+            status, body = await http_get(front, "/", host=f"edge-1:{http_port}")
             assert (status, body) == (200, "hello\n")
             await health_and_metrics(cluster)
             answers = await asyncio.gather(*(closed_within(r, 15) for r, _ in slow))
@@ -350,7 +337,7 @@ async def test_request_without_an_answer_ends_after_the_idle_timeout(cluster: Cl
     async with tcp_server(silent) as silent_port:
         async with bed(cluster, "--idle-timeout", "1", allow=(silent_port,)):
             started = time.monotonic()
-            status, body = await get(cluster.http_port, "/", host=f"edge-1:{silent_port}")
+            status, body = await http_get(cluster.http_port, "/", host=f"edge-1:{silent_port}")
             assert time.monotonic() - started >= 0.8
             assert (status, body) == (504, "edge-1: no byte either way for 1s (--idle-timeout)\n")
             m = await cluster.metrics()

@@ -14,8 +14,9 @@ import subprocess
 
 import pytest
 
-from tests.integration.cluster import Cluster, free_port
-from tests.integration.l7.env import curl, run
+from tests.helpers import eventually, free_port, run
+from tests.integration.cluster import Cluster
+from tests.integration.l7.env import curl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -36,15 +37,14 @@ def _relay(port: int, target_port: int) -> subprocess.Popen[bytes]:
 
 
 async def _wait_listening(port: int) -> None:
-    for _ in range(100):
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            await asyncio.sleep(0.05)
-            continue
+    async def listening() -> bool:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.close()
-        return
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+        return True
+
+    await eventually(
+        listening, 5, interval=0.05, what=f"a listener on 127.0.0.1:{port}", ignore=(OSError,)
+    )
 
 
 async def test_a_request_for_the_servers_own_front_is_refused_with_508(cluster: Cluster) -> None:

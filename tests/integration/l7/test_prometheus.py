@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import signal
-import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import free_port
+from tests.helpers import free_port, http_get, spawn, stop
 from tests.integration.l7.env import L7
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -43,12 +41,7 @@ scrape_configs:
 
 
 async def api(port: int, query: str) -> list[dict[str, object]]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    path = "/api/v1/query?query=" + urllib.parse.quote(query)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-    raw = await reader.read()
-    writer.close()
-    body = raw.split(b"\r\n\r\n", 1)[1]
+    _, body = await http_get(port, "/api/v1/query?query=" + urllib.parse.quote(query))
     data = json.loads(body)
     assert data["status"] == "success", data
     result: list[dict[str, object]] = data["data"]["result"]
@@ -69,29 +62,19 @@ def prometheus(l7: L7, tmp_path: Path) -> Iterator[tuple[int, Path]]:
         )
     )
     log_path = tmp_path / "prometheus.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    proc = spawn(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        log_path,
+    )
     try:
         yield port, log_path
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc, 10)
 
 
 async def test_prometheus_scrapes_edge_targets_through_the_server(

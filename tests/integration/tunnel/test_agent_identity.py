@@ -9,11 +9,11 @@ against a real server, real mTLS.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
-from tests.integration.cluster import Cluster, Proc, free_port
+from tests.helpers import eventually, free_port
+from tests.integration.cluster import Cluster, Proc
 from tests.integration.targets import echo, tcp_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,10 +40,12 @@ def start_agent(cluster: Cluster, cert_node: str, *extra: str, name: str = "agen
 
 
 async def exit_code(proc: Proc, within: float) -> int:
-    deadline = time.monotonic() + within
-    while proc.running and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert not proc.running, f"{proc.name} still running after {within}s:\n{proc.output()}"
+    await eventually(
+        lambda: not proc.running,
+        within,
+        interval=0.05,
+        what=lambda: f"{proc.name} exiting\n{proc.output()}",
+    )
     assert proc.popen is not None
     return int(proc.popen.returncode)
 

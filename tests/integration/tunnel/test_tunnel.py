@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.integration.cluster import Cluster, free_port
+from tests.helpers import free_port
+from tests.integration.cluster import Cluster
 from tests.integration.targets import Firehose, echo, hash_sink, tcp_server
 
 pytestmark = pytest.mark.timeout(180)

@@ -84,14 +84,10 @@ def test_peers_of(example: Model) -> None:
         ("edge-1", "ghost", False),
     ],
 )
-def test_may_serve(example: Model, agent: str, target: str, allowed: bool) -> None:
-    assert example.may_serve(agent, target) is allowed
-
-
-def test_gateway_of(example: Model) -> None:
-    assert example.gateway_of("edge-2").name == "gw-edge"  # type: ignore[union-attr]
-    assert example.gateway_of("edge-3") is None
-    assert example.gateway_of("ghost") is None
+def test_who_may_serve_whom(example: Model, agent: str, target: str, allowed: bool) -> None:
+    """The agent on ``agent`` may carry traffic for ``target``: the rule, in both directions."""
+    assert (target in {n.name for n in example.peers_of(agent)}) is allowed
+    assert (agent in {n.name for n in example.peers_of(target)}) is allowed
 
 
 def test_proxy_nodes_spec_when_no_active_endpoints(example: Model) -> None:

@@ -117,6 +117,20 @@ def test_no_candidates_for_solo_unknown_or_other_gateway() -> None:
     assert reg.pick(model(), "solo") is None
 
 
+def test_a_proxy_endpoint_outside_the_gateway_never_serves_it() -> None:
+    """The spec names ``solo`` as a proxy endpoint of ``gw`` but the node is not labelled into
+    the gateway: its agent may not serve gw's nodes (``Model.peers_of``), even as the only one."""
+    base = model()
+    gw = base.gateways["gw"]
+    listed = Model.build(
+        base.nodes.values(),
+        [Gateway(name="gw", endpoints=(Endpoint("solo", "proxy"), *gw.endpoints))],
+    )
+    outsider, member = fake("solo"), fake("d")
+    assert registry(solo=[outsider]).candidates(listed, "a") == []
+    assert registry(solo=[outsider], d=[member]).candidates(listed, "a") == [member]
+
+
 def test_closed_and_draining_sessions_are_skipped() -> None:
     closed, sent, received, live = fake("a"), fake("a"), fake("a"), fake("b")
     cast(FakeSession, closed).closed = True

@@ -1,0 +1,159 @@
+"""Helpers shared by the test suite: waiting for a condition, free ports, child processes that
+are stopped by PID, one raw HTTP exchange, and a process's Prometheus metrics.
+
+Look here before writing a helper in a test file; the harnesses (``tests/integration/cluster.py``,
+``tests/integration/l7/env.py``) are built on these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+
+# -- waiting ----------------------------------------------------------------------------------
+async def eventually(
+    check: Callable[[], object],
+    within: float = 5.0,
+    *,
+    interval: float = 0.02,
+    what: str | Callable[[], str] = "condition",
+    ignore: tuple[type[Exception], ...] = (),
+) -> float:
+    """Call ``check()`` (a plain function, or one returning an awaitable) until it is truthy;
+    return the seconds it took. After ``within`` seconds the test fails, naming ``what`` (a
+    callable is asked only then, e.g. for a process's log) and the last exception of the
+    ``ignore`` types, which count as "not yet" (a port not listening yet)."""
+    start = time.monotonic()
+    last: Exception | None = None
+    while True:
+        try:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+        except ignore as exc:
+            last, result = exc, None
+        if result:
+            return time.monotonic() - start
+        if time.monotonic() - start > within:
+            detail = what() if callable(what) else what
+            error = f" (last error: {last!r})" if last is not None else ""
+            pytest.fail(f"{detail}: not met within {within} s{error}", pytrace=False)
+        await asyncio.sleep(interval)
+
+
+# -- ports ------------------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (for a child process's flags)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+# -- child processes ----------------------------------------------------------------------------
+def spawn(args: Sequence[str], log: Path, *, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``args`` in its own session, stdout and stderr appended to ``log``, no stdin.
+    The caller stops it with :func:`stop` (in a ``finally``), by its PID."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            list(args),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=cwd,
+        )
+
+
+def spawn_python(
+    args: Sequence[str], log: Path, *, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """:func:`spawn` for ``python ARGS`` with this interpreter."""
+    return spawn([sys.executable, *args], log, cwd=cwd)
+
+
+def stop(popen: subprocess.Popen[bytes], timeout: float = 15) -> int:
+    """SIGTERM, then SIGKILL after ``timeout``; returns the exit code (at once if it exited)."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    return popen.returncode
+
+
+async def run(*args: str, timeout: float = 30) -> tuple[int, str, str]:
+    """Run a command (curl, dig) to its end; return (exit code, stdout, stderr). Killed by PID
+    when it overruns ``timeout`` or the test is cancelled. Proxy variables are dropped from its
+    environment (the tests name the proxy they mean)."""
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+        env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except BaseException:
+        if proc.returncode is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+# -- HTTP and metrics -------------------------------------------------------------------------
+async def raw_exchange(
+    port: int, request: bytes, *, timeout: float = 15, source: str | None = None
+) -> bytes:
+    """Send ``request`` as it is to 127.0.0.1:``port`` (from address ``source`` if given) and
+    read until the peer closes."""
+    local = (source, 0) if source else None
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=local)
+    try:
+        writer.write(request)
+        await writer.drain()
+        async with asyncio.timeout(timeout):
+            return await reader.read()
+    finally:
+        writer.close()
+
+
+async def http_get(
+    port: int, path: str, host: str = "x", *, source: str | None = None, timeout: float = 10
+) -> tuple[int, str]:
+    """One HTTP/1.1 GET with ``Connection: close``; (status, body)."""
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+    data = await raw_exchange(port, request, timeout=timeout, source=source)
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body.decode()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition → ``{'name{labels}': value}``."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            values[key] = float(value)
+    return values
+
+
+async def scrape(port: int) -> dict[str, float]:
+    """The /metrics of the process serving them on 127.0.0.1:``port``."""
+    _, body = await http_get(port, "/metrics")
+    return parse_metrics(body)
