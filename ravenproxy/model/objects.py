@@ -7,6 +7,7 @@ inventory; see ``docs/inventory.md``.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -151,3 +152,12 @@ def parse_port_list(text: str) -> tuple[int, ...]:
             raise ValueError(f"invalid port {part!r} in {text!r}")
         ports.append(int(part))
     return tuple(ports)
+
+
+def is_ip(text: str) -> bool:
+    """Whether ``text`` is an IPv4 or IPv6 address (Gateway validation's publicIP rule)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,145 @@
+"""The package's layering, checked from the source (ARCHITECTURE.md "Package layout").
+
+- No import cycle between modules of ``ravenproxy/``, counting every import: module-level,
+  inside functions, and under ``TYPE_CHECKING`` (an upward dependency hidden there is still one).
+- ``wire/``, ``transport/``, ``model/`` and ``pki/`` import nothing from ``server/``, ``agent/``,
+  ``controller/`` or ``l3/``.
+- ``server/``, ``agent/`` and ``controller/`` import nothing from each other (the agent may
+  embed ``l3/``).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ravenproxy"
+BELOW = ("wire", "transport", "model", "pki", "kube")
+COMPONENTS = ("server", "agent", "controller", "l3")
+PEERS = ("server", "agent", "controller")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(
+    name: str, source: str, known: set[str], *, is_package: bool = False
+) -> Iterator[tuple[str, int]]:
+    """(imported ravenproxy module, line) for every import in a module's source: module level,
+    in functions, under ``if TYPE_CHECKING`` — ``ast.walk`` visits them all."""
+    tree = ast.parse(source, name)
+    package = name if is_package else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "ravenproxy":
+                    yield _resolve(alias.name, known), node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base.split(".")[0] != "ravenproxy":
+                continue
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                yield (candidate if candidate in known else _resolve(base, known)), node.lineno
+
+
+def _resolve(dotted: str, known: set[str]) -> str:
+    while dotted and dotted not in known:
+        dotted = dotted.rpartition(".")[0]
+    return dotted
+
+
+def _graph() -> dict[str, dict[str, int]]:
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        edges: dict[str, int] = {}
+        source = path.read_text()
+        for target, line in _imports(name, source, known, is_package=path.name == "__init__.py"):
+            if target and target != name and target != "ravenproxy":
+                edges.setdefault(target, line)
+        graph[name] = edges
+    return graph
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(graph.get(node, {})):
+            if state.get(target) == 1:
+                cycles.append([*stack[stack.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_lower_layers_import_no_component() -> None:
+    bad = [
+        f"{module} imports {target} (line {line})"
+        for module, edges in _graph().items()
+        if _layer(module) in BELOW
+        for target, line in edges.items()
+        if _layer(target) in COMPONENTS
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_components_import_no_other_component() -> None:
+    bad = [
+        f"{module} imports {target} (line {line})"
+        for module, edges in _graph().items()
+        if _layer(module) in PEERS
+        for target, line in edges.items()
+        if _layer(target) in PEERS and _layer(target) != _layer(module)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_function_level_and_type_checking_imports() -> None:
+    # The rules above are only as good as the import finder: prove it finds the hidden kinds.
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from ravenproxy.server.app import ProxyServer\n"
+        "def f():\n    from ravenproxy.agent import app\n"
+        "from . import frames\n"
+        "import ravenproxy.controller.kube.client\n"
+    )
+    known = {
+        "ravenproxy.server.app",
+        "ravenproxy.agent.app",
+        "ravenproxy.wire.frames",
+        "ravenproxy.controller.kube",
+    }
+    found = {target for target, _ in _imports("ravenproxy.wire.probe", source, known)}
+    assert found == known
