@@ -7,6 +7,7 @@ test process never share counters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 from aiohttp import web
@@ -139,7 +140,31 @@ class AgentMetrics:
         r = self.registry = CollectorRegistry()
         _task_gauge(r, "agent")
         self.connected = Gauge(
-            f"{NS}_agent_tunnel_connected", "1 while the tunnel is up", registry=r
+            f"{NS}_agent_tunnel_connected", "1 while at least one tunnel is up", registry=r
+        )
+        self.tunnels_up = Gauge(f"{NS}_agent_tunnels_up", "Tunnels up", registry=r)
+        self.tunnels_wanted = Gauge(
+            f"{NS}_agent_tunnels_wanted",
+            "Tunnels to distinct servers the agent wants (--server-count, or servers discovered)",
+            registry=r,
+        )
+        self.server_tunnel = Gauge(
+            f"{NS}_agent_server_tunnel_up",
+            "1 while the tunnel to this server is up, 0 while it is down or draining",
+            ["server", "address"],
+            registry=r,
+        )
+        self.reconnects = Counter(
+            f"{NS}_agent_reconnects",
+            "Tunnels that came up again after an earlier one of the same slot ended, by server",
+            ["server"],
+            registry=r,
+        )
+        self.duplicates = Counter(
+            f"{NS}_agent_duplicate_tunnels",
+            "Tunnels closed at once because the agent already held one to that server id",
+            ["server"],
+            registry=r,
         )
         self.connects = Counter(
             f"{NS}_agent_connect_attempts",
@@ -155,6 +180,11 @@ class AgentMetrics:
             ["direction"],
             registry=r,
         )
+
+    def forget_server(self, server: str, address: str) -> None:
+        """Drop a server's tunnel series (it left the model, or the slot now holds another)."""
+        with contextlib.suppress(KeyError):
+            self.server_tunnel.remove(server, address)
 
 
 def metrics_app(

@@ -1,8 +1,15 @@
-"""The edge agent: keeps one tunnel to the server up and serves the streams it carries.
+"""The edge agent: holds one tunnel to every proxy server and serves the streams they carry.
 
-The connector loop dials ``wss://`` with mTLS, runs a :class:`Session` until it ends, logs why,
-and dials again after an exponential, fully jittered delay. The delay sequence restarts once a
-tunnel came up (the peer's SETTINGS arrived), so a server restart is followed by a quick return.
+Where the servers are: every ``--server-addr`` (several, or one load balancer's address dialled
+until ``--server-count`` distinct servers are held), or, with ``--discover-servers``, the public
+address of every active proxy endpoint in the model, followed as it changes. Each tunnel slot
+has its own dial loop and backoff. A server is known by the id it announces in SETTINGS
+(SERVER_ID): a second tunnel to a server already held is closed as a duplicate (close code
+4000) and the slot dials again. Streams from any tunnel are served the same way.
+
+Re-dial: a tunnel that was up is re-dialled within a second (jittered), whether its server
+drained (GOAWAY) or went away; a failed dial backs off exponentially with full jitter, only
+across consecutive failures.
 """
 
 from __future__ import annotations
@@ -10,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import ssl
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +28,12 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatus
 
 from ravenproxy.agent.backoff import backoff
+from ravenproxy.agent.servers import (
+    HEALTHY_AFTER,
+    REDIAL_AFTER_UP,
+    discovered_servers,
+    slot_address,
+)
 from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.kube.sources import model_source
 from ravenproxy.lifecycle import listening, parts
@@ -31,11 +46,16 @@ from ravenproxy.transport.bytestream import TunnelByteStream
 from ravenproxy.transport.dialer import DialError, dial
 from ravenproxy.transport.relay import relay
 from ravenproxy.transport.session import Session, StreamClosedError, TunnelStream, websocket_options
+from ravenproxy.wire.codes import DUPLICATE_CLOSE_CODE
 
 if TYPE_CHECKING:
     from ravenproxy.l3.publish import KeyPublisher
 
 log = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT = 30.0
+"""How long a tunnel the agent drains itself (a server removed from the model, a duplicate)
+waits for its open streams before it is closed anyway."""
 
 
 def describe_connect_error(exc: BaseException) -> str:
@@ -64,22 +84,71 @@ def describe_connect_error(exc: BaseException) -> str:
     return repr(exc)
 
 
+@dataclass(eq=False)
+class Tunnel:
+    """One tunnel slot: what its dial loop holds now (readiness, metrics and logs read it)."""
+
+    slot: int
+    address: str
+    """The address dialled now (a discovered slot keeps its one address)."""
+    discovered: bool = False
+    state: str = "down"
+    """``dialling``, ``up``, ``draining`` or ``down``."""
+    server_id: str | None = None
+    """The id the server announced (None before the first tunnel, or from an older server)."""
+    session: Session | None = None
+    retired: bool = False
+    """Removed from the model: drain the tunnel, dial no more."""
+    ups: int = 0
+    """Times a tunnel of this slot came up (a reconnect is every one after the first)."""
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def server(self) -> str:
+        """The server's id, else its address: the label the metrics and logs use."""
+        return self.server_id or self.address
+
+
 class Agent:
     def __init__(self, settings: AgentSettings, store: ModelStore | None = None) -> None:
         self.settings = settings
         self.store = store or ModelStore()
         self.metrics = AgentMetrics()
-        self.session: Session | None = None
+        self.tunnels: dict[int, Tunnel] = {}
         self.connected = asyncio.Event()
+        """Set while at least one tunnel is up."""
+        self._slots = 0
+        self._tg: asyncio.TaskGroup | None = None
         self._runners: list[web.AppRunner] = []
         self._stopping = False
         self._extra_allow = Allowlist.parse(settings.allow)
         self.allowlist = self._build_allowlist()
         self.store.subscribe(lambda _model: self._refresh_allowlist())
-        self.metrics.streams.set_function(
-            lambda: len(self.session.streams) if self.session is not None else 0
+        m = self.metrics
+        m.streams.set_function(
+            lambda: sum(len(t.session.streams) for t in self._up() if t.session is not None)
         )
+        m.tunnels_up.set_function(lambda: len(self._up()))
+        m.tunnels_wanted.set_function(lambda: self._wanted())
         self.ports: dict[str, int] = {}
+
+    @property
+    def session(self) -> Session | None:
+        """One tunnel that is up (None: none is)."""
+        up = self._up()
+        return up[0].session if up else None
+
+    def _up(self) -> list[Tunnel]:
+        return [
+            t
+            for t in self.tunnels.values()
+            if t.state == "up" and t.session is not None and not t.session.closed
+        ]
+
+    def _wanted(self) -> int:
+        if self.settings.discover_servers:
+            return sum(1 for t in self.tunnels.values() if not t.retired)
+        return self.settings.slots
 
     def _build_allowlist(self) -> Allowlist:
         return gateway_allowlist(
@@ -93,16 +162,18 @@ class Agent:
         self.allowlist = self._build_allowlist()
         log.info("allowlist updated", extra=kv(entries=len(self.allowlist)))
 
+    def _tally(self) -> str:
+        return f"{len(self._up())}/{self._wanted()}"
+
     def _ready(self) -> tuple[bool, str]:
-        if self.session is not None and not self.session.closed and self.connected.is_set():
-            return True, "tunnel up"
-        return False, "tunnel down"
+        """Ready while at least one tunnel is up: any server can then reach this node."""
+        return bool(self._up()), f"tunnels up {self._tally()}"
 
     async def run(self) -> None:
         """Serve until cancelled.
 
-        The parts (model source, metrics listener, key publisher, L3 reconciler, the tunnel's
-        connect loop) start in one task group: when one fails, at start or later, those started
+        The parts (model source, metrics listener, key publisher, L3 reconciler, the tunnels'
+        dial loops) start in one task group: when one fails, at start or later, those started
         are stopped and waited for, and the error is raised alone when it is ours (a taken
         ``--metrics-addr`` is one line naming the flag, see :mod:`ravenproxy.lifecycle`).
         """
@@ -130,11 +201,13 @@ class Agent:
                     stack.push_async_callback(api.close)
                     publisher = KeyPublisher(self.store, api, s.node_name, s.l3)
                 async with parts() as tg:
+                    self._tg = tg
                     # Listeners bind before any loop dials out: a taken address then fails
                     # the start without cutting a TLS handshake short (uvloop logs that).
                     await self._start_metrics()
                     self._start_parts(tg, ctx, publisher)
         finally:
+            self._tg = None
             for runner in self._runners:
                 await runner.cleanup()
             self._runners.clear()
@@ -157,7 +230,11 @@ class Agent:
             log.warning(
                 "the allowlist is empty: every stream will be refused", extra=kv(node=s.node_name)
             )
-        tg.create_task(self._connect_loop(ctx), name="agent-connect")
+        if s.discover_servers:
+            tg.create_task(self._follow_model(ctx), name="agent-discover-servers")
+        else:
+            for _ in range(s.slots):
+                self._add_slot(ctx, s.server_urls[0], discovered=False)
 
     async def _start_metrics(self) -> None:
         """Bind ``--metrics-addr`` (metrics, /healthz, /readyz); cleaned up when :meth:`run`
@@ -172,20 +249,135 @@ class Agent:
         self._runners.append(runner)
         self.ports["metrics"] = port
 
-    async def _connect_loop(self, ctx: ssl.SSLContext) -> None:
+    # -- slots --------------------------------------------------------------------------------
+    def _add_slot(self, ctx: ssl.SSLContext, address: str, *, discovered: bool) -> Tunnel:
+        assert self._tg is not None, "slots are added while run() runs"
+        tunnel = Tunnel(self._slots, address, discovered=discovered)
+        self._slots += 1
+        self.tunnels[tunnel.slot] = tunnel
+        tunnel.task = self._tg.create_task(
+            self._dial_loop(tunnel, ctx), name=f"agent-tunnel:{tunnel.slot}"
+        )
+        return tunnel
+
+    async def _follow_model(self, ctx: ssl.SSLContext) -> None:
+        """``--discover-servers``: one slot per discovered server, added and drained as the
+        model changes (no restart)."""
+        while True:
+            version = self.store.version
+            wanted = discovered_servers(self.store.model)
+            held = {t.address: t for t in self.tunnels.values() if not t.retired}
+            added = [a for a in wanted if a not in held]
+            removed = [t for a, t in held.items() if a not in wanted]
+            if added or removed:
+                log.info(
+                    "servers discovered",
+                    extra=kv(
+                        servers=len(wanted),
+                        added=",".join(added) or "-",
+                        removed=",".join(t.address for t in removed) or "-",
+                    ),
+                )
+            for address in added:
+                self._add_slot(ctx, address, discovered=True)
+            for tunnel in removed:
+                self._retire(tunnel)
+            await self.store.wait_changed(version)
+
+    def _retire(self, tunnel: Tunnel) -> None:
+        """A server left the model: drain its tunnel (GOAWAY, open streams finish), dial it no
+        more."""
+        tunnel.retired = True
+        session = tunnel.session
+        if tunnel.state == "up" and session is not None and self._tg is not None:
+            self._set_state(tunnel, "draining", reason="server removed from the model")
+            self._tg.create_task(
+                self._drain(session, "server removed from the model"),
+                name=f"agent-drain:{tunnel.slot}",
+            )
+        elif tunnel.task is not None:
+            tunnel.task.cancel()  # dialling or waiting: nothing to drain
+            self._forget(tunnel)
+
+    def _forget(self, tunnel: Tunnel) -> None:
+        self.tunnels.pop(tunnel.slot, None)
+        self.metrics.forget_server(tunnel.server, tunnel.address)
+
+    async def _drain(self, session: Session, reason: str, code: int = 1000) -> None:
+        """GOAWAY (the server opens no more streams here), let the open ones finish (up to
+        :data:`DRAIN_TIMEOUT`), then close with ``code``."""
+        session.goaway(reason)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_TIMEOUT
+        # No event marks a session's last stream closing; a bounded 10 Hz poll is cheap.
+        while session.streams and not session.closed and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        await session.close(reason, code)
+
+    def _holder(self, server_id: str | None, tunnel: Tunnel) -> Tunnel | None:
+        """The other slot already up on ``server_id``; None for a server without an id (an
+        older server cannot be told apart from another, so it is never a duplicate)."""
+        if server_id is None:
+            return None
+        for other in self._up():
+            if other is not tunnel and other.server_id == server_id:
+                return other
+        return None
+
+    def _set_state(self, tunnel: Tunnel, state: str, **fields: object) -> None:
+        """One log line per tunnel state change, naming the server and its address."""
+        tunnel.state = state
+        up = state == "up"
+        if up:
+            self.connected.set()
+        elif not self._up():
+            self.connected.clear()
+        self.metrics.connected.set(1 if self._up() else 0)
+        self.metrics.server_tunnel.labels(server=tunnel.server, address=tunnel.address).set(
+            1 if up else 0
+        )
+        message = {
+            "up": "tunnel up",
+            "draining": "tunnel draining",
+            "down": "tunnel down, reconnecting",
+        }[state]
+        level = logging.INFO if state != "down" else logging.WARNING
+        if state == "down" and tunnel.retired:
+            message, level = "tunnel drained", logging.INFO
+        log.log(
+            level,
+            message,
+            extra=kv(
+                node=self.settings.node_name,
+                server_id=tunnel.server_id or "-",
+                address=tunnel.address,
+                slot=tunnel.slot,
+                tunnels=self._tally(),
+                **fields,
+            ),
+        )
+
+    async def _dial_loop(self, tunnel: Tunnel, ctx: ssl.SSLContext) -> None:
+        """Keep one tunnel up: dial, hold it while it lasts, dial again."""
         s = self.settings
         delays = backoff(s.backoff_base, s.backoff_cap)
-        wire = s.session.wire
-        while True:
+        turn = 0
+        # With more addresses than slots, a slot whose server is away tries the next one;
+        # otherwise it waits for its own (every other address has its own slot).
+        spare = len(s.server_urls) > s.slots
+        while not tunnel.retired:
+            if not tunnel.discovered:
+                tunnel.address = slot_address(s.server_urls, tunnel.slot, turn)
+            tunnel.state = "dialling"
             try:
                 ws: ClientConnection = await connect(
-                    s.server_url,
+                    tunnel.address,
                     ssl=ctx,
                     open_timeout=10,
                     proxy=None,
                     user_agent_header=f"ravenproxy-agent/{s.node_name}",
                     logger=logging.getLogger("ravenproxy.agent.websocket"),
-                    **websocket_options(wire),
+                    **websocket_options(s.session.wire),
                 )
             except asyncio.CancelledError:
                 raise
@@ -195,48 +387,108 @@ class Agent:
                 log.warning(
                     "cannot reach the server, retrying",
                     extra=kv(
-                        server=s.server_url,
+                        address=tunnel.address,
+                        slot=tunnel.slot,
                         reason=describe_connect_error(exc),
                         retry_in=f"{delay:.2f}s",
                     ),
                 )
+                turn += 1 if spare else 0
                 await asyncio.sleep(delay)
                 continue
             self.metrics.connects.labels(result="ok").inc()
-            session = Session(
-                ws,
-                server_side=False,
-                config=s.session,
-                on_open=self._serve,
-                name=s.node_name,
-                fields={"node": s.node_name, "server": s.server_url},
-            )
-            session.on_stream_closed = self._stream_closed
-            self.session = session
-            runner = asyncio.create_task(session.run(), name="agent-session")
+            outcome, uptime = await self._hold(tunnel, ws)
+            if outcome == "duplicate":
+                turn += 1
+                await asyncio.sleep(next(delays))
+                continue
+            if tunnel.retired:
+                break
+            if outcome == "up" and uptime >= HEALTHY_AFTER:
+                # Its server drained or went away: it (or another) is most likely back at once.
+                delays = backoff(s.backoff_base, s.backoff_cap)
+                delay = max(0.01, random.random() * REDIAL_AFTER_UP)
+            else:
+                delay = next(delays)
+            if outcome == "up":
+                self._set_state(
+                    tunnel,
+                    "down",
+                    reason=tunnel.session.close_reason if tunnel.session else "",
+                    retry_in=f"{delay:.2f}s",
+                )
+            else:
+                log.warning(
+                    "cannot reach the server, retrying",
+                    extra=kv(
+                        address=tunnel.address,
+                        slot=tunnel.slot,
+                        reason=outcome,
+                        retry_in=f"{delay:.2f}s",
+                    ),
+                )
+            tunnel.session = None
+            await asyncio.sleep(delay)
+        if tunnel.state in ("up", "draining"):
+            self._set_state(tunnel, "down")
+        self._forget(tunnel)
+
+    async def _hold(self, tunnel: Tunnel, ws: ClientConnection) -> tuple[str, float]:
+        """Run one tunnel until it ends: ``("up", seconds up)``, ``("duplicate", 0)``, or
+        (it ended before the server's SETTINGS) ``(why, 0)``."""
+        s = self.settings
+        session = Session(
+            ws,
+            server_side=False,
+            config=s.session,
+            on_open=self._serve,
+            name=f"{s.node_name}:{tunnel.slot}",
+            fields={"node": s.node_name, "address": tunnel.address},
+        )
+        session.on_stream_closed = self._stream_closed
+        runner = asyncio.create_task(session.run(), name=f"agent-session:{tunnel.slot}")
+        loop = asyncio.get_running_loop()
+        try:
             try:
                 await session.wait_ready()
-                delays = backoff(s.backoff_base, s.backoff_cap)  # a good tunnel resets backoff
-                self.connected.set()
-                self.metrics.connected.set(1)
-                log.info("tunnel up", extra=kv(node=s.node_name, server=s.server_url))
             except StreamClosedError:
-                pass
-            try:
                 await asyncio.shield(runner)
-            except asyncio.CancelledError:
-                await session.close("agent stopping")
-                await asyncio.gather(runner, return_exceptions=True)
-                raise
-            finally:
-                self.connected.clear()
-                self.metrics.connected.set(0)
-            delay = next(delays)
-            log.warning(
-                "tunnel down, reconnecting",
-                extra=kv(reason=session.close_reason, retry_in=f"{delay:.2f}s"),
-            )
-            await asyncio.sleep(delay)
+                return session.close_reason or "closed before SETTINGS", 0.0
+            server_id = session.peer_server_id
+            holder = self._holder(server_id, tunnel)
+            if holder is not None:
+                reason = f"duplicate: already connected to server {server_id}"
+                self.metrics.duplicates.labels(server=server_id).inc()
+                log.info(
+                    "duplicate tunnel closed, dialling again",
+                    extra=kv(
+                        node=s.node_name,
+                        server_id=server_id,
+                        address=tunnel.address,
+                        slot=tunnel.slot,
+                        held_by_slot=holder.slot,
+                    ),
+                )
+                # GOAWAY first: a stream the server opened meanwhile still finishes.
+                await self._drain(session, reason, DUPLICATE_CLOSE_CODE)
+                await asyncio.shield(runner)
+                return "duplicate", 0.0
+            if tunnel.server_id is not None and tunnel.server_id != server_id:
+                # The slot moved to another server: its old series must not stay at 0 forever.
+                self.metrics.forget_server(tunnel.server, tunnel.address)
+            tunnel.server_id = server_id
+            tunnel.session = session
+            if tunnel.ups:
+                self.metrics.reconnects.labels(server=tunnel.server).inc()
+            tunnel.ups += 1
+            up_at = loop.time()
+            self._set_state(tunnel, "up")
+            await asyncio.shield(runner)
+            return "up", loop.time() - up_at
+        except asyncio.CancelledError:
+            await session.close("agent stopping")
+            await asyncio.gather(runner, return_exceptions=True)
+            raise
 
     def _stream_closed(self, stream: TunnelStream) -> None:
         self.metrics.bytes.labels(direction="up").inc(stream.bytes_out)

@@ -25,11 +25,6 @@ class AgentSettings:
         help="this node's name (without it: NODE_NAME, else the node --cert-file names); must "
         "be the node in --cert-file, as the server knows the agent by its certificate",
     )
-    server_url: str = setting(
-        flag="--server-addr",
-        metavar="wss://H:P",
-        help="the server's tunnel address",
-    )
     ca_file: str = setting(
         flag="--ca-file", metavar="F", help="CA that signs the server certificate", kind="file"
     )
@@ -37,6 +32,30 @@ class AgentSettings:
         flag="--cert-file", metavar="F", help="this agent's client certificate", kind="file"
     )
     key_file: str = setting(flag="--key-file", metavar="F", help="this agent's key", kind="file")
+    server_urls: tuple[str, ...] = setting(
+        (),
+        "--server-addr",
+        "wss://H:P",
+        "a server's tunnel address (repeatable: one tunnel is held to every server; a load "
+        "balancer's address is dialled until --server-count distinct servers are held)",
+        key="server_addr",
+    )
+    """The addresses given; empty with ``discover_servers``."""
+    server_count: int | None = setting(
+        None,
+        "--server-count",
+        "N",
+        "hold tunnels to this many distinct servers; without it: the number of distinct "
+        "--server-addr",
+    )
+    """``--server-count`` as given; :attr:`slots` is the number of tunnels held."""
+    discover_servers: bool = setting(
+        False,
+        "--discover-servers",
+        help="take the servers from the model instead of --server-addr: the public IP and port "
+        "of every active proxy endpoint of every exposed gateway, followed as they change "
+        "(needs --inventory or --kube-model)",
+    )
     allow: tuple[str, ...] = setting(
         (),
         "--allow",
@@ -66,10 +85,17 @@ class AgentSettings:
         default_factory=SessionConfig, metadata={"options": ("ping_interval", "dead_after")}
     )
     backoff_base: float = setting(
-        0.5, "--backoff-base", "S", "first delay before dialling the server again"
+        0.5,
+        "--backoff-base",
+        "S",
+        "first delay before dialling a server again after a failed dial; doubles with each "
+        "consecutive failure (a tunnel that was up is re-dialled within 1 s)",
     )
     backoff_cap: float = setting(
-        30.0, "--backoff-cap", "S", "longest delay before dialling the server again"
+        5.0,
+        "--backoff-cap",
+        "S",
+        "longest delay before dialling a server again (bounds the return after a long outage)",
     )
     server_hostname_check: bool = setting(
         True,
@@ -103,6 +129,16 @@ class AgentSettings:
     )
     """The embedded L3 route driver's settings; None: L3 off (the tunnel only)."""
 
+    @property
+    def server_url(self) -> str:
+        """The first ``--server-addr`` ("" with ``discover_servers``)."""
+        return self.server_urls[0] if self.server_urls else ""
+
+    @property
+    def slots(self) -> int:
+        """Tunnels to distinct servers held with ``--server-addr`` (one dial loop each)."""
+        return self.server_count or len(self.server_urls)
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> AgentSettings:
         # A flag (or config-file value) wins over NODE_NAME; neither: the certificate's node.
@@ -115,15 +151,23 @@ class AgentSettings:
                 validate_node_name(given_node)
             except PKIError as exc:
                 raise ConfigError(node_source, str(exc)) from None
-        url = str(values.get("server_addr") or "")
-        parts = urlsplit(url)
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if parts.scheme != "wss" or not parts.hostname or not port:
-            raise ConfigError("--server-addr", f"{url!r} must look like wss://HOST:PORT")
         v = flags.read(cls, values)
+        urls = tuple(dict.fromkeys(_server_url(u) for u in v["server_addr"]))  # distinct, kept
+        count = v["server_count"]
+        if v["discover_servers"]:
+            if urls or count:
+                flag = "--server-addr" if urls else "--server-count"
+                raise ConfigError(
+                    flag, "give either --server-addr (and --server-count) or --discover-servers"
+                )
+            if not (v["inventory"] or v["kube_model"]):
+                raise ConfigError(
+                    "--discover-servers",
+                    "needs --inventory or --kube-model: servers come from the model's gateways",
+                )
+        elif not urls:
+            raise ConfigError("--server-addr", "required (or --discover-servers)")
+
         try:
             session = SessionConfig(ping_interval=v["ping_interval"], dead_after=v["dead_after"])
         except ValueError as exc:
@@ -140,7 +184,9 @@ class AgentSettings:
         node = _node_name(given_node, node_source, cert_node(cert_file), cert_file)
         return cls(
             node_name=node,
-            server_url=url,
+            server_urls=urls,
+            server_count=count,
+            discover_servers=v["discover_servers"],
             ca_file=cfg.existing_file(values.get("ca_file"), "--ca-file"),
             cert_file=cert_file,
             key_file=cfg.existing_file(values.get("key_file"), "--key-file"),
@@ -157,6 +203,17 @@ class AgentSettings:
             kube_model=kube_model,
             kubeconfig=v["kubeconfig"],
         )
+
+
+def _server_url(url: str) -> str:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "wss" or not parts.hostname or not port:
+        raise ConfigError("--server-addr", f"{url!r} must look like wss://HOST:PORT")
+    return url
 
 
 def cert_node(cert_file: str) -> str:

@@ -41,7 +41,7 @@ from ravenproxy.server.router import Router
 from ravenproxy.server.settings import ServerSettings
 from ravenproxy.transport import tls
 from ravenproxy.transport.session import Session, TunnelStream, websocket_options
-from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode
+from ravenproxy.wire.codes import DUPLICATE_CLOSE_CODE, SUBPROTOCOL, ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class ProxyServer:
                 await liveness.start()
                 self._liveness = liveness
             undo.pop_all()  # started: stop() takes everything down from here
-        log.info("server listening", extra=kv(**self.ports))
+        log.info("server listening", extra=kv(server_id=s.identity, **self.ports))
 
     def _tls_refused(self, exc: ssl.SSLError) -> None:
         reason = exc.reason or exc.strerror or str(exc)
@@ -264,6 +264,7 @@ class ProxyServer:
             config=self.settings.session,
             name=node,
             fields={"node": node, "peer": _peer(peer)},
+            server_id=self.settings.identity,
         )
         session.on_stream_closed = self._stream_closed
         self.registry.add(node, session)
@@ -277,13 +278,27 @@ class ProxyServer:
                 flood = session.error is ErrorCode.ENHANCE_YOUR_CALM
                 outcome = "flood_closed" if flood else "protocol_error"
                 self.metrics.agent_sessions.labels(outcome=outcome).inc()
+            duplicate = _closed_as_duplicate(ws)
+            if duplicate:
+                # The agent already holds a tunnel to us (dialled again through a load
+                # balancer): it closed this one and dials for another server.
+                self.metrics.agent_sessions.labels(outcome="duplicate").inc()
             self.registry.remove(node, session)
             self.metrics.agents.set(len(self.registry))
-            log.info("agent disconnected", extra=kv(node=node, reason=session.close_reason))
+            log.info(
+                "agent closed a duplicate tunnel" if duplicate else "agent disconnected",
+                extra=kv(node=node, peer=_peer(peer), reason=session.close_reason),
+            )
 
     def _stream_closed(self, stream: TunnelStream) -> None:
         self.metrics.bytes.labels(direction="up").inc(stream.bytes_out)
         self.metrics.bytes.labels(direction="down").inc(stream.bytes_in)
+
+
+def _closed_as_duplicate(ws: ServerConnection) -> bool:
+    """Whether the agent closed this tunnel as a duplicate (docs/protocol.md 10.1)."""
+    rcvd = ws.protocol.close_rcvd
+    return rcvd is not None and rcvd.code == DUPLICATE_CLOSE_CODE
 
 
 def _fd_limit() -> int | None:

@@ -6,6 +6,7 @@ keepalive, open timeout and window cap are lent by :class:`SessionConfig`.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,15 @@ class ServerSettings:
     node_name: str | None = setting(
         None, "--node-name", "NODE", "node this server runs on (NODE_NAME)"
     )
+    server_id: str | None = setting(
+        None,
+        "--server-id",
+        "ID",
+        "this server's identity, announced to agents (SERVER_ID) so that one agent holds one "
+        "tunnel per server, also through a load balancer; unique per server, up to 253 bytes; "
+        "without it: --node-name, else the host name",
+    )
+    """``--server-id`` as given; :attr:`identity` is the id announced."""
     tunnel_addr: Address = setting(Address("", 10262), "--tunnel-addr", "H:P", "agent listener")
     https_addr: Address = setting(Address("", 10263), "--https-addr", "H:P", "HTTPS front")
     http_addr: Address = setting(Address("", 10264), "--http-addr", "H:P", "HTTP/CONNECT front")
@@ -173,6 +183,13 @@ class ServerSettings:
     )
     """API access for ``agent_leases`` and ``kube_model``; None: the in-cluster account."""
 
+    @property
+    def identity(self) -> str:
+        """The id announced to agents: ``--server-id``, else the node name, else the host name
+        (unique per server in a cluster, one server per gateway node, and stable across
+        restarts, so an agent recognises the server it held a tunnel to)."""
+        return self.server_id or self.node_name or socket.gethostname()
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ServerSettings:
         """Settings from flag and ``--config`` values keyed by flag name (``snake_case``)."""
@@ -181,6 +198,7 @@ class ServerSettings:
         if values.get("kubelet_cert_file") and not values.get("kubelet_key_file"):
             raise ConfigError("--kubelet-cert-file", "given without --kubelet-key-file")
         v = flags.read(cls, values)
+        node_name = v["node_name"] or cfg.env_node_name()
         try:
             session = SessionConfig(
                 wire=WireConfig(max_stream_window=v.pop("max_stream_window")),
@@ -197,7 +215,8 @@ class ServerSettings:
                 "ca_file": cfg.existing_file(values.get("ca_file"), "--ca-file"),
                 "cert_file": cfg.existing_file(values.get("cert_file"), "--cert-file"),
                 "key_file": cfg.existing_file(values.get("key_file"), "--key-file"),
-                "node_name": v["node_name"] or cfg.env_node_name(),
+                "node_name": node_name,
+                "server_id": _server_id(v["server_id"]),
                 "session": session,
                 "allow": _allow(v["allow"]),
             }
@@ -211,6 +230,19 @@ def _inventory(values: Mapping[str, Any]) -> str | None:
             raise ConfigError("--inventory", "give either --inventory or --kube-model, not both")
         return None
     return cfg.existing_file(values.get("inventory"), "--inventory")
+
+
+MAX_SERVER_ID = 253
+"""Longest ``--server-id`` in UTF-8 bytes (a DNS name's limit, like a node name's; the wire
+allows 256, docs/protocol.md 5.1)."""
+
+
+def _server_id(given: str | None) -> str | None:
+    if given is not None and (not given.isprintable() or not given.strip()):
+        raise ConfigError("--server-id", f"{given!r} must be printable text, not blank")
+    if given is not None and len(given.encode("utf-8")) > MAX_SERVER_ID:
+        raise ConfigError("--server-id", f"longer than {MAX_SERVER_ID} bytes")
+    return given
 
 
 def _allow(entries: tuple[str, ...]) -> tuple[str, ...]:

@@ -110,10 +110,14 @@ class Session:
         on_open: StreamHandler | None = None,
         name: str = "",
         fields: dict[str, object] | None = None,
+        server_id: str = "",
     ) -> None:
         self.ws = ws
         self.config = config or SessionConfig()
-        self.conn = Connection(server_side=server_side, config=self.config.wire)
+        # server_id: announced in SETTINGS (SERVER_ID) when given (the server side's identity).
+        self.conn = Connection(
+            server_side=server_side, config=self.config.wire, server_id=server_id
+        )
         self.on_open = on_open
         self.name = name
         self.fields = fields or {}
@@ -174,14 +178,21 @@ class Session:
     def closed(self) -> bool:
         return self._closed.is_set()
 
+    @property
+    def peer_server_id(self) -> str | None:
+        """The server id the peer announced in its SETTINGS (after :meth:`wait_ready`); None
+        before, or from a peer that announces none (an older server)."""
+        return self.conn.peer_server_id
+
     def goaway(self, reason: str) -> None:
         """Drain: the peer opens no new streams; open ones finish."""
         self.conn.goaway(ErrorCode.OK, reason)
         self._flush()
 
-    async def close(self, reason: str = "closing") -> None:
+    async def close(self, reason: str = "closing", code: int = 1001) -> None:
+        """Close the WebSocket with ``code`` (default 1001, going away) and ``reason``."""
         self.close_reason = self.close_reason or reason
-        await self._close_ws(1001, reason[:120])
+        await self._close_ws(code, reason[:120])
 
     # -- streams ----------------------------------------------------------------------------
     async def open_stream(self, target: Target, timeout: float | None = None) -> TunnelStream:

@@ -35,6 +35,13 @@ class Setting(enum.IntEnum):
     MAX_CONCURRENT_STREAMS = 0x2
     INITIAL_STREAM_WINDOW = 0x3
     CONNECTION_WINDOW = 0x4
+    SERVER_ID = 0x5
+    """Text setting (docs/protocol.md 5.1): the server's id, 4 UTF-8 bytes per entry."""
+
+
+DUPLICATE_CLOSE_CODE = 4000
+"""WebSocket close code of an agent closing a tunnel to a server (SERVER_ID) it already holds
+a tunnel to, e.g. reached again through a load balancer (docs/protocol.md 10.1)."""
 
 
 class ErrorCode(enum.IntEnum):

@@ -43,6 +43,8 @@ from ravenproxy.wire.frames import (
     decode_message,
     encode,
     encode_data_header,
+    read_text_setting,
+    text_setting,
 )
 from ravenproxy.wire.outbox import Outbox
 from ravenproxy.wire.streams import Input, State, Stream
@@ -56,7 +58,10 @@ class Connection:
         server_side: bool,
         config: WireConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        server_id: str = "",
     ) -> None:
+        """``server_id``: announced as SERVER_ID when not empty (the server side's identity,
+        so an agent can tell two tunnels to one server apart from tunnels to two)."""
         self.config = config or WireConfig()
         self.server_side = server_side
         self._clock = clock
@@ -80,6 +85,8 @@ class Connection:
         self.goaway_received: GoAway | None = None
         self.closed = False
         self.last_received = clock()
+        self.peer_server_id: str | None = None
+        """The SERVER_ID the peer announced; None before its SETTINGS or if it sent none."""
         c = self.config
         self._emit(
             Settings(
@@ -88,6 +95,7 @@ class Connection:
                     (Setting.MAX_CONCURRENT_STREAMS, c.max_concurrent_streams),
                     (Setting.INITIAL_STREAM_WINDOW, c.initial_stream_window),
                     (Setting.CONNECTION_WINDOW, c.connection_window),
+                    *(text_setting(Setting.SERVER_ID, server_id) if server_id else ()),
                 )
             )
         )
@@ -396,6 +404,7 @@ class Connection:
         if self._settings_received:
             raise ProtocolError("SETTINGS sent twice")
         self._settings_received = True
+        self.peer_server_id = read_text_setting(frame.values, Setting.SERVER_ID)
         named: dict[str, int] = {}
         for key, value in frame.values:
             if key == Setting.MAX_FRAME_SIZE:
@@ -410,10 +419,12 @@ class Connection:
                 self._conn_send = SendWindow(value)
             elif key == Setting.INITIAL_STREAM_WINDOW:
                 pass  # informative: each OPEN / OPEN_RESULT carries the actual window
+            elif key == Setting.SERVER_ID:
+                continue  # text, read above from all its entries
             else:
                 continue  # unknown settings are ignored, for forward compatibility
             named[Setting(key).name] = value
-        out.append(ev.SettingsReceived(named))
+        out.append(ev.SettingsReceived(named, self.peer_server_id))
 
     # -- helpers ----------------------------------------------------------------------------
 

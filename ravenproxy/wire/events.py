@@ -11,6 +11,8 @@ from ravenproxy.wire.frames import Target
 @dataclass(frozen=True, slots=True)
 class SettingsReceived:
     values: dict[str, int]
+    server_id: str | None = None
+    """The peer's SERVER_ID text setting, if it sent one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,9 @@ MAX_WINDOW = 2**31 - 1
 MAX_TEXT = 1024
 """Longest node name, host or reason text accepted, in UTF-8 bytes."""
 
+MAX_SETTING_TEXT = 256
+"""Longest text a text setting (SERVER_ID) carries, in UTF-8 bytes: 64 entries."""
+
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 _SETTING = struct.Struct("!HI")
@@ -109,6 +112,33 @@ def _text(value: str, what: str) -> bytes:
     if len(raw) > MAX_TEXT:
         raise ValueError(f"{what} longer than {MAX_TEXT} bytes")
     return raw
+
+
+def text_setting(key: int, text: str) -> tuple[tuple[int, int], ...]:
+    """A text setting as SETTINGS entries: 4 UTF-8 bytes per entry, in order, the last one
+    padded with zero bytes (docs/protocol.md 5.1). Old peers ignore the unknown id, so the
+    text travels in SETTINGS without changing its fixed 6-byte entry layout."""
+    raw = text.encode("utf-8")
+    if len(raw) > MAX_SETTING_TEXT:
+        raise ValueError(f"setting text longer than {MAX_SETTING_TEXT} bytes")
+    if b"\0" in raw:
+        raise ValueError("setting text contains a NUL character")
+    raw += b"\0" * (-len(raw) % 4)
+    return tuple((key, _U32.unpack_from(raw, pos)[0]) for pos in range(0, len(raw), 4))
+
+
+def read_text_setting(values: tuple[tuple[int, int], ...], key: int) -> str | None:
+    """The text of setting ``key`` in received SETTINGS entries; None when absent. Too long or
+    invalid UTF-8 is a connection error."""
+    chunks = [_U32.pack(v) for k, v in values if k == key]
+    if not chunks:
+        return None
+    if len(chunks) * 4 > MAX_SETTING_TEXT:
+        raise ProtocolError(f"setting 0x{key:x} text longer than {MAX_SETTING_TEXT} bytes")
+    raw = b"".join(chunks).rstrip(b"\0")
+    if b"\0" in raw:
+        raise ProtocolError(f"setting 0x{key:x} text contains a NUL byte")
+    return _decode_text(raw, f"setting 0x{key:x} text")
 
 
 def _header(type_: FrameType, flags: int, stream_id: int, length: int) -> bytes:

@@ -8,9 +8,19 @@ from pathlib import Path
 import pytest
 
 from ravenproxy.transport.session import SessionConfig
-from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode, FrameType, Setting
+from ravenproxy.wire.codes import DUPLICATE_CLOSE_CODE, SUBPROTOCOL, ErrorCode, FrameType, Setting
 from ravenproxy.wire.config import WireConfig
-from ravenproxy.wire.frames import MAX_TEXT, Data, Frame, Open, Settings, Target, encode
+from ravenproxy.wire.frames import (
+    MAX_SETTING_TEXT,
+    MAX_TEXT,
+    Data,
+    Frame,
+    Open,
+    Settings,
+    Target,
+    encode,
+    text_setting,
+)
 from ravenproxy.wire.streams import TRANSITIONS, Input, State
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "protocol.md"
@@ -41,6 +51,15 @@ EXAMPLES: dict[str, Frame] = {
             (Setting.MAX_CONCURRENT_STREAMS, WireConfig.max_concurrent_streams),
             (Setting.INITIAL_STREAM_WINDOW, WireConfig.initial_stream_window),
             (Setting.CONNECTION_WINDOW, WireConfig.connection_window),
+        )
+    ),
+    "hex-settings-server-id": Settings(
+        (
+            (Setting.MAX_FRAME_SIZE, WireConfig.max_frame_size),
+            (Setting.MAX_CONCURRENT_STREAMS, WireConfig.max_concurrent_streams),
+            (Setting.INITIAL_STREAM_WINDOW, WireConfig.initial_stream_window),
+            (Setting.CONNECTION_WINDOW, WireConfig.connection_window),
+            *text_setting(Setting.SERVER_ID, "cloud-1"),
         )
     ),
 }
@@ -91,6 +110,12 @@ def test_constants_are_documented(doc: str) -> None:
     assert f"| {config.connection_window} (64 MiB)" in doc
     assert config.max_stream_window == 8 * 1024 * 1024 and "8 MiB" in doc
     assert config.initial_rtt == 0.05 and "50 ms is\nassumed" in doc
+
+
+def test_server_id_limits_are_documented(doc: str) -> None:
+    assert f"text, 1..{MAX_SETTING_TEXT} bytes" in doc
+    assert f"{MAX_SETTING_TEXT // 4} entries" in doc
+    assert f"close code **{DUPLICATE_CLOSE_CODE}**" in doc
 
 
 def test_flood_limits_are_documented(doc: str) -> None:
