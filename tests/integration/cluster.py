@@ -155,6 +155,7 @@ class Cluster:
         self.inventory.write_text(INVENTORY)
         self.procs: list[Proc] = []
         self.server: Proc | None = None
+        self.servers: dict[str, Proc] = {}
 
     # -- credentials -----------------------------------------------------------------------
     def other_ca_cert(self, node: str) -> tuple[Path, Path]:
@@ -189,8 +190,12 @@ class Cluster:
         *extra: str,
         ports: dict[str, int] | None = None,
         extra_source: tuple[str, ...] = (),
+        name: str = "server",
     ) -> Proc:
-        """``extra_source`` replaces ``--inventory FILE`` (e.g. ``--kube-model --kubeconfig F``)."""
+        """``extra_source`` replaces ``--inventory FILE`` (e.g. ``--kube-model --kubeconfig F``).
+        Several servers: give each its own ``name`` (its log file; with ``--server-id`` in
+        ``extra`` for distinct ids); :attr:`server` is the last one started, :attr:`servers`
+        all by name (a restart on the same ``ports`` replaces the entry)."""
         ports = ports or {
             "tunnel": free_port(),
             "http": free_port(),
@@ -214,9 +219,10 @@ class Cluster:
             "--log-level", "DEBUG",
             *extra,
         ]  # fmt: skip
-        proc = Proc("server", args, self.base / "server.log", ports=dict(ports)).start()
+        proc = Proc(name, args, self.base / f"{name}.log", ports=dict(ports)).start()
         self.procs.append(proc)
         self.server = proc
+        self.servers[name] = proc
         return proc
 
     def start_agent(
@@ -225,13 +231,18 @@ class Cluster:
         *allow: str,
         cert: tuple[Path, Path] | None = None,
         extra: tuple[str, ...] = (),
+        servers: tuple[str, ...] | None = None,
     ) -> Proc:
-        assert self.server is not None
+        """``servers``: the ``--server-addr`` values (default: the last server started); empty
+        for an agent that finds them otherwise (``--discover-servers`` in ``extra``)."""
+        if servers is None:
+            assert self.server is not None
+            servers = (f"wss://127.0.0.1:{self.server.ports['tunnel']}",)
         crt, key = cert or (self.certs / f"{node}.crt", self.certs / f"{node}.key")
         args = [
             "agent",
             "--node-name", node,
-            "--server-addr", f"wss://127.0.0.1:{self.server.ports['tunnel']}",
+            *[a for addr in servers for a in ("--server-addr", addr)],
             "--ca-file", str(self.certs / "ca.crt"),
             "--cert-file", str(crt),
             "--key-file", str(key),
@@ -259,8 +270,12 @@ class Cluster:
         assert self.server is not None
         return self.server.ports["http"]
 
-    async def connect(self, target: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await open_tunnel("127.0.0.1", self.http_port, target)
+    async def connect(
+        self, target: str, via: Proc | None = None
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """``CONNECT target`` through the HTTP front of ``via`` (default: the last server)."""
+        port = via.ports["http"] if via is not None else self.http_port
+        return await open_tunnel("127.0.0.1", port, target)
 
     async def wait_routable(self, target: str, timeout: float = 20) -> None:
         """Until ``CONNECT target`` succeeds (the agent is up and may dial it)."""
