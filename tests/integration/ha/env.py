@@ -68,6 +68,11 @@ async def echo_via(cluster: Cluster, server: Proc, target: str, payload: bytes) 
         writer.close()
 
 
+def tunnel_up_key(server_id: str, address: str) -> str:
+    """The agent's per-server tunnel gauge, as :func:`scrape` keys it."""
+    return f'ravenproxy_agent_server_tunnel_up{{address="{address}",server="{server_id}"}}'
+
+
 async def agent_metrics(agent: Proc) -> dict[str, float]:
     return await scrape(agent.ports["metrics"])
 

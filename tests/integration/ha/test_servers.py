@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port
 from tests.integration.cluster import INVENTORY, Cluster
 from tests.integration.ha.env import (
     agent_metrics,
@@ -18,6 +17,7 @@ from tests.integration.ha.env import (
     round_robin,
     start_servers,
     tunnel_addr,
+    tunnel_up_key,
     wait_tunnels,
 )
 from tests.integration.targets import echo, tcp_server
@@ -52,7 +52,7 @@ async def test_every_server_reaches_every_agent_and_survives_one_killed(cluster:
             assert (await cluster.metrics(server))["ravenproxy_server_agents_connected"] == 2
         m = await agent_metrics(agents["edge-1"])
         for sid in IDS:
-            key = f'ravenproxy_agent_server_tunnel_up{{address="{tunnel_addr(servers[sid])}",server="{sid}"}}'
+            key = tunnel_up_key(sid, tunnel_addr(servers[sid]))
             assert m[key] == 1, key
         assert m["ravenproxy_agent_tunnels_up"] == 3
         assert m["ravenproxy_agent_tunnels_wanted"] == 3
@@ -132,7 +132,7 @@ async def test_load_balancer_three_distinct_tunnels_and_duplicates_refused(
             await wait_tunnels(cluster, agent, "tunnels up 3/3", within=30)
             m = await agent_metrics(agent)
             for sid in IDS:
-                key = f'ravenproxy_agent_server_tunnel_up{{address="wss://127.0.0.1:{lb}",server="{sid}"}}'
+                key = tunnel_up_key(sid, f"wss://127.0.0.1:{lb}")
                 assert m[key] == 1, key
             assert m['ravenproxy_agent_duplicate_tunnels_total{server="cloud-a"}'] >= 1
             assert "duplicate tunnel closed, dialling again" in agent.output()
