@@ -71,7 +71,7 @@ class ProxyServer:
         # The request path, built downward: front → router → connector → session.
         self.router = Router(store, self.registry, settings.node_name)
         self.connector = Connector(settings, store, self.metrics, self.listeners)
-        fronts = FrontContext(
+        fronts = self.fronts = FrontContext(
             router=self.router,
             connector=self.connector,
             limits=FrontLimits(
@@ -198,15 +198,39 @@ class ProxyServer:
         return True, f"ready, {len(self.registry)} agent(s) connected"
 
     async def stop(self) -> None:
-        self._stopping = True
+        """Drain, then stop. In this order: ``/readyz`` answers 503 (first, so the Service stops
+        sending requests here), the fronts and the tunnel listener stop accepting, kept-alive
+        idle client connections close, every agent gets GOAWAY; open streams then have up to
+        --drain-timeout to finish, and what is left is cut."""
+        self._stopping = True  # /readyz: 503 from now on
         await self.http_front.stop()
         await self.https_front.stop()
         if self._ws_server is not None:
             self._ws_server.close(close_connections=False)
+        idle = self.fronts.drain.start()
         for session in self.registry.sessions():
             session.goaway("server shutting down")
+        timeout = self.settings.drain_timeout
+        log.info(
+            "server draining",
+            extra=kv(
+                connections=len(self._conn_tasks),
+                idle_closed=idle,
+                agents=len(self.registry),
+                drain_timeout=f"{timeout:g}s",
+            ),
+        )
+        began = asyncio.get_running_loop().time()
         if self._conn_tasks:
-            await asyncio.wait(set(self._conn_tasks), timeout=self.settings.drain_timeout)
+            await asyncio.wait(set(self._conn_tasks), timeout=timeout)
+        if self._conn_tasks:
+            log.warning(
+                "drain timeout: cutting the connections still open",
+                extra=kv(connections=len(self._conn_tasks), drain_timeout=f"{timeout:g}s"),
+            )
+        else:
+            took = asyncio.get_running_loop().time() - began
+            log.info("server drained", extra=kv(took=f"{took:.2f}s"))
         for task in list(self._conn_tasks):
             task.cancel()
         await asyncio.gather(*self._conn_tasks, return_exceptions=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ravenproxy.errors import RoutingError
@@ -33,6 +33,33 @@ class FrontLimits:
     """This process's Via pseudonym (loop detection, :func:`ravenproxy.server.loops.via_token`)."""
 
 
+class Drain:
+    """The fronts' side of a server drain. Client connections kept alive between requests
+    register here while they wait for a next request: when the drain starts they are closed at
+    once (they hold no request, and would otherwise hold the drain open up to --drain-timeout);
+    a connection in the middle of an exchange finishes it, then closes instead of waiting for
+    another request."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self._idle: set[asyncio.StreamWriter] = set()
+
+    def start(self) -> int:
+        """Start draining; returns how many idle kept-alive connections it closed."""
+        self.draining = True
+        idle, self._idle = self._idle, set()
+        for writer in idle:
+            writer.close()  # the reader sees EOF: the connection ends as if the client left
+        return len(idle)
+
+    def idle(self, writer: asyncio.StreamWriter) -> None:
+        """``writer``'s connection waits for a next request (closed if the drain starts)."""
+        self._idle.add(writer)
+
+    def busy(self, writer: asyncio.StreamWriter) -> None:
+        self._idle.discard(writer)
+
+
 @dataclass(frozen=True)
 class FrontContext:
     router: Router
@@ -45,6 +72,8 @@ class FrontContext:
     metrics: ServerMetrics
     track: Callable[[asyncio.Task[Any]], None]
     """Owns a connection task: collected (cancelled after the drain timeout) at shutdown."""
+    drain: Drain = field(default_factory=Drain)
+    """Set when the server drains: kept-alive connections stop waiting for a next request."""
 
     def stream_lease(self, front: str, peer: object) -> StreamLease:
         """A stream slot of the client at ``peer`` (--max-streams-per-client); refused with

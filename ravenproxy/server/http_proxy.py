@@ -131,6 +131,10 @@ class _Connection:
         its first byte."""
         actions = self.ex.poll()
         if not actions and not self.ex.first and not self.ex.head_begun:
+            drain = self.ctx.drain
+            if drain.draining:  # the server drains: no next request on this connection
+                raise _Done
+            drain.idle(self.writer)
             try:
                 async with asyncio.timeout(KEEPALIVE_TIMEOUT) as idle:
                     data = await self.reader.read(READ_LIMIT)
@@ -138,6 +142,8 @@ class _Connection:
                 if idle.expired():
                     raise _Done from None
                 raise
+            finally:
+                drain.busy(self.writer)
             actions = self.ex.receive_client(data)
         if not actions:
             timeout = self.ctx.limits.header_timeout

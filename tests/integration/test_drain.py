@@ -1,0 +1,220 @@
+"""Server drain on SIGTERM, through the CLI: ``/readyz`` turns 503 at once, the fronts stop
+accepting, a kept-alive idle client connection does not hold the drain open, an open stream
+finishes (every line), and the process exits 0 as soon as it has; a stream still open at
+``--drain-timeout`` is cut and the process exits anyway (bounded).
+
+The stream is a ``kubectl logs -f``-like chunked response from the fake kubelet (one line every
+50 ms) on edge-1, through the HTTP front and edge-1's agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import h11
+import pytest
+
+from ravenproxy.pki.authority import (
+    issue_server_cert,
+    load_cert,
+    load_key,
+    write_pem_cert,
+    write_pem_key,
+)
+from tests.helpers import http_get
+from tests.integration.cluster import Cluster, Proc
+from tests.integration.l7.env import Kubelet, start_kubelet
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+class Bed:
+    def __init__(self, cluster: Cluster, kubelet: Kubelet) -> None:
+        self.cluster = cluster
+        self.kubelet = kubelet
+
+    @property
+    def server(self) -> Proc:
+        assert self.cluster.server is not None
+        return self.cluster.server
+
+    def host(self) -> str:
+        return f"edge-1:{self.kubelet.http_port}"
+
+
+@pytest.fixture
+def bed(tmp_path: Path) -> Iterator[Bed]:
+    cluster = Cluster(tmp_path)
+    ca = load_cert(cluster.certs / "ca.crt")
+    ca_key = load_key(cluster.certs / "ca.key")
+    cert, key = issue_server_cert(ca, ca_key, ["edge-1", "127.0.0.1"], common_name="edge-1")  # type: ignore[arg-type]
+    write_pem_cert(tmp_path / "kubelet.crt", cert)
+    write_pem_key(tmp_path / "kubelet.key", key)
+    kubelet = start_kubelet(
+        tmp_path, "127.0.0.1", tmp_path / "kubelet.crt", tmp_path / "kubelet.key", None
+    )
+    try:
+        yield Bed(cluster, kubelet)
+    finally:
+        cluster.stop_all()
+        kubelet.stop()
+
+
+async def start(bed: Bed, drain_timeout: float) -> None:
+    bed.cluster.start_server("--drain-timeout", str(drain_timeout))
+    bed.cluster.start_agent("edge-1", f"127.0.0.1:{bed.kubelet.http_port}")
+    await bed.cluster.wait_routable(bed.host())
+
+
+class LogStream:
+    """A ``follow=true&lines=N`` response read line by line over the HTTP front."""
+
+    def __init__(self, bed: Bed, lines: int) -> None:
+        self.bed, self.lines = bed, lines
+        self.conn = h11.Connection(h11.CLIENT)
+        self.received = 0
+        self.complete = False
+        self.status = 0
+        self.first_line = asyncio.Event()
+
+    async def run(self) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.bed.cluster.http_port)
+        target = f"/containerLogs/default/web-1/app?follow=true&lines={self.lines}"
+        request = h11.Request(
+            method="GET",
+            target=target,
+            headers=[("Host", "x"), ("X-Tunnel-Proxy-Host", self.bed.host())],
+        )
+        writer.write(self.conn.send(request) + self.conn.send(h11.EndOfMessage()))
+        try:
+            while True:
+                event = self.conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await asyncio.wait_for(reader.read(65536), 10)
+                    self.conn.receive_data(data)
+                    if not data:
+                        return  # cut: the connection closed before the end of the response
+                elif isinstance(event, h11.Response):
+                    self.status = event.status_code
+                elif isinstance(event, h11.Data):
+                    self.received += bytes(event.data).count(b"\n")
+                    self.first_line.set()
+                elif isinstance(event, h11.EndOfMessage):
+                    self.complete = True
+                    return
+        except h11.RemoteProtocolError:
+            return  # cut mid-chunk
+        finally:
+            writer.close()
+
+
+async def idle_keepalive(bed: Bed) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client connection that got one answer and stays open, idle, kept alive."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", bed.cluster.http_port)
+    writer.write(f"GET /healthz HTTP/1.1\r\nHost: {bed.host()}\r\n\r\n".encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    await reader.readexactly(length)
+    return reader, writer
+
+
+async def readyz(port: int) -> int:
+    status, _ = await http_get(port, "/readyz", timeout=2)
+    return status
+
+
+async def wait_exit(proc: Proc, within: float) -> tuple[int, float]:
+    """The process's exit code and when it exited (monotonic), or a failure after ``within``."""
+    assert proc.popen is not None
+    deadline = time.monotonic() + within
+    while (code := proc.popen.poll()) is None:
+        if time.monotonic() > deadline:
+            pytest.fail(f"server still running {within:g}s later:\n{proc.output()[-3000:]}")
+        await asyncio.sleep(0.02)
+    return code, time.monotonic()
+
+
+async def test_sigterm_drains_an_open_stream_then_exits_0(bed: Bed) -> None:
+    await start(bed, drain_timeout=30)
+    health = bed.server.ports["health"]
+    assert await readyz(health) == 200
+    idle_reader, idle_writer = await idle_keepalive(bed)
+    lines = 60  # 3 s of stream
+    stream = LogStream(bed, lines)
+    reading = asyncio.create_task(stream.run())
+    try:
+        await asyncio.wait_for(stream.first_line.wait(), 10)
+
+        bed.server.kill(signal.SIGTERM)
+        signalled = time.monotonic()
+        # /readyz answers 503 at once, so the Service stops sending requests here.
+        while await readyz(health) != 503:
+            await asyncio.sleep(0.005)
+        flipped = time.monotonic() - signalled
+        assert flipped < 0.5, f"/readyz still 200 {flipped:.3f}s after SIGTERM"
+
+        # The fronts accept no new connection once draining.
+        async def refused() -> bool:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", bed.cluster.http_port)
+            except ConnectionRefusedError:
+                return True
+            writer.close()
+            return False
+
+        deadline = time.monotonic() + 2
+        while not await refused():
+            assert time.monotonic() < deadline, "the HTTP front still accepts while draining"
+            await asyncio.sleep(0.02)
+
+        # The idle kept-alive connection is closed by the server (it holds no request).
+        assert await asyncio.wait_for(idle_reader.read(), 5) == b""
+
+        await asyncio.wait_for(reading, 15)
+        ended = time.monotonic()
+    finally:
+        idle_writer.close()
+        if not reading.done():
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+    assert stream.status == 200
+    assert stream.complete and stream.received == lines, (
+        stream.received,
+        bed.server.output()[-3000:],
+    )
+    # Exits 0 once the stream is done: well before --drain-timeout (30 s).
+    code, exited = await wait_exit(bed.server, within=10)
+    assert code == 0, bed.server.output()[-3000:]
+    assert exited - ended < 5, f"exit {exited - ended:.1f}s after the last stream ended"
+    log = bed.server.output()
+    assert "server draining" in log
+    assert "server drained" in log
+
+
+async def test_a_stream_open_at_the_drain_timeout_is_cut_and_the_server_exits(bed: Bed) -> None:
+    await start(bed, drain_timeout=1)
+    stream = LogStream(bed, lines=2000)  # 100 s: outlives the drain
+    reading = asyncio.create_task(stream.run())
+    try:
+        await asyncio.wait_for(stream.first_line.wait(), 10)
+        bed.server.kill(signal.SIGTERM)
+        signalled = time.monotonic()
+        code, exited = await wait_exit(bed.server, within=15)
+        await asyncio.wait_for(reading, 10)
+    finally:
+        if not reading.done():
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+    assert code == 0, bed.server.output()[-3000:]
+    assert exited - signalled < 8, f"exited {exited - signalled:.1f}s after SIGTERM"
+    assert not stream.complete and 0 < stream.received < 2000
+    assert "drain timeout" in bed.server.output()
