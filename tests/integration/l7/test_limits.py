@@ -136,6 +136,9 @@ async def test_front_connection_cap_keeps_health_answering(cluster: Cluster) -> 
     ):
         assert cluster.server is not None
         held = []
+        # The CONNECT that proved the agent routable holds a slot until the server has seen
+        # it close: filling the cap before that would have the 50th refused.
+        await cluster.wait_metric("ravenproxy_server_front_connections", lambda v: v == 0)
         try:
             # 50 idle connections over both fronts fill the cap ...
             for front in ("http", "https") * 25:
