@@ -48,6 +48,8 @@ class ByteStream(Protocol):
 class TunnelByteStream:
     """A :class:`TunnelStream` through an agent (or, on the agent, from the server)."""
 
+    __slots__ = ("stream",)
+
     def __init__(self, stream: TunnelStream) -> None:
         self.stream = stream
 
@@ -72,6 +74,8 @@ class TunnelByteStream:
 
 class SocketByteStream:
     """A TCP connection (one the server or the agent dialled)."""
+
+    __slots__ = ("reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader

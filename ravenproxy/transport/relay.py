@@ -97,7 +97,7 @@ class IdleWatch:
             self._cm = None
 
 
-@dataclass
+@dataclass(slots=True)
 class RelayResult:
     bytes_up: int = 0
     """Socket → upstream."""
@@ -169,11 +169,24 @@ async def relay(
     suffix = f":{label}" if label else ""
     up_task = asyncio.create_task(up(), name=f"relay-up{suffix}")
     down_task = asyncio.create_task(down(), name=f"relay-down{suffix}")
+    # One future that either direction's end completes, rather than an asyncio.wait() per
+    # turn (a future and callbacks of its own for each wait, held by every idle relay).
+    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def one_ended(_: asyncio.Task[None]) -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    up_task.add_done_callback(one_ended)
+    down_task.add_done_callback(one_ended)
     try:
-        pending: set[asyncio.Task[None]] = {up_task, down_task}
+        pending = [up_task, down_task]
         async with watch:
             while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                await ended
+                done = [task for task in pending if task.done()]
+                pending = [task for task in pending if not task.done()]
+                ended = asyncio.get_running_loop().create_future()  # one_ended sees the new one
                 failures = [exc for task in done if (exc := task.exception()) is not None]
                 if failures:
                     # One direction failed: the other has nothing sensible left to do.
@@ -188,7 +201,7 @@ async def relay(
                 for other in pending:
                     other.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-                pending = set()
+                pending = []
     except IdleTimeout:
         result.error, result.idle = IDLE_ERROR, True
         upstream.abort(IDLE_ERROR)
