@@ -20,6 +20,7 @@ from typing import Any
 from ravenproxy.log import kv
 from ravenproxy.metrics import ServerMetrics
 from ravenproxy.server.limits import ConnectionGate, Throttle
+from ravenproxy.transport.bytestream import LeanStreamProtocol
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ async def streams(
     transport owns the socket from then on."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=limit)
-    protocol = asyncio.StreamReaderProtocol(reader)
+    protocol = LeanStreamProtocol(reader)
     transport, _ = await loop.connect_accepted_socket(
         lambda: protocol,
         conn,

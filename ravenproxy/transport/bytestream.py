@@ -22,6 +22,29 @@ READ_LIMIT = 1024 * 1024
 """Largest single read from a socket; also the StreamReader buffer limit we open sockets with."""
 
 
+class LeanStreamProtocol(asyncio.StreamReaderProtocol):
+    """asyncio's :class:`~asyncio.StreamReaderProtocol` with its drain waiters in a list:
+    asyncio keeps them in a deque, whose first 64-slot block (~700 bytes) every connection
+    holds from the start, idle or not; an empty list is 56 bytes. The waiters are only
+    appended, removed and iterated, which a list does alike."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        super().__init__(reader)
+        self._drain_waiters: list[asyncio.Future[None]] = []
+
+
+async def open_connection(
+    host: str, port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """:func:`asyncio.open_connection` with :class:`LeanStreamProtocol` and a READ_LIMIT
+    buffer limit."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=READ_LIMIT)
+    protocol = LeanStreamProtocol(reader)
+    transport, _ = await loop.create_connection(lambda: protocol, host, port)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
 class ByteStream(Protocol):
     async def read(self) -> bytes:
         """The next bytes; ``b""`` once the peer half-closed."""

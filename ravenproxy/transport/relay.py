@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
@@ -112,7 +114,7 @@ IDLE_ERROR = "idle timeout"
 """The error a relay closed for idleness reports."""
 
 
-async def relay(
+def relay(
     upstream: ByteStream,
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
@@ -121,22 +123,70 @@ async def relay(
     initial_down: bytes = b"",
     idle_timeout: float | None = None,
     label: str = "",
-) -> RelayResult:
+) -> Coroutine[Any, Any, RelayResult]:
     """Copy socket ⇄ ``upstream`` until both sides finished (half-close carried) or either
     failed, or no byte moved either way for ``idle_timeout`` seconds (``idle`` set in the
     result). Always closes the socket and the upstream. ``initial_up`` was already read from the
     socket and belongs upstream; ``initial_down`` was already read from upstream.
 
     A socket that cannot half-close (TLS) ends the relay once upstream is done: there is no
-    other way to tell its peer."""
-    result = RelayResult()
-    _tune(writer)
-    watch = IdleWatch(idle_timeout)
+    other way to tell its peer.
 
-    async def up() -> None:
-        if initial_up:
-            await upstream.write(initial_up)
-            result.bytes_up += len(initial_up)
+    Await it (a plain function returning the coroutine, so an idle relay holds no extra frame)."""
+    return _Relay(upstream, reader, writer, initial_up, initial_down, idle_timeout).run(label)
+
+
+class _Relay:
+    """One relay's state. A slotted object rather than closures: an idle relay is the common
+    case at scale, and four nested functions with a dozen closure cells cost ~1 KB each.
+
+    Socket → upstream runs in the calling task; only upstream → socket gets a task of its own
+    (one task per relay, not two). When down ends first and up has nothing left to do (down
+    failed, or the socket cannot half-close), down's end cancels the calling task, the way a
+    TaskGroup stops its parent: cancel(), then uncancel() where the cancellation is caught."""
+
+    __slots__ = (
+        "half_close",
+        "in_up",
+        "initial_down",
+        "initial_up",
+        "reader",
+        "result",
+        "stop_up",
+        "task",
+        "upstream",
+        "watch",
+        "writer",
+    )
+
+    def __init__(
+        self,
+        upstream: ByteStream,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        initial_up: bytes,
+        initial_down: bytes,
+        idle_timeout: float | None,
+    ) -> None:
+        self.upstream = upstream
+        self.reader = reader
+        self.writer = writer
+        self.initial_up = initial_up
+        self.initial_down = initial_down
+        self.result = RelayResult()
+        self.watch = IdleWatch(idle_timeout)
+        self.half_close = writer.can_write_eof()
+        self.in_up = True
+        self.stop_up = False
+        self.task: asyncio.Task[Any] | None = None
+        """The task running :meth:`run` (the caller's)."""
+
+    async def up(self) -> None:
+        upstream, reader, result, watch = self.upstream, self.reader, self.result, self.watch
+        if self.initial_up:
+            initial, self.initial_up = self.initial_up, b""
+            await upstream.write(initial)
+            result.bytes_up += len(initial)
         while True:
             # Read only as much as upstream takes now (a tunnel stream's credit): a slow
             # tunnel stops reading the socket, and TCP pushes back on the sender.
@@ -149,10 +199,12 @@ async def relay(
             result.bytes_up += len(data)
             watch.touch()
 
-    async def down() -> None:
-        if initial_down:
-            writer.write(initial_down)
-            result.bytes_down += len(initial_down)
+    async def down(self) -> None:
+        upstream, writer, result, watch = self.upstream, self.writer, self.result, self.watch
+        if self.initial_down:
+            initial, self.initial_down = self.initial_down, b""
+            writer.write(initial)
+            result.bytes_down += len(initial)
             await writer.drain()
         while True:
             chunk = await upstream.read()
@@ -165,62 +217,71 @@ async def relay(
             watch.touch()
             await writer.drain()
 
-    half_close = writer.can_write_eof()
-    suffix = f":{label}" if label else ""
-    up_task = asyncio.create_task(up(), name=f"relay-up{suffix}")
-    down_task = asyncio.create_task(down(), name=f"relay-down{suffix}")
-    # One future that either direction's end completes, rather than an asyncio.wait() per
-    # turn (a future and callbacks of its own for each wait, held by every idle relay).
-    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def down_ended(self, task: asyncio.Task[None]) -> None:
+        if not self.in_up or self.stop_up or task.cancelled():
+            return
+        if task.exception() is not None or not self.half_close:
+            self.stop_up = True
+            assert self.task is not None
+            self.task.cancel()
 
-    def one_ended(_: asyncio.Task[None]) -> None:
-        if not ended.done():
-            ended.set_result(None)
-
-    up_task.add_done_callback(one_ended)
-    down_task.add_done_callback(one_ended)
-    try:
-        pending = [up_task, down_task]
-        async with watch:
-            while pending:
-                await ended
-                done = [task for task in pending if task.done()]
-                pending = [task for task in pending if not task.done()]
-                ended = asyncio.get_running_loop().create_future()  # one_ended sees the new one
-                failures = [exc for task in done if (exc := task.exception()) is not None]
-                if failures:
-                    # One direction failed: the other has nothing sensible left to do.
-                    exc = failures[0]
-                    if isinstance(exc, StreamClosedError):
-                        result.error = str(exc)
-                    else:
-                        result.error = f"socket: {exc!r}"
-                        upstream.abort("socket error")
-                elif down_task not in done or half_close:
-                    continue
-                for other in pending:
-                    other.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                pending = []
-    except IdleTimeout:
-        result.error, result.idle = IDLE_ERROR, True
-        upstream.abort(IDLE_ERROR)
-        up_task.cancel()
-        down_task.cancel()
-        await asyncio.gather(up_task, down_task, return_exceptions=True)
-    except asyncio.CancelledError:
-        upstream.abort("relay cancelled")
-        up_task.cancel()
-        down_task.cancel()
-        await asyncio.gather(up_task, down_task, return_exceptions=True)
-        raise
-    finally:
-        if result.error:
-            writer.transport.abort()
+    def failed(self, exc: BaseException) -> None:
+        # One direction failed: the other has nothing sensible left to do.
+        if isinstance(exc, StreamClosedError):
+            self.result.error = str(exc)
         else:
-            writer.close()
-        upstream.close()
-    return result
+            self.result.error = f"socket: {exc!r}"
+            self.upstream.abort("socket error")
+
+    async def run(self, label: str) -> RelayResult:
+        self.task = task = asyncio.current_task()
+        assert task is not None
+        result, upstream, writer = self.result, self.upstream, self.writer
+        _tune(writer)
+        down_task = asyncio.create_task(
+            self.down(), name=f"relay-down:{label}" if label else "relay-down"
+        )
+        down_task.add_done_callback(self.down_ended)
+        try:
+            async with self.watch:
+                try:
+                    await self.up()
+                except asyncio.CancelledError:
+                    if not self.stop_up or task.uncancel() > 0:
+                        raise  # not (only) ours: the idle watch's, or the caller's
+                except Exception as exc:
+                    self.failed(exc)
+                finally:
+                    self.in_up = False
+                if result.error:
+                    down_task.cancel()
+                    await asyncio.gather(down_task, return_exceptions=True)
+                else:
+                    # Up is done (or has nothing left to do): the relay ends with down.
+                    try:
+                        await down_task
+                    except Exception as exc:
+                        self.failed(exc)
+        except IdleTimeout:
+            result.error, result.idle = IDLE_ERROR, True
+            upstream.abort(IDLE_ERROR)
+            down_task.cancel()
+            await asyncio.gather(down_task, return_exceptions=True)
+        except asyncio.CancelledError:
+            upstream.abort("relay cancelled")
+            down_task.cancel()
+            await asyncio.gather(down_task, return_exceptions=True)
+            raise
+        finally:
+            self.in_up = False
+            if not down_task.done():  # only on an error of our own above
+                down_task.cancel()
+            if result.error:
+                writer.transport.abort()
+            else:
+                writer.close()
+            upstream.close()
+        return result
 
 
 def _tune(writer: asyncio.StreamWriter) -> None:
