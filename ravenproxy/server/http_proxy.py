@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
 from typing import Any, NoReturn
 
 import h11
@@ -72,8 +73,12 @@ class HttpProxy:
             self._counters[status] = counter
         counter.inc()
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _Connection(self, reader, writer).run()
+    def serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Coroutine[Any, Any, None]:
+        """Serve one client connection (await it). The connection's own coroutine, not one
+        awaiting it: a relayed connection holds this frame as long as it lives."""
+        return _Connection(self, reader, writer).run()
 
 
 class _Done(Exception):
@@ -356,6 +361,9 @@ class _Connection:
         initial_down: bytes = b"",
     ) -> NoReturn:
         """Raw bytes both ways until both sides are done (the relay closes both ends)."""
+        # The exchange is over once the connection carries raw bytes: a relay, idle ones
+        # included, need not hold its parser state (~1.5 KB). Nothing reads it from here on.
+        del self.ex
         try:
             result = await relay(
                 upstream,

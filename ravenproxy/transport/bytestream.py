@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from typing import Protocol
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
@@ -69,21 +70,25 @@ class ByteStream(Protocol):
 
 
 class TunnelByteStream:
-    """A :class:`TunnelStream` through an agent (or, on the agent, from the server)."""
+    """A :class:`TunnelStream` through an agent (or, on the agent, from the server).
+
+    ``read``, ``write`` and ``writable`` hand out the stream's own coroutines rather than
+    awaiting them in one of their own: an idle relay waits in ``read``, and a frame less per
+    waiting stream is memory an idle connection does not hold."""
 
     __slots__ = ("stream",)
 
     def __init__(self, stream: TunnelStream) -> None:
         self.stream = stream
 
-    async def read(self) -> bytes:
-        return await self.stream.read()
+    def read(self) -> Coroutine[Any, Any, bytes]:
+        return self.stream.read()
 
-    async def write(self, data: bytes) -> None:
-        await self.stream.write(data)
+    def write(self, data: bytes) -> Coroutine[Any, Any, None]:
+        return self.stream.write(data)
 
-    async def writable(self) -> int:
-        return await self.stream.writable()
+    def writable(self) -> Coroutine[Any, Any, int]:
+        return self.stream.writable()
 
     async def write_eof(self) -> None:
         self.stream.write_eof()

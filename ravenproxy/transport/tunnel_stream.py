@@ -161,7 +161,14 @@ class TunnelStream:
                 return b""
             if self._read_waiters is None:
                 self._read_waiters = []
-            await _wait(self._read_waiters)
+            # Waited here, not in a helper coroutine: an idle stream's reader holds one frame
+            # less.
+            fut = asyncio.get_running_loop().create_future()
+            self._read_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                _forget(self._read_waiters, fut)
         chunk = self._chunks.popleft()
         self.bytes_in += len(chunk)
         self.session._consumed(self.id, len(chunk))
@@ -191,7 +198,12 @@ class TunnelStream:
             self.session._wait_window(self)
             if self._write_waiters is None:
                 self._write_waiters = []
-            await _wait(self._write_waiters)
+            fut = asyncio.get_running_loop().create_future()
+            self._write_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                _forget(self._write_waiters, fut)
 
     def write_eof(self) -> None:
         """Half-close: no more data from this side."""
@@ -235,13 +247,9 @@ def _wake(waiters: list[asyncio.Future[None]] | None) -> None:
                 fut.set_result(None)
 
 
-async def _wait(waiters: list[asyncio.Future[None]]) -> None:
-    """Wait, as one of ``waiters``, until :func:`_wake` (or cancellation)."""
-    fut = asyncio.get_running_loop().create_future()
-    waiters.append(fut)
-    try:
-        await fut
-    finally:
-        if fut.cancelled():  # not woken: leave the list, which the stream may still hold
-            with contextlib.suppress(ValueError):
-                waiters.remove(fut)
+def _forget(waiters: list[asyncio.Future[None]], fut: asyncio.Future[None]) -> None:
+    """A waiter stops waiting: one cancelled (not woken) leaves the list, which the stream may
+    still hold; a woken one's list was already dropped."""
+    if fut.cancelled():
+        with contextlib.suppress(ValueError):
+            waiters.remove(fut)
