@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import h11
@@ -85,6 +86,28 @@ class _Done(Exception):
     """The client connection is finished (answered, relayed or closed)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _RawRelay:
+    """What a relay of raw bytes needs, once a CONNECT or an upgrade ended the exchange."""
+
+    kind: str
+    route: Route
+    upstream: ByteStream
+    lease: StreamLease
+    initial_up: bytes = b""
+    initial_down: bytes = b""
+
+
+class _Raw(Exception):
+    """The connection carries raw bytes from here: :meth:`_Connection.run` relays them from
+    its own frame, so that an idle relay does not hold the frames (and their locals) of the
+    request that led to it."""
+
+    def __init__(self, relay: _RawRelay) -> None:
+        super().__init__(relay.kind)
+        self.relay = relay
+
+
 class _Connection:
     """One client connection: its exchange, and the target connection it holds."""
 
@@ -125,9 +148,7 @@ class _Connection:
     async def run(self) -> None:
         front = self.proxy.front
         try:
-            while True:
-                await self._request()
-                await self._response()
+            await self._relay(await self._exchanges())
         except _Done:
             pass
         except _IO_ERRORS as exc:
@@ -141,6 +162,16 @@ class _Connection:
             self._close_upstream()
             if not self.writer.is_closing():
                 self.writer.close()
+
+    async def _exchanges(self) -> _RawRelay:
+        """Requests, until one turns the connection into raw bytes (returned: the relay runs
+        after this frame is gone) or the connection ends (:class:`_Done`)."""
+        try:
+            while True:
+                await self._request()
+                await self._response()
+        except _Raw as raw:
+            return raw.relay
 
     # -- reading ------------------------------------------------------------------------------
     async def _request(self) -> None:
@@ -311,7 +342,7 @@ class _Connection:
         raise _Done
 
     # -- raw relays ---------------------------------------------------------------------------
-    async def _switch(self) -> None:
+    async def _switch(self) -> NoReturn:
         """101: answer the client, then relay raw bytes both ways until both sides are done."""
         if self.pump is not None:
             pump, self.pump = self.pump, None
@@ -323,16 +354,9 @@ class _Connection:
         upstream, lease = self.upstream, self.lease
         assert upstream is not None and lease is not None and self.ex.route is not None
         self.upstream, self.lease = None, None  # the relay closes it, then gives the slot back
-        await self._relay(
-            "upgrade",
-            self.ex.route,
-            upstream,
-            lease,
-            initial_up=client_rest,
-            initial_down=target_rest,
-        )
+        raise _Raw(_RawRelay("upgrade", self.ex.route, upstream, lease, client_rest, target_rest))
 
-    async def _tunnel(self, action: Tunnel) -> None:
+    async def _tunnel(self, action: Tunnel) -> NoReturn:
         """CONNECT node:port: 200, then raw bytes both ways."""
         try:
             lease = self.ctx.stream_lease(self.proxy.front, self.peer)
@@ -348,33 +372,26 @@ class _Connection:
             raise
         self.proxy.count(200)
         self.writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        await self._relay("connect", r, stream, lease, initial_up=action.rest)
+        raise _Raw(_RawRelay("connect", r, stream, lease, initial_up=action.rest))
 
-    async def _relay(
-        self,
-        kind: str,
-        route: Route,
-        upstream: ByteStream,
-        lease: StreamLease,
-        *,
-        initial_up: bytes = b"",
-        initial_down: bytes = b"",
-    ) -> NoReturn:
+    async def _relay(self, raw: _RawRelay) -> NoReturn:
         """Raw bytes both ways until both sides are done (the relay closes both ends)."""
         # The exchange is over once the connection carries raw bytes: a relay, idle ones
         # included, need not hold its parser state (~1.5 KB). Nothing reads it from here on.
         del self.ex
         try:
             result = await relay(
-                upstream,
+                raw.upstream,
                 self.reader,
                 self.writer,
-                initial_up=initial_up,
-                initial_down=initial_down,
+                initial_up=raw.initial_up,
+                initial_down=raw.initial_down,
                 idle_timeout=self.ctx.limits.idle_timeout,
             )
         finally:
-            lease.release()
-        node, port = route.node.name, route.target.port
-        self.ctx.relay_done(self.proxy.front, kind, result, peer=self.peer, node=node, port=port)
+            raw.lease.release()
+        node, port = raw.route.node.name, raw.route.target.port
+        self.ctx.relay_done(
+            self.proxy.front, raw.kind, result, peer=self.peer, node=node, port=port
+        )
         raise _Done
