@@ -20,7 +20,7 @@ import socket
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
@@ -44,19 +44,19 @@ class IdleWatch:
     leaves with :class:`IdleTimeout`) once no one called :meth:`touch` for ``timeout`` seconds.
     ``timeout`` None: never. It may guard one block after another (not two at once).
 
-    The copy loops call :meth:`touch` per chunk, which only stamps the loop's clock; one timer
-    per connection checks the stamp when it is due and re-arms itself for the stamp's deadline,
-    so a busy connection costs no timer work per chunk.
+    The copy loops call :meth:`touch` per chunk, which only stamps the loop's clock. The
+    stamps are checked by one timer per event loop and timeout value (:class:`_Sweep`), not one
+    per connection: an idle connection's own timer was a large part of what it held.
     """
 
-    __slots__ = ("_cm", "_loop", "_timer", "last", "timeout")
+    __slots__ = ("_cm", "_loop", "_sweep", "last", "timeout")
 
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
         self._loop = asyncio.get_running_loop()
         self.last = self._loop.time()
         self._cm: asyncio.Timeout | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._sweep: _Sweep | None = None
 
     def touch(self) -> None:
         """A byte moved: the connection is not idle."""
@@ -67,18 +67,13 @@ class IdleWatch:
         self._cm = asyncio.timeout(None)
         await self._cm.__aenter__()
         if self.timeout is not None:
-            self._timer = self._loop.call_at(self.last + self.timeout, self._check)
+            self._sweep = _Sweep.of(self._loop, self.timeout)
+            self._sweep.add(self)
         return self
 
-    def _check(self) -> None:
-        assert self.timeout is not None and self._cm is not None
-        due = self.last + self.timeout
-        now = self._loop.time()
-        if now >= due - 0.001:  # timers may fire a clock tick early
-            self._timer = None
-            self._cm.reschedule(now)  # cancels the guarded block at once
-        else:
-            self._timer = self._loop.call_at(due, self._check)
+    def _expire(self, now: float) -> None:
+        assert self._cm is not None
+        self._cm.reschedule(now)  # cancels the guarded block at once
 
     async def __aexit__(
         self,
@@ -86,9 +81,9 @@ class IdleWatch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._sweep is not None:
+            self._sweep.remove(self)
+            self._sweep = None
         assert self._cm is not None
         try:
             await self._cm.__aexit__(exc_type, exc, tb)  # never swallows: returns None
@@ -97,6 +92,66 @@ class IdleWatch:
             raise IdleTimeout(self.timeout) from None
         finally:
             self._cm = None
+
+
+class _Sweep:
+    """The one timer of every entered :class:`IdleWatch` with the same timeout on one event
+    loop. It fires when the oldest stamp is due, expires the watches that are, and re-arms
+    for the oldest remaining stamp, but at most every ``min(timeout / 8, 60 s)``: with
+    thousands of busy connections a check is a scan of all of them, so it must stay rare. A
+    watch therefore expires at its due time, or up to that much later while others are busy.
+    """
+
+    __slots__ = ("loop", "timeout", "timer", "watches")
+
+    _all: ClassVar[dict[tuple[asyncio.AbstractEventLoop, float], _Sweep]] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self.loop = loop
+        self.timeout = timeout
+        self.watches: dict[IdleWatch, None] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop, timeout: float) -> _Sweep:
+        sweep = cls._all.get((loop, timeout))
+        if sweep is None:
+            sweep = cls._all[(loop, timeout)] = cls(loop, timeout)
+        return sweep
+
+    def add(self, watch: IdleWatch) -> None:
+        self.watches[watch] = None
+        # An armed timer is due no later than this watch (its stamp is the newest).
+        if self.timer is None:
+            self.timer = self.loop.call_at(watch.last + self.timeout, self._check)
+
+    def remove(self, watch: IdleWatch) -> None:
+        self.watches.pop(watch, None)
+        if not self.watches:
+            self._close()
+
+    def _close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self._all.get((self.loop, self.timeout)) is self:
+            del self._all[(self.loop, self.timeout)]
+
+    def _check(self) -> None:
+        self.timer = None
+        now = self.loop.time()
+        oldest = now
+        for watch in list(self.watches):
+            if now >= watch.last + self.timeout - 0.001:  # timers may fire a tick early
+                del self.watches[watch]  # expired once; its block's exit finds it gone
+                watch._expire(now)
+            elif watch.last < oldest:
+                oldest = watch.last
+        if not self.watches:
+            self._close()
+            return
+        gap = min(self.timeout / 8, 60.0)
+        self.timer = self.loop.call_at(max(oldest + self.timeout, now + gap), self._check)
 
 
 @dataclass(slots=True)
