@@ -99,7 +99,7 @@ class _RawRelay:
 
 
 class _Raw(Exception):
-    """The connection carries raw bytes from here: :meth:`_Connection.run` relays them from
+    """The connection carries raw bytes from here: :meth:`_Connection.run` relays them in
     its own frame, so that an idle relay does not hold the frames (and their locals) of the
     request that led to it."""
 
@@ -148,7 +148,26 @@ class _Connection:
     async def run(self) -> None:
         front = self.proxy.front
         try:
-            await self._relay(await self._exchanges())
+            raw = await self._exchanges()
+            # Raw bytes both ways until both sides are done (the relay closes both ends),
+            # relayed from this frame: an idle relay holds no frame of the exchange. Nor its
+            # parser state (~1.5 KB): the exchange is over, nothing reads it from here on.
+            del self.ex
+            try:
+                result = await relay(
+                    raw.upstream,
+                    self.reader,
+                    self.writer,
+                    initial_up=raw.initial_up,
+                    initial_down=raw.initial_down,
+                    idle_timeout=self.ctx.limits.idle_timeout,
+                )
+            finally:
+                raw.lease.release()
+            node, port = raw.route.node.name, raw.route.target.port
+            self.ctx.relay_done(
+                self.proxy.front, raw.kind, result, peer=self.peer, node=node, port=port
+            )
         except _Done:
             pass
         except _IO_ERRORS as exc:
@@ -373,25 +392,3 @@ class _Connection:
         self.proxy.count(200)
         self.writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         raise _Raw(_RawRelay("connect", r, stream, lease, initial_up=action.rest))
-
-    async def _relay(self, raw: _RawRelay) -> NoReturn:
-        """Raw bytes both ways until both sides are done (the relay closes both ends)."""
-        # The exchange is over once the connection carries raw bytes: a relay, idle ones
-        # included, need not hold its parser state (~1.5 KB). Nothing reads it from here on.
-        del self.ex
-        try:
-            result = await relay(
-                raw.upstream,
-                self.reader,
-                self.writer,
-                initial_up=raw.initial_up,
-                initial_down=raw.initial_down,
-                idle_timeout=self.ctx.limits.idle_timeout,
-            )
-        finally:
-            raw.lease.release()
-        node, port = raw.route.node.name, raw.route.target.port
-        self.ctx.relay_done(
-            self.proxy.front, raw.kind, result, peer=self.peer, node=node, port=port
-        )
-        raise _Done

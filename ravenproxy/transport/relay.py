@@ -236,24 +236,6 @@ class _Relay:
         self.task: asyncio.Task[Any] | None = None
         """The task running :meth:`run` (the caller's)."""
 
-    async def up(self) -> None:
-        upstream, reader, result, watch = self.upstream, self.reader, self.result, self.watch
-        if self.initial_up:
-            initial, self.initial_up = self.initial_up, b""
-            await upstream.write(initial)
-            result.bytes_up += len(initial)
-        while True:
-            # Read only as much as upstream takes now (a tunnel stream's credit): a slow
-            # tunnel stops reading the socket, and TCP pushes back on the sender.
-            room = await upstream.writable()
-            data = await reader.read(min(room, READ_LIMIT))
-            if not data:
-                await upstream.write_eof()
-                return
-            await upstream.write(data)
-            result.bytes_up += len(data)
-            watch.touch()
-
     async def down(self) -> None:
         upstream, writer, result, watch = self.upstream, self.writer, self.result, self.watch
         if self.initial_down:
@@ -300,7 +282,24 @@ class _Relay:
         try:
             async with self.watch:
                 try:
-                    await self.up()
+                    # Socket → upstream, here rather than in a coroutine of its own: one
+                    # frame less held by every idle relay.
+                    if self.initial_up:
+                        initial, self.initial_up = self.initial_up, b""
+                        await upstream.write(initial)
+                        result.bytes_up += len(initial)
+                    reader, watch = self.reader, self.watch
+                    while True:
+                        # Read only as much as upstream takes now (a tunnel stream's credit):
+                        # a slow tunnel stops reading the socket, and TCP pushes back.
+                        room = await upstream.writable()
+                        data = await reader.read(min(room, READ_LIMIT))
+                        if not data:
+                            await upstream.write_eof()
+                            break
+                        await upstream.write(data)
+                        result.bytes_up += len(data)
+                        watch.touch()
                 except asyncio.CancelledError:
                     if not self.stop_up or task.uncancel() > 0:
                         raise  # not (only) ours: the idle watch's, or the caller's
