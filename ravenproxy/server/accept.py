@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ravenproxy.log import kv
@@ -24,7 +25,7 @@ from ravenproxy.transport.bytestream import LeanStreamProtocol
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[socket.socket, Any], Awaitable[None]]
+Handler = Callable[[socket.socket, Any], Coroutine[Any, Any, None]]
 """Serves one accepted (non-blocking) socket and its peer address; it owns the socket: it
 closes it, or hands it to a transport that will."""
 
@@ -134,7 +135,10 @@ class FrontListener:
                     )
                 continue
             conn.setblocking(False)
-            task = asyncio.create_task(self._serve(conn, peer), name=f"{self.name}-front:{peer}")
+            # The handler is the task's coroutine and what follows it a done callback (not a
+            # wrapping coroutine): a frame less held by every open, idle connection.
+            task = asyncio.create_task(self._handler(conn, peer), name=f"{self.name}-front:{peer}")
+            task.add_done_callback(functools.partial(self._served, peer))
             self._track(task)
 
     def _accept_failed(self, exc: OSError) -> None:
@@ -155,13 +159,13 @@ class FrontListener:
                 extra=kv(error=exc, also_failed=held),
             )
 
-    async def _serve(self, conn: socket.socket, peer: Any) -> None:
-        try:
-            await self._handler(conn, peer)
-        except Exception:  # the handler closed its socket; what broke must still be seen
-            log.exception(f"{self.name} front: connection failed", extra=kv(peer=_peer(peer)))
-        finally:
-            self._gate.leave()
+    def _served(self, peer: Any, task: asyncio.Task[None]) -> None:
+        self._gate.leave()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # The handler closed its socket; what broke must still be seen.
+            log.error(
+                f"{self.name} front: connection failed", exc_info=exc, extra=kv(peer=_peer(peer))
+            )
 
 
 def _peer(address: Any) -> str:
