@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import logging
 import socket
 import ssl
@@ -137,8 +136,9 @@ class FrontListener:
             conn.setblocking(False)
             # The handler is the task's coroutine and what follows it a done callback (not a
             # wrapping coroutine): a frame less held by every open, idle connection.
-            task = asyncio.create_task(self._handler(conn, peer), name=f"{self.name}-front:{peer}")
-            task.add_done_callback(functools.partial(self._served, peer))
+            name = f"{self.name}-front:{_peer(peer)}"  # _served reads the peer back from it
+            task = asyncio.create_task(self._handler(conn, peer), name=name)
+            task.add_done_callback(self._served)
             self._track(task)
 
     def _accept_failed(self, exc: OSError) -> None:
@@ -159,13 +159,12 @@ class FrontListener:
                 extra=kv(error=exc, also_failed=held),
             )
 
-    def _served(self, peer: Any, task: asyncio.Task[None]) -> None:
+    def _served(self, task: asyncio.Task[None]) -> None:
         self._gate.leave()
         if not task.cancelled() and (exc := task.exception()) is not None:
             # The handler closed its socket; what broke must still be seen.
-            log.error(
-                f"{self.name} front: connection failed", exc_info=exc, extra=kv(peer=_peer(peer))
-            )
+            peer = task.get_name().partition("-front:")[2]
+            log.error(f"{self.name} front: connection failed", exc_info=exc, extra=kv(peer=peer))
 
 
 def _peer(address: Any) -> str:
