@@ -137,7 +137,7 @@ IDLE_BYTES_PER_STREAM = 20_000
 from a client socket, the peer's relay to its target, their sockets: asyncio's own loop here),
 under tracemalloc. Before the cuts of issue 10 it was ~28 500 bytes (two tasks, four closures
 and an asyncio.wait per relay; two Events, a deque and a future per tunnel stream; a deque per
-StreamReaderProtocol); after them ~16 300."""
+StreamReaderProtocol); after them ~15 000."""
 
 
 async def test_an_idle_relayed_stream_holds_little_memory() -> None:
