@@ -14,16 +14,17 @@ import errno
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ravenproxy.log import kv
 from ravenproxy.metrics import ServerMetrics
 from ravenproxy.server.limits import ConnectionGate, Throttle
+from ravenproxy.transport.bytestream import LeanStreamProtocol
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[socket.socket, Any], Awaitable[None]]
+Handler = Callable[[socket.socket, Any], Coroutine[Any, Any, None]]
 """Serves one accepted (non-blocking) socket and its peer address; it owns the socket: it
 closes it, or hands it to a transport that will."""
 
@@ -57,7 +58,7 @@ async def streams(
     transport owns the socket from then on."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=limit)
-    protocol = asyncio.StreamReaderProtocol(reader)
+    protocol = LeanStreamProtocol(reader)
     transport, _ = await loop.connect_accepted_socket(
         lambda: protocol,
         conn,
@@ -133,7 +134,11 @@ class FrontListener:
                     )
                 continue
             conn.setblocking(False)
-            task = asyncio.create_task(self._serve(conn, peer), name=f"{self.name}-front:{peer}")
+            # The handler is the task's coroutine and what follows it a done callback (not a
+            # wrapping coroutine): a frame less held by every open, idle connection.
+            name = f"{self.name}-front:{_peer(peer)}"  # _served reads the peer back from it
+            task = asyncio.create_task(self._handler(conn, peer), name=name)
+            task.add_done_callback(self._served)
             self._track(task)
 
     def _accept_failed(self, exc: OSError) -> None:
@@ -154,13 +159,12 @@ class FrontListener:
                 extra=kv(error=exc, also_failed=held),
             )
 
-    async def _serve(self, conn: socket.socket, peer: Any) -> None:
-        try:
-            await self._handler(conn, peer)
-        except Exception:  # the handler closed its socket; what broke must still be seen
-            log.exception(f"{self.name} front: connection failed", extra=kv(peer=_peer(peer)))
-        finally:
-            self._gate.leave()
+    def _served(self, task: asyncio.Task[None]) -> None:
+        self._gate.leave()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # The handler closed its socket; what broke must still be seen.
+            peer = task.get_name().partition("-front:")[2]
+            log.error(f"{self.name} front: connection failed", exc_info=exc, extra=kv(peer=peer))
 
 
 def _peer(address: Any) -> str:

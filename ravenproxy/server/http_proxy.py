@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import h11
@@ -73,16 +74,57 @@ class HttpProxy:
             self._counters[status] = counter
         counter.inc()
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _Connection(self, reader, writer).run()
+    def serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Coroutine[Any, Any, None]:
+        """Serve one client connection (await it). The connection's own coroutine, not one
+        awaiting it: a relayed connection holds this frame as long as it lives."""
+        return _Connection(self, reader, writer).run()
 
 
 class _Done(Exception):
     """The client connection is finished (answered, relayed or closed)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _RawRelay:
+    """What a relay of raw bytes needs, once a CONNECT or an upgrade ended the exchange."""
+
+    kind: str
+    route: Route
+    upstream: ByteStream
+    lease: StreamLease
+    initial_up: bytes = b""
+    initial_down: bytes = b""
+
+
+class _Raw(Exception):
+    """The connection carries raw bytes from here: :meth:`_Connection.run` relays them in
+    its own frame, so that an idle relay does not hold the frames (and their locals) of the
+    request that led to it."""
+
+    def __init__(self, relay: _RawRelay) -> None:
+        super().__init__(relay.kind)
+        self.relay = relay
+
+
 class _Connection:
     """One client connection: its exchange, and the target connection it holds."""
+
+    # Slots: one of these lives as long as its connection, idle ones included.
+    __slots__ = (
+        "authenticated",
+        "ctx",
+        "ex",
+        "lease",
+        "peer",
+        "proxy",
+        "pump",
+        "reader",
+        "upstream",
+        "watch",
+        "writer",
+    )
 
     def __init__(
         self, proxy: HttpProxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -106,9 +148,26 @@ class _Connection:
     async def run(self) -> None:
         front = self.proxy.front
         try:
-            while True:
-                await self._request()
-                await self._response()
+            raw = await self._exchanges()
+            # Raw bytes both ways until both sides are done (the relay closes both ends),
+            # relayed from this frame: an idle relay holds no frame of the exchange. Nor its
+            # parser state (~1.5 KB): the exchange is over, nothing reads it from here on.
+            del self.ex
+            try:
+                result = await relay(
+                    raw.upstream,
+                    self.reader,
+                    self.writer,
+                    initial_up=raw.initial_up,
+                    initial_down=raw.initial_down,
+                    idle_timeout=self.ctx.limits.idle_timeout,
+                )
+            finally:
+                raw.lease.release()
+            node, port = raw.route.node.name, raw.route.target.port
+            self.ctx.relay_done(
+                self.proxy.front, raw.kind, result, peer=self.peer, node=node, port=port
+            )
         except _Done:
             pass
         except _IO_ERRORS as exc:
@@ -122,6 +181,16 @@ class _Connection:
             self._close_upstream()
             if not self.writer.is_closing():
                 self.writer.close()
+
+    async def _exchanges(self) -> _RawRelay:
+        """Requests, until one turns the connection into raw bytes (returned: the relay runs
+        after this frame is gone) or the connection ends (:class:`_Done`)."""
+        try:
+            while True:
+                await self._request()
+                await self._response()
+        except _Raw as raw:
+            return raw.relay
 
     # -- reading ------------------------------------------------------------------------------
     async def _request(self) -> None:
@@ -209,9 +278,12 @@ class _Connection:
     # -- acting -------------------------------------------------------------------------------
     async def _act(self, actions: list[Action]) -> None:
         """Carry out the exchange's actions (and those they lead to) in order."""
-        queue: deque[Action] = deque(actions)
-        while queue:
-            action = queue.popleft()
+        # A list, not a deque: this frame is held through a whole relay (a deque's first block
+        # alone is ~600 bytes per connection).
+        queue, done = list(actions), 0
+        while done < len(queue):
+            action = queue[done]
+            done += 1
             if isinstance(action, WriteClient):
                 self.writer.write(action.data)
                 await self.writer.drain()
@@ -295,7 +367,7 @@ class _Connection:
         raise _Done
 
     # -- raw relays ---------------------------------------------------------------------------
-    async def _switch(self) -> None:
+    async def _switch(self) -> NoReturn:
         """101: answer the client, then relay raw bytes both ways until both sides are done."""
         if self.pump is not None:
             pump, self.pump = self.pump, None
@@ -307,16 +379,9 @@ class _Connection:
         upstream, lease = self.upstream, self.lease
         assert upstream is not None and lease is not None and self.ex.route is not None
         self.upstream, self.lease = None, None  # the relay closes it, then gives the slot back
-        await self._relay(
-            "upgrade",
-            self.ex.route,
-            upstream,
-            lease,
-            initial_up=client_rest,
-            initial_down=target_rest,
-        )
+        raise _Raw(_RawRelay("upgrade", self.ex.route, upstream, lease, client_rest, target_rest))
 
-    async def _tunnel(self, action: Tunnel) -> None:
+    async def _tunnel(self, action: Tunnel) -> NoReturn:
         """CONNECT node:port: 200, then raw bytes both ways."""
         try:
             lease = self.ctx.stream_lease(self.proxy.front, self.peer)
@@ -332,30 +397,4 @@ class _Connection:
             raise
         self.proxy.count(200)
         self.writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        await self._relay("connect", r, stream, lease, initial_up=action.rest)
-
-    async def _relay(
-        self,
-        kind: str,
-        route: Route,
-        upstream: ByteStream,
-        lease: StreamLease,
-        *,
-        initial_up: bytes = b"",
-        initial_down: bytes = b"",
-    ) -> NoReturn:
-        """Raw bytes both ways until both sides are done (the relay closes both ends)."""
-        try:
-            result = await relay(
-                upstream,
-                self.reader,
-                self.writer,
-                initial_up=initial_up,
-                initial_down=initial_down,
-                idle_timeout=self.ctx.limits.idle_timeout,
-            )
-        finally:
-            lease.release()
-        node, port = route.node.name, route.target.port
-        self.ctx.relay_done(self.proxy.front, kind, result, peer=self.peer, node=node, port=port)
-        raise _Done
+        raise _Raw(_RawRelay("connect", r, stream, lease, initial_up=action.rest))

@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass
 
 from ravenproxy.model.allowlist import Allowlist, IPAddress, denied_always
-from ravenproxy.transport.bytestream import READ_LIMIT
+from ravenproxy.transport.bytestream import open_connection
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.errors import WireError
 
@@ -57,7 +57,7 @@ async def dial(
         async with asyncio.timeout(timeout):
             for ip in permitted:
                 try:
-                    reader, writer = await asyncio.open_connection(str(ip), port, limit=READ_LIMIT)
+                    reader, writer = await open_connection(str(ip), port)
                 except OSError as exc:
                     errors.append(f"{ip}:{port}: {exc.strerror or exc}")
                     continue

@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any, ClassVar
 
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
@@ -42,19 +44,19 @@ class IdleWatch:
     leaves with :class:`IdleTimeout`) once no one called :meth:`touch` for ``timeout`` seconds.
     ``timeout`` None: never. It may guard one block after another (not two at once).
 
-    The copy loops call :meth:`touch` per chunk, which only stamps the loop's clock; one timer
-    per connection checks the stamp when it is due and re-arms itself for the stamp's deadline,
-    so a busy connection costs no timer work per chunk.
+    The copy loops call :meth:`touch` per chunk, which only stamps the loop's clock. The
+    stamps are checked by one timer per event loop and timeout value (:class:`_Sweep`), not one
+    per connection: an idle connection's own timer was a large part of what it held.
     """
 
-    __slots__ = ("_cm", "_loop", "_timer", "last", "timeout")
+    __slots__ = ("_cm", "_loop", "_sweep", "last", "timeout")
 
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
         self._loop = asyncio.get_running_loop()
         self.last = self._loop.time()
         self._cm: asyncio.Timeout | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._sweep: _Sweep | None = None
 
     def touch(self) -> None:
         """A byte moved: the connection is not idle."""
@@ -65,18 +67,13 @@ class IdleWatch:
         self._cm = asyncio.timeout(None)
         await self._cm.__aenter__()
         if self.timeout is not None:
-            self._timer = self._loop.call_at(self.last + self.timeout, self._check)
+            self._sweep = _Sweep.of(self._loop, self.timeout)
+            self._sweep.add(self)
         return self
 
-    def _check(self) -> None:
-        assert self.timeout is not None and self._cm is not None
-        due = self.last + self.timeout
-        now = self._loop.time()
-        if now >= due - 0.001:  # timers may fire a clock tick early
-            self._timer = None
-            self._cm.reschedule(now)  # cancels the guarded block at once
-        else:
-            self._timer = self._loop.call_at(due, self._check)
+    def _expire(self, now: float) -> None:
+        assert self._cm is not None
+        self._cm.reschedule(now)  # cancels the guarded block at once
 
     async def __aexit__(
         self,
@@ -84,9 +81,9 @@ class IdleWatch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._sweep is not None:
+            self._sweep.remove(self)
+            self._sweep = None
         assert self._cm is not None
         try:
             await self._cm.__aexit__(exc_type, exc, tb)  # never swallows: returns None
@@ -97,7 +94,67 @@ class IdleWatch:
             self._cm = None
 
 
-@dataclass
+class _Sweep:
+    """The one timer of every entered :class:`IdleWatch` with the same timeout on one event
+    loop. It fires when the oldest stamp is due, expires the watches that are, and re-arms
+    for the oldest remaining stamp, but at most every ``min(timeout / 8, 60 s)``: with
+    thousands of busy connections a check is a scan of all of them, so it must stay rare. A
+    watch therefore expires at its due time, or up to that much later while others are busy.
+    """
+
+    __slots__ = ("loop", "timeout", "timer", "watches")
+
+    _all: ClassVar[dict[tuple[asyncio.AbstractEventLoop, float], _Sweep]] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self.loop = loop
+        self.timeout = timeout
+        self.watches: dict[IdleWatch, None] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop, timeout: float) -> _Sweep:
+        sweep = cls._all.get((loop, timeout))
+        if sweep is None:
+            sweep = cls._all[(loop, timeout)] = cls(loop, timeout)
+        return sweep
+
+    def add(self, watch: IdleWatch) -> None:
+        self.watches[watch] = None
+        # An armed timer is due no later than this watch (its stamp is the newest).
+        if self.timer is None:
+            self.timer = self.loop.call_at(watch.last + self.timeout, self._check)
+
+    def remove(self, watch: IdleWatch) -> None:
+        self.watches.pop(watch, None)
+        if not self.watches:
+            self._close()
+
+    def _close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self._all.get((self.loop, self.timeout)) is self:
+            del self._all[(self.loop, self.timeout)]
+
+    def _check(self) -> None:
+        self.timer = None
+        now = self.loop.time()
+        oldest = now
+        for watch in list(self.watches):
+            if now >= watch.last + self.timeout - 0.001:  # timers may fire a tick early
+                del self.watches[watch]  # expired once; its block's exit finds it gone
+                watch._expire(now)
+            elif watch.last < oldest:
+                oldest = watch.last
+        if not self.watches:
+            self._close()
+            return
+        gap = min(self.timeout / 8, 60.0)
+        self.timer = self.loop.call_at(max(oldest + self.timeout, now + gap), self._check)
+
+
+@dataclass(slots=True)
 class RelayResult:
     bytes_up: int = 0
     """Socket → upstream."""
@@ -112,7 +169,7 @@ IDLE_ERROR = "idle timeout"
 """The error a relay closed for idleness reports."""
 
 
-async def relay(
+def relay(
     upstream: ByteStream,
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
@@ -121,38 +178,70 @@ async def relay(
     initial_down: bytes = b"",
     idle_timeout: float | None = None,
     label: str = "",
-) -> RelayResult:
+) -> Coroutine[Any, Any, RelayResult]:
     """Copy socket ⇄ ``upstream`` until both sides finished (half-close carried) or either
     failed, or no byte moved either way for ``idle_timeout`` seconds (``idle`` set in the
     result). Always closes the socket and the upstream. ``initial_up`` was already read from the
     socket and belongs upstream; ``initial_down`` was already read from upstream.
 
     A socket that cannot half-close (TLS) ends the relay once upstream is done: there is no
-    other way to tell its peer."""
-    result = RelayResult()
-    _tune(writer)
-    watch = IdleWatch(idle_timeout)
+    other way to tell its peer.
 
-    async def up() -> None:
-        if initial_up:
-            await upstream.write(initial_up)
-            result.bytes_up += len(initial_up)
-        while True:
-            # Read only as much as upstream takes now (a tunnel stream's credit): a slow
-            # tunnel stops reading the socket, and TCP pushes back on the sender.
-            room = await upstream.writable()
-            data = await reader.read(min(room, READ_LIMIT))
-            if not data:
-                await upstream.write_eof()
-                return
-            await upstream.write(data)
-            result.bytes_up += len(data)
-            watch.touch()
+    Await it (a plain function returning the coroutine, so an idle relay holds no extra frame)."""
+    return _Relay(upstream, reader, writer, initial_up, initial_down, idle_timeout).run(label)
 
-    async def down() -> None:
-        if initial_down:
-            writer.write(initial_down)
-            result.bytes_down += len(initial_down)
+
+class _Relay:
+    """One relay's state. A slotted object rather than closures: an idle relay is the common
+    case at scale, and four nested functions with a dozen closure cells cost ~1 KB each.
+
+    Socket → upstream runs in the calling task; only upstream → socket gets a task of its own
+    (one task per relay, not two). When down ends first and up has nothing left to do (down
+    failed, or the socket cannot half-close), down's end cancels the calling task, the way a
+    TaskGroup stops its parent: cancel(), then uncancel() where the cancellation is caught."""
+
+    __slots__ = (
+        "half_close",
+        "in_up",
+        "initial_down",
+        "initial_up",
+        "reader",
+        "result",
+        "stop_up",
+        "task",
+        "upstream",
+        "watch",
+        "writer",
+    )
+
+    def __init__(
+        self,
+        upstream: ByteStream,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        initial_up: bytes,
+        initial_down: bytes,
+        idle_timeout: float | None,
+    ) -> None:
+        self.upstream = upstream
+        self.reader = reader
+        self.writer = writer
+        self.initial_up = initial_up
+        self.initial_down = initial_down
+        self.result = RelayResult()
+        self.watch = IdleWatch(idle_timeout)
+        self.half_close = writer.can_write_eof()
+        self.in_up = True
+        self.stop_up = False
+        self.task: asyncio.Task[Any] | None = None
+        """The task running :meth:`run` (the caller's)."""
+
+    async def down(self) -> None:
+        upstream, writer, result, watch = self.upstream, self.writer, self.result, self.watch
+        if self.initial_down:
+            initial, self.initial_down = self.initial_down, b""
+            writer.write(initial)
+            result.bytes_down += len(initial)
             await writer.drain()
         while True:
             chunk = await upstream.read()
@@ -165,49 +254,88 @@ async def relay(
             watch.touch()
             await writer.drain()
 
-    half_close = writer.can_write_eof()
-    suffix = f":{label}" if label else ""
-    up_task = asyncio.create_task(up(), name=f"relay-up{suffix}")
-    down_task = asyncio.create_task(down(), name=f"relay-down{suffix}")
-    try:
-        pending: set[asyncio.Task[None]] = {up_task, down_task}
-        async with watch:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                failures = [exc for task in done if (exc := task.exception()) is not None]
-                if failures:
-                    # One direction failed: the other has nothing sensible left to do.
-                    exc = failures[0]
-                    if isinstance(exc, StreamClosedError):
-                        result.error = str(exc)
-                    else:
-                        result.error = f"socket: {exc!r}"
-                        upstream.abort("socket error")
-                elif down_task not in done or half_close:
-                    continue
-                for other in pending:
-                    other.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                pending = set()
-    except IdleTimeout:
-        result.error, result.idle = IDLE_ERROR, True
-        upstream.abort(IDLE_ERROR)
-        up_task.cancel()
-        down_task.cancel()
-        await asyncio.gather(up_task, down_task, return_exceptions=True)
-    except asyncio.CancelledError:
-        upstream.abort("relay cancelled")
-        up_task.cancel()
-        down_task.cancel()
-        await asyncio.gather(up_task, down_task, return_exceptions=True)
-        raise
-    finally:
-        if result.error:
-            writer.transport.abort()
+    def down_ended(self, task: asyncio.Task[None]) -> None:
+        if not self.in_up or self.stop_up or task.cancelled():
+            return
+        if task.exception() is not None or not self.half_close:
+            self.stop_up = True
+            assert self.task is not None
+            self.task.cancel()
+
+    def failed(self, exc: BaseException) -> None:
+        # One direction failed: the other has nothing sensible left to do.
+        if isinstance(exc, StreamClosedError):
+            self.result.error = str(exc)
         else:
-            writer.close()
-        upstream.close()
-    return result
+            self.result.error = f"socket: {exc!r}"
+            self.upstream.abort("socket error")
+
+    async def run(self, label: str) -> RelayResult:
+        self.task = task = asyncio.current_task()
+        assert task is not None
+        result, upstream, writer = self.result, self.upstream, self.writer
+        _tune(writer)
+        down_task = asyncio.create_task(
+            self.down(), name=f"relay-down:{label}" if label else "relay-down"
+        )
+        down_task.add_done_callback(self.down_ended)
+        try:
+            async with self.watch:
+                try:
+                    # Socket → upstream, here rather than in a coroutine of its own: one
+                    # frame less held by every idle relay.
+                    if self.initial_up:
+                        initial, self.initial_up = self.initial_up, b""
+                        await upstream.write(initial)
+                        result.bytes_up += len(initial)
+                    reader, watch = self.reader, self.watch
+                    while True:
+                        # Read only as much as upstream takes now (a tunnel stream's credit):
+                        # a slow tunnel stops reading the socket, and TCP pushes back.
+                        room = await upstream.writable()
+                        data = await reader.read(min(room, READ_LIMIT))
+                        if not data:
+                            await upstream.write_eof()
+                            break
+                        await upstream.write(data)
+                        result.bytes_up += len(data)
+                        watch.touch()
+                except asyncio.CancelledError:
+                    if not self.stop_up or task.uncancel() > 0:
+                        raise  # not (only) ours: the idle watch's, or the caller's
+                except Exception as exc:
+                    self.failed(exc)
+                finally:
+                    self.in_up = False
+                if result.error:
+                    down_task.cancel()
+                    await asyncio.gather(down_task, return_exceptions=True)
+                else:
+                    # Up is done (or has nothing left to do): the relay ends with down.
+                    try:
+                        await down_task
+                    except Exception as exc:
+                        self.failed(exc)
+        except IdleTimeout:
+            result.error, result.idle = IDLE_ERROR, True
+            upstream.abort(IDLE_ERROR)
+            down_task.cancel()
+            await asyncio.gather(down_task, return_exceptions=True)
+        except asyncio.CancelledError:
+            upstream.abort("relay cancelled")
+            down_task.cancel()
+            await asyncio.gather(down_task, return_exceptions=True)
+            raise
+        finally:
+            self.in_up = False
+            if not down_task.done():  # only on an error of our own above
+                down_task.cancel()
+            if result.error:
+                writer.transport.abort()
+            else:
+                writer.close()
+            upstream.close()
+        return result
 
 
 def _tune(writer: asyncio.StreamWriter) -> None:

@@ -207,7 +207,7 @@ class Session:
         self._flush()
         try:
             await asyncio.wait_for(
-                asyncio.shield(stream._opened), timeout or self.config.open_timeout
+                asyncio.shield(stream._opening()), timeout or self.config.open_timeout
             )
         except TimeoutError:
             self.conn.reset_stream(sid, ErrorCode.OPEN_TIMEOUT, "no answer to OPEN")
@@ -416,8 +416,8 @@ class Session:
                 self._serve(TunnelStream(self, sid, target))
             case ev.StreamAccepted(sid):
                 stream = self.streams.get(sid)
-                if stream is not None and not stream._opened.done():
-                    stream._opened.set_result(None)
+                if stream is not None:
+                    stream._accepted()
             case ev.StreamRejected(sid, code, message):
                 stream = self.streams.get(sid)
                 if stream is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from typing import Protocol
 
 from ravenproxy.errors import RavenProxyError
@@ -62,46 +63,85 @@ class OpenError(StreamClosedError):
 
 
 class TunnelStream:
-    """A bidirectional byte stream inside the tunnel, with backpressure both ways."""
+    """A bidirectional byte stream inside the tunnel, with backpressure both ways.
+
+    An idle stream is the common case at scale (thousands of open, silent connections), so it
+    holds as little as it can: slots, no receive buffer until the first chunk, and a waiting
+    read or write holds one future, created when it starts to wait (not two ``asyncio.Event``
+    objects per stream, each with its own deque).
+    """
+
+    __slots__ = (
+        "_chunks",
+        "_eof",
+        "_error",
+        "_opened",
+        "_read_waiters",
+        "_write_waiters",
+        "bytes_in",
+        "bytes_out",
+        "id",
+        "session",
+        "target",
+    )
 
     def __init__(self, session: StreamOwner, stream_id: int, target: Target) -> None:
         self.session = session
         self.id = stream_id
         self.target = target
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._readable = asyncio.Event()
-        self._writable = asyncio.Event()
+        self._chunks: collections.deque[bytes] | None = None
+        """Received, not yet read; created with the first chunk."""
+        self._read_waiters: list[asyncio.Future[None]] | None = None
+        self._write_waiters: list[asyncio.Future[None]] | None = None
         self._eof = False
         self._error: StreamClosedError | None = None
-        self._opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._opened: asyncio.Future[None] | None = None
+        """The OPEN_RESULT, while this side waits for it (:meth:`_opening`)."""
         self.bytes_in = 0
         self.bytes_out = 0
 
     # -- called by the session ------------------------------------------------------------
+    def _opening(self) -> asyncio.Future[None]:
+        """The future the peer's OPEN_RESULT completes (this side opened the stream)."""
+        self._opened = asyncio.get_running_loop().create_future()
+        return self._opened
+
+    def _accepted(self) -> None:
+        opened, self._opened = self._opened, None  # nothing to keep once it is answered
+        if opened is not None and not opened.done():
+            opened.set_result(None)
+
     def _feed(self, data: bytes) -> None:
+        if self._chunks is None:
+            self._chunks = collections.deque()
         self._chunks.append(data)
-        self._readable.set()
+        self._wake_readers()
 
     def _feed_eof(self) -> None:
         self._eof = True
-        self._readable.set()
+        self._wake_readers()
 
     def _fail(self, error: StreamClosedError) -> None:
         if self._error is None:
             self._error = error
         # Buffered bytes will never be read: hand their credit back now.
-        dropped = sum(len(c) for c in self._chunks)
-        self._chunks.clear()
-        if dropped:
+        if self._chunks:
+            dropped = sum(len(c) for c in self._chunks)
+            self._chunks.clear()
             self.session._consumed(self.id, dropped)
-        self._readable.set()
-        self._writable.set()
-        if not self._opened.done():
+        self._wake_readers()
+        self._wake_writer()
+        if self._opened is not None and not self._opened.done():
             self._opened.set_exception(error)
             self._opened.exception()  # mark retrieved: nobody may be waiting any more
 
+    def _wake_readers(self) -> None:
+        waiters, self._read_waiters = self._read_waiters, None
+        _wake(waiters)
+
     def _wake_writer(self) -> None:
-        self._writable.set()
+        waiters, self._write_waiters = self._write_waiters, None
+        _wake(waiters)
 
     # -- public ----------------------------------------------------------------------------
     @property
@@ -110,7 +150,7 @@ class TunnelStream:
 
     @property
     def buffered(self) -> int:
-        return sum(len(c) for c in self._chunks)
+        return sum(len(c) for c in self._chunks) if self._chunks else 0
 
     async def read(self) -> bytes:
         """The next chunk, or ``b""`` once the peer half-closed. Reading returns credit."""
@@ -119,8 +159,16 @@ class TunnelStream:
                 raise self._error.fresh()
             if self._eof:
                 return b""
-            self._readable.clear()
-            await self._readable.wait()
+            if self._read_waiters is None:
+                self._read_waiters = []
+            # Waited here, not in a helper coroutine: an idle stream's reader holds one frame
+            # less.
+            fut = asyncio.get_running_loop().create_future()
+            self._read_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                _forget(self._read_waiters, fut)
         chunk = self._chunks.popleft()
         self.bytes_in += len(chunk)
         self.session._consumed(self.id, len(chunk))
@@ -147,9 +195,15 @@ class TunnelStream:
             room = self.session.conn.send_window(self.id)
             if room > 0:
                 return room
-            self._writable.clear()
             self.session._wait_window(self)
-            await self._writable.wait()
+            if self._write_waiters is None:
+                self._write_waiters = []
+            fut = asyncio.get_running_loop().create_future()
+            self._write_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                _forget(self._write_waiters, fut)
 
     def write_eof(self) -> None:
         """Half-close: no more data from this side."""
@@ -182,3 +236,20 @@ class TunnelStream:
         if self.id in self.session.conn.streams and self._error is None:
             self.reset(ErrorCode.CANCEL, "closed by the application")
         self.session._forget(self.id)
+
+
+def _wake(waiters: list[asyncio.Future[None]] | None) -> None:
+    """Wake every waiter of one direction: each checks again what it waits for (the stream
+    forgot the list: a waiter that waits again starts a new one)."""
+    if waiters:
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+
+def _forget(waiters: list[asyncio.Future[None]], fut: asyncio.Future[None]) -> None:
+    """A waiter stops waiting: one cancelled (not woken) leaves the list, which the stream may
+    still hold; a woken one's list was already dropped."""
+    if fut.cancelled():
+        with contextlib.suppress(ValueError):
+            waiters.remove(fut)

@@ -153,7 +153,7 @@ async def test_slow_connect_is_dial_timeout(monkeypatch: pytest.MonkeyPatch) -> 
     async def hang(*args: object, **kwargs: object) -> None:
         await asyncio.sleep(10)
 
-    monkeypatch.setattr(dialer.asyncio, "open_connection", hang)
+    monkeypatch.setattr(dialer, "open_connection", hang)
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(DialError) as info:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ravenproxy.transport.bytestream import SocketByteStream
-from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, relay
+from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, _Sweep, relay
 
 
 async def test_an_untouched_block_is_cancelled_after_the_timeout() -> None:
@@ -60,6 +60,41 @@ async def test_cancelling_from_outside_stays_a_cancellation() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_watches_share_one_timer_and_each_expires_at_its_own_time() -> None:
+    """Watches of one timeout are checked by one timer per loop (not one each): each still
+    expires after its own idle time, a busy one lives on, and nothing is left armed after."""
+    loop = asyncio.get_running_loop()
+    expired: dict[str, float] = {}
+
+    async def idle(name: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        started = loop.time()
+        with pytest.raises(IdleTimeout):
+            async with IdleWatch(0.3):
+                await asyncio.sleep(10)
+        expired[name] = loop.time() - started
+
+    async def busy() -> None:
+        async with IdleWatch(0.3) as watch:
+            for _ in range(12):  # 0.6 s of activity: past the idle ones' expiry
+                await asyncio.sleep(0.05)
+                watch.touch()
+
+    tasks = [
+        asyncio.create_task(idle("first", 0)),
+        asyncio.create_task(idle("later", 0.15)),
+        asyncio.create_task(busy()),
+    ]
+    await asyncio.sleep(0.05)
+    assert len([k for k in _Sweep._all if k[0] is loop]) == 1  # one sweep for all three
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    # Each after its own 0.3 s (the later one did not go with the first one's check), and not
+    # much later than that: the busy one keeps the checks coming at most every 0.3/8 s.
+    assert 0.25 <= expired["first"] < 1.0
+    assert 0.25 <= expired["later"] < 1.0
+    assert not [k for k in _Sweep._all if k[0] is loop]  # nothing left armed
 
 
 async def test_relay_closes_an_idle_connection_not_a_busy_one() -> None:

@@ -1,0 +1,411 @@
+"""What idle things cost: RSS per idle stream on the server and on the agent, and RSS per idle
+agent on the server.
+
+Real processes on loopback, started through the CLI as in the tests: a TCP target (its own
+process: it accepts and holds connections), ``ravenproxy server`` and ``ravenproxy agent``
+(certificates from ``init_pki``, an inventory, the target admitted by ``--allow``).
+
+- **streams**: for each N, fresh processes; one warm-up CONNECT (imports, first allocations),
+  then VmRSS of server and agent; N idle ``CONNECT edge-1:TARGET`` streams through the HTTP
+  front, held open; VmRSS again after a settle; (after - before) / N per side.
+- **agents**: a server alone; K tunnels from this process, each with its own node certificate,
+  each a library :class:`~ravenproxy.transport.session.Session` (what the agent runs, without
+  the agent process's ~55 MB); (after - before) / K on the server.
+
+A CONNECT takes one front connection, and the server caps its front connections at 7/16 of its
+descriptor limit (an eighth kept in reserve, two descriptors per connection): with a hard limit
+of 20 000 that is 8 750 streams per server, so the largest row is 8 500, not 10 000.
+
+    .venv/bin/python benchmarks/idle_cost.py --label after     # 1000,5000,8500 streams; 500 agents
+    .venv/bin/python benchmarks/idle_cost.py --streams 1000 --agents 100 --output -
+
+Importable: :func:`stream_cost` and :func:`agent_cost` return the rows; :func:`rss_kib` reads a
+process's VmRSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from websockets.asyncio.client import connect
+
+from ravenproxy.pki import init_pki
+from ravenproxy.transport import tls
+from ravenproxy.transport.session import Session, SessionConfig, websocket_options
+
+SCRIPT = Path(__file__).resolve()
+HERE = SCRIPT.parent
+RESULTS = HERE / "results" / "idle_cost.json"
+SETTLE = 2.0
+"""Seconds to wait after the last stream opened before reading RSS."""
+
+
+def rss_kib(pid: int) -> int:
+    """The process's resident set (VmRSS), KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def raise_fd_limit() -> int:
+    """Soft descriptor limit up to the hard one (children inherit it); returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def inventory(nodes: list[str]) -> str:
+    return "".join(
+        f"---\napiVersion: v1\nkind: Node\nmetadata: {{name: {n}, labels: "
+        "{raven.openyurt.io/gateway: gw-edge}}\n"
+        "status:\n  addresses: [{type: InternalIP, address: 127.0.0.1}]\n"
+        for n in nodes
+    )
+
+
+class Procs:
+    """Processes in sessions of their own, stopped by PID in reverse order."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        with (self.base / f"{name}.log").open("wb") as out:
+            proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+# -- the target (its own process: ``idle_cost.py --target PORTFILE``) ------------------------
+class _Hold(asyncio.Protocol):
+    """Accepts and holds: an idle target."""
+
+
+async def _target_main(port_file: Path) -> None:
+    server = await asyncio.get_running_loop().create_server(_Hold, "127.0.0.1", 0, backlog=4096)
+    with open(port_file, "w") as f:
+        f.write(str(server.sockets[0].getsockname()[1]))
+    await asyncio.Event().wait()
+
+
+def _wait_file(path: Path, proc: subprocess.Popen[bytes]) -> int:
+    for _ in range(400):
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        if proc.poll() is not None:
+            raise RuntimeError("target exited")
+        time.sleep(0.05)
+    raise RuntimeError("target did not start")
+
+
+def start_server(base: Path, procs: Procs, nodes: list[str]) -> tuple[int, int, int]:
+    """PKI for ``nodes``, an inventory, the server; returns (pid, HTTP front, tunnel port)."""
+    certs = base / "certs"
+    init_pki(certs, ("localhost", "127.0.0.1"), nodes)
+    inv = base / "inventory.yaml"
+    inv.write_text(inventory(nodes))
+    http, tunnel = free_port(), free_port()
+    server = procs.start(
+        "server",
+        [
+            sys.executable, "-m", "ravenproxy", "server",
+            "--inventory", str(inv),
+            "--ca-file", str(certs / "ca.crt"),
+            "--cert-file", str(certs / "server.crt"),
+            "--key-file", str(certs / "server.key"),
+            "--tunnel-addr", f"127.0.0.1:{tunnel}",
+            "--http-addr", f"127.0.0.1:{http}",
+            "--https-addr", f"127.0.0.1:{free_port()}",
+            "--metrics-addr", f"127.0.0.1:{free_port()}",
+            "--health-addr", f"127.0.0.1:{free_port()}",
+            "--max-front-connections", "100000",
+            "--max-streams-per-client", "100000",
+            "--log-level", "WARNING",
+        ],
+    )  # fmt: skip
+    return server.pid, http, tunnel
+
+
+def start_agent(base: Path, procs: Procs, tunnel: int, target_port: int) -> int:
+    certs = base / "certs"
+    agent = procs.start(
+        "agent",
+        [
+            sys.executable, "-m", "ravenproxy", "agent",
+            "--node-name", "edge-1",
+            "--server-addr", f"wss://127.0.0.1:{tunnel}",
+            "--ca-file", str(certs / "ca.crt"),
+            "--cert-file", str(certs / "edge-1.crt"),
+            "--key-file", str(certs / "edge-1.key"),
+            "--inventory", str(base / "inventory.yaml"),
+            "--allow", f"127.0.0.1:{target_port}",
+            "--log-level", "WARNING",
+        ],
+    )  # fmt: skip
+    return agent.pid
+
+
+async def open_connect(http: int, dest: str) -> socket.socket | None:
+    """One CONNECT through the HTTP front; the socket once it is established, else None."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", http))
+        await loop.sock_sendall(sock, f"CONNECT {dest} HTTP/1.1\r\nHost: {dest}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = await loop.sock_recv(sock, 4096)
+            if not data:
+                break
+            head += data
+        if head.startswith(b"HTTP/1.1 200"):
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None
+
+
+async def open_idle_streams(http: int, dest: str, n: int, parallel: int = 100) -> list[Any]:
+    """``n`` established CONNECT streams (fewer if some failed), ``parallel`` opens at once."""
+    gate = asyncio.Semaphore(parallel)
+
+    async def one() -> socket.socket | None:
+        async with gate:
+            return await open_connect(http, dest)
+
+    socks = await asyncio.gather(*(one() for _ in range(n)))
+    return [s for s in socks if s is not None]
+
+
+async def _wait_routable(http: int, dest: str) -> None:
+    for _ in range(300):
+        sock = await open_connect(http, dest)
+        if sock is not None:
+            sock.close()
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the tunnel did not become routable")
+
+
+async def _streams_row(base: Path, n: int) -> dict[str, Any]:
+    procs = Procs(base)
+    try:
+        port_file = base / "target.port"
+        target = procs.start("target", [sys.executable, str(SCRIPT), "--target", str(port_file)])
+        target_port = _wait_file(port_file, target)
+        server_pid, http, tunnel = start_server(base, procs, ["edge-1"])
+        agent_pid = start_agent(base, procs, tunnel, target_port)
+        dest = f"edge-1:{target_port}"
+        await _wait_routable(http, dest)
+        warm = await open_idle_streams(http, dest, 10)  # first allocations, lazy imports
+        await asyncio.sleep(SETTLE)
+        for s in warm:
+            s.close()
+        await asyncio.sleep(SETTLE)
+        before = {"server": rss_kib(server_pid), "agent": rss_kib(agent_pid)}
+        started = time.monotonic()
+        socks = await open_idle_streams(http, dest, n)
+        opened = time.monotonic() - started
+        await asyncio.sleep(SETTLE)
+        after = {"server": rss_kib(server_pid), "agent": rss_kib(agent_pid)}
+        for s in socks:
+            s.close()
+        held = len(socks)
+        row: dict[str, Any] = {"streams": n, "established": held, "open_seconds": round(opened, 2)}
+        for side in ("server", "agent"):
+            row[f"{side}_rss_before_kib"] = before[side]
+            row[f"{side}_rss_after_kib"] = after[side]
+            row[f"{side}_kib_per_stream"] = (
+                round((after[side] - before[side]) / held, 2) if held else None
+            )
+        return row
+    finally:
+        procs.stop()
+
+
+async def stream_cost(counts: list[int]) -> list[dict[str, Any]]:
+    """One row per N: RSS per idle stream on the server and on the agent (fresh processes)."""
+    rows = []
+    for n in counts:
+        base = Path(tempfile.mkdtemp(prefix="ravenproxy-idle-"))
+        try:
+            row = await _streams_row(base, n)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        print(json.dumps(row), file=sys.stderr)
+        rows.append(row)
+    return rows
+
+
+async def _agent_tunnel(
+    ctx: ssl.SSLContext, url: str, node: str, config: SessionConfig
+) -> tuple[Session, asyncio.Task[None]]:
+    ws = await connect(url, ssl=ctx, open_timeout=30, proxy=None, **websocket_options(config.wire))
+    session = Session(ws, server_side=False, config=config, name=node)
+    task = asyncio.create_task(session.run(), name=f"idle-agent:{node}")
+    await session.wait_ready()
+    return session, task
+
+
+async def agent_cost(k: int, parallel: int = 50) -> dict[str, Any]:
+    """RSS per idle agent on the server: ``k`` tunnels from this process, own certificates."""
+    base = Path(tempfile.mkdtemp(prefix="ravenproxy-idle-agents-"))
+    procs = Procs(base)
+    nodes = [f"edge-{i}" for i in range(k)]
+    tasks: list[asyncio.Task[None]] = []
+    sessions: list[Session] = []
+    try:
+        server_pid, _, tunnel = start_server(base, procs, nodes)
+        url = f"wss://127.0.0.1:{tunnel}"
+        certs = base / "certs"
+        ctxs = [
+            tls.client_context(certs / "ca.crt", certs / f"{n}.crt", certs / f"{n}.key")
+            for n in nodes
+        ]
+        config = SessionConfig()
+        for _ in range(300):  # the server is up once one tunnel is
+            try:
+                s, t = await _agent_tunnel(ctxs[0], url, nodes[0], config)
+                sessions.append(s)
+                tasks.append(t)
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(SETTLE)
+        before = rss_kib(server_pid)
+        gate = asyncio.Semaphore(parallel)
+
+        async def one(i: int) -> None:
+            async with gate:
+                s, t = await _agent_tunnel(ctxs[i], url, nodes[i], config)
+                sessions.append(s)
+                tasks.append(t)
+
+        started = time.monotonic()
+        await asyncio.gather(*(one(i) for i in range(1, k)))
+        opened = time.monotonic() - started
+        await asyncio.sleep(SETTLE)
+        after = rss_kib(server_pid)
+        row = {
+            "agents": k,
+            "connect_seconds": round(opened, 2),
+            "server_rss_before_kib": before,
+            "server_rss_after_kib": after,
+            "server_kib_per_agent": round((after - before) / (k - 1), 2),
+        }
+        print(json.dumps(row), file=sys.stderr)
+        return row
+    finally:
+        for s in sessions:
+            with contextlib.suppress(Exception):
+                await s.close("benchmark done")
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        procs.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _commit() -> str:
+    return subprocess.run(
+        ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+
+
+async def run(streams: list[int], agents: int) -> dict[str, Any]:
+    fd_limit = raise_fd_limit()
+    return {
+        "benchmark": "idle_cost",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "nproc": os.cpu_count(),
+            "python": platform.python_version(),
+            "git_commit": _commit(),
+            "fd_limit": fd_limit,
+            "loadavg_at_start": list(os.getloadavg()),
+        },
+        "streams": await stream_cost(streams) if streams else [],
+        "agents": await agent_cost(agents) if agents else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        "--streams", type=lambda s: [int(x) for x in s.split(",") if x], default=[1000, 5000, 8500]
+    )
+    parser.add_argument("--agents", type=int, default=500, help="idle agents (0: skip)")
+    parser.add_argument("--label", default="", help="key to store the run under in --output")
+    parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
+    parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.target is not None:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(_target_main(args.target))
+        return
+    # SIGTERM must still run the cleanup: the processes are in sessions of their own.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        result = runner.run(run(args.streams, args.agents))
+    result["machine"]["loadavg_at_end"] = list(os.getloadavg())
+    if args.output == "-":
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
+    out = Path(args.output)
+    # Runs are kept side by side under their label (e.g. "before", "after").
+    stored = json.loads(out.read_text()) if out.exists() else {}
+    stored[args.label or "latest"] = result
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(stored, indent=2) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
