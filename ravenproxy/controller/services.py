@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ravenproxy.kube.labels import LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
 from ravenproxy.model.objects import ENDPOINT_PROXY, EXPOSE_LOAD_BALANCER, Gateway
 from ravenproxy.model.snapshot import Model
 
@@ -30,9 +31,6 @@ TUNNEL_PORT = 10262
 DEFAULT_HTTP_PORTS = (10255,)
 DEFAULT_HTTPS_PORTS = (10250,)
 
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "ravenproxy"
-LABEL_COMPONENT = "app.kubernetes.io/component"
 COMPONENT_INTERNAL = "internal-proxy"
 COMPONENT_PUBLIC = "public-proxy"
 # Gateway and node names may be longer than a label value allows, so they go in annotations.

@@ -15,13 +15,12 @@ from kubernetes_asyncio import client as k8s_client
 from ravenproxy.controller import dnsmap
 from ravenproxy.controller.services import (
     INTERNAL_SERVICE,
-    LABEL_MANAGED_BY,
-    MANAGED_BY,
     NAMESPACE,
     Op,
 )
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.kube.client import MERGE_PATCH, KubeError, raw_call
+from ravenproxy.kube.labels import LABEL_MANAGED_BY, MANAGED_BY
 from ravenproxy.kube.model import GATEWAY_GROUP, GATEWAY_PLURAL, GATEWAY_VERSION
 from ravenproxy.log import kv
 

@@ -15,11 +15,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from ravenproxy.kube.labels import LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
+
 NAMESPACE = "kube-system"
 LEASE_PREFIX = "ravenproxy-agent-"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "ravenproxy"
-LABEL_COMPONENT = "app.kubernetes.io/component"
 COMPONENT = "agent-liveness"
 LABELS: Mapping[str, str] = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT}
 LABEL_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}={COMPONENT}"

@@ -16,7 +16,6 @@ from ravenproxy.controller.services import (
     ANNOTATION_GATEWAY,
     ANNOTATION_NODE,
     INTERNAL_SERVICE,
-    LABEL_MANAGED_BY,
     Op,
     contains,
     desired_services,
@@ -26,6 +25,7 @@ from ravenproxy.controller.services import (
     public_service_name,
     public_services,
 )
+from ravenproxy.kube.labels import LABEL_MANAGED_BY
 from ravenproxy.model.snapshot import Model
 from tests.unit.controller.builders import ep, gateway, model, node
 
