@@ -34,6 +34,13 @@ def kv(**fields: object) -> dict[str, Any]:
     return {"fields": fields}
 
 
+def peer_text(address: object) -> str:
+    """A socket peer for a log field: ``host:port`` (an IP socket address), else its text."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)
+
+
 def setup(level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter(_FMT))

@@ -17,7 +17,7 @@ import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ravenproxy.log import kv
+from ravenproxy.log import kv, peer_text
 from ravenproxy.metrics import ServerMetrics
 from ravenproxy.server.limits import ConnectionGate, Throttle
 from ravenproxy.transport.bytestream import LeanStreamProtocol
@@ -130,13 +130,13 @@ class FrontListener:
                     log.warning(
                         f"{self.name} front: front connection limit reached, closing new "
                         "connections",
-                        extra=kv(peer=_peer(peer), limit=self._gate.limit, also_closed=held),
+                        extra=kv(peer=peer_text(peer), limit=self._gate.limit, also_closed=held),
                     )
                 continue
             conn.setblocking(False)
             # The handler is the task's coroutine and what follows it a done callback (not a
             # wrapping coroutine): a frame less held by every open, idle connection.
-            name = f"{self.name}-front:{_peer(peer)}"  # _served reads the peer back from it
+            name = f"{self.name}-front:{peer_text(peer)}"  # _served reads the peer back from it
             task = asyncio.create_task(self._handler(conn, peer), name=name)
             task.add_done_callback(self._served)
             self._track(task)
@@ -165,9 +165,3 @@ class FrontListener:
             # The handler closed its socket; what broke must still be seen.
             peer = task.get_name().partition("-front:")[2]
             log.error(f"{self.name} front: connection failed", exc_info=exc, extra=kv(peer=peer))
-
-
-def _peer(address: Any) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        return f"{address[0]}:{address[1]}"
-    return str(address)

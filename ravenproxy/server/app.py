@@ -25,7 +25,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError, PKIError
-from ravenproxy.log import kv
+from ravenproxy.log import kv, peer_text
 from ravenproxy.metrics import ServerMetrics, metrics_app, start_app
 from ravenproxy.model.store import ModelStore
 from ravenproxy.server.agents import add_agents_route
@@ -287,14 +287,14 @@ class ProxyServer:
             server_side=True,
             config=self.settings.session,
             name=node,
-            fields={"node": node, "peer": _peer(peer)},
+            fields={"node": node, "peer": peer_text(peer)},
             server_id=self.settings.identity,
         )
         session.on_stream_closed = self._stream_closed
         self.registry.add(node, session)
         self.metrics.agents.set(len(self.registry))
         self.metrics.agent_sessions.labels(outcome="connected").inc()
-        log.info("agent connected", extra=kv(node=node, peer=_peer(peer)))
+        log.info("agent connected", extra=kv(node=node, peer=peer_text(peer)))
         try:
             await session.run()
         finally:
@@ -311,7 +311,7 @@ class ProxyServer:
             self.metrics.agents.set(len(self.registry))
             log.info(
                 "agent closed a duplicate tunnel" if duplicate else "agent disconnected",
-                extra=kv(node=node, peer=_peer(peer), reason=session.close_reason),
+                extra=kv(node=node, peer=peer_text(peer), reason=session.close_reason),
             )
 
     def _stream_closed(self, stream: TunnelStream) -> None:
@@ -332,12 +332,6 @@ def _fd_limit() -> int | None:
     except (ValueError, OSError):  # pragma: no cover - no limit to read
         return None
     return None if soft == resource.RLIM_INFINITY else int(soft)
-
-
-def _peer(address: Any) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        return f"{address[0]}:{address[1]}"
-    return str(address)
 
 
 async def _bind(flag: str, address: Address, binding: Awaitable[T]) -> T:
