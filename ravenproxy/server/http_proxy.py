@@ -143,7 +143,9 @@ class _Connection:
         self.lease: StreamLease | None = None
         """The client's stream slot (--max-streams-per-client), held with the upstream."""
         self.pump: asyncio.Task[None] | None = None
-        self.watch: IdleWatch | None = None
+        self.watch = IdleWatch(self.ctx.limits.idle_timeout)
+        """Guards each wait for the target's answer (--idle-timeout); one per connection,
+        entered once per read: entering stamps the activity of the last event."""
 
     async def run(self) -> None:
         front = self.proxy.front
@@ -230,7 +232,7 @@ class _Connection:
     async def _response(self) -> None:
         """Read the target's answer until the exchange is done with it."""
         # No byte either way for --idle-timeout ends the exchange (the body pump counts too).
-        watch = self.watch = IdleWatch(self.ctx.limits.idle_timeout)
+        watch = self.watch
         while self.ex.phase == "forwarding":
             upstream = self.upstream
             if upstream is None:  # the body pump closed it (a malformed body)
@@ -263,8 +265,7 @@ class _Connection:
         """The rest of the request body, client → target, alongside the response."""
         while not self.ex.body_done and self.ex.phase in ("forwarding", "switching"):
             data = await self.reader.read(READ_LIMIT)
-            if self.watch is not None:
-                self.watch.touch()
+            self.watch.touch()
             for action in self.ex.receive_client(data):
                 if isinstance(action, WriteUpstream):
                     if self.upstream is None:
