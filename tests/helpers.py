@@ -53,11 +53,38 @@ async def eventually(
 
 
 # -- ports ------------------------------------------------------------------------------------
+def _below_ephemeral() -> range:
+    """Ports no outgoing connection is given: below the kernel's ephemeral range."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(10000, max(low, 12000))
+
+
+_PORTS = _below_ephemeral()
+# Each test process starts at its own place in the range and never hands a port out twice.
+_next_port = _PORTS.start + (os.getpid() * 7919) % len(_PORTS)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (for a child process's flags)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that is free on ``host`` now and stays free for a child process's flags.
+
+    Taken below the ephemeral range, so no outgoing connection (an agent's dial, a test
+    client) can be given it between this call and the child's bind, and never the same port
+    twice in one test run: bind(port 0) handed out ports any connect() could take meanwhile,
+    and a server then failed to start with "address in use"."""
+    global _next_port
+    for _ in range(len(_PORTS)):
+        port = _next_port
+        _next_port = _PORTS.start + (port + 1 - _PORTS.start) % len(_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PORTS} on {host}")
 
 
 # -- child processes ----------------------------------------------------------------------------

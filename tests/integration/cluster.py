@@ -121,7 +121,7 @@ class Proc:
     async def wait_until(
         self,
         check: Callable[[], object],
-        what: str,
+        what: str | Callable[[], str],
         within: float = 20,
         *,
         ignore: tuple[type[Exception], ...] = (),
@@ -129,10 +129,13 @@ class Proc:
         """Until ``check()`` is truthy (see :func:`eventually`); fails at once, with the log,
         if the process exits meanwhile."""
 
+        def said() -> str:
+            return what() if callable(what) else what
+
         async def alive_and_seen() -> object:
             if not self.running:
                 pytest.fail(
-                    f"{self.name} exited while waiting for {what}:\n{self.output()[-3000:]}"
+                    f"{self.name} exited while waiting for {said()}:\n{self.output()[-3000:]}"
                 )
             result = check()
             return await result if inspect.isawaitable(result) else result
@@ -141,7 +144,7 @@ class Proc:
             alive_and_seen,
             within,
             interval=0.1,
-            what=lambda: f"{what}\n{self.output()[-3000:]}",
+            what=lambda: f"{said()}\n{self.output()[-3000:]}",
             ignore=ignore,
         )
 
@@ -306,17 +309,20 @@ class Cluster:
     async def wait_metric(
         self, key: str, predicate: object, timeout: float = 15, proc: Proc | None = None
     ) -> float:
+        """Until ``predicate(value of key)``; fails at once, with the log, if the process
+        exits meanwhile (a server that could not bind says why there)."""
+        proc = proc or self.server
+        assert proc is not None
         seen: list[float] = []
 
         async def met() -> bool:
             seen.append((await self.metrics(proc)).get(key, 0.0))
             return bool(predicate(seen[-1]))  # type: ignore[operator]
 
-        await eventually(
+        await proc.wait_until(
             met,
+            lambda: f"metric {key} = {seen[-1] if seen else None}",
             timeout,
-            interval=0.1,
-            what=lambda: f"metric {key} = {seen[-1] if seen else None}, condition",
             ignore=(OSError,),  # not listening yet
         )
         return seen[-1]
