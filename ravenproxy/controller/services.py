@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from ravenproxy.kube.labels import LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
 from ravenproxy.model.objects import ENDPOINT_PROXY, EXPOSE_LOAD_BALANCER, Gateway
+from ravenproxy.model.server_names import INTERNAL_SERVICE as INTERNAL_SERVICE
+from ravenproxy.model.server_names import NAMESPACE as NAMESPACE
 from ravenproxy.model.snapshot import Model
 
-NAMESPACE = "kube-system"
-INTERNAL_SERVICE = "x-raven-proxy-internal-svc"
 PUBLIC_SERVICE_PREFIX = "x-raven-proxy-svc-"
 
 HTTP_TARGET_PORT = 10264
