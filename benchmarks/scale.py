@@ -673,7 +673,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "streams": args.streams,
             "probes": args.probes,
             "settle_seconds": SETTLE,
-            "agent_backoff": "as on this branch (ravenproxy.agent.backoff: base 0.5 s, cap 30 s)",
+            "agent_backoff": "as on this branch (ravenproxy.backoff: base 0.5 s, cap 30 s)",
             "restart": "SIGTERM (drain 5 s), then a new server on the same ports",
         },
         **results,

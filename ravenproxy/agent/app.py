@@ -27,7 +27,6 @@ from aiohttp import web
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatus
 
-from ravenproxy.agent.backoff import backoff
 from ravenproxy.agent.servers import (
     HEALTHY_AFTER,
     REDIAL_AFTER_UP,
@@ -35,6 +34,7 @@ from ravenproxy.agent.servers import (
     slot_address,
 )
 from ravenproxy.agent.settings import AgentSettings
+from ravenproxy.backoff import backoff
 from ravenproxy.kube.sources import model_source
 from ravenproxy.lifecycle import listening, parts
 from ravenproxy.log import kv

@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ravenproxy.agent.backoff import backoff
+from ravenproxy.backoff import backoff
 
 
 def take(n: int, **kwargs: object) -> list[float]:
