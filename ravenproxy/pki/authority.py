@@ -109,10 +109,20 @@ def _name(common_name: str) -> x509.Name:
         raise PKIError(f"invalid common name {common_name!r}: {exc}") from exc
 
 
+def key_matches(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> bool:
+    """Whether ``key`` is the private half of ``cert``'s public key."""
+    public = cert.public_key()
+    return (
+        isinstance(public, ec.EllipticCurvePublicKey)
+        and public.public_numbers() == key.public_key().public_numbers()
+    )
+
+
 def _check_ca(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey) -> None:
     # Signing with a key that does not belong to the CA certificate produces certificates that
     # fail verification only later, on the far side of a handshake; refuse it here.
-    if ca_key.public_key().public_numbers() != _ec_public(ca_cert).public_numbers():
+    if not key_matches(ca_cert, ca_key):
+        _ec_public(ca_cert)  # a clearer error for a CA that holds no ECDSA key at all
         raise PKIError("CA key does not match the CA certificate")
     try:
         bc = ca_cert.extensions.get_extension_for_class(x509.BasicConstraints).value
@@ -150,8 +160,40 @@ def generate_ca(
     """A self-signed CA that may sign leaf certificates only (path length 0)."""
     start, end = _validity(not_before, not_after, CA_VALIDITY)
     key = ec.generate_private_key(_CURVE)
-    name = _name(common_name)
-    cert = (
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    return _self_signed_ca(_name(common_name), key, ski, start, end), key
+
+
+def extend_ca(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    *,
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+) -> x509.Certificate:
+    """The same CA with a new validity: ``ca_cert`` re-signed by its own key.
+
+    Subject, key and subject key identifier stay, so every certificate the CA signed before
+    still verifies against the new one, and everything it signs now verifies against the old
+    one (while that is valid). Only the serial and the dates change.
+    """
+    _check_ca(ca_cert, ca_key)
+    start, end = _validity(not_before, not_after, CA_VALIDITY)
+    try:
+        ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    return _self_signed_ca(ca_cert.subject, ca_key, ski, start, end)
+
+
+def _self_signed_ca(
+    name: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    ski: x509.SubjectKeyIdentifier,
+    start: dt.datetime,
+    end: dt.datetime,
+) -> x509.Certificate:
+    return (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
@@ -174,10 +216,9 @@ def generate_ca(
             ),
             critical=True,
         )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(ski, critical=False)
         .sign(key, _HASH)
     )
-    return cert, key
 
 
 def _leaf_key_usage() -> x509.KeyUsage:
@@ -408,6 +449,13 @@ def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 def write_pem_cert(path: Path | str, cert: x509.Certificate, *, overwrite: bool = True) -> None:
     """Write ``cert`` as PEM, atomically (mode 0644 less the umask)."""
     _atomic_write(Path(path), cert_pem(cert), CERT_MODE, overwrite=overwrite)
+
+
+def write_pem_certs(path: Path | str, certs: Sequence[x509.Certificate]) -> None:
+    """Write a bundle of certificates as PEM, in order, atomically (mode 0644 less the umask)."""
+    if not certs:
+        raise PKIError(f"{path}: no certificate to write")
+    _atomic_write(Path(path), b"".join(cert_pem(c) for c in certs), CERT_MODE, overwrite=True)
 
 
 def write_pem_key(

@@ -27,6 +27,7 @@ from ravenproxy.pki.authority import (
     is_issued_by,
     issue_client_cert,
     issue_server_cert,
+    key_matches,
     load_cert,
     load_key,
     parse_san,
@@ -99,7 +100,7 @@ def init_pki(
     else:
         ca_cert, ca_key = _load_pair(ca, "CA")
         new_ca = False
-        warnings.extend(_readable_by_others(ca.key))
+        warnings.extend(readable_by_others(ca.key))
 
     for pair in leaves:
         if leaf_states[pair] == "present":
@@ -173,11 +174,7 @@ def _pair_state(pair: _Pair) -> str:
 def _load_pair(pair: _Pair, role: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     cert = load_cert(pair.cert, f"{role} certificate")
     key = load_key(pair.key, f"{role} key")
-    cert_pub = cert.public_key()
-    if (
-        not isinstance(cert_pub, ec.EllipticCurvePublicKey)
-        or cert_pub.public_numbers() != key.public_key().public_numbers()
-    ):
+    if not key_matches(cert, key):
         raise PKIError(f"{pair.key} does not belong to {pair.cert}")
     return cert, key
 
@@ -191,11 +188,12 @@ def _inspect_leaf(pair: _Pair, cert: x509.Certificate, ca_cert: x509.Certificate
             f"{pair.cert} expired on {cert.not_valid_after_utc.isoformat()}; "
             "remove it and its key and re-run to issue a new one"
         )
-    warnings.extend(_readable_by_others(pair.key))
+    warnings.extend(readable_by_others(pair.key))
     return warnings
 
 
-def _readable_by_others(key: Path) -> list[str]:
+def readable_by_others(key: Path) -> list[str]:
+    """A warning for a key file that group or others may read (``certs init|status``)."""
     mode = stat.S_IMODE(key.stat().st_mode)
     if mode & 0o077:
         return [f"{key} is readable by others (mode {mode:04o}); chmod 600 it"]
