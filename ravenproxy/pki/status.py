@@ -60,8 +60,8 @@ class CertStatus:
 
     @property
     def days_left(self) -> int:
-        """Whole days left, rounded down (-1 on the day after expiry)."""
-        return math.floor(self.seconds_left / DAY.total_seconds())
+        """Whole days left; negative: whole days since expiry (-1 a day after it)."""
+        return math.trunc(self.seconds_left / DAY.total_seconds())
 
     @property
     def expired(self) -> bool:
