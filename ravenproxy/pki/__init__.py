@@ -1,4 +1,4 @@
-"""ravenproxy.pki — the embedded CA, server and agent certificates, and ``certs init``."""
+"""ravenproxy.pki — the embedded CA, its certificates, and ``certs init|status|renew``."""
 
 from ravenproxy.pki.authority import (
     generate_ca,
