@@ -30,10 +30,24 @@ def _task_gauge(registry: CollectorRegistry, component: str) -> None:
     gauge.set_function(count)
 
 
+def _expiry_gauge(registry: CollectorRegistry) -> Gauge:
+    """Certificate expiry by role, the same name on server and agent (one alert rule for both):
+    ``server``/``agent`` is the process's own certificate, ``ca`` the CA it chains to. It moves
+    at every reload."""
+    return Gauge(
+        f"{NS}_certificate_expiry_timestamp_seconds",
+        "When the certificate in use expires (Unix time), by role: this process's own "
+        "certificate (server, agent) or the CA it chains to (ca)",
+        ["role"],
+        registry=registry,
+    )
+
+
 class ServerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         _task_gauge(r, "server")
+        self.cert_expiry = _expiry_gauge(r)
         self.buffered = Gauge(
             f"{NS}_server_stream_buffered_max_bytes",
             "Largest number of bytes received on one stream and not yet written out",
@@ -139,6 +153,7 @@ class AgentMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         _task_gauge(r, "agent")
+        self.cert_expiry = _expiry_gauge(r)
         self.connected = Gauge(
             f"{NS}_agent_tunnel_connected", "1 while at least one tunnel is up", registry=r
         )

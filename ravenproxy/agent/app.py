@@ -10,6 +10,14 @@ has its own dial loop and backoff. A server is known by the id it announces in S
 Re-dial: a tunnel that was up is re-dialled within a second (jittered), whether its server
 drained (GOAWAY) or went away; a failed dial backs off exponentially with full jitter, only
 across consecutive failures.
+
+Certificates are reloaded from disk (:mod:`ravenproxy.transport.credentials`): every dial uses
+the current set. When the agent's own certificate changes, each slot that is up rotates
+make-before-break: it dials a replacement tunnel with the new certificate; once that is up on
+the same server id, it becomes the slot's tunnel and the old one drains (GOAWAY, its streams
+finish, then it closes), so no stream is cut. The replacement belongs to the slot it replaces,
+so it is not a duplicate; a replacement that lands on another server (behind a load balancer)
+is closed as one and dialled again.
 """
 
 from __future__ import annotations
@@ -41,8 +49,10 @@ from ravenproxy.log import kv
 from ravenproxy.metrics import AgentMetrics, metrics_app, start_app
 from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.store import ModelStore
+from ravenproxy.pki.credentials import Credentials
 from ravenproxy.transport import tls
 from ravenproxy.transport.bytestream import TunnelByteStream
+from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
 from ravenproxy.transport.dialer import DialError, dial
 from ravenproxy.transport.relay import relay
 from ravenproxy.transport.session import Session, StreamClosedError, TunnelStream, websocket_options
@@ -56,6 +66,10 @@ log = logging.getLogger(__name__)
 DRAIN_TIMEOUT = 30.0
 """How long a tunnel the agent drains itself (a server removed from the model, a duplicate)
 waits for its open streams before it is closed anyway."""
+
+ROTATE_ATTEMPTS = 5
+"""Dials for a replacement tunnel on the same server before the slot gives up making before
+breaking: it then drains its old tunnel and re-dials (no stream cut either, a short gap)."""
 
 
 def describe_connect_error(exc: BaseException) -> str:
@@ -102,6 +116,8 @@ class Tunnel:
     ups: int = 0
     """Times a tunnel of this slot came up (a reconnect is every one after the first)."""
     task: asyncio.Task[None] | None = None
+    generation: int = 0
+    """The agent's certificate generation the tunnel up was dialled with."""
 
     @property
     def server(self) -> str:
@@ -122,11 +138,26 @@ class Agent:
         self._runners: list[web.AppRunner] = []
         self._stopping = False
         self._extra_allow = Allowlist.parse(settings.allow)
+        self.credentials = CredentialsWatcher(
+            CredentialFiles.of(settings.ca_file, settings.cert_file, settings.key_file),
+            self._client_context,
+            role="agent",
+            on_change=self._credentials_changed,
+        )
+        self._generation = 0
+        """Bumped when this agent's own certificate changes: tunnels of an older one rotate."""
+        self._rotate = asyncio.Event()
+        """Set (and replaced) at each generation: wakes the slots up to rotate."""
+        self._draining: set[Session] = set()
+        """Tunnels replaced by a rotation, draining."""
         self.allowlist = self._build_allowlist()
         self.store.subscribe(lambda _model: self._refresh_allowlist())
         m = self.metrics
         m.streams.set_function(
-            lambda: sum(len(t.session.streams) for t in self._up() if t.session is not None)
+            lambda: (
+                sum(len(t.session.streams) for t in self._up() if t.session is not None)
+                + sum(len(d.streams) for d in self._draining)
+            )
         )
         m.tunnels_up.set_function(lambda: len(self._up()))
         m.tunnels_wanted.set_function(lambda: self._wanted())
@@ -178,9 +209,7 @@ class Agent:
         ``--metrics-addr`` is one line naming the flag, see :mod:`ravenproxy.lifecycle`).
         """
         s = self.settings
-        ctx = tls.client_context(
-            s.ca_file, s.cert_file, s.key_file, server_hostname_check=s.server_hostname_check
-        )
+        self._show_expiry(self.credentials.load())
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if s.inventory or s.kube_model:
@@ -205,16 +234,43 @@ class Agent:
                     # Listeners bind before any loop dials out: a taken address then fails
                     # the start without cutting a TLS handshake short (uvloop logs that).
                     await self._start_metrics()
-                    self._start_parts(tg, ctx, publisher)
+                    tg.create_task(self.credentials.run(), name="agent-cert-reload")
+                    self._start_parts(tg, publisher)
         finally:
             self._tg = None
             for runner in self._runners:
                 await runner.cleanup()
             self._runners.clear()
 
-    def _start_parts(
-        self, tg: asyncio.TaskGroup, ctx: ssl.SSLContext, publisher: KeyPublisher | None
-    ) -> None:
+    # -- certificates ---------------------------------------------------------------------------
+    def _client_context(self, creds: Credentials) -> ssl.SSLContext:
+        return tls.client_context_for(
+            creds, server_hostname_check=self.settings.server_hostname_check
+        )
+
+    def _show_expiry(self, creds: Credentials) -> None:
+        self.metrics.cert_expiry.labels(role="agent").set(creds.not_after.timestamp())
+        self.metrics.cert_expiry.labels(role="ca").set(creds.ca_not_after.timestamp())
+
+    def _credentials_changed(self, old: Credentials, new: Credentials) -> None:
+        self._show_expiry(new)
+        if old.leaf_fingerprint == new.leaf_fingerprint:
+            return  # only the CA bundle changed: new dials trust it, tunnels up stay
+        self._generation += 1
+        log.info(
+            "certificate rotated",
+            extra=kv(
+                node=self.settings.node_name,
+                old_serial=old.serial,
+                new_serial=new.serial,
+                not_after=new.not_after.isoformat(),
+                tunnels=len(self._up()),
+            ),
+        )
+        rotate, self._rotate = self._rotate, asyncio.Event()
+        rotate.set()
+
+    def _start_parts(self, tg: asyncio.TaskGroup, publisher: KeyPublisher | None) -> None:
         s = self.settings
         if publisher is not None:
             # Remote gateways can only reach this one once its public key is in the Gateway.
@@ -231,10 +287,10 @@ class Agent:
                 "the allowlist is empty: every stream will be refused", extra=kv(node=s.node_name)
             )
         if s.discover_servers:
-            tg.create_task(self._follow_model(ctx), name="agent-discover-servers")
+            tg.create_task(self._follow_model(), name="agent-discover-servers")
         else:
             for _ in range(s.slots):
-                self._add_slot(ctx, s.server_urls[0], discovered=False)
+                self._add_slot(s.server_urls[0], discovered=False)
 
     async def _start_metrics(self) -> None:
         """Bind ``--metrics-addr`` (metrics, /healthz, /readyz); cleaned up when :meth:`run`
@@ -250,17 +306,17 @@ class Agent:
         self.ports["metrics"] = port
 
     # -- slots --------------------------------------------------------------------------------
-    def _add_slot(self, ctx: ssl.SSLContext, address: str, *, discovered: bool) -> Tunnel:
+    def _add_slot(self, address: str, *, discovered: bool) -> Tunnel:
         assert self._tg is not None, "slots are added while run() runs"
         tunnel = Tunnel(self._slots, address, discovered=discovered)
         self._slots += 1
         self.tunnels[tunnel.slot] = tunnel
         tunnel.task = self._tg.create_task(
-            self._dial_loop(tunnel, ctx), name=f"agent-tunnel:{tunnel.slot}"
+            self._dial_loop(tunnel), name=f"agent-tunnel:{tunnel.slot}"
         )
         return tunnel
 
-    async def _follow_model(self, ctx: ssl.SSLContext) -> None:
+    async def _follow_model(self) -> None:
         """``--discover-servers``: one slot per discovered server, added and drained as the
         model changes (no restart)."""
         while True:
@@ -279,7 +335,7 @@ class Agent:
                     ),
                 )
             for address in added:
-                self._add_slot(ctx, address, discovered=True)
+                self._add_slot(address, discovered=True)
             for tunnel in removed:
                 self._retire(tunnel)
             await self.store.wait_changed(version)
@@ -357,7 +413,20 @@ class Agent:
             ),
         )
 
-    async def _dial_loop(self, tunnel: Tunnel, ctx: ssl.SSLContext) -> None:
+    async def _connect(self, address: str) -> ClientConnection:
+        """One WebSocket dial with the current certificate."""
+        s = self.settings
+        return await connect(
+            address,
+            ssl=self.credentials.contexts,
+            open_timeout=10,
+            proxy=None,
+            user_agent_header=f"ravenproxy-agent/{s.node_name}",
+            logger=logging.getLogger("ravenproxy.agent.websocket"),
+            **websocket_options(s.session.wire),
+        )
+
+    async def _dial_loop(self, tunnel: Tunnel) -> None:
         """Keep one tunnel up: dial, hold it while it lasts, dial again."""
         s = self.settings
         delays = backoff(s.backoff_base, s.backoff_cap)
@@ -369,16 +438,9 @@ class Agent:
             if not tunnel.discovered:
                 tunnel.address = slot_address(s.server_urls, tunnel.slot, turn)
             tunnel.state = "dialling"
+            generation = self._generation
             try:
-                ws: ClientConnection = await connect(
-                    tunnel.address,
-                    ssl=ctx,
-                    open_timeout=10,
-                    proxy=None,
-                    user_agent_header=f"ravenproxy-agent/{s.node_name}",
-                    logger=logging.getLogger("ravenproxy.agent.websocket"),
-                    **websocket_options(s.session.wire),
-                )
+                ws = await self._connect(tunnel.address)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # every failure to dial is retried; the log says why
@@ -397,7 +459,7 @@ class Agent:
                 await asyncio.sleep(delay)
                 continue
             self.metrics.connects.labels(result="ok").inc()
-            outcome, uptime = await self._hold(tunnel, ws)
+            outcome, uptime = await self._hold(tunnel, ws, generation)
             if outcome == "duplicate":
                 turn += 1
                 await asyncio.sleep(next(delays))
@@ -433,9 +495,7 @@ class Agent:
             self._set_state(tunnel, "down")
         self._forget(tunnel)
 
-    async def _hold(self, tunnel: Tunnel, ws: ClientConnection) -> tuple[str, float]:
-        """Run one tunnel until it ends: ``("up", seconds up)``, ``("duplicate", 0)``, or
-        (it ended before the server's SETTINGS) ``(why, 0)``."""
+    def _session(self, tunnel: Tunnel, ws: ClientConnection) -> tuple[Session, asyncio.Task[None]]:
         s = self.settings
         session = Session(
             ws,
@@ -447,6 +507,16 @@ class Agent:
         )
         session.on_stream_closed = self._stream_closed
         runner = asyncio.create_task(session.run(), name=f"agent-session:{tunnel.slot}")
+        return session, runner
+
+    async def _hold(
+        self, tunnel: Tunnel, ws: ClientConnection, generation: int
+    ) -> tuple[str, float]:
+        """Run one tunnel until it ends: ``("up", seconds up)``, ``("duplicate", 0)``, or
+        (it ended before the server's SETTINGS) ``(why, 0)``. While it is up, a new
+        certificate replaces it make-before-break (:meth:`_rotate_slot`)."""
+        s = self.settings
+        session, runner = self._session(tunnel, ws)
         loop = asyncio.get_running_loop()
         try:
             try:
@@ -478,17 +548,135 @@ class Agent:
                 self.metrics.forget_server(tunnel.server, tunnel.address)
             tunnel.server_id = server_id
             tunnel.session = session
+            tunnel.generation = generation
             if tunnel.ups:
                 self.metrics.reconnects.labels(server=tunnel.server).inc()
             tunnel.ups += 1
             up_at = loop.time()
             self._set_state(tunnel, "up")
-            await asyncio.shield(runner)
+            while not runner.done():
+                rotate = self._rotate
+                if tunnel.generation != self._generation and not tunnel.retired:
+                    replaced = await self._rotate_slot(tunnel, session, runner)
+                    if replaced is not None:
+                        session, runner = replaced
+                    continue
+                waiter = asyncio.create_task(rotate.wait(), name=f"agent-rotate-wait:{tunnel.slot}")
+                try:
+                    await asyncio.wait({runner, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
             return "up", loop.time() - up_at
         except asyncio.CancelledError:
             await session.close("agent stopping")
             await asyncio.gather(runner, return_exceptions=True)
             raise
+
+    async def _rotate_slot(
+        self, tunnel: Tunnel, old: Session, old_runner: asyncio.Task[None]
+    ) -> tuple[Session, asyncio.Task[None]] | None:
+        """Make before break: a tunnel with the new certificate to the same server; once it is
+        up it is the slot's, and ``old`` drains (GOAWAY, its streams finish, then it closes).
+        Returns the new tunnel; None when none could be made (the slot then drains ``old``
+        and re-dials)."""
+        s = self.settings
+        delays = backoff(s.backoff_base, s.backoff_cap)
+        for attempt in range(1, ROTATE_ATTEMPTS + 1):
+            if old_runner.done():
+                return None  # the old tunnel ended meanwhile: the slot re-dials anyway
+            generation = self._generation
+            try:
+                ws = await self._connect(tunnel.address)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # retried; the log says why
+                log.warning(
+                    "cannot open a replacement tunnel, retrying",
+                    extra=kv(
+                        address=tunnel.address,
+                        slot=tunnel.slot,
+                        attempt=attempt,
+                        reason=describe_connect_error(exc),
+                    ),
+                )
+                await asyncio.sleep(next(delays))
+                continue
+            session, runner = self._session(tunnel, ws)
+            try:
+                try:
+                    await session.wait_ready()
+                except StreamClosedError:
+                    await asyncio.shield(runner)
+                    await asyncio.sleep(next(delays))
+                    continue
+                server_id = session.peer_server_id
+                if tunnel.server_id is not None and server_id != tunnel.server_id:
+                    # Behind a load balancer the dial may reach another server: this is not
+                    # the replacement (and the slot holds no tunnel to that server).
+                    await self._drain(
+                        session, f"replacement reached server {server_id}", DUPLICATE_CLOSE_CODE
+                    )
+                    await asyncio.shield(runner)
+                    await asyncio.sleep(next(delays))
+                    continue
+            except asyncio.CancelledError:
+                await session.close("agent stopping")
+                await asyncio.gather(runner, return_exceptions=True)
+                raise
+            tunnel.session = session
+            tunnel.generation = generation
+            log.info(
+                "tunnel rotated",
+                extra=kv(
+                    node=s.node_name,
+                    server_id=server_id or "-",
+                    address=tunnel.address,
+                    slot=tunnel.slot,
+                    serial=self.credentials.current.serial,
+                    draining_streams=len(old.streams),
+                ),
+            )
+            assert self._tg is not None, "slots run inside run()"
+            self._draining.add(old)
+            self._tg.create_task(
+                self._drain_replaced(tunnel, old, old_runner),
+                name=f"agent-drain-rotated:{tunnel.slot}",
+            )
+            return session, runner
+        log.warning(
+            "no replacement tunnel on the same server: draining the old one, then re-dialling",
+            extra=kv(address=tunnel.address, slot=tunnel.slot, attempts=ROTATE_ATTEMPTS),
+        )
+        tunnel.generation = self._generation
+        await self._drain(old, "certificate rotated")
+        return None
+
+    async def _drain_replaced(
+        self, tunnel: Tunnel, session: Session, runner: asyncio.Task[None]
+    ) -> None:
+        """A tunnel replaced by a rotation: GOAWAY, then wait for its streams, however long
+        (cutting one is what make-before-break avoids); closed at once when the agent stops."""
+        fields = kv(
+            node=self.settings.node_name,
+            server_id=tunnel.server_id or "-",
+            address=tunnel.address,
+            slot=tunnel.slot,
+            reason="certificate rotated",
+        )
+        log.info("tunnel draining", extra=fields)
+        session.goaway("certificate rotated")
+        try:
+            # No event marks a session's last stream closing; a 10 Hz poll is cheap.
+            while session.streams and not session.closed:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            await session.close("certificate rotated")
+            await asyncio.shield(runner)
+            log.info("tunnel drained", extra=fields)
+        finally:
+            self._draining.discard(session)
+            if not runner.done():
+                await session.close("agent stopping")
+                await asyncio.gather(runner, return_exceptions=True)
 
     def _stream_closed(self, stream: TunnelStream) -> None:
         self.metrics.bytes.labels(direction="up").inc(stream.bytes_out)

@@ -17,7 +17,7 @@ import os
 import resource
 import ssl
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from aiohttp import web
 from websockets.asyncio.server import Server as WsServer
@@ -28,6 +28,7 @@ from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.log import kv, peer_text
 from ravenproxy.metrics import ServerMetrics, metrics_app, start_app
 from ravenproxy.model.store import ModelStore
+from ravenproxy.pki.credentials import Credentials
 from ravenproxy.server.agents import add_agents_route
 from ravenproxy.server.connector import Connector
 from ravenproxy.server.front import FrontContext, FrontLimits
@@ -40,12 +41,21 @@ from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import Router
 from ravenproxy.server.settings import ServerSettings
 from ravenproxy.transport import tls
+from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
 from ravenproxy.transport.session import Session, TunnelStream, websocket_options
 from ravenproxy.wire.codes import DUPLICATE_CLOSE_CODE, SUBPROTOCOL, ErrorCode
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class ServerContexts(NamedTuple):
+    """The contexts of one credential set: every new handshake on a listener uses the current
+    ones (:func:`ravenproxy.transport.tls.follow_current`)."""
+
+    tunnel: ssl.SSLContext
+    front: ssl.SSLContext
 
 
 class ProxyServer:
@@ -59,6 +69,15 @@ class ProxyServer:
         self._runners: list[web.AppRunner] = []
         self._liveness: KubeLiveness | None = None
         self._conn_tasks: set[asyncio.Task[Any]] = set()
+        # --cert-file/--key-file/--ca-file, reloaded from disk (the tunnel port and the HTTPS
+        # front); --front-client-ca-file and the kubelet client files are read once.
+        self.credentials = CredentialsWatcher(
+            CredentialFiles.of(settings.ca_file, settings.cert_file, settings.key_file),
+            self._contexts,
+            role="server",
+            on_change=self._credentials_changed,
+        )
+        self._reload_task: asyncio.Task[None] | None = None
         # The fronts' limits, shared by both fronts (see ravenproxy.server.limits).
         self.front_gate = ConnectionGate(
             front_connection_cap(settings.max_front_connections, _fd_limit())
@@ -111,10 +130,14 @@ class ProxyServer:
                     "only clients that authenticate to the HTTPS front may use the server's "
                     "kubelet identity"
                 )
-            ssl_ctx = tls.server_context(
-                s.ca_file, s.cert_file, s.key_file, on_handshake_error=self._tls_refused
-            )
-            front_ctx = tls.https_server_context(s.cert_file, s.key_file, s.front_client_ca_file)
+            creds = self.credentials.load()
+            self._show_expiry(creds)
+            # The listening contexts only hold what is per listener (the refusal observer);
+            # each handshake is switched over to the current set's contexts.
+            ssl_ctx = tls.server_context_for(creds, on_handshake_error=self._tls_refused)
+            tls.follow_current(ssl_ctx, lambda: self.credentials.contexts.tunnel)
+            front_ctx = tls.https_server_context_for(creds, s.front_client_ca_file)
+            tls.follow_current(front_ctx, lambda: self.credentials.contexts.front)
             ws = self._ws_server = await _bind(
                 "--tunnel-addr",
                 s.tunnel_addr,
@@ -180,8 +203,29 @@ class ProxyServer:
                 liveness = KubeLiveness(self.registry.connected_nodes, s.kubeconfig)
                 await liveness.start()
                 self._liveness = liveness
+            self._reload_task = asyncio.create_task(
+                self.credentials.run(), name="server-cert-reload"
+            )
             undo.pop_all()  # started: stop() takes everything down from here
         log.info("server listening", extra=kv(server_id=s.identity, **self.ports))
+
+    def _contexts(self, creds: Credentials) -> ServerContexts:
+        front = tls.https_server_context_for(creds, self.settings.front_client_ca_file)
+        front.set_alpn_protocols(["http/1.1"])
+        return ServerContexts(tls.server_context_for(creds), front)
+
+    def _show_expiry(self, creds: Credentials) -> None:
+        self.metrics.cert_expiry.labels(role="server").set(creds.not_after.timestamp())
+        self.metrics.cert_expiry.labels(role="ca").set(creds.ca_not_after.timestamp())
+
+    def _credentials_changed(self, old: Credentials, new: Credentials) -> None:
+        self._show_expiry(new)
+        if old.ca_certs != new.ca_certs:
+            log.warning(
+                "CA bundle changed: agents whose certificates do not verify against it are "
+                "refused at their next handshake; tunnels up stay up",
+                extra=kv(ca=_subjects(new), old_ca=_subjects(old)),
+            )
 
     def _tls_refused(self, exc: ssl.SSLError) -> None:
         reason = exc.reason or exc.strerror or str(exc)
@@ -189,7 +233,11 @@ class ProxyServer:
         log.warning(
             "agent TLS handshake refused: is its certificate from our CA, unexpired, "
             "and presented at all?",
-            extra=kv(reason=reason, verify=getattr(exc, "verify_message", "") or ""),
+            extra=kv(
+                reason=reason,
+                verify=getattr(exc, "verify_message", "") or "",
+                ca=_subjects(self.credentials.current),
+            ),
         )
 
     def _ready(self) -> tuple[bool, str]:
@@ -203,6 +251,9 @@ class ProxyServer:
         idle client connections close, every agent gets GOAWAY; open streams then have up to
         --drain-timeout to finish, and what is left is cut."""
         self._stopping = True  # /readyz: 503 from now on
+        if self._reload_task is not None:
+            self._reload_task.cancel()
+            await asyncio.gather(self._reload_task, return_exceptions=True)
         await self.http_front.stop()
         await self.https_front.stop()
         if self._ws_server is not None:
@@ -253,8 +304,9 @@ class ProxyServer:
     # -- agents -----------------------------------------------------------------------------
     async def _agent_connected(self, ws: ServerConnection) -> None:
         peer = ws.remote_address
+        ssl_object = ws.transport.get_extra_info("ssl_object")
         try:
-            node = tls.peer_node_name(ws.transport.get_extra_info("ssl_object"))
+            node = tls.peer_node_name(ssl_object)
         except PKIError as exc:
             log.warning("agent refused: bad certificate", extra=kv(peer=peer, error=exc))
             self.metrics.agent_sessions.labels(outcome="bad_certificate").inc()
@@ -294,7 +346,10 @@ class ProxyServer:
         self.registry.add(node, session)
         self.metrics.agents.set(len(self.registry))
         self.metrics.agent_sessions.labels(outcome="connected").inc()
-        log.info("agent connected", extra=kv(node=node, peer=peer_text(peer)))
+        log.info(
+            "agent connected",
+            extra=kv(node=node, peer=peer_text(peer), serial=tls.peer_serial(ssl_object)),
+        )
         try:
             await session.run()
         finally:
@@ -317,6 +372,10 @@ class ProxyServer:
     def _stream_closed(self, stream: TunnelStream) -> None:
         self.metrics.bytes.labels(direction="up").inc(stream.bytes_out)
         self.metrics.bytes.labels(direction="down").inc(stream.bytes_in)
+
+
+def _subjects(creds: Credentials) -> str:
+    return ";".join(c.subject.rfc4514_string() for c in creds.ca_certs)
 
 
 def _closed_as_duplicate(ws: ServerConnection) -> bool:

@@ -9,20 +9,29 @@
 
 Files are read and parsed before they reach :mod:`ssl`, whose errors (``[SSL] PEM lib``) do not
 say which file is wrong; every error here names the flag and the file instead.
+
+The ``*_for`` builders take an already checked :class:`~ravenproxy.pki.credentials.Credentials`
+(the reload watcher's): the context gets exactly the bytes that were checked, never a file that
+may have been replaced since (see :func:`_load_chain_bytes`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import ssl
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from ravenproxy.errors import PKIError
 from ravenproxy.pki.authority import load_certs, node_name_from_cert
+from ravenproxy.pki.credentials import Credentials, serial_hex
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +156,67 @@ def origin_client_context(
     return ctx
 
 
+def server_context_for(
+    creds: Credentials, *, on_handshake_error: HandshakeObserver | None = None
+) -> ssl.SSLContext:
+    """:func:`server_context` from a checked credential set."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    _load_chain_bytes(ctx, creds)
+    _load_ca_bytes(ctx, creds)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+    if on_handshake_error is not None:
+        ctx.sslobject_class = _observed_sslobject(on_handshake_error)
+    return ctx
+
+
+def client_context_for(creds: Credentials, *, server_hostname_check: bool = True) -> ssl.SSLContext:
+    """:func:`client_context` from a checked credential set."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    _load_ca_bytes(ctx, creds)
+    _load_chain_bytes(ctx, creds)
+    ctx.check_hostname = server_hostname_check
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+    return ctx
+
+
+def https_server_context_for(
+    creds: Credentials, client_ca_file: PathLike | None = None
+) -> ssl.SSLContext:
+    """:func:`https_server_context` from a checked credential set (the front's client CA file
+    is read from its path: it is not reloaded)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain_bytes(ctx, creds)
+    if client_ca_file is not None:
+        _load_ca(ctx, client_ca_file, "front-client-ca-file")
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    else:
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def follow_current(listening: ssl.SSLContext, current: Callable[[], ssl.SSLContext]) -> None:
+    """Make every new handshake on ``listening`` use ``current()``: certificate, key and trust
+    store. A listener (websockets' ``serve``, our fronts) holds one context for its lifetime;
+    the server-name callback runs for every ClientHello, with or without SNI, before the
+    certificate is chosen and the client's verified, and swaps the connection over to the
+    context of the moment. Connections already up keep theirs. ``listening`` keeps what is
+    per-listener: its handshake observer (``sslobject_class``), verify mode and flags."""
+
+    def use_current(
+        ssl_object: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: ssl.SSLContext
+    ) -> None:
+        ctx = current()
+        if ssl_object.context is not ctx:
+            ssl_object.context = ctx
+
+    listening.sni_callback = use_current
+
+
 def peer_node_name(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str:
     """The node name in the peer's verified client certificate — the agent's only identity."""
     try:
@@ -158,6 +228,17 @@ def peer_node_name(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str:
     return node_name_from_cert(der)
 
 
+def peer_serial(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str:
+    """The serial of the peer's certificate in hex (``-`` without one), for logs."""
+    try:
+        der = ssl_object.getpeercert(binary_form=True)
+    except ValueError:
+        return "-"
+    if not der:
+        return "-"
+    return serial_hex(x509.load_der_x509_certificate(der))
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -167,6 +248,58 @@ def _load_ca(ctx: ssl.SSLContext, ca_file: PathLike, field: str = "ca-file") -> 
         ctx.load_verify_locations(cafile=str(ca_file))
     except (ssl.SSLError, OSError) as exc:
         raise PKIError(f"{field} {ca_file}: cannot be used as a trust anchor ({exc})") from exc
+
+
+def _load_ca_bytes(ctx: ssl.SSLContext, creds: Credentials) -> None:
+    ca_src = creds.sources[0]
+    try:
+        ctx.load_verify_locations(cadata=creds.ca_pem.decode("ascii", errors="replace"))
+    except (ssl.SSLError, ValueError) as exc:
+        raise PKIError(
+            f"{ca_src.field} {ca_src.path}: cannot be used as a trust anchor ({exc})"
+        ) from exc
+
+
+def _load_chain_bytes(ctx: ssl.SSLContext, creds: Credentials) -> None:
+    """Load the checked chain and key. :mod:`ssl` loads them from files only: they go through
+    anonymous in-memory files (memfd), so the key never touches a disk and the context holds
+    exactly the bytes that were checked."""
+    _, cert_src, key_src = creds.sources
+    with _private_file(creds.chain_pem) as cert_path, _private_file(creds.key_pem) as key_path:
+        try:
+            ctx.load_cert_chain(cert_path, key_path, password=_no_password)
+        except (ssl.SSLError, OSError) as exc:
+            raise PKIError(
+                f"cert-file {cert_src.path} / key-file {key_src.path}: cannot be loaded ({exc})"
+            ) from exc
+
+
+@contextlib.contextmanager
+def _private_file(data: bytes) -> Iterator[str]:
+    """A path that reads ``data``, readable by this process only, gone afterwards."""
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None:
+        fd = memfd_create("ravenproxy-pem", getattr(os, "MFD_CLOEXEC", 0))
+        try:
+            _write_all(fd, data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="ravenproxy-pem-") as tmp:  # pragma: no cover
+        path = os.path.join(tmp, "pem")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        yield path
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _load_chain(ctx: ssl.SSLContext, cert_file: PathLike, key_file: PathLike | None) -> None:
