@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import ssl
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ from ravenproxy.pki.authority import (
     write_pem_cert,
     write_pem_key,
 )
-from tests.helpers import eventually
+from tests.helpers import eventually, run
 from tests.integration.cluster import Cluster, Proc
 from tests.integration.targets import echo, tcp_server
 
@@ -139,12 +140,24 @@ async def test_renewed_certificates_are_used_without_a_restart_and_no_stream_is_
         assert await tunnel_serial(cluster, server.ports["tunnel"]) == old_server.serial_number
         pump = await open_pump(cluster, echo_port)
         try:
-            new_server, server_key = issue(cluster, None, days=30)
-            new_agent, agent_key = issue(cluster, "edge-1", days=20)
-            renew(
-                cluster.certs / "server.crt", cluster.certs / "server.key", new_server, server_key
+            # The operator's way: `certs renew` on the directory both processes read.
+            code, out, err = await run(
+                sys.executable,
+                "-m",
+                "ravenproxy",
+                "certs",
+                "renew",
+                "--dir",
+                str(cluster.certs),
+                "--force",
+                "--days",
+                "30",
             )
-            renew(cluster.certs / "edge-1.crt", cluster.certs / "edge-1.key", new_agent, agent_key)
+            assert code == 0, out + err
+            new_server = load_cert(cluster.certs / "server.crt")
+            new_agent = load_cert(cluster.certs / "edge-1.crt")
+            assert new_server.serial_number != old_server.serial_number
+            assert new_agent.serial_number != old_agent.serial_number
 
             # New handshakes on the tunnel port show the new server certificate within 10 s.
             async def new_serial() -> bool:
