@@ -9,6 +9,7 @@ import base64
 import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,9 +28,9 @@ from ravenproxy.pki.issuance import (
     SIGNER_AGENT,
     SIGNER_SERVER,
 )
-from tests.helpers import eventually
+from tests.helpers import eventually, spawn_python, stop
 from tests.integration.kube.apiserver import APIServer
-from tests.integration.kube.conftest import csr_request
+from tests.integration.kube.conftest import csr_request, kubeconfig
 from tests.integration.kube.test_controller import FAST, gateway_obj, node_obj
 
 CSRS = "certificatesigningrequests"
@@ -317,3 +318,56 @@ async def test_a_replica_that_does_not_lead_touches_nothing(apiserver: APIServer
     assert [w for w in apiserver.writes() if w.user_agent == "follower"] == []
     assert condition_types(csr(apiserver, "waiting")) == []
     assert apiserver.get("secrets", CA_SECRET, CA_NAMESPACE) is None
+
+
+async def test_the_controller_command_signs_with_its_flags(
+    apiserver: APIServer, tmp_path: Path
+) -> None:
+    """``ravenproxy controller`` as a process: --max-cert-lifetime caps, --server-san allows."""
+    await cluster(apiserver)
+    token = apiserver.add_service_account("ravenproxy-controller", "cloud-1")
+    config = kubeconfig(tmp_path / "kubeconfig", apiserver, token)
+    log = tmp_path / "controller.log"
+    proc = spawn_python(
+        [
+            "-m",
+            "ravenproxy",
+            "controller",
+            "--kubeconfig",
+            str(config),
+            "--max-cert-lifetime",
+            "90s",
+            "--server-san",
+            "tunnel.example.com",
+        ],
+        log,
+    )
+    try:
+        server = apiserver.add_service_account("ravenproxy-server", "cloud-1")
+        await ask(
+            apiserver,
+            server,
+            "cloud-server",
+            "cloud-1",
+            signer=SIGNER_SERVER,
+            dns=("cloud-1", "tunnel.example.com"),
+        )
+        await eventually(
+            lambda: certificate(csr(apiserver, "cloud-server")) is not None,
+            within=20,
+            what=lambda: log.read_text(),
+        )
+    finally:
+        await asyncio.to_thread(stop, proc)
+    cert = certificate(csr(apiserver, "cloud-server"))
+    assert cert is not None and authority.is_issued_by(cert, ca_of(apiserver))
+    now = dt.datetime.now(dt.UTC)
+    assert cert.not_valid_after_utc <= now + dt.timedelta(seconds=90)
+    text = log.read_text()
+    assert "CSR approved" in text and "CSR signed" in text
+    assert f"{cert.serial_number:x}" in text
+    # Every write the controller made was as its own service account.
+    assert {r.user for r in apiserver.writes() if r.user_agent.startswith("OpenAPI")} <= {
+        "system:serviceaccount:kube-system:ravenproxy-controller",
+        "system:serviceaccount:kube-system:ravenproxy-server",
+    }
