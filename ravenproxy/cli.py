@@ -179,7 +179,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
     cmd = ControllerCommand.from_mapping(flags.gather(args, ControllerCommand))
     urls = tuple(agents.agents_url(u) for u in cmd.agents_urls)
-    settings = runtime.ControllerSettings(agent_grace=cmd.agent_grace, agents_urls=urls)
+    settings = runtime.ControllerSettings(
+        agent_grace=cmd.agent_grace, agents_urls=urls, certificates=cmd.issuing
+    )
     if cmd.inventory:
         if cmd.dry_run:
             print(dryrun.dry_run_inventory(cmd.inventory), end="")
@@ -398,10 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     controller = sub.add_parser(
         "controller",
-        help="elect gateway endpoints, keep the Services and the DNS map",
+        help="elect gateway endpoints, keep the Services and the DNS map, sign certificates",
         description="Against Kubernetes (--kubeconfig, or in-cluster config) it writes Gateway "
-        "status, the internal and public Services and the edge-tunnel-nodes ConfigMap, with "
-        "leader election. With --inventory it prints, as YAML, the objects it would write, "
+        "status, the internal and public Services and the edge-tunnel-nodes ConfigMap, and "
+        "approves and signs the agents' and servers' certificate signing requests bound to "
+        "their node (CA in Secret kube-system/ravenproxy-ca), with leader election. "
+        "With --inventory it prints, as YAML, the objects it would write, "
         "and again whenever they change. --dry-run prints them once and exits.",
     )
     _add_common(controller)

@@ -96,6 +96,26 @@ def positive(value: Any, field: str, *, integer: bool = False) -> float:
     return number
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(value: Any, field: str) -> float:
+    """Seconds from ``N`` (seconds) or ``N`` with a unit ``s``, ``m``, ``h`` or ``d``
+    (``90s``, ``12h``, ``30d``); positive."""
+    text = str(value).strip().lower()
+    unit = _DURATION_UNITS.get(text[-1:], 0) if text else 0
+    number = text[:-1] if unit else text
+    try:
+        seconds = float(number) * (unit or 1)
+    except ValueError:
+        raise ConfigError(
+            field, f"{value!r} is not a duration (N seconds, or Ns/Nm/Nh/Nd)"
+        ) from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(field, f"{value!r} must be a positive duration")
+    return seconds
+
+
 def existing_file(value: Any, field: str) -> str:
     if not value:
         raise ConfigError(field, "is required")

@@ -14,8 +14,9 @@ A field holding a nested settings object (the tunnel's ``SessionConfig``, the L3
 are declared.
 
 Kinds (from the field's type unless ``kind`` is given): ``number`` (float > 0), ``count``
-(int > 0), ``address`` (``H:P``), ``switch`` (a flag without value), ``list`` (repeatable),
-``ports`` (repeatable port), ``file`` (an existing file), ``choice`` and ``text``.
+(int > 0), ``duration`` (seconds, or with a unit s/m/h/d), ``address`` (``H:P``), ``switch`` (a
+flag without value), ``list`` (repeatable), ``ports`` (repeatable port), ``file`` (an existing
+file), ``choice`` and ``text``.
 """
 
 from __future__ import annotations
@@ -200,6 +201,8 @@ def check(o: Option, value: Any) -> Any:
         return cfg.positive(value, o.flag)
     if o.kind == "count":
         return int(cfg.positive(value, o.flag, integer=True))
+    if o.kind == "duration":
+        return cfg.duration(value, o.flag)
     if o.kind == "address":
         return cfg.parse_address(str(value), o.flag)
     if o.kind == "switch":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass
 
 import aiohttp
@@ -56,7 +57,9 @@ async def lead(api: k8s_client.ApiClient, settings: LeaderSettings, leading: asy
         lock = LeaseLock(settings.name, settings.namespace, settings.identity, api)
         config = ElectionConfig(
             lock,
-            settings.lease_duration,
+            # Whole seconds: the library writes str(lease_duration) into the record and its
+            # LeaseLock int()s it back (leaseDurationSeconds); "15.0" made every round fail.
+            math.ceil(settings.lease_duration),
             settings.renew_deadline,
             settings.retry_period,
             started,

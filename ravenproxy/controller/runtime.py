@@ -1,8 +1,8 @@
 """The controller's entry points: ``ravenproxy controller`` against Kubernetes, and its dry run.
 
 :func:`run_controller_with` wires the parts together: the model (through ``model_source``, like
-every command), agent liveness, leader election (:mod:`leader`), and the reconcile loop
-(:mod:`reconciler`) writing through :mod:`writer`.
+every command), agent liveness, leader election (:mod:`leader`), the reconcile loop
+(:mod:`reconciler`) writing through :mod:`writer`, and the certificate issuer (:mod:`issuer`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kubernetes_asyncio import client as k8s_client
@@ -19,6 +19,7 @@ from ravenproxy.controller.agents import AgentLeases, AgentPoller
 from ravenproxy.controller.desired import desired_state
 from ravenproxy.controller.dryrun import dry_run_documents, render_documents
 from ravenproxy.controller.election import DEFAULT_GRACE, Health
+from ravenproxy.controller.issuer import Issuer, IssuerSettings
 from ravenproxy.controller.leader import LeaderSettings, lead
 from ravenproxy.controller.reconciler import Reconciler
 from ravenproxy.controller.services import load_balancer_ingress
@@ -50,6 +51,8 @@ class ControllerSettings:
     agent_leases: bool = True
     # Poll these servers' GET /agents instead of watching Leases (servers without API access).
     agents_urls: tuple[str, ...] = ()
+    # Approve and sign our signers' CSRs (issuer.py); the CA lives in a Secret.
+    certificates: IssuerSettings | None = field(default_factory=IssuerSettings)
 
     @property
     def leader(self) -> LeaderSettings:
@@ -69,8 +72,8 @@ async def run_controller_with(
     health: Callable[[], Health] | None = None,
     store: ModelStore | None = None,
 ) -> None:
-    """Model, agent liveness, leader election and reconcile loop on an existing API client,
-    until cancelled.
+    """Model, agent liveness, leader election, reconcile loop and certificate issuer on an
+    existing API client, until cancelled.
 
     The model comes through ``model_source`` on this same client, with the Calico blocks (status
     subnets) beside it. It starts without waiting for the first list: the replica campaigns and
@@ -108,6 +111,12 @@ async def run_controller_with(
             tg.create_task(feed.wait(), name="controller-source")
             tg.create_task(lead(api, settings.leader, leading), name="controller-leader-election")
             tg.create_task(reconcile_when_synced(), name="controller-reconciler")
+            if settings.certificates is not None:
+                issuing = replace(settings.certificates, event_namespace=settings.event_namespace)
+                issuer = Issuer(api, writer, store, issuing, settings.watch)
+                tg.create_task(
+                    issuer.run(leading, feed.synced), name="controller-certificate-issuer"
+                )
 
 
 async def run_controller(

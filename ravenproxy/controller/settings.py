@@ -4,6 +4,7 @@ flag and help (:mod:`ravenproxy.flags`); both take ``--config FILE`` with the fl
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,8 +13,11 @@ from ravenproxy import config as cfg
 from ravenproxy import flags
 from ravenproxy.config import Address
 from ravenproxy.controller.election import DEFAULT_GRACE
-from ravenproxy.errors import ConfigError
+from ravenproxy.controller.issuer import IssuerSettings
+from ravenproxy.controller.signing import DEFAULT_MAX_LIFETIME
+from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.flags import setting
+from ravenproxy.pki.authority import parse_san
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,8 @@ class TCPLimits:
 
 @dataclass(frozen=True)
 class ControllerCommand:
-    """``ravenproxy controller``: where the model comes from, and agent liveness."""
+    """``ravenproxy controller``: where the model comes from, agent liveness, and how it signs
+    certificates."""
 
     kubeconfig: str | None = setting(
         None, "--kubeconfig", "F", "API access (without it: the in-cluster account)"
@@ -72,12 +77,48 @@ class ControllerCommand:
         "instead of watching the servers' agent Leases; with --inventory, the only source",
     )
 
+    max_cert_lifetime: float = setting(
+        DEFAULT_MAX_LIFETIME.total_seconds(),
+        "--max-cert-lifetime",
+        "DURATION",
+        "longest lifetime of a certificate it signs, in seconds or with a unit s/m/h/d "
+        "(2592000 is 30d); a CSR's expirationSeconds may only shorten it, the CA's expiry "
+        "caps it",
+        kind="duration",
+    )
+    server_sans: tuple[str, ...] = setting(
+        (),
+        "--server-san",
+        "NAME",
+        "a DNS name or IP a server certificate may also carry (repeatable; the servers' "
+        "--server-san)",
+    )
+    cluster_domain: str = setting(
+        "cluster.local",
+        "--cluster-domain",
+        "D",
+        "the cluster's DNS domain, for the internal Service's names in server certificates",
+    )
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ControllerCommand:
         v = flags.read(cls, values)
         if v["inventory"] and v["kubeconfig"]:
             raise ConfigError("--inventory", "give either --inventory or --kubeconfig, not both")
+        for san in v["server_san"]:
+            try:
+                parse_san(san)
+            except PKIError as exc:
+                raise ConfigError("--server-san", str(exc)) from None
         return cls(**{o.path[0]: v[o.key] for o in flags.options(cls)})
+
+    @property
+    def issuing(self) -> IssuerSettings:
+        return IssuerSettings(
+            max_lifetime=dt.timedelta(seconds=self.max_cert_lifetime),
+            server_sans=self.server_sans,
+            cluster_domain=self.cluster_domain,
+        )
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class KubeWriter:
     def __init__(self, api: k8s_client.ApiClient, leading: Callable[[], bool]) -> None:
         self._core = k8s_client.CoreV1Api(api)
         self._custom = k8s_client.CustomObjectsApi(api)
+        self._certs = k8s_client.CertificatesV1Api(api)
         self._leading = leading
 
     async def _call(
@@ -152,6 +153,77 @@ class KubeWriter:
                 self._core.create_namespaced_config_map, dnsmap.NAMESPACE, dict(desired)
             )
         self._check(status, body, "write ConfigMap")
+
+    # --- certificate issuance (controller/issuer.py, controller/castore.py) ------------------
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        status, body = await self._call(
+            self._core.read_namespaced_secret, name, namespace, write=False
+        )
+        if status == 404:
+            return None
+        self._check(status, body, f"read Secret {namespace}/{name}")
+        return body
+
+    async def create_secret(self, namespace: str, secret: Mapping[str, Any]) -> bool:
+        """Create a Secret; False when it exists already (a 409: someone was faster)."""
+        status, body = await self._call(
+            self._core.create_namespaced_secret, namespace, dict(secret)
+        )
+        if status == 409:
+            return False
+        self._check(status, body, f"create Secret {namespace}/{secret['metadata']['name']}")
+        return True
+
+    async def read_named_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        status, body = await self._call(
+            self._core.read_namespaced_config_map, name, namespace, write=False
+        )
+        if status == 404:
+            return None
+        self._check(status, body, f"read ConfigMap {namespace}/{name}")
+        return body
+
+    async def put_configmap_data(
+        self, namespace: str, name: str, data: Mapping[str, str], resource_version: str | None
+    ) -> None:
+        """Create the ConfigMap with ``data`` (``resource_version`` None), or merge-patch
+        ``data`` into the version read (409 if it changed since)."""
+        if resource_version is None:
+            body = {"metadata": {"name": name, "namespace": namespace}, "data": dict(data)}
+            status, out = await self._call(self._core.create_namespaced_config_map, namespace, body)
+        else:
+            patch = {"metadata": {"resourceVersion": resource_version}, "data": dict(data)}
+            status, out = await self._call(
+                self._core.patch_namespaced_config_map,
+                name,
+                namespace,
+                patch,
+                _content_type=MERGE_PATCH,
+            )
+        self._check(status, out, f"write ConfigMap {namespace}/{name}")
+
+    async def update_csr_approval(
+        self, name: str, body: Mapping[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        """PUT the CSR's approval subresource; a 409 (changed meanwhile) is returned."""
+        status, out = await self._call(
+            self._certs.replace_certificate_signing_request_approval, name, dict(body)
+        )
+        if status != 409:
+            self._check(status, out, f"update CSR {name} approval")
+        return status, out
+
+    async def update_csr_status(
+        self, name: str, body: Mapping[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        """PUT the CSR's status subresource; a 409 (changed meanwhile) is returned."""
+        status, out = await self._call(
+            self._certs.replace_certificate_signing_request_status, name, dict(body)
+        )
+        if status != 409:
+            self._check(status, out, f"update CSR {name} status")
+        return status, out
 
 
 def internal_cluster_ip(objs: list[dict[str, Any]]) -> str | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ravenproxy.errors import PKIError
@@ -221,18 +221,63 @@ def _self_signed_ca(
     )
 
 
-def _leaf_key_usage() -> x509.KeyUsage:
-    # ECDHE key exchange: the leaf key only ever signs the handshake.
+def _leaf_key_usage(key_encipherment: bool = False) -> x509.KeyUsage:
+    # ECDHE key exchange: the leaf key only ever signs the handshake (an RSA key that asked for
+    # it may also encipher, for TLS 1.2 RSA key exchange).
     return x509.KeyUsage(
         digital_signature=True,
         content_commitment=False,
-        key_encipherment=False,
+        key_encipherment=key_encipherment,
         data_encipherment=False,
         key_agreement=False,
         key_cert_sign=False,
         crl_sign=False,
         encipher_only=False,
         decipher_only=False,
+    )
+
+
+LeafPublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey
+
+
+def sign_leaf(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    public_key: LeafPublicKey,
+    common_name: str,
+    sans: Sequence[x509.GeneralName],
+    usages: Sequence[x509.ObjectIdentifier],
+    *,
+    key_encipherment: bool = False,
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+) -> x509.Certificate:
+    """A leaf certificate for someone else's ``public_key`` (a CSR's): CN, SANs, extended key
+    usages ``usages``, SKI/AKI, a random serial, signed by the CA. ``not_after`` is capped at
+    the CA's own not_after: nothing we sign outlives the CA."""
+    _check_ca(ca_cert, ca_key)
+    start, end = _validity(not_before, not_after, LEAF_VALIDITY)
+    end = min(end, ca_cert.not_valid_after_utc)
+    if end <= start:
+        raise PKIError(f"the CA expires {end.isoformat()}: it can sign nothing more")
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(ca_cert.subject)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_leaf_key_usage(key_encipherment), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+    return (
+        builder.add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+        .add_extension(_aki(ca_cert), critical=False)
+        .sign(ca_key, _HASH)
     )
 
 
@@ -246,23 +291,16 @@ def _issue(
     not_after: dt.datetime | None,
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     _check_ca(ca_cert, ca_key)
-    start, end = _validity(not_before, not_after, LEAF_VALIDITY)
     key = ec.generate_private_key(_CURVE)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_leaf_key_usage(), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(_aki(ca_cert), critical=False)
-        .sign(ca_key, _HASH)
+    cert = sign_leaf(
+        ca_cert,
+        ca_key,
+        key.public_key(),
+        common_name,
+        sans,
+        [usage],
+        not_before=not_before,
+        not_after=not_after,
     )
     return cert, key
 
@@ -479,14 +517,7 @@ def _read(path: Path, what: str) -> bytes:
 def load_certs(path: Path | str, what: str = "certificate") -> list[x509.Certificate]:
     """Every certificate in a PEM file (a bundle or a chain), at least one."""
     p = Path(path)
-    data = _read(p, what)
-    try:
-        certs = x509.load_pem_x509_certificates(data)
-    except ValueError as exc:
-        raise PKIError(f"{what} {p}: not a PEM certificate ({exc})") from exc
-    if not certs:
-        raise PKIError(f"{what} {p}: no certificate in file")
-    return certs
+    return parse_certs_pem(_read(p, what), f"{what} {p}")
 
 
 def load_cert(path: Path | str, what: str = "certificate") -> x509.Certificate:
@@ -497,14 +528,30 @@ def load_cert(path: Path | str, what: str = "certificate") -> x509.Certificate:
 def load_key(path: Path | str, what: str = "key") -> ec.EllipticCurvePrivateKey:
     """An unencrypted ECDSA private key from a PEM file."""
     p = Path(path)
-    data = _read(p, what)
+    key = parse_key_pem(_read(p, what), f"{what} {p}")
+    log.debug("loaded key", extra=kv(path=str(p)))
+    return key
+
+
+def parse_key_pem(data: bytes, what: str = "key") -> ec.EllipticCurvePrivateKey:
+    """An unencrypted ECDSA private key from PEM bytes; ``what`` names their source."""
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError as exc:
-        raise PKIError(f"{what} {p}: key is encrypted; an unencrypted key is needed") from exc
+        raise PKIError(f"{what}: key is encrypted; an unencrypted key is needed") from exc
     except (ValueError, UnsupportedAlgorithm) as exc:
-        raise PKIError(f"{what} {p}: not a PEM private key ({exc})") from exc
+        raise PKIError(f"{what}: not a PEM private key ({exc})") from exc
     if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise PKIError(f"{what} {p}: not an ECDSA key ({type(key).__name__})")
-    log.debug("loaded key", extra=kv(path=str(p)))
+        raise PKIError(f"{what}: not an ECDSA key ({type(key).__name__})")
     return key
+
+
+def parse_certs_pem(data: bytes, what: str = "certificate") -> list[x509.Certificate]:
+    """Every certificate in PEM bytes, at least one; ``what`` names their source."""
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError as exc:
+        raise PKIError(f"{what}: not a PEM certificate ({exc})") from exc
+    if not certs:
+        raise PKIError(f"{what}: no certificate")
+    return certs

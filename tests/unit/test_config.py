@@ -403,6 +403,45 @@ def test_controller_config_file(tmp_path: Path) -> None:
     assert info.value.field == "--agent-grace"
 
 
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("60", 60.0), ("90s", 90.0), ("10m", 600.0), ("12h", 43200.0), ("30d", 2592000.0), (5, 5.0)],
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert cfg.duration(text, "--max-cert-lifetime") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "-5s", "soon", "5w", "nan", "infd"])
+def test_bad_durations_name_the_flag(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg.duration(text, "--max-cert-lifetime")
+    assert info.value.field == "--max-cert-lifetime"
+
+
+def test_controller_certificate_flags() -> None:
+    from ravenproxy.controller.settings import ControllerCommand
+
+    args = _parse(
+        "controller",
+        "--max-cert-lifetime",
+        "2h",
+        "--server-san",
+        "tunnel.example.com",
+        "--server-san",
+        "203.0.113.9",
+    )
+    cmd = ControllerCommand.from_mapping(flags.gather(args, ControllerCommand))
+    assert cmd.issuing.max_lifetime.total_seconds() == 7200
+    assert cmd.issuing.server_sans == ("tunnel.example.com", "203.0.113.9")
+    assert ControllerCommand.from_mapping({}).issuing.max_lifetime.days == 30
+    for flag, value in (("--max-cert-lifetime", "1y"), ("--server-san", "not a name!")):
+        with pytest.raises(ConfigError) as info:
+            ControllerCommand.from_mapping(
+                flags.gather(_parse("controller", flag, value), ControllerCommand)
+            )
+        assert info.value.field == flag
+
+
 def test_doctor_config_file(tmp_path: Path) -> None:
     from ravenproxy.l3.settings import DoctorSettings, settings_from
 

@@ -15,6 +15,7 @@ from ravenproxy.controller import dnsmap
 from ravenproxy.controller.runtime import ControllerSettings
 from ravenproxy.controller.services import NAMESPACE
 from ravenproxy.kube import leases
+from ravenproxy.pki import issuance
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "k8s"
@@ -236,6 +237,26 @@ CONTROLLER_CALLS = [
     # agents.py: the agent-liveness Leases, by label.
     (leases.NAMESPACE, "coordination.k8s.io", "leases", "list", ""),
     (leases.NAMESPACE, "coordination.k8s.io", "leases", "watch", ""),
+    # issuer.py: the CSR Reflector, the approval and status subresources (replace = update);
+    # kube-apiserver checks approve/sign on the signer too.
+    ("*", "certificates.k8s.io", "certificatesigningrequests", "list", ""),
+    ("*", "certificates.k8s.io", "certificatesigningrequests", "watch", ""),
+    ("*", "certificates.k8s.io", "certificatesigningrequests/approval", "update", "csr-1"),
+    ("*", "certificates.k8s.io", "certificatesigningrequests/status", "update", "csr-1"),
+    *[
+        ("*", "certificates.k8s.io", "signers", verb, signer)
+        for signer in issuance.SIGNERS
+        for verb in ("approve", "sign")
+    ],
+    # castore.py: the CA Secret (read, created when absent) and the bundle (read, create, patch).
+    (issuance.CA_NAMESPACE, "", "secrets", "get", issuance.CA_SECRET),
+    (issuance.CA_NAMESPACE, "", "secrets", "create", issuance.CA_SECRET),
+    (issuance.CA_NAMESPACE, "", "configmaps", "get", issuance.CA_BUNDLE),
+    (issuance.CA_NAMESPACE, "", "configmaps", "create", issuance.CA_BUNDLE),
+    (issuance.CA_NAMESPACE, "", "configmaps", "patch", issuance.CA_BUNDLE),
+    # The internal Service's ClusterIP, for server certificates' SANs: KubeWriter.list_owned.
+    (NAMESPACE, "", "services", "list", ""),
+    (ControllerSettings().event_namespace, "", "events", "create", "csr-1.abc"),
 ]
 
 
@@ -251,6 +272,14 @@ def test_the_controller_may_not_do_more() -> None:
     assert not allowed(c, "*", "raven.openyurt.io", "gateways", "patch", "gw-edge")
     assert not allowed(c, "default", "", "services", "delete", "kubernetes")
     assert not allowed(c, "kube-system", "coordination.k8s.io", "leases", "update", "other")
+    # Certificates: only our signers, only the CA Secret, never a CSR of its own.
+    for verb in ("approve", "sign"):
+        assert not allowed(c, "*", "certificates.k8s.io", "signers", verb, "kubernetes.io/x")
+    assert not allowed(c, "kube-system", "", "secrets", "get", "bootstrap-token-abc")
+    assert not allowed(c, "kube-system", "", "secrets", "update", issuance.CA_SECRET)
+    assert not allowed(c, "kube-system", "", "secrets", "list", "")
+    for verb in ("create", "update", "patch", "delete"):
+        assert not allowed(c, "*", "certificates.k8s.io", "certificatesigningrequests", verb, "x")
 
 
 def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
@@ -259,19 +288,44 @@ def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
         assert allowed(
             "ravenproxy-server", leases.NAMESPACE, "coordination.k8s.io", "leases", verb, name
         )
-    # --kube-model: reads of the model's objects, and nothing else.
+    # --kube-model: reads of the model's objects; --cert-dir: its CSRs and the CA bundle.
     model_reads = {("*", "", "nodes"), ("*", "", "pods"), ("*", "raven.openyurt.io", "gateways")}
-    assert {(g[0], g[1], g[2]) for g in grants("ravenproxy-server") if g[2] != "leases"} == (
-        model_reads
-    )
-    assert {g[3] for g in grants("ravenproxy-server") if g[2] != "leases"} == {"list", "watch"}
+    server = grants("ravenproxy-server") - REQUESTER_GRANTS
+    assert {(g[0], g[1], g[2]) for g in server if g[2] != "leases"} == model_reads
+    assert {g[3] for g in server if g[2] != "leases"} == {"list", "watch"}
+    assert REQUESTER_GRANTS <= grants("ravenproxy-server")
     # The agent reads the model and publishes its WireGuard key into its Gateway (publish.py).
-    assert grants("ravenproxy-agent") == {
-        ("*", "", "nodes", verb, "*") for verb in ("list", "watch")
-    } | {
-        ("*", "raven.openyurt.io", "gateways", verb, "*")
-        for verb in ("list", "watch", "get", "update")
-    }
+    assert (
+        grants("ravenproxy-agent")
+        == {("*", "", "nodes", verb, "*") for verb in ("list", "watch")}
+        | {
+            ("*", "raven.openyurt.io", "gateways", verb, "*")
+            for verb in ("list", "watch", "get", "update")
+        }
+        | REQUESTER_GRANTS
+    )
+
+
+# --cert-dir: agent and server create and follow their CSRs and read the CA bundle, no more.
+REQUESTER_GRANTS = {
+    ("*", "certificates.k8s.io", "certificatesigningrequests", verb, "*")
+    for verb in ("create", "get", "list", "watch")
+} | {
+    (issuance.CA_NAMESPACE, "", "configmaps", verb, issuance.CA_BUNDLE)
+    for verb in ("get", "list", "watch")
+}
+
+
+@pytest.mark.parametrize("account", ["ravenproxy-agent", "ravenproxy-server"])
+def test_requesters_may_not_approve_sign_or_read_the_ca(account: str) -> None:
+    group = "certificates.k8s.io"
+    for sub in ("certificatesigningrequests/approval", "certificatesigningrequests/status"):
+        assert not allowed(account, "*", group, sub, "update", "x")
+    for signer in issuance.SIGNERS:
+        for verb in ("approve", "sign"):
+            assert not allowed(account, "*", group, "signers", verb, signer)
+    assert not allowed(account, issuance.CA_NAMESPACE, "", "secrets", "get", issuance.CA_SECRET)
+    assert not allowed(account, issuance.CA_NAMESPACE, "", "configmaps", "get", "other")
 
 
 AGENT_CALLS = [
@@ -315,9 +369,11 @@ def test_every_write_the_agent_may_make_is_narrowed_by_its_policy() -> None:
         for resource in rule["resources"]
         for operation in rule["operations"]
     }
+    # Creating a CSR needs no policy: the API writes who asked into it, and the controller
+    # approves only a CSR whose requester is bound to the node it names.
     writes = {
         (group, resource, WRITE_OPERATIONS[verb])
-        for _ns, group, resource, verb, _name in grants("ravenproxy-agent")
+        for _ns, group, resource, verb, _name in grants("ravenproxy-agent") - REQUESTER_GRANTS
         if verb in WRITE_OPERATIONS
     }
     assert writes == {("raven.openyurt.io", "gateways", "UPDATE")}
