@@ -313,12 +313,17 @@ async def test_a_large_reload_does_not_block_the_event_loop(tmp_path: Path) -> N
     watch = asyncio.create_task(watcher.run())
     tick = asyncio.create_task(ticker())
     try:
+        started = loop.time()
         _rewrite(path, text.encode())
         model = await asyncio.wait_for(store.wait_changed(since), 120)
+        took = loop.time() - started
     finally:
         for task in (watch, tick):
             task.cancel()
         await asyncio.gather(watch, tick, return_exceptions=True)
     assert len(model.nodes) == count
     assert len(gaps) > 10  # the load took long enough for the ticker to measure something
-    assert max(gaps) < 0.2, sorted(gaps)[-5:]
+    # Parsed on the loop, one gap was the whole load (seconds). In a worker thread the loop
+    # keeps ticking; a loaded machine (GIL, other processes) stretches single ticks, so the
+    # bound is relative to the load's length rather than a fixed few milliseconds.
+    assert max(gaps) < min(1.0, took / 3), (took, sorted(gaps)[-5:])
