@@ -26,9 +26,12 @@ def sign_csr(
     lifetime: dt.timedelta = dt.timedelta(hours=1),
     *,
     public_key: ec.EllipticCurvePublicKey | None = None,
+    backdate: dt.timedelta = dt.timedelta(0),
 ) -> bytes:
-    """PEM leaf for ``csr_pem`` (``public_key`` overrides the CSR's: a certificate for another
-    key). Agent certificates carry the CN as their only DNS SAN, as the embedded PKI's do."""
+    """PEM leaf for ``csr_pem``, valid for ``lifetime`` from ``backdate`` ago (a certificate
+    part of whose life has passed); ``public_key`` overrides the CSR's (a certificate for
+    another key). Agent certificates carry the CN as their only DNS SAN, as the embedded PKI's
+    do."""
     csr = x509.load_pem_x509_csr(csr_pem)
     cn = csr.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)[0].value
     assert isinstance(cn, str)
@@ -44,15 +47,15 @@ def sign_csr(
         usage = ExtendedKeyUsageOID.SERVER_AUTH
     key = public_key or csr.public_key()
     assert isinstance(key, ec.EllipticCurvePublicKey)
-    now = dt.datetime.now(dt.UTC)
+    start = dt.datetime.now(dt.UTC) - backdate - dt.timedelta(seconds=1)
     cert = (
         x509.CertificateBuilder()
         .subject_name(csr.subject)
         .issuer_name(ca_cert.subject)
         .public_key(key)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(seconds=1))
-        .not_valid_after(now + lifetime)
+        .not_valid_before(start)
+        .not_valid_after(start + lifetime)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)

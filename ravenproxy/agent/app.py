@@ -49,6 +49,7 @@ from ravenproxy.transport.session import Session, StreamClosedError, TunnelStrea
 from ravenproxy.wire.codes import DUPLICATE_CLOSE_CODE
 
 if TYPE_CHECKING:
+    from ravenproxy.kube.certificates import CertificateRequester
     from ravenproxy.l3.publish import KeyPublisher
 
 log = logging.getLogger(__name__)
@@ -178,11 +179,15 @@ class Agent:
         ``--metrics-addr`` is one line naming the flag, see :mod:`ravenproxy.lifecycle`).
         """
         s = self.settings
-        ctx = tls.client_context(
-            s.ca_file, s.cert_file, s.key_file, server_hostname_check=s.server_hostname_check
-        )
         try:
             async with contextlib.AsyncExitStack() as stack:
+                requester = await self._certificates(stack)
+                ctx = tls.client_context(
+                    s.ca_file,
+                    s.cert_file,
+                    s.key_file,
+                    server_hostname_check=s.server_hostname_check,
+                )
                 if s.inventory or s.kube_model:
                     await stack.enter_async_context(
                         model_source(
@@ -205,12 +210,31 @@ class Agent:
                     # Listeners bind before any loop dials out: a taken address then fails
                     # the start without cutting a TLS handshake short (uvloop logs that).
                     await self._start_metrics()
+                    if requester is not None:
+                        tg.create_task(requester.run(), name="agent-cert-rotate")
                     self._start_parts(tg, ctx, publisher)
         finally:
             self._tg = None
             for runner in self._runners:
                 await runner.cleanup()
             self._runners.clear()
+
+    async def _certificates(self, stack: contextlib.AsyncExitStack) -> CertificateRequester | None:
+        """``--cert-dir``: until the directory holds this node's certificate (requested from
+        Kubernetes if it does not); the requester then keeps it fresh (None: files given)."""
+        s = self.settings
+        if s.cert_dir is None:
+            return None
+        from ravenproxy.kube.certificates import RequestSettings, kept_certificates
+
+        request = RequestSettings(
+            role="agent",
+            node=s.node_name,
+            cert_dir=Path(s.cert_dir),
+            lifetime=s.cert_lifetime,
+            follow_ca_bundle=s.follows_ca_bundle,
+        )
+        return await stack.enter_async_context(kept_certificates(request, s.kubeconfig))
 
     def _start_parts(
         self, tg: asyncio.TaskGroup, ctx: ssl.SSLContext, publisher: KeyPublisher | None

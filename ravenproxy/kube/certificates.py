@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.backoff import backoff
 from ravenproxy.errors import PKIError, RavenProxyError
-from ravenproxy.kube.client import KubeError, raw_call
+from ravenproxy.kube.client import KubeError, new_api_client, raw_call
 from ravenproxy.kube.reflector import Reflector, WatchSettings
 from ravenproxy.log import kv
 from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
@@ -441,9 +442,39 @@ async def server_sans(
     return list(server_names(store.model, node, service_ip=service_ip, extra=extra))
 
 
-def has_certificate(cert_dir: Path) -> bool:
-    """Whether ``cert_dir`` holds a key and a certificate (consistent or not)."""
-    return (cert_dir / CERT_DIR_KEY).is_file() and (cert_dir / CERT_DIR_CERT).is_file()
+@contextlib.asynccontextmanager
+async def kept_certificates(
+    settings: RequestSettings,
+    kubeconfig: str | None,
+    *,
+    store: ModelStore | None = None,
+    extra_sans: Sequence[str] = (),
+) -> AsyncIterator[CertificateRequester]:
+    """For ``--cert-dir``: an API client and a requester whose :meth:`~CertificateRequester.
+    bootstrap` has returned (the directory holds a usable set when the block starts). The
+    caller runs :meth:`~CertificateRequester.run` as a named task of its own for rotation; the
+    client is closed when the block ends. A server's SANs come from ``store`` (its model)."""
+    api = await new_api_client(Path(kubeconfig) if kubeconfig else None)
+    try:
+        sans: SansFn | None = None
+        if settings.role == "server":
+            model = store or ModelStore()
+
+            async def sans() -> Sequence[str]:
+                return await server_sans(api, model, settings.node, extra_sans)
+
+        requester = CertificateRequester(api, settings, sans=sans)
+        log.info(
+            "certificate needed before starting",
+            extra=kv(role=settings.role, node=settings.node, cert_dir=str(settings.cert_dir)),
+        )
+        try:
+            await requester.bootstrap()
+            yield requester
+        finally:
+            await requester.close()
+    finally:
+        await api.close()
 
 
 def _now() -> dt.datetime:
@@ -467,6 +498,6 @@ __all__ = [
     "CertificateRequester",
     "RequestFailed",
     "RequestSettings",
-    "has_certificate",
+    "kept_certificates",
     "server_sans",
 ]
