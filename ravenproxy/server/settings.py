@@ -250,16 +250,16 @@ class ServerSettings:
             )
         except ValueError as exc:
             raise ConfigError("tunnel settings", str(exc)) from None
+        if v["server_san"] and not values.get("cert_dir"):
+            raise ConfigError(
+                "--server-san", "only with --cert-dir (a given --cert-file has its own SANs)"
+            )
         files = cfg.cert_files(values, v["kubeconfig"])
         if files.cert_dir is not None and not node_name:
             raise ConfigError(
                 "--node-name",
                 "required with --cert-dir (or set NODE_NAME): the node the server certificate "
                 "is requested for",
-            )
-        if v["server_san"] and files.cert_dir is None:
-            raise ConfigError(
-                "--server-san", "only with --cert-dir (a given --cert-file has its own SANs)"
             )
         for san in v["server_san"]:
             try:
