@@ -235,20 +235,30 @@ class Cluster:
         cert: tuple[Path, Path] | None = None,
         extra: tuple[str, ...] = (),
         servers: tuple[str, ...] | None = None,
+        cert_dir: Path | None = None,
     ) -> Proc:
         """``servers``: the ``--server-addr`` values (default: the last server started); empty
-        for an agent that finds them otherwise (``--discover-servers`` in ``extra``)."""
+        for an agent that finds them otherwise (``--discover-servers`` in ``extra``).
+        ``cert_dir``: ``--cert-dir`` instead of the embedded PKI's files (the agent requests
+        its certificate from Kubernetes: give ``--kubeconfig`` in ``extra``)."""
         if servers is None:
             assert self.server is not None
             servers = (f"wss://127.0.0.1:{self.server.ports['tunnel']}",)
         crt, key = cert or (self.certs / f"{node}.crt", self.certs / f"{node}.key")
+        files = (
+            ["--cert-dir", str(cert_dir)]
+            if cert_dir is not None
+            else [
+                "--ca-file", str(self.certs / "ca.crt"),
+                "--cert-file", str(crt),
+                "--key-file", str(key),
+            ]
+        )  # fmt: skip
         args = [
             "agent",
             "--node-name", node,
             *[a for addr in servers for a in ("--server-addr", addr)],
-            "--ca-file", str(self.certs / "ca.crt"),
-            "--cert-file", str(crt),
-            "--key-file", str(key),
+            *files,
             "--metrics-addr", f"127.0.0.1:{free_port()}",
             "--log-level", "DEBUG",
             *[a for entry in allow for a in ("--allow", entry)],

@@ -33,8 +33,10 @@ from ravenproxy.pki.csr import key_matches
 from ravenproxy.pki.issuance import CA_BUNDLE, CA_BUNDLE_KEY, CA_NAMESPACE, SIGNER_AGENT
 from tests.csrsign import sign_csr
 from tests.helpers import eventually, free_port
+from tests.integration.cluster import Cluster
 from tests.integration.kube.apiserver import APIServer
 from tests.integration.kube.conftest import kubeconfig
+from tests.integration.targets import echo, tcp_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -382,3 +384,40 @@ async def test_ca_bundle_change_rewrites_ca_crt(
             interval=0.05,
             what="ca.crt with both CAs",
         )
+
+
+async def test_agent_process_with_cert_dir_bootstraps_and_connects(
+    apiserver: APIServer, tmp_path: Path
+) -> None:
+    """``ravenproxy agent --cert-dir D --kubeconfig K``: no certificate at start; it requests
+    one (signed by the CA of the real server's embedded PKI), then connects and serves."""
+    cluster = Cluster(tmp_path)
+    cluster_ca = (load_cert(cluster.certs / "ca.crt"), load_key(cluster.certs / "ca.key"))
+    await publish_bundle(apiserver, cluster_ca[0])
+    token = apiserver.add_service_account("ravenproxy-agent", "edge-1")
+    config = kubeconfig(tmp_path / "kubeconfig", apiserver, token)
+    cert_dir = tmp_path / "agent-certs"
+    signer = Signer(apiserver, cluster_ca)
+    try:
+        async with running(signer), tcp_server(echo) as port:
+            cluster.start_server()
+            await cluster.wait_up()
+            agent = cluster.start_agent(
+                "edge-1",
+                f"127.0.0.1:{port}",
+                cert_dir=cert_dir,
+                extra=("--kubeconfig", str(config)),
+            )
+            await cluster.wait_routable(f"edge-1:{port}")
+            reader, writer = await cluster.connect(f"edge-1:{port}")
+            writer.write(b"issued by csr")
+            assert await reader.readexactly(13) == b"issued by csr"
+            writer.close()
+            (csr,) = csrs(apiserver)
+            assert csr["spec"]["extra"]["authentication.kubernetes.io/node-name"] == ["edge-1"]
+            assert load_cert(cert_dir / "tls.crt").subject.rfc4514_string() == "CN=edge-1"
+            assert stat.S_IMODE((cert_dir / "tls.key").stat().st_mode) == 0o600
+            log = agent.output()
+            assert "certificate requested" in log and "certificate issued" in log
+    finally:
+        cluster.stop_all()
