@@ -194,11 +194,13 @@ class Cluster:
         ports: dict[str, int] | None = None,
         extra_source: tuple[str, ...] = (),
         name: str = "server",
+        cert_dir: Path | None = None,
     ) -> Proc:
         """``extra_source`` replaces ``--inventory FILE`` (e.g. ``--kube-model --kubeconfig F``).
         Several servers: give each its own ``name`` (its log file; with ``--server-id`` in
         ``extra`` for distinct ids); :attr:`server` is the last one started, :attr:`servers`
-        all by name (a restart on the same ``ports`` replaces the entry)."""
+        all by name (a restart on the same ``ports`` replaces the entry). ``cert_dir``:
+        ``--cert-dir`` instead of the embedded PKI's files (give ``--kubeconfig`` too)."""
         ports = ports or {
             "tunnel": free_port(),
             "http": free_port(),
@@ -207,12 +209,19 @@ class Cluster:
             "health": free_port(),
         }
         source = list(extra_source) if extra_source else ["--inventory", str(self.inventory)]
+        files = (
+            ["--cert-dir", str(cert_dir)]
+            if cert_dir is not None
+            else [
+                "--ca-file", str(self.certs / "ca.crt"),
+                "--cert-file", str(self.certs / "server.crt"),
+                "--key-file", str(self.certs / "server.key"),
+            ]
+        )  # fmt: skip
         args = [
             "server",
             *source,
-            "--ca-file", str(self.certs / "ca.crt"),
-            "--cert-file", str(self.certs / "server.crt"),
-            "--key-file", str(self.certs / "server.key"),
+            *files,
             "--node-name", "cloud-1",
             "--tunnel-addr", f"127.0.0.1:{ports['tunnel']}",
             "--http-addr", f"127.0.0.1:{ports['http']}",

@@ -36,6 +36,7 @@ from tests.helpers import eventually, free_port
 from tests.integration.cluster import Cluster
 from tests.integration.kube.apiserver import APIServer
 from tests.integration.kube.conftest import kubeconfig
+from tests.integration.kube.test_controller import gateway_obj, node_obj
 from tests.integration.targets import echo, tcp_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -419,5 +420,61 @@ async def test_agent_process_with_cert_dir_bootstraps_and_connects(
             assert stat.S_IMODE((cert_dir / "tls.key").stat().st_mode) == 0o600
             log = agent.output()
             assert "certificate requested" in log and "certificate issued" in log
+    finally:
+        cluster.stop_all()
+
+
+async def test_server_process_with_cert_dir_requests_its_names_and_serves_agents(
+    apiserver: APIServer, tmp_path: Path
+) -> None:
+    """``ravenproxy server --cert-dir D --kube-model``: the CSR carries the node's addresses, the
+    internal Service's ClusterIP and names and ``--server-san``; an agent of the embedded PKI
+    verifies the issued certificate (by IP) and its streams flow."""
+    await apiserver.put("gateways", gateway_obj("gw-cloud", ["cloud-1"]))
+    await apiserver.put("gateways", gateway_obj("gw-edge", ["edge-1"]))
+    await apiserver.put("nodes", node_obj("cloud-1", "127.0.0.1", "gw-cloud"))
+    await apiserver.put("nodes", node_obj("edge-1", "127.0.0.1", "gw-edge"))
+    await apiserver.put(
+        "services",
+        {
+            "metadata": {"name": "x-raven-proxy-internal-svc", "namespace": "kube-system"},
+            "spec": {"clusterIP": "10.96.0.42", "ports": [{"port": 10263}]},
+        },
+    )
+    cluster = Cluster(tmp_path)
+    cluster_ca = (load_cert(cluster.certs / "ca.crt"), load_key(cluster.certs / "ca.key"))
+    await publish_bundle(apiserver, cluster_ca[0])
+    token = apiserver.add_service_account("ravenproxy-server", "cloud-1")
+    config = str(kubeconfig(tmp_path / "kubeconfig", apiserver, token))
+    cert_dir = tmp_path / "server-certs"
+    try:
+        async with running(Signer(apiserver, cluster_ca)), tcp_server(echo) as port:
+            server = cluster.start_server(
+                "--server-san", "proxy.example",
+                extra_source=("--kube-model", "--kubeconfig", config),
+                cert_dir=cert_dir,
+            )  # fmt: skip
+            await cluster.wait_up()
+            cluster.start_agent("edge-1", f"127.0.0.1:{port}")
+            await cluster.wait_routable(f"edge-1:{port}")
+            reader, writer = await cluster.connect(f"edge-1:{port}")
+            writer.write(b"server by csr")
+            assert await reader.readexactly(13) == b"server by csr"
+            writer.close()
+            (csr,) = csrs(apiserver)
+            assert csr["spec"]["signerName"] == "raven.openyurt.io/tunnel-server"
+            assert csr["spec"]["usages"] == ["digital signature", "server auth"]
+            requested = x509.load_pem_x509_csr(base64.b64decode(csr["spec"]["request"]))
+            assert requested.subject.rfc4514_string() == "CN=cloud-1"
+            sans = requested.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+            names = {str(n.value) for n in sans.value}
+            assert {
+                "cloud-1",
+                "127.0.0.1",
+                "10.96.0.42",
+                "x-raven-proxy-internal-svc.kube-system.svc",
+                "proxy.example",
+            } <= names
+            assert "certificate issued" in server.output()
     finally:
         cluster.stop_all()
