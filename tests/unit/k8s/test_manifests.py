@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from ravenproxy import flags
+from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.cli import build_parser
 from ravenproxy.controller import dnsmap
 from ravenproxy.controller.runtime import ControllerSettings
 from ravenproxy.controller.services import NAMESPACE
 from ravenproxy.kube import leases
+from ravenproxy.server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "k8s"
@@ -153,11 +158,39 @@ def test_agent_is_a_host_network_daemonset_with_the_downward_api() -> None:
     assert fields["NODE_IP"] == "status.hostIP"
     args = build_parser().parse_args([expand(a, env_of(container)) for a in container["args"]])
     assert args.node_name == "edge-1"
-    assert args.cert_file.endswith("/edge-1.crt") and args.key_file.endswith("/edge-1.key")
-    assert any(v.get("secret") for v in pod["volumes"])
+    assert_cert_dir_issuance(pod, container, args)
 
 
-def test_server_is_host_network_on_raven_ports_with_certs_from_a_secret() -> None:
+def assert_cert_dir_issuance(
+    pod: dict[str, Any], container: dict[str, Any], args: argparse.Namespace
+) -> None:
+    """Certificates from Kubernetes CSRs (--cert-dir), kept on the node: a writable hostPath
+    mount at the cert dir, no certificate files given, and the pod-bound token mounted."""
+    assert args.cert_dir and not (args.cert_file or args.key_file or args.ca_file)
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    mount = mounts[args.cert_dir]
+    assert not mount.get("readOnly")
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["type"] == "DirectoryOrCreate"
+    assert pod.get("automountServiceAccountToken", True) is True
+    assert int(args.cert_lifetime) >= 600
+
+
+@pytest.mark.parametrize("name", ["ravenproxy-agent", "ravenproxy-server"])
+def test_cert_dir_workloads_give_settings_that_validate(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # in a pod: the account
+    (container,) = containers(workload(name))
+    env = env_of(container)
+    args = build_parser().parse_args([expand(a, env) for a in container["args"]])
+    cls = AgentSettings if name == "ravenproxy-agent" else ServerSettings
+    settings = cls.from_mapping(flags.gather(args, cls))
+    assert settings.cert_dir and settings.follows_ca_bundle
+    assert settings.node_name == env["NODE_NAME"]
+
+
+def test_server_is_host_network_on_raven_ports_with_certs_from_csrs() -> None:
     doc = workload("ravenproxy-server")
     pod = doc["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True
@@ -165,9 +198,12 @@ def test_server_is_host_network_on_raven_ports_with_certs_from_a_secret() -> Non
     assert {p["containerPort"] for p in container["ports"]} >= {10262, 10263, 10264}
     args = build_parser().parse_args([expand(a, env_of(container)) for a in container["args"]])
     assert (args.tunnel_addr, args.https_addr, args.http_addr) == (":10262", ":10263", ":10264")
-    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    secrets = {v["name"] for v in pod["volumes"] if "secret" in v}
-    assert secrets and all(args.key_file.startswith(mounts[s]) for s in secrets)
+    assert_cert_dir_issuance(pod, container, args)
+    # Agents dial the name in their --server-addr: the server certificate must carry it.
+    (agent,) = containers(workload("ravenproxy-agent"))
+    agent_args = build_parser().parse_args([expand(a, env_of(agent)) for a in agent["args"]])
+    (dialled,) = agent_args.server_addr
+    assert urlsplit(dialled).hostname in args.server_san
 
 
 # --- RBAC -------------------------------------------------------------------------------------
