@@ -19,6 +19,8 @@ from ravenproxy.controller import dnsmap
 from ravenproxy.controller.runtime import ControllerSettings
 from ravenproxy.controller.services import NAMESPACE
 from ravenproxy.kube import leases
+from ravenproxy.model.server_names import INTERNAL_SERVICE
+from ravenproxy.pki.issuance import CA_BUNDLE, CA_NAMESPACE, CA_SECRET
 from ravenproxy.server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -289,25 +291,77 @@ def test_the_controller_may_not_do_more() -> None:
     assert not allowed(c, "kube-system", "coordination.k8s.io", "leases", "update", "other")
 
 
+# --cert-dir (kube/certificates.py), the same for agent and server: create the CSR, watch it by
+# name, follow the CA bundle ConfigMap by name.
+CERT_REQUESTER_GRANTS = {
+    ("*", "certificates.k8s.io", "certificatesigningrequests", verb, "*")
+    for verb in ("create", "get", "list", "watch")
+} | {(CA_NAMESPACE, "", "configmaps", verb, CA_BUNDLE) for verb in ("get", "list", "watch")}
+
+
 def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
     name = leases.lease_name("edge-1")
     for verb in ("get", "create", "patch"):
         assert allowed(
             "ravenproxy-server", leases.NAMESPACE, "coordination.k8s.io", "leases", verb, name
         )
-    # --kube-model: reads of the model's objects, and nothing else.
+    # --kube-model: reads of the model's objects; --cert-dir: its CSRs, the CA bundle and the
+    # internal Service (its ClusterIP is a SAN); nothing else.
     model_reads = {("*", "", "nodes"), ("*", "", "pods"), ("*", "raven.openyurt.io", "gateways")}
-    assert {(g[0], g[1], g[2]) for g in grants("ravenproxy-server") if g[2] != "leases"} == (
-        model_reads
-    )
-    assert {g[3] for g in grants("ravenproxy-server") if g[2] != "leases"} == {"list", "watch"}
-    # The agent reads the model and publishes its WireGuard key into its Gateway (publish.py).
-    assert grants("ravenproxy-agent") == {
-        ("*", "", "nodes", verb, "*") for verb in ("list", "watch")
-    } | {
-        ("*", "raven.openyurt.io", "gateways", verb, "*")
-        for verb in ("list", "watch", "get", "update")
+    rest = grants("ravenproxy-server") - CERT_REQUESTER_GRANTS
+    assert {(g[0], g[1], g[2]) for g in rest if g[2] not in ("leases", "services")} == (model_reads)
+    assert {g[3] for g in rest if g[2] not in ("leases", "services")} == {"list", "watch"}
+    assert {g for g in rest if g[2] == "services"} == {
+        (NAMESPACE, "", "services", "get", "x-raven-proxy-internal-svc")
     }
+    assert CERT_REQUESTER_GRANTS <= grants("ravenproxy-server")
+    # The agent reads the model, publishes its WireGuard key into its Gateway (publish.py), and
+    # requests its certificate.
+    assert (
+        grants("ravenproxy-agent")
+        == {("*", "", "nodes", verb, "*") for verb in ("list", "watch")}
+        | {
+            ("*", "raven.openyurt.io", "gateways", verb, "*")
+            for verb in ("list", "watch", "get", "update")
+        }
+        | CERT_REQUESTER_GRANTS
+    )
+
+
+CERT_REQUESTER_CALLS = [
+    # kube/certificates.py: create_certificate_signing_request, then a Reflector on it by name.
+    ("*", "certificates.k8s.io", "certificatesigningrequests", "create", ""),
+    ("*", "certificates.k8s.io", "certificatesigningrequests", "list", "ravenproxy-agent-x"),
+    ("*", "certificates.k8s.io", "certificatesigningrequests", "watch", "ravenproxy-agent-x"),
+    # The CA bundle: a Reflector on the ConfigMap by name.
+    (CA_NAMESPACE, "", "configmaps", "list", CA_BUNDLE),
+    (CA_NAMESPACE, "", "configmaps", "watch", CA_BUNDLE),
+]
+
+
+@pytest.mark.parametrize("account", ["ravenproxy-agent", "ravenproxy-server"])
+@pytest.mark.parametrize("call", CERT_REQUESTER_CALLS, ids=lambda c: "/".join(x for x in c if x))
+def test_agent_and_server_may_request_certificates(account: str, call: tuple[str, ...]) -> None:
+    assert allowed(account, *call)
+
+
+def test_the_server_may_read_the_internal_service_for_its_sans() -> None:
+    # kube/certificates.py server_sans: read_namespaced_service.
+    assert allowed("ravenproxy-server", NAMESPACE, "", "services", "get", INTERNAL_SERVICE)
+    assert not allowed("ravenproxy-server", NAMESPACE, "", "services", "get", "kube-dns")
+
+
+def test_requesters_may_not_approve_sign_or_read_the_ca_key() -> None:
+    for account in ("ravenproxy-agent", "ravenproxy-server"):
+        for sub in ("certificatesigningrequests/approval", "certificatesigningrequests/status"):
+            for verb in ("update", "patch"):
+                assert not allowed(account, "*", "certificates.k8s.io", sub, verb, "x")
+        assert not allowed(
+            account, "*", "certificates.k8s.io", "certificatesigningrequests", "delete", "x"
+        )
+        assert not allowed(account, "*", "certificates.k8s.io", "signers", "sign", "x")
+        assert not allowed(account, CA_NAMESPACE, "", "secrets", "get", CA_SECRET)
+        assert not allowed(account, CA_NAMESPACE, "", "configmaps", "get", "coredns")
 
 
 AGENT_CALLS = [
@@ -351,11 +405,14 @@ def test_every_write_the_agent_may_make_is_narrowed_by_its_policy() -> None:
         for resource in rule["resources"]
         for operation in rule["operations"]
     }
+    # Creating a CSR needs no narrowing: the API server writes the creator's identity into it,
+    # and the controller approves by that alone (the node the token is bound to).
+    csr_create = ("certificates.k8s.io", "certificatesigningrequests", "CREATE")
     writes = {
         (group, resource, WRITE_OPERATIONS[verb])
         for _ns, group, resource, verb, _name in grants("ravenproxy-agent")
         if verb in WRITE_OPERATIONS
-    }
+    } - {csr_create}
     assert writes == {("raven.openyurt.io", "gateways", "UPDATE")}
     assert writes <= covered
     (condition,) = policy["spec"]["matchConditions"]
