@@ -234,7 +234,9 @@ class CertificateRequester:
 
     def _write(self, key: ec.EllipticCurvePrivateKey, chain_pem: bytes) -> None:
         s = self.settings
-        # Key first: a set whose certificate is newer than its key is never on disk.
+        # Key first (the rule shared with the reload watcher): between the two renames the set
+        # is new key + old certificate, which a reader sees as inconsistent and ignores; a crash
+        # there leaves a set that fails the key check at start, and a new request follows.
         write_pem_key(s.key_path, key)
         write_pem_bytes(s.cert_path, chain_pem)
 
@@ -279,11 +281,12 @@ class CertificateRequester:
 
     async def _follow_bundle(self) -> None:
         while True:
+            # Read before waiting: a change between bootstrap() and run() is not lost.
             self._bundle_changed.clear()
-            await self._bundle_changed.wait()
             pem = self._bundle_pem()
             if pem is not None:
                 self._write_ca(pem)
+            await self._bundle_changed.wait()
 
     # -- requesting -----------------------------------------------------------------------
     async def _rotate(self) -> None:
@@ -291,7 +294,10 @@ class CertificateRequester:
             assert self.deadline is not None and self.current is not None
             wait = (self.deadline - _now()).total_seconds()
             if wait > 0:
-                await asyncio.sleep(wait)
+                # The deadline is wall-clock time; the loop's clock is monotonic and may drift
+                # from it (a suspended VM): look again at least hourly.
+                await asyncio.sleep(min(wait, 3600.0))
+                continue
             log.info(
                 "certificate rotation due",
                 extra=kv(
@@ -313,19 +319,18 @@ class CertificateRequester:
             except RequestFailed as exc:
                 # At least the base delay: a denied request is never repeated at once.
                 delay = max(s.retry_base, next(delays))
-                level = logging.WARNING
                 message = {
                     "denied": "certificate request denied",
                     "failed": "certificate request failed",
                     "timeout": "certificate request not answered",
                     "refused": "certificate request refused",
                 }.get(exc.outcome, "certificate request failed")
-                log.log(
-                    level,
-                    message,
-                    extra=kv(csr=exc.csr, reason=exc.reason, retry_in=f"{delay:.2f}s"),
+                log.warning(
+                    message, extra=kv(csr=exc.csr, reason=exc.reason, retry_in=f"{delay:.2f}s")
                 )
-            except (aiohttp.ClientError, TimeoutError, OSError, KubeError) as exc:
+            except (aiohttp.ClientError, TimeoutError, OSError, KubeError, PKIError) as exc:
+                # The API away or failing, or the directory not writable: the files in place
+                # (if any) stay in use, and the next attempt makes a new key and CSR.
                 delay = max(s.retry_base, next(delays))
                 log.warning(
                     "cannot request a certificate, retrying",
