@@ -419,7 +419,7 @@ def _outcome(csr: dict[str, Any]) -> bytes | tuple[str, str] | None:
     cert = status.get("certificate")
     if cert:
         try:
-            return base64.b64decode(cert)
+            return base64.b64decode(cert, validate=True)
         except ValueError:
             return "failed", "status.certificate is not base64"
     return None

@@ -214,6 +214,33 @@ async def test_denied_request_is_logged_and_retried_after_a_backoff(
     assert signer.denied == [n for n, _t in sorted(signer.seen.items(), key=lambda i: i[1])][:2]
 
 
+async def test_a_request_nobody_answers_is_replaced_by_a_new_one(
+    apiserver: APIServer, ca: CA, config: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "ravenproxy.kube.certificates")
+    signer = Signer(apiserver, ca)
+
+    async def signer_comes_late() -> None:
+        await eventually(lambda: len(csrs(apiserver)) >= 1, 10, what="a first CSR")
+        signer.seen.update({c["metadata"]["name"]: time.time() for c in csrs(apiserver)})
+        async with running(signer):
+            await asyncio.Event().wait()
+
+    late = asyncio.create_task(signer_comes_late(), name="test-late-signer")
+    try:
+        async with requester(config, tmp_path / "certs", request_timeout=1.0) as req:
+            assert req.requests == 2
+    finally:
+        late.cancel()
+        await asyncio.gather(late, return_exceptions=True)
+    (unanswered,) = [
+        r for r in caplog.records if r.getMessage() == "certificate request not answered"
+    ]
+    assert "pending for 1s" in unanswered.fields["reason"]  # type: ignore[attr-defined]
+    first, second = sorted(csrs(apiserver), key=lambda c: int(c["metadata"]["resourceVersion"]))
+    assert not first["status"].get("certificate") and second["status"]["certificate"]
+
+
 async def test_restart_with_a_valid_certificate_makes_no_new_request(
     apiserver: APIServer, ca: CA, config: Path, tmp_path: Path
 ) -> None:
