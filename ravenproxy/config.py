@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from ravenproxy.errors import ConfigError
+from ravenproxy.pki.issuance import CERT_DIR_CA, CERT_DIR_CERT, CERT_DIR_KEY
 
 
 @dataclass(frozen=True)
@@ -141,3 +142,66 @@ def port_list(value: Any, field: str) -> tuple[int, ...]:
         if port > 65535:
             raise ConfigError(field, f"{port} is not a port (1-65535)")
     return ports
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    """Where a process's CA, certificate and key are: given as files, or kept in ``cert_dir``
+    by the Kubernetes requester (``--cert-dir``), which may not have written them yet."""
+
+    ca_file: str
+    cert_file: str
+    key_file: str
+    cert_dir: str | None = None
+
+
+MIN_CERT_LIFETIME = 600.0
+"""The API refuses a CSR's ``expirationSeconds`` below 10 minutes."""
+
+
+def cert_files(values: Mapping[str, Any], kubeconfig: str | None) -> CertFiles:
+    """``--ca-file``/``--cert-file``/``--key-file``, or ``--cert-dir DIR`` (then the files are
+    DIR/ca.crt, DIR/tls.crt, DIR/tls.key; ``--ca-file`` may still be given and wins). Errors
+    name the flag."""
+    cert_dir = values.get("cert_dir")
+    if not cert_dir:
+        return CertFiles(
+            ca_file=existing_file(values.get("ca_file"), "--ca-file"),
+            cert_file=existing_file(values.get("cert_file"), "--cert-file"),
+            key_file=existing_file(values.get("key_file"), "--key-file"),
+        )
+    for flag in ("cert_file", "key_file"):
+        if values.get(flag):
+            raise ConfigError(
+                "--cert-dir",
+                f"give either --cert-dir or --{flag.replace('_', '-')} (with --cert-dir the "
+                "certificate and key are requested from Kubernetes and kept in the directory)",
+            )
+    path = Path(str(cert_dir))
+    if path.exists() and not path.is_dir():
+        raise ConfigError("--cert-dir", f"{path}: not a directory")
+    if not kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        raise ConfigError(
+            "--cert-dir",
+            "needs Kubernetes access to request certificates: give --kubeconfig, or run in a "
+            "pod with a service account",
+        )
+    ca_given = bool(values.get("ca_file"))
+    return CertFiles(
+        ca_file=existing_file(values["ca_file"], "--ca-file")
+        if ca_given
+        else str(path / CERT_DIR_CA),
+        cert_file=str(path / CERT_DIR_CERT),
+        key_file=str(path / CERT_DIR_KEY),
+        cert_dir=str(path),
+    )
+
+
+def cert_lifetime(value: float) -> float:
+    if value < MIN_CERT_LIFETIME:
+        raise ConfigError(
+            "--cert-lifetime",
+            f"{value:g} s is below {MIN_CERT_LIFETIME:g} s, the shortest lifetime the "
+            "Kubernetes API accepts in a certificate signing request",
+        )
+    return value

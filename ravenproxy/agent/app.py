@@ -59,6 +59,7 @@ from ravenproxy.transport.session import Session, StreamClosedError, TunnelStrea
 from ravenproxy.wire.codes import DUPLICATE_CLOSE_CODE
 
 if TYPE_CHECKING:
+    from ravenproxy.kube.certificates import CertificateRequester
     from ravenproxy.l3.publish import KeyPublisher
 
 log = logging.getLogger(__name__)
@@ -209,9 +210,11 @@ class Agent:
         ``--metrics-addr`` is one line naming the flag, see :mod:`ravenproxy.lifecycle`).
         """
         s = self.settings
-        self._show_expiry(self.credentials.load())
         try:
             async with contextlib.AsyncExitStack() as stack:
+                # With --cert-dir the files exist once the first certificate is issued.
+                requester = await self._certificates(stack)
+                self._show_expiry(self.credentials.load())
                 if s.inventory or s.kube_model:
                     await stack.enter_async_context(
                         model_source(
@@ -235,6 +238,8 @@ class Agent:
                     # the start without cutting a TLS handshake short (uvloop logs that).
                     await self._start_metrics()
                     tg.create_task(self.credentials.run(), name="agent-cert-reload")
+                    if requester is not None:
+                        tg.create_task(requester.run(), name="agent-cert-rotate")
                     self._start_parts(tg, publisher)
         finally:
             self._tg = None
@@ -269,6 +274,23 @@ class Agent:
         )
         rotate, self._rotate = self._rotate, asyncio.Event()
         rotate.set()
+
+    async def _certificates(self, stack: contextlib.AsyncExitStack) -> CertificateRequester | None:
+        """``--cert-dir``: until the directory holds this node's certificate (requested from
+        Kubernetes if it does not); the requester then keeps it fresh (None: files given)."""
+        s = self.settings
+        if s.cert_dir is None:
+            return None
+        from ravenproxy.kube.certificates import RequestSettings, kept_certificates
+
+        request = RequestSettings(
+            role="agent",
+            node=s.node_name,
+            cert_dir=Path(s.cert_dir),
+            lifetime=s.cert_lifetime,
+            follow_ca_bundle=s.follows_ca_bundle,
+        )
+        return await stack.enter_async_context(kept_certificates(request, s.kubeconfig))
 
     def _start_parts(self, tg: asyncio.TaskGroup, publisher: KeyPublisher | None) -> None:
         s = self.settings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,6 +15,7 @@ from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.flags import setting
 from ravenproxy.l3.settings import L3Settings, settings_from
 from ravenproxy.pki.authority import cert_node_name, load_cert, validate_node_name
+from ravenproxy.pki.issuance import CERT_DIR_CA
 from ravenproxy.transport.session import SessionConfig
 
 
@@ -23,15 +25,37 @@ class AgentSettings:
         flag="--node-name",
         metavar="NODE",
         help="this node's name (without it: NODE_NAME, else the node --cert-file names); must "
-        "be the node in --cert-file, as the server knows the agent by its certificate",
+        "be the node in --cert-file, as the server knows the agent by its certificate; "
+        "required with --cert-dir (the CN of the certificates requested)",
     )
     ca_file: str = setting(
-        flag="--ca-file", metavar="F", help="CA that signs the server certificate", kind="file"
+        flag="--ca-file",
+        metavar="F",
+        help="CA that signs the server certificate (with --cert-dir: optional, wins over the "
+        "CA bundle)",
+        kind="file",
     )
     cert_file: str = setting(
         flag="--cert-file", metavar="F", help="this agent's client certificate", kind="file"
     )
     key_file: str = setting(flag="--key-file", metavar="F", help="this agent's key", kind="file")
+    cert_dir: str | None = setting(
+        None,
+        "--cert-dir",
+        "DIR",
+        "instead of --cert-file/--key-file: request this node's certificate from Kubernetes "
+        "(a CSR of signer raven.openyurt.io/tunnel-agent) and rotate it, keeping tls.key, "
+        "tls.crt and ca.crt in DIR; needs --kubeconfig or the in-cluster account",
+    )
+    """Kept by :mod:`ravenproxy.kube.certificates`; then ``ca_file``/``cert_file``/``key_file``
+    are the files in it (``ca_file``: unless ``--ca-file`` was given)."""
+    cert_lifetime: float = setting(
+        86400.0,
+        "--cert-lifetime",
+        "S",
+        "with --cert-dir: the lifetime asked for (expirationSeconds, at least 600; the signer "
+        "may cap it); rotation starts at 70-90 % of it",
+    )
     server_urls: tuple[str, ...] = setting(
         (),
         "--server-addr",
@@ -113,10 +137,10 @@ class AgentSettings:
         None,
         "--kubeconfig",
         "F",
-        "API access for --kube-model (without it: the in-cluster account)",
+        "API access for --kube-model and --cert-dir (without it: the in-cluster account)",
         kind="file",
     )
-    """API access for ``kube_model``; None: the in-cluster service account."""
+    """API access for ``kube_model`` and ``cert_dir``; None: the in-cluster service account."""
     l3: L3Settings | None = field(
         default=None,
         metadata={
@@ -128,6 +152,12 @@ class AgentSettings:
         },
     )
     """The embedded L3 route driver's settings; None: L3 off (the tunnel only)."""
+
+    @property
+    def follows_ca_bundle(self) -> bool:
+        """With ``cert_dir``: ``ca.crt`` in it is written from the CA bundle ConfigMap (not
+        when ``--ca-file`` names another file: that one wins)."""
+        return self.cert_dir is not None and Path(self.ca_file) == Path(self.cert_dir, CERT_DIR_CA)
 
     @property
     def server_url(self) -> str:
@@ -180,16 +210,28 @@ class AgentSettings:
             raise ConfigError(
                 "--l3", "needs --inventory or --kube-model: the route driver plans from the model"
             )
-        cert_file = cfg.existing_file(values.get("cert_file"), "--cert-file")
-        node = _node_name(given_node, node_source, cert_node(cert_file), cert_file)
+        files = cfg.cert_files(values, v["kubeconfig"])
+        if files.cert_dir is not None:
+            # No certificate to take the node from yet: it is the CN of what we request.
+            if not given_node:
+                raise ConfigError(
+                    "--node-name",
+                    "required with --cert-dir (or set NODE_NAME): the node "
+                    "this agent requests its certificate for",
+                )
+            node = given_node
+        else:
+            node = _node_name(given_node, node_source, cert_node(files.cert_file), files.cert_file)
         return cls(
             node_name=node,
             server_urls=urls,
             server_count=count,
             discover_servers=v["discover_servers"],
-            ca_file=cfg.existing_file(values.get("ca_file"), "--ca-file"),
-            cert_file=cert_file,
-            key_file=cfg.existing_file(values.get("key_file"), "--key-file"),
+            ca_file=files.ca_file,
+            cert_file=files.cert_file,
+            key_file=files.key_file,
+            cert_dir=files.cert_dir,
+            cert_lifetime=cfg.cert_lifetime(v["cert_lifetime"]),
             allow=v["allow"],
             inventory=cfg.existing_file(inventory, "--inventory") if inventory else None,
             metrics_ports=v["metrics_ports"],

@@ -503,6 +503,12 @@ def write_pem_key(
     _atomic_write(Path(path), key_pem(key), KEY_MODE, overwrite=overwrite)
 
 
+def write_pem_bytes(path: Path | str, pem: bytes) -> None:
+    """Write PEM certificate(s) as given (a chain, a CA bundle), atomically (mode 0644 less the
+    umask)."""
+    _atomic_write(Path(path), pem, CERT_MODE, overwrite=True)
+
+
 def _read(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()

@@ -17,6 +17,7 @@ import os
 import resource
 import ssl
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from aiohttp import web
@@ -68,6 +69,8 @@ class ProxyServer:
         self._ws_server: WsServer | None = None
         self._runners: list[web.AppRunner] = []
         self._liveness: KubeLiveness | None = None
+        self._certificates: contextlib.AsyncExitStack | None = None
+        self._cert_task: asyncio.Task[None] | None = None
         self._conn_tasks: set[asyncio.Task[Any]] = set()
         # --cert-file/--key-file/--ca-file, reloaded from disk (the tunnel port and the HTTPS
         # front); --front-client-ca-file and the kubelet client files are read once.
@@ -123,6 +126,7 @@ class ProxyServer:
         is left listening) and raise :class:`ConfigError` naming the flag and address."""
         s = self.settings
         async with contextlib.AsyncExitStack() as undo:
+            await self._start_certificates(undo)
             self.connector.load_tls()
             if s.kubelet_cert_file and not s.front_client_ca_file:
                 log.warning(
@@ -227,6 +231,38 @@ class ProxyServer:
                 extra=kv(ca=_subjects(new), old_ca=_subjects(old)),
             )
 
+    async def _start_certificates(self, undo: contextlib.AsyncExitStack) -> None:
+        """``--cert-dir``: until the directory holds the server certificate (requested from
+        Kubernetes if it does not), then keep it fresh in a task of its own until :meth:`stop`."""
+        s = self.settings
+        if s.cert_dir is None:
+            return
+        from ravenproxy.kube.certificates import RequestSettings, kept_certificates
+
+        assert s.node_name is not None, "settings require --node-name with --cert-dir"
+        request = RequestSettings(
+            role="server",
+            node=s.node_name,
+            cert_dir=Path(s.cert_dir),
+            lifetime=s.cert_lifetime,
+            follow_ca_bundle=s.follows_ca_bundle,
+        )
+        self._certificates = contextlib.AsyncExitStack()
+        undo.push_async_callback(self._stop_certificates)
+        requester = await self._certificates.enter_async_context(
+            kept_certificates(request, s.kubeconfig, store=self.store, extra_sans=s.server_sans)
+        )
+        self._cert_task = asyncio.create_task(requester.run(), name="server-cert-rotate")
+
+    async def _stop_certificates(self) -> None:
+        task, self._cert_task = self._cert_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        kept, self._certificates = self._certificates, None
+        if kept is not None:
+            await kept.aclose()
+
     def _tls_refused(self, exc: ssl.SSLError) -> None:
         reason = exc.reason or exc.strerror or str(exc)
         self.metrics.agent_sessions.labels(outcome="tls_refused").inc()
@@ -292,6 +328,7 @@ class ProxyServer:
             await self._ws_server.wait_closed()
         if self._liveness is not None:
             await self._liveness.stop()  # releases every Lease it holds
+        await self._stop_certificates()
         for runner in self._runners:
             await runner.cleanup()
         log.info("server stopped")

@@ -9,14 +9,17 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ravenproxy import config as cfg
 from ravenproxy import flags
 from ravenproxy.config import Address
-from ravenproxy.errors import ConfigError
+from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.flags import setting
 from ravenproxy.model.allowlist import Allowlist
+from ravenproxy.pki.authority import parse_san
+from ravenproxy.pki.issuance import CERT_DIR_CA
 from ravenproxy.server import limits
 from ravenproxy.transport.session import SessionConfig
 from ravenproxy.wire.config import WireConfig
@@ -33,12 +36,43 @@ class ServerSettings:
     )
     """The YAML inventory; None when the model comes from Kubernetes (``kube_model``)."""
     ca_file: str = setting(
-        flag="--ca-file", metavar="F", help="CA that signs agent certificates", kind="file"
+        flag="--ca-file",
+        metavar="F",
+        help="CA that signs agent certificates (with --cert-dir: optional, wins over the CA "
+        "bundle)",
+        kind="file",
     )
     cert_file: str = setting(
         flag="--cert-file", metavar="F", help="server certificate", kind="file"
     )
     key_file: str = setting(flag="--key-file", metavar="F", help="server key", kind="file")
+    cert_dir: str | None = setting(
+        None,
+        "--cert-dir",
+        "DIR",
+        "instead of --cert-file/--key-file: request the server certificate from Kubernetes "
+        "(a CSR of signer raven.openyurt.io/tunnel-server for --node-name, with the node's "
+        "addresses, its gateway's public IPs, the internal Service's ClusterIP and names, and "
+        "--server-san) and rotate it, keeping tls.key, tls.crt and ca.crt in DIR; needs "
+        "--kubeconfig or the in-cluster account",
+    )
+    """Kept by :mod:`ravenproxy.kube.certificates`; then ``ca_file``/``cert_file``/``key_file``
+    are the files in it (``ca_file``: unless ``--ca-file`` was given)."""
+    cert_lifetime: float = setting(
+        86400.0,
+        "--cert-lifetime",
+        "S",
+        "with --cert-dir: the lifetime asked for (expirationSeconds, at least 600; the signer "
+        "may cap it); rotation starts at 70-90 % of it",
+    )
+    server_sans: tuple[str, ...] = setting(
+        (),
+        "--server-san",
+        "NAME|IP",
+        "with --cert-dir: a name or IP added to the server certificate's SANs (repeatable)",
+        key="server_san",
+    )
+    """Extra SANs of the requested server certificate (after the computed ones)."""
     node_name: str | None = setting(
         None, "--node-name", "NODE", "node this server runs on (NODE_NAME)"
     )
@@ -178,10 +212,18 @@ class ServerSettings:
         None,
         "--kubeconfig",
         "F",
-        "API access for --agent-leases and --kube-model (without it: the in-cluster account)",
+        "API access for --agent-leases, --kube-model and --cert-dir (without it: the "
+        "in-cluster account)",
         kind="file",
     )
-    """API access for ``agent_leases`` and ``kube_model``; None: the in-cluster account."""
+    """API access for ``agent_leases``, ``kube_model`` and ``cert_dir``; None: the in-cluster
+    account."""
+
+    @property
+    def follows_ca_bundle(self) -> bool:
+        """With ``cert_dir``: ``ca.crt`` in it is written from the CA bundle ConfigMap (not
+        when ``--ca-file`` names another file: that one wins)."""
+        return self.cert_dir is not None and Path(self.ca_file) == Path(self.cert_dir, CERT_DIR_CA)
 
     @property
     def identity(self) -> str:
@@ -208,13 +250,32 @@ class ServerSettings:
             )
         except ValueError as exc:
             raise ConfigError("tunnel settings", str(exc)) from None
+        if v["server_san"] and not values.get("cert_dir"):
+            raise ConfigError(
+                "--server-san", "only with --cert-dir (a given --cert-file has its own SANs)"
+            )
+        files = cfg.cert_files(values, v["kubeconfig"])
+        if files.cert_dir is not None and not node_name:
+            raise ConfigError(
+                "--node-name",
+                "required with --cert-dir (or set NODE_NAME): the node the server certificate "
+                "is requested for",
+            )
+        for san in v["server_san"]:
+            try:
+                parse_san(san)
+            except PKIError as exc:
+                raise ConfigError("--server-san", str(exc)) from None
         return cls(
             **{
-                **v,
+                **{k: x for k, x in v.items() if k != "server_san"},
                 "inventory": _inventory(values),
-                "ca_file": cfg.existing_file(values.get("ca_file"), "--ca-file"),
-                "cert_file": cfg.existing_file(values.get("cert_file"), "--cert-file"),
-                "key_file": cfg.existing_file(values.get("key_file"), "--key-file"),
+                "ca_file": files.ca_file,
+                "cert_file": files.cert_file,
+                "key_file": files.key_file,
+                "cert_dir": files.cert_dir,
+                "cert_lifetime": cfg.cert_lifetime(v["cert_lifetime"]),
+                "server_sans": v["server_san"],
                 "node_name": node_name,
                 "server_id": _server_id(v["server_id"]),
                 "session": session,

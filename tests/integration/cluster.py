@@ -194,11 +194,13 @@ class Cluster:
         ports: dict[str, int] | None = None,
         extra_source: tuple[str, ...] = (),
         name: str = "server",
+        cert_dir: Path | None = None,
     ) -> Proc:
         """``extra_source`` replaces ``--inventory FILE`` (e.g. ``--kube-model --kubeconfig F``).
         Several servers: give each its own ``name`` (its log file; with ``--server-id`` in
         ``extra`` for distinct ids); :attr:`server` is the last one started, :attr:`servers`
-        all by name (a restart on the same ``ports`` replaces the entry)."""
+        all by name (a restart on the same ``ports`` replaces the entry). ``cert_dir``:
+        ``--cert-dir`` instead of the embedded PKI's files (give ``--kubeconfig`` too)."""
         ports = ports or {
             "tunnel": free_port(),
             "http": free_port(),
@@ -207,12 +209,19 @@ class Cluster:
             "health": free_port(),
         }
         source = list(extra_source) if extra_source else ["--inventory", str(self.inventory)]
+        files = (
+            ["--cert-dir", str(cert_dir)]
+            if cert_dir is not None
+            else [
+                "--ca-file", str(self.certs / "ca.crt"),
+                "--cert-file", str(self.certs / "server.crt"),
+                "--key-file", str(self.certs / "server.key"),
+            ]
+        )  # fmt: skip
         args = [
             "server",
             *source,
-            "--ca-file", str(self.certs / "ca.crt"),
-            "--cert-file", str(self.certs / "server.crt"),
-            "--key-file", str(self.certs / "server.key"),
+            *files,
             "--node-name", "cloud-1",
             "--tunnel-addr", f"127.0.0.1:{ports['tunnel']}",
             "--http-addr", f"127.0.0.1:{ports['http']}",
@@ -235,20 +244,30 @@ class Cluster:
         cert: tuple[Path, Path] | None = None,
         extra: tuple[str, ...] = (),
         servers: tuple[str, ...] | None = None,
+        cert_dir: Path | None = None,
     ) -> Proc:
         """``servers``: the ``--server-addr`` values (default: the last server started); empty
-        for an agent that finds them otherwise (``--discover-servers`` in ``extra``)."""
+        for an agent that finds them otherwise (``--discover-servers`` in ``extra``).
+        ``cert_dir``: ``--cert-dir`` instead of the embedded PKI's files (the agent requests
+        its certificate from Kubernetes: give ``--kubeconfig`` in ``extra``)."""
         if servers is None:
             assert self.server is not None
             servers = (f"wss://127.0.0.1:{self.server.ports['tunnel']}",)
         crt, key = cert or (self.certs / f"{node}.crt", self.certs / f"{node}.key")
+        files = (
+            ["--cert-dir", str(cert_dir)]
+            if cert_dir is not None
+            else [
+                "--ca-file", str(self.certs / "ca.crt"),
+                "--cert-file", str(crt),
+                "--key-file", str(key),
+            ]
+        )  # fmt: skip
         args = [
             "agent",
             "--node-name", node,
             *[a for addr in servers for a in ("--server-addr", addr)],
-            "--ca-file", str(self.certs / "ca.crt"),
-            "--cert-file", str(crt),
-            "--key-file", str(key),
+            *files,
             "--metrics-addr", f"127.0.0.1:{free_port()}",
             "--log-level", "DEBUG",
             *[a for entry in allow for a in ("--allow", entry)],

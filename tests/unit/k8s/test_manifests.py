@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from ravenproxy import flags
+from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.cli import build_parser
 from ravenproxy.controller import dnsmap
 from ravenproxy.controller.runtime import ControllerSettings
 from ravenproxy.controller.services import NAMESPACE
 from ravenproxy.kube import leases
+from ravenproxy.model.server_names import INTERNAL_SERVICE
 from ravenproxy.pki import issuance
+from ravenproxy.pki.issuance import CA_BUNDLE, CA_NAMESPACE, CA_SECRET
+from ravenproxy.server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "k8s"
@@ -154,11 +161,39 @@ def test_agent_is_a_host_network_daemonset_with_the_downward_api() -> None:
     assert fields["NODE_IP"] == "status.hostIP"
     args = build_parser().parse_args([expand(a, env_of(container)) for a in container["args"]])
     assert args.node_name == "edge-1"
-    assert args.cert_file.endswith("/edge-1.crt") and args.key_file.endswith("/edge-1.key")
-    assert any(v.get("secret") for v in pod["volumes"])
+    assert_cert_dir_issuance(pod, container, args)
 
 
-def test_server_is_host_network_on_raven_ports_with_certs_from_a_secret() -> None:
+def assert_cert_dir_issuance(
+    pod: dict[str, Any], container: dict[str, Any], args: argparse.Namespace
+) -> None:
+    """Certificates from Kubernetes CSRs (--cert-dir), kept on the node: a writable hostPath
+    mount at the cert dir, no certificate files given, and the pod-bound token mounted."""
+    assert args.cert_dir and not (args.cert_file or args.key_file or args.ca_file)
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    mount = mounts[args.cert_dir]
+    assert not mount.get("readOnly")
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["type"] == "DirectoryOrCreate"
+    assert pod.get("automountServiceAccountToken", True) is True
+    assert int(args.cert_lifetime) >= 600
+
+
+@pytest.mark.parametrize("name", ["ravenproxy-agent", "ravenproxy-server"])
+def test_cert_dir_workloads_give_settings_that_validate(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # in a pod: the account
+    (container,) = containers(workload(name))
+    env = env_of(container)
+    args = build_parser().parse_args([expand(a, env) for a in container["args"]])
+    cls = AgentSettings if name == "ravenproxy-agent" else ServerSettings
+    settings = cls.from_mapping(flags.gather(args, cls))
+    assert settings.cert_dir and settings.follows_ca_bundle
+    assert settings.node_name == env["NODE_NAME"]
+
+
+def test_server_is_host_network_on_raven_ports_with_certs_from_csrs() -> None:
     doc = workload("ravenproxy-server")
     pod = doc["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True
@@ -166,9 +201,12 @@ def test_server_is_host_network_on_raven_ports_with_certs_from_a_secret() -> Non
     assert {p["containerPort"] for p in container["ports"]} >= {10262, 10263, 10264}
     args = build_parser().parse_args([expand(a, env_of(container)) for a in container["args"]])
     assert (args.tunnel_addr, args.https_addr, args.http_addr) == (":10262", ":10263", ":10264")
-    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    secrets = {v["name"] for v in pod["volumes"] if "secret" in v}
-    assert secrets and all(args.key_file.startswith(mounts[s]) for s in secrets)
+    assert_cert_dir_issuance(pod, container, args)
+    # Agents dial the name in their --server-addr: the server certificate must carry it.
+    (agent,) = containers(workload("ravenproxy-agent"))
+    agent_args = build_parser().parse_args([expand(a, env_of(agent)) for a in agent["args"]])
+    (dialled,) = agent_args.server_addr
+    assert urlsplit(dialled).hostname in args.server_san
 
 
 # --- RBAC -------------------------------------------------------------------------------------
@@ -282,19 +320,32 @@ def test_the_controller_may_not_do_more() -> None:
         assert not allowed(c, "*", "certificates.k8s.io", "certificatesigningrequests", verb, "x")
 
 
+# --cert-dir (kube/certificates.py), the same for agent and server: create the CSR, watch it by
+# name, follow the CA bundle ConfigMap by name.
+CERT_REQUESTER_GRANTS = {
+    ("*", "certificates.k8s.io", "certificatesigningrequests", verb, "*")
+    for verb in ("create", "get", "list", "watch")
+} | {(CA_NAMESPACE, "", "configmaps", verb, CA_BUNDLE) for verb in ("get", "list", "watch")}
+
+
 def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
     name = leases.lease_name("edge-1")
     for verb in ("get", "create", "patch"):
         assert allowed(
             "ravenproxy-server", leases.NAMESPACE, "coordination.k8s.io", "leases", verb, name
         )
-    # --kube-model: reads of the model's objects; --cert-dir: its CSRs and the CA bundle.
+    # --kube-model: reads of the model's objects; --cert-dir: its CSRs, the CA bundle and the
+    # internal Service (its ClusterIP is a SAN); nothing else.
     model_reads = {("*", "", "nodes"), ("*", "", "pods"), ("*", "raven.openyurt.io", "gateways")}
-    server = grants("ravenproxy-server") - REQUESTER_GRANTS
-    assert {(g[0], g[1], g[2]) for g in server if g[2] != "leases"} == model_reads
-    assert {g[3] for g in server if g[2] != "leases"} == {"list", "watch"}
-    assert REQUESTER_GRANTS <= grants("ravenproxy-server")
-    # The agent reads the model and publishes its WireGuard key into its Gateway (publish.py).
+    rest = grants("ravenproxy-server") - CERT_REQUESTER_GRANTS
+    assert {(g[0], g[1], g[2]) for g in rest if g[2] not in ("leases", "services")} == (model_reads)
+    assert {g[3] for g in rest if g[2] not in ("leases", "services")} == {"list", "watch"}
+    assert {g for g in rest if g[2] == "services"} == {
+        (NAMESPACE, "", "services", "get", "x-raven-proxy-internal-svc")
+    }
+    assert CERT_REQUESTER_GRANTS <= grants("ravenproxy-server")
+    # The agent reads the model, publishes its WireGuard key into its Gateway (publish.py), and
+    # requests its certificate.
     assert (
         grants("ravenproxy-agent")
         == {("*", "", "nodes", verb, "*") for verb in ("list", "watch")}
@@ -302,30 +353,44 @@ def test_the_server_may_publish_agent_leases_and_nothing_else() -> None:
             ("*", "raven.openyurt.io", "gateways", verb, "*")
             for verb in ("list", "watch", "get", "update")
         }
-        | REQUESTER_GRANTS
+        | CERT_REQUESTER_GRANTS
     )
 
 
-# --cert-dir: agent and server create and follow their CSRs and read the CA bundle, no more.
-REQUESTER_GRANTS = {
-    ("*", "certificates.k8s.io", "certificatesigningrequests", verb, "*")
-    for verb in ("create", "get", "list", "watch")
-} | {
-    (issuance.CA_NAMESPACE, "", "configmaps", verb, issuance.CA_BUNDLE)
-    for verb in ("get", "list", "watch")
-}
+CERT_REQUESTER_CALLS = [
+    # kube/certificates.py: create_certificate_signing_request, then a Reflector on it by name.
+    ("*", "certificates.k8s.io", "certificatesigningrequests", "create", ""),
+    ("*", "certificates.k8s.io", "certificatesigningrequests", "list", "ravenproxy-agent-x"),
+    ("*", "certificates.k8s.io", "certificatesigningrequests", "watch", "ravenproxy-agent-x"),
+    # The CA bundle: a Reflector on the ConfigMap by name.
+    (CA_NAMESPACE, "", "configmaps", "list", CA_BUNDLE),
+    (CA_NAMESPACE, "", "configmaps", "watch", CA_BUNDLE),
+]
 
 
 @pytest.mark.parametrize("account", ["ravenproxy-agent", "ravenproxy-server"])
-def test_requesters_may_not_approve_sign_or_read_the_ca(account: str) -> None:
-    group = "certificates.k8s.io"
-    for sub in ("certificatesigningrequests/approval", "certificatesigningrequests/status"):
-        assert not allowed(account, "*", group, sub, "update", "x")
-    for signer in issuance.SIGNERS:
-        for verb in ("approve", "sign"):
-            assert not allowed(account, "*", group, "signers", verb, signer)
-    assert not allowed(account, issuance.CA_NAMESPACE, "", "secrets", "get", issuance.CA_SECRET)
-    assert not allowed(account, issuance.CA_NAMESPACE, "", "configmaps", "get", "other")
+@pytest.mark.parametrize("call", CERT_REQUESTER_CALLS, ids=lambda c: "/".join(x for x in c if x))
+def test_agent_and_server_may_request_certificates(account: str, call: tuple[str, ...]) -> None:
+    assert allowed(account, *call)
+
+
+def test_the_server_may_read_the_internal_service_for_its_sans() -> None:
+    # kube/certificates.py server_sans: read_namespaced_service.
+    assert allowed("ravenproxy-server", NAMESPACE, "", "services", "get", INTERNAL_SERVICE)
+    assert not allowed("ravenproxy-server", NAMESPACE, "", "services", "get", "kube-dns")
+
+
+def test_requesters_may_not_approve_sign_or_read_the_ca_key() -> None:
+    for account in ("ravenproxy-agent", "ravenproxy-server"):
+        for sub in ("certificatesigningrequests/approval", "certificatesigningrequests/status"):
+            for verb in ("update", "patch"):
+                assert not allowed(account, "*", "certificates.k8s.io", sub, verb, "x")
+        assert not allowed(
+            account, "*", "certificates.k8s.io", "certificatesigningrequests", "delete", "x"
+        )
+        assert not allowed(account, "*", "certificates.k8s.io", "signers", "sign", "x")
+        assert not allowed(account, CA_NAMESPACE, "", "secrets", "get", CA_SECRET)
+        assert not allowed(account, CA_NAMESPACE, "", "configmaps", "get", "coredns")
 
 
 AGENT_CALLS = [
@@ -369,13 +434,14 @@ def test_every_write_the_agent_may_make_is_narrowed_by_its_policy() -> None:
         for resource in rule["resources"]
         for operation in rule["operations"]
     }
-    # Creating a CSR needs no policy: the API writes who asked into it, and the controller
-    # approves only a CSR whose requester is bound to the node it names.
+    # Creating a CSR needs no narrowing: the API server writes the creator's identity into it,
+    # and the controller approves by that alone (the node the token is bound to).
+    csr_create = ("certificates.k8s.io", "certificatesigningrequests", "CREATE")
     writes = {
         (group, resource, WRITE_OPERATIONS[verb])
-        for _ns, group, resource, verb, _name in grants("ravenproxy-agent") - REQUESTER_GRANTS
+        for _ns, group, resource, verb, _name in grants("ravenproxy-agent")
         if verb in WRITE_OPERATIONS
-    }
+    } - {csr_create}
     assert writes == {("raven.openyurt.io", "gateways", "UPDATE")}
     assert writes <= covered
     (condition,) = policy["spec"]["matchConditions"]

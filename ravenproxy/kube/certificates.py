@@ -1,0 +1,508 @@
+"""Certificates from Kubernetes: the agent's and the server's ``--cert-dir``, kept filled and
+fresh through ``certificates.k8s.io/v1`` CertificateSigningRequests.
+
+The thin I/O adapter around :mod:`ravenproxy.pki.csr` (what to ask for, when, and what to
+accept). What it does, in order:
+
+1. **Start.** A certificate already in the directory whose key matches, for this node, and not
+   yet past its rotation deadline is used as it is: a restart does not make a new CSR (a
+   crash-looping pod must not flood the API with them). Otherwise it requests one.
+2. **Request.** A fresh P-256 key, a CSR ``CN=<node>`` (server: SANs from
+   :func:`~ravenproxy.model.server_names.server_names`), created with ``generateName``
+   ``ravenproxy-<role>-<node>-``, our signer name, the role's usages and ``expirationSeconds``;
+   then watched (by ``fieldSelector=metadata.name``) until ``status.certificate`` appears, a
+   ``Denied`` or ``Failed`` condition is set, or ``request_timeout`` passes. Anything but a
+   certificate is retried with a new CSR after a backoff (capped): a denied request is never
+   repeated at once.
+3. **Write.** ``tls.key`` (0600) first, then ``tls.crt``, then ``ca.crt`` from the CA bundle
+   ConfigMap, each atomically (temp file, fsync, rename). A reader that sees the new key with
+   the old certificate sees an inconsistent set and keeps the one it has until the certificate
+   follows (the reload watcher's rule); nothing here touches an SSL context.
+4. **Rotate.** Sleep until the current certificate's jittered deadline (70-90 % of its
+   lifetime), then request again. While the API is away or the request is pending or denied,
+   the current files stay in place and in use.
+5. **Follow the CA bundle.** The bundle ConfigMap is watched all along; a CA rotation adds a CA
+   to it, and ``ca.crt`` is rewritten whenever it changes (unless ``--ca-file`` was given,
+   which then wins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from kubernetes_asyncio import client as k8s_client
+
+from ravenproxy.backoff import backoff
+from ravenproxy.errors import PKIError, RavenProxyError
+from ravenproxy.kube.client import KubeError, new_api_client, raw_call
+from ravenproxy.kube.reflector import Reflector, WatchSettings
+from ravenproxy.log import kv
+from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
+from ravenproxy.model.store import ModelStore
+from ravenproxy.pki.authority import load_key, write_pem_bytes, write_pem_key
+from ravenproxy.pki.csr import USAGES, build_csr, check_issued, new_key
+from ravenproxy.pki.csr import rotation_deadline as _deadline
+from ravenproxy.pki.issuance import (
+    CA_BUNDLE,
+    CA_BUNDLE_KEY,
+    CA_NAMESPACE,
+    CERT_DIR_CA,
+    CERT_DIR_CERT,
+    CERT_DIR_KEY,
+    SIGNER_OF_ROLE,
+    Role,
+)
+
+log = logging.getLogger(__name__)
+
+MIN_LIFETIME = 600
+"""The API refuses ``expirationSeconds`` below 10 minutes."""
+
+
+class RequestFailed(RavenProxyError):
+    """One certificate request did not end in a usable certificate; ``reason`` says why."""
+
+    def __init__(self, csr: str, outcome: str, reason: str) -> None:
+        super().__init__(f"{csr}: {outcome}: {reason}")
+        self.csr = csr
+        self.outcome = outcome
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """What one requester asks for and how patiently."""
+
+    role: Role
+    node: str
+    cert_dir: Path
+    lifetime: float = 86400.0
+    """``expirationSeconds``; the signer may cap it (the certificate's own validity counts)."""
+    follow_ca_bundle: bool = True
+    """Write ``ca.crt`` from the bundle ConfigMap (False: ``--ca-file`` wins)."""
+    request_timeout: float = 300.0
+    """How long one CSR may stay pending before a new one is made."""
+    retry_base: float = 1.0
+    retry_cap: float = 300.0
+    watch: WatchSettings = WatchSettings()
+
+    @property
+    def key_path(self) -> Path:
+        return self.cert_dir / CERT_DIR_KEY
+
+    @property
+    def cert_path(self) -> Path:
+        return self.cert_dir / CERT_DIR_CERT
+
+    @property
+    def ca_path(self) -> Path:
+        return self.cert_dir / CERT_DIR_CA
+
+
+SansFn = Callable[[], Awaitable[Sequence[str]]]
+
+
+class CertificateRequester:
+    """Keeps ``cert_dir`` holding a valid key, certificate and CA bundle for ``node``.
+
+    :meth:`bootstrap` returns once the directory holds a usable set (an existing one, or one
+    just issued); :meth:`run` then rotates and follows the CA bundle until cancelled. ``sans``
+    (servers) is asked anew for every request: the node's addresses may have changed.
+    """
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        settings: RequestSettings,
+        *,
+        sans: SansFn | None = None,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.api = api
+        self.settings = settings
+        self._sans = sans
+        self._rng = rng
+        self._certs = k8s_client.CertificatesV1Api(api)
+        self._core = k8s_client.CoreV1Api(api)
+        self.current: x509.Certificate | None = None
+        self.deadline: dt.datetime | None = None
+        self.requests = 0
+        """CSRs created by this requester (tests and logs)."""
+        self._bundle_changed = asyncio.Event()
+        self._bundle = Reflector(
+            f"configmap {CA_NAMESPACE}/{CA_BUNDLE}",
+            self._core.list_namespaced_config_map,
+            self._bundle_changed.set,
+            settings.watch,
+            namespace=CA_NAMESPACE,
+            field_selector=f"metadata.name={CA_BUNDLE}",
+        )
+        self._bundle_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def bootstrap(self) -> None:
+        """Until the directory holds a usable set: the one there, or a newly issued one."""
+        s = self.settings
+        s.cert_dir.mkdir(parents=True, exist_ok=True)
+        if s.follow_ca_bundle:
+            self._bundle_task = asyncio.create_task(
+                self._bundle.run(), name=f"cert-{s.role}-ca-bundle-watch"
+            )
+        existing = self._existing()
+        # A restart with a usable set starts at once, API or not; the bundle is followed later.
+        if existing is not None and (not s.follow_ca_bundle or s.ca_path.is_file()):
+            self._use(existing, "kept")
+            return
+        if s.follow_ca_bundle:
+            await self._wait_bundle()
+        if existing is not None:
+            self._use(existing, "kept")
+            return
+        await self._obtain("no valid certificate in the directory")
+
+    async def run(self) -> None:
+        """Rotate at each deadline and follow the CA bundle, until cancelled. Call after
+        :meth:`bootstrap`."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                if self.settings.follow_ca_bundle:
+                    tg.create_task(self._follow_bundle(), name=f"cert-{self.settings.role}-ca")
+                tg.create_task(self._rotate(), name=f"cert-{self.settings.role}-rotate")
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        task, self._bundle_task = self._bundle_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    # -- the directory --------------------------------------------------------------------
+    def _existing(self) -> x509.Certificate | None:
+        """The certificate in the directory, if it is ours and not yet due for rotation."""
+        s = self.settings
+        if not (s.key_path.is_file() and s.cert_path.is_file()):
+            return None
+        try:
+            key = load_key(s.key_path, "key")
+            pem = s.cert_path.read_bytes()
+            (cert, *_chain) = check_issued(pem, key, s.node, s.role)
+        except (PKIError, OSError) as exc:
+            log.info("certificate in the directory not usable", extra=kv(reason=exc))
+            return None
+        deadline = self._deadline_of(cert)
+        if _now() >= deadline:
+            log.info(
+                "certificate rotation due",
+                extra=kv(
+                    serial=_serial(cert),
+                    deadline=deadline.isoformat(),
+                    not_after=cert.not_valid_after_utc.isoformat(),
+                ),
+            )
+            return None
+        return cert
+
+    def _deadline_of(self, cert: x509.Certificate) -> dt.datetime:
+        return _deadline(cert.not_valid_before_utc, cert.not_valid_after_utc, self._rng)
+
+    def _use(self, cert: x509.Certificate, how: str) -> None:
+        self.current = cert
+        self.deadline = self._deadline_of(cert)
+        log.info(
+            "certificate in use" if how == "kept" else "certificate issued",
+            extra=kv(
+                role=self.settings.role,
+                node=self.settings.node,
+                serial=_serial(cert),
+                not_after=cert.not_valid_after_utc.isoformat(),
+                rotation_at=self.deadline.isoformat(),
+            ),
+        )
+
+    def _write(self, key: ec.EllipticCurvePrivateKey, chain_pem: bytes) -> None:
+        s = self.settings
+        # Key first (the rule shared with the reload watcher): between the two renames the set
+        # is new key + old certificate, which a reader sees as inconsistent and ignores; a crash
+        # there leaves a set that fails the key check at start, and a new request follows.
+        write_pem_key(s.key_path, key)
+        write_pem_bytes(s.cert_path, chain_pem)
+
+    # -- the CA bundle --------------------------------------------------------------------
+    def _bundle_pem(self) -> bytes | None:
+        for obj in self._bundle.objects.values():
+            pem = (obj.get("data") or {}).get(CA_BUNDLE_KEY)
+            if isinstance(pem, str) and "BEGIN CERTIFICATE" in pem:
+                return pem.encode()
+        return None
+
+    async def _wait_bundle(self) -> None:
+        waited = False
+        while True:
+            pem = self._bundle_pem()
+            if pem is not None:
+                self._write_ca(pem)
+                return
+            if not waited and self._bundle.synced.is_set():
+                log.warning(
+                    "waiting for the CA bundle",
+                    extra=kv(configmap=f"{CA_NAMESPACE}/{CA_BUNDLE}", key=CA_BUNDLE_KEY),
+                )
+                waited = True
+            self._bundle_changed.clear()
+            await self._bundle_changed.wait()
+
+    def _write_ca(self, pem: bytes) -> None:
+        path = self.settings.ca_path
+        try:
+            if path.read_bytes() == pem:
+                return
+        except OSError:
+            pass
+        try:
+            certs = x509.load_pem_x509_certificates(pem)
+        except ValueError as exc:
+            log.warning("CA bundle is not PEM, ignored", extra=kv(reason=exc))
+            return
+        write_pem_bytes(path, pem)
+        log.info("CA bundle written", extra=kv(path=str(path), cas=len(certs)))
+
+    async def _follow_bundle(self) -> None:
+        while True:
+            # Read before waiting: a change between bootstrap() and run() is not lost.
+            self._bundle_changed.clear()
+            pem = self._bundle_pem()
+            if pem is not None:
+                self._write_ca(pem)
+            await self._bundle_changed.wait()
+
+    # -- requesting -----------------------------------------------------------------------
+    async def _rotate(self) -> None:
+        while True:
+            assert self.deadline is not None and self.current is not None
+            wait = (self.deadline - _now()).total_seconds()
+            if wait > 0:
+                # The deadline is wall-clock time; the loop's clock is monotonic and may drift
+                # from it (a suspended VM): look again at least hourly.
+                await asyncio.sleep(min(wait, 3600.0))
+                continue
+            log.info(
+                "certificate rotation due",
+                extra=kv(
+                    role=self.settings.role,
+                    serial=_serial(self.current),
+                    not_after=self.current.not_valid_after_utc.isoformat(),
+                ),
+            )
+            await self._obtain("rotation")
+
+    async def _obtain(self, why: str) -> None:
+        """Request until a certificate is issued and written; back off between tries."""
+        s = self.settings
+        delays = backoff(s.retry_base, s.retry_cap, self._rng)
+        while True:
+            try:
+                await self._request_once(why)
+                return
+            except RequestFailed as exc:
+                # At least the base delay: a denied request is never repeated at once.
+                delay = max(s.retry_base, next(delays))
+                message = {
+                    "denied": "certificate request denied",
+                    "failed": "certificate request failed",
+                    "timeout": "certificate request not answered",
+                    "refused": "certificate request refused",
+                }.get(exc.outcome, "certificate request failed")
+                log.warning(
+                    message, extra=kv(csr=exc.csr, reason=exc.reason, retry_in=f"{delay:.2f}s")
+                )
+            except (aiohttp.ClientError, TimeoutError, OSError, KubeError, PKIError) as exc:
+                # The API away or failing, or the directory not writable: the files in place
+                # (if any) stay in use, and the next attempt makes a new key and CSR.
+                delay = max(s.retry_base, next(delays))
+                log.warning(
+                    "cannot request a certificate, retrying",
+                    extra=kv(reason=_describe(exc), retry_in=f"{delay:.2f}s"),
+                )
+            await asyncio.sleep(delay)
+
+    async def _request_once(self, why: str) -> None:
+        s = self.settings
+        key = new_key()
+        sans = list(await self._sans()) if self._sans is not None else []
+        try:
+            csr_pem = build_csr(key, s.node, sans)
+        except PKIError as exc:
+            raise RequestFailed("-", "refused", str(exc)) from None
+        body = {
+            "apiVersion": "certificates.k8s.io/v1",
+            "kind": "CertificateSigningRequest",
+            "metadata": {"generateName": f"ravenproxy-{s.role}-{s.node}-"[:200]},
+            "spec": {
+                "request": base64.b64encode(csr_pem).decode(),
+                "signerName": SIGNER_OF_ROLE[s.role],
+                "usages": list(USAGES[s.role]),
+                "expirationSeconds": int(s.lifetime),
+            },
+        }
+        status, obj = await raw_call(self._certs.create_certificate_signing_request, body)
+        if status >= 300:
+            raise RequestFailed("-", "refused", f"HTTP {status}: {obj.get('message', '')}")
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        self.requests += 1
+        log.info(
+            "certificate requested",
+            extra=kv(csr=name, role=s.role, node=s.node, why=why, sans=len(sans)),
+        )
+        pem = await self._wait_issued(name)
+        try:
+            check_issued(pem, key, s.node, s.role)
+        except PKIError as exc:
+            raise RequestFailed(name, "failed", str(exc)) from None
+        self._write(key, pem)
+        (cert, *_rest) = x509.load_pem_x509_certificates(pem)
+        self._use(cert, "issued")
+
+    async def _wait_issued(self, name: str) -> bytes:
+        """``status.certificate`` of CSR ``name``, watched; RequestFailed on a Denied or
+        Failed condition, or when it is still pending after ``request_timeout``."""
+        changed = asyncio.Event()
+        reflector = Reflector(
+            f"certificatesigningrequest {name}",
+            self._certs.list_certificate_signing_request,
+            changed.set,
+            self.settings.watch,
+            field_selector=f"metadata.name={name}",
+        )
+        task = asyncio.create_task(reflector.run(), name=f"cert-csr-watch:{name}")
+        try:
+            async with asyncio.timeout(self.settings.request_timeout):
+                while True:
+                    changed.clear()
+                    obj = reflector.objects.get(name)
+                    if obj is not None:
+                        outcome = _outcome(obj)
+                        if isinstance(outcome, bytes):
+                            return outcome
+                        if outcome is not None:
+                            raise RequestFailed(name, *outcome)
+                    await changed.wait()
+        except TimeoutError:
+            raise RequestFailed(
+                name, "timeout", f"pending for {self.settings.request_timeout:g}s"
+            ) from None
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def _outcome(csr: dict[str, Any]) -> bytes | tuple[str, str] | None:
+    """The certificate, ``(outcome, reason)`` for Denied/Failed, or None while pending."""
+    status = csr.get("status") or {}
+    for cond in status.get("conditions") or []:
+        kind = cond.get("type")
+        if kind in ("Denied", "Failed") and cond.get("status", "True") == "True":
+            reason = cond.get("message") or cond.get("reason") or kind
+            return kind.lower(), str(reason)
+    cert = status.get("certificate")
+    if cert:
+        try:
+            return base64.b64decode(cert, validate=True)
+        except ValueError:
+            return "failed", "status.certificate is not base64"
+    return None
+
+
+async def server_sans(
+    api: k8s_client.ApiClient, store: ModelStore, node: str, extra: Sequence[str] = ()
+) -> list[str]:
+    """The SANs of this server's next certificate: :func:`server_names` from the current model,
+    with the internal Service's ClusterIP when the Service exists (logged when it does not)."""
+    status, svc = await raw_call(
+        k8s_client.CoreV1Api(api).read_namespaced_service, INTERNAL_SERVICE, NAMESPACE
+    )
+    service_ip: str | None = None
+    if status == 200:
+        ip = (svc.get("spec") or {}).get("clusterIP")
+        service_ip = ip if isinstance(ip, str) and ip and ip != "None" else None
+    elif status == 404:
+        log.info(
+            "internal Service not found: its ClusterIP is not in the server certificate",
+            extra=kv(service=f"{NAMESPACE}/{INTERNAL_SERVICE}"),
+        )
+    else:
+        raise KubeError(status, f"service {NAMESPACE}/{INTERNAL_SERVICE}: {svc.get('message')}")
+    return list(server_names(store.model, node, service_ip=service_ip, extra=extra))
+
+
+@contextlib.asynccontextmanager
+async def kept_certificates(
+    settings: RequestSettings,
+    kubeconfig: str | None,
+    *,
+    store: ModelStore | None = None,
+    extra_sans: Sequence[str] = (),
+) -> AsyncIterator[CertificateRequester]:
+    """For ``--cert-dir``: an API client and a requester whose :meth:`~CertificateRequester.
+    bootstrap` has returned (the directory holds a usable set when the block starts). The
+    caller runs :meth:`~CertificateRequester.run` as a named task of its own for rotation; the
+    client is closed when the block ends. A server's SANs come from ``store`` (its model)."""
+    api = await new_api_client(Path(kubeconfig) if kubeconfig else None)
+    try:
+        sans: SansFn | None = None
+        if settings.role == "server":
+            model = store or ModelStore()
+
+            async def sans() -> Sequence[str]:
+                return await server_sans(api, model, settings.node, extra_sans)
+
+        requester = CertificateRequester(api, settings, sans=sans)
+        log.info(
+            "certificate needed before starting",
+            extra=kv(role=settings.role, node=settings.node, cert_dir=str(settings.cert_dir)),
+        )
+        try:
+            await requester.bootstrap()
+            yield requester
+        finally:
+            await requester.close()
+    finally:
+        await api.close()
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _serial(cert: x509.Certificate) -> str:
+    return format(cert.serial_number, "x")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"API unreachable: {exc.os_error.strerror or exc}"
+    if isinstance(exc, TimeoutError):
+        return "API timed out"
+    return str(exc) or repr(exc)
+
+
+__all__ = [
+    "MIN_LIFETIME",
+    "CertificateRequester",
+    "RequestFailed",
+    "RequestSettings",
+    "kept_certificates",
+    "server_sans",
+]

@@ -1,0 +1,103 @@
+"""The requester's pure side: the CSR it sends, when it rotates, what it accepts back."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from ravenproxy.errors import PKIError
+from ravenproxy.pki.authority import cert_pem, generate_ca, issue_client_cert
+from ravenproxy.pki.csr import USAGES, build_csr, check_issued, new_key, rotation_deadline
+from tests.csrsign import sign_csr
+
+CA = generate_ca()
+
+
+def test_agent_csr_is_cn_node_only_with_no_san_signed_by_the_key() -> None:
+    key = new_key()
+    csr = x509.load_pem_x509_csr(build_csr(key, "edge-1"))
+    assert csr.is_signature_valid
+    assert csr.subject == x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edge-1")])
+    assert not csr.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+    assert csr.public_key().public_numbers() == key.public_key().public_numbers()  # type: ignore[union-attr]
+    with pytest.raises(x509.ExtensionNotFound):
+        csr.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+
+
+def test_server_csr_carries_names_and_ips_once_each() -> None:
+    csr = x509.load_pem_x509_csr(
+        build_csr(new_key(), "cloud-1", ["cloud-1", "10.0.0.1", "Svc.Example", "cloud-1"])
+    )
+    san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["cloud-1", "svc.example"]
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.1")]
+
+
+def test_bad_node_name_or_san_is_refused() -> None:
+    with pytest.raises(PKIError, match="node name"):
+        build_csr(new_key(), "Edge_1")
+    with pytest.raises(PKIError, match="SAN"):
+        build_csr(new_key(), "cloud-1", ["not a name"])
+    with pytest.raises(PKIError, match="sequence"):
+        build_csr(new_key(), "cloud-1", "cloud-1")
+
+
+def test_usages_per_role() -> None:
+    assert USAGES["agent"] == ("digital signature", "client auth")
+    assert USAGES["server"] == ("digital signature", "server auth")
+
+
+def test_rotation_deadline_is_70_to_90_percent_of_the_lifetime() -> None:
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    end = start + dt.timedelta(seconds=1000)
+    assert rotation_deadline(start, end, lambda: 0.0) == start + dt.timedelta(seconds=700)
+    assert rotation_deadline(start, end, lambda: 0.5) == start + dt.timedelta(seconds=800)
+    almost = rotation_deadline(start, end, lambda: 0.999999)
+    assert start + dt.timedelta(seconds=899) < almost < start + dt.timedelta(seconds=900)
+    for _ in range(200):  # the real random source stays inside the bounds
+        at = rotation_deadline(start, end)
+        assert start + dt.timedelta(seconds=700) <= at < start + dt.timedelta(seconds=900)
+
+
+def test_issued_certificate_for_our_key_and_node_is_accepted() -> None:
+    key = new_key()
+    pem = sign_csr(*CA, build_csr(key, "edge-1"), "agent")
+    (cert,) = check_issued(pem, key, "edge-1", "agent")
+    assert cert.subject.rfc4514_string() == "CN=edge-1"
+    server_key = new_key()
+    pem = sign_csr(*CA, build_csr(server_key, "cloud-1", ["10.0.0.1"]), "server")
+    check_issued(pem, server_key, "cloud-1", "server")
+
+
+def test_certificate_for_another_key_is_refused() -> None:
+    key = new_key()
+    other = new_key().public_key()
+    pem = sign_csr(*CA, build_csr(key, "edge-1"), "agent", public_key=other)
+    with pytest.raises(PKIError, match="another key"):
+        check_issued(pem, key, "edge-1", "agent")
+
+
+def test_certificate_for_another_node_or_role_is_refused() -> None:
+    key = new_key()
+    pem = sign_csr(*CA, build_csr(key, "edge-2"), "agent")
+    with pytest.raises(PKIError, match="is not CN=edge-1"):
+        check_issued(pem, key, "edge-1", "agent")
+    server_pem = sign_csr(*CA, build_csr(key, "edge-1"), "server")
+    with pytest.raises(PKIError, match="clientAuth"):
+        check_issued(server_pem, key, "edge-1", "agent")
+    agent_pem = sign_csr(*CA, build_csr(key, "edge-1"), "agent")
+    with pytest.raises(PKIError, match="serverAuth"):
+        check_issued(agent_pem, key, "edge-1", "server")
+
+
+def test_not_a_certificate_is_refused() -> None:
+    with pytest.raises(PKIError, match=r"not PEM|no certificate"):
+        check_issued(b"garbage", new_key(), "edge-1", "agent")
+    # The embedded PKI's certificate for the node, but its own key: not ours.
+    cert, _ = issue_client_cert(*CA, "edge-1")
+    with pytest.raises(PKIError, match="another key"):
+        check_issued(cert_pem(cert), new_key(), "edge-1", "agent")
