@@ -2,7 +2,10 @@
 (no API; the CA comes in as objects, the certificate goes out as PEM).
 
 - lifetime: ``min(expirationSeconds if asked, --max-cert-lifetime)`` from now, and never beyond
-  the CA's own not_after; valid from a few minutes back (clock skew, as every signer does);
+  the CA's own not_after; valid from a few minutes back (clock skew, as every signer does), but
+  by at most a tenth of the lifetime: requesters rotate at 70-90 % of ``not_after -
+  not_before``, so a 5-minute backdate on a 60 s certificate would make it due on arrival
+  and its holder would re-request in a loop;
 - agent (:data:`~ravenproxy.pki.issuance.SIGNER_AGENT`): clientAuth, exactly one DNS SAN, the
   node name (what :func:`~ravenproxy.pki.authority.cert_node_name` accepts);
 - server (:data:`~ravenproxy.pki.issuance.SIGNER_SERVER`): serverAuth, the CSR's SANs (the
@@ -45,6 +48,12 @@ def lifetime(
     return min(dt.timedelta(seconds=expiration_seconds), max_lifetime)
 
 
+def backdate(life: dt.timedelta) -> dt.timedelta:
+    """How far before now a certificate of lifetime ``life`` starts: the clock-skew allowance,
+    but at most a tenth of the lifetime (see the module docstring)."""
+    return min(CLOCK_SKEW, life / 10)
+
+
 def sign(
     obj: Mapping[str, Any],
     ca_cert: x509.Certificate,
@@ -85,7 +94,7 @@ def sign(
         sans,
         [EKU[signer]],
         key_encipherment=encipher,
-        not_before=start - CLOCK_SKEW,
+        not_before=start - backdate(life),
         not_after=start + life,
     )
 

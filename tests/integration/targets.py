@@ -7,6 +7,10 @@ import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import pytest
+
+from tests.helpers import eventually
+
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
@@ -64,3 +68,44 @@ class Firehose:
             writer.write(self.block)
             await writer.drain()
             self.written += len(self.block)
+
+
+class Pump:
+    """A long-running stream through the tunnel: a chunk every 20 ms to an echo target, every
+    byte checked on its way back."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.echoed = 0
+        self.task = asyncio.create_task(self._run(), name="test-pump")
+
+    async def _run(self) -> None:
+        n = 0
+        while True:
+            chunk = (f"{n:08d}" * 128).encode()  # 1 KiB, numbered
+            self.writer.write(chunk)
+            back = await asyncio.wait_for(self.reader.readexactly(len(chunk)), 10)
+            assert back == chunk, f"chunk {n} came back altered"
+            self.echoed += len(back)
+            n += 1
+            await asyncio.sleep(0.02)
+
+    async def flowing(self, what: str) -> None:
+        """More bytes come back from now on (and the pump has not failed)."""
+        start = self.echoed
+        await eventually(
+            lambda: self._alive() and self.echoed > start + 10_000, 10, what=f"stream {what}"
+        )
+
+    def _alive(self) -> bool:
+        if self.task.done():
+            self.task.result()  # raises what cut it
+            pytest.fail("the stream ended")
+        return True
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()

@@ -36,7 +36,7 @@ from ravenproxy.pki.authority import (
 )
 from tests.helpers import eventually, run
 from tests.integration.cluster import Cluster, Proc
-from tests.integration.targets import echo, tcp_server
+from tests.integration.targets import Pump, echo, tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -73,47 +73,6 @@ async def tunnel_serial(cluster: Cluster, port: int) -> int:
         writer.close()
         with contextlib.suppress(ssl.SSLError, OSError):
             await writer.wait_closed()
-
-
-class Pump:
-    """A long-running stream through the tunnel: a chunk every 20 ms to an echo target, every
-    byte checked on its way back."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.echoed = 0
-        self.task = asyncio.create_task(self._run(), name="test-pump")
-
-    async def _run(self) -> None:
-        n = 0
-        while True:
-            chunk = (f"{n:08d}" * 128).encode()  # 1 KiB, numbered
-            self.writer.write(chunk)
-            back = await asyncio.wait_for(self.reader.readexactly(len(chunk)), 10)
-            assert back == chunk, f"chunk {n} came back altered"
-            self.echoed += len(back)
-            n += 1
-            await asyncio.sleep(0.02)
-
-    async def flowing(self, what: str) -> None:
-        """More bytes come back from now on (and the pump has not failed)."""
-        start = self.echoed
-        await eventually(
-            lambda: self._alive() and self.echoed > start + 10_000, 10, what=f"stream {what}"
-        )
-
-    def _alive(self) -> bool:
-        if self.task.done():
-            self.task.result()  # raises what cut it
-            pytest.fail("the stream ended")
-        return True
-
-    async def close(self) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-        self.writer.close()
-        with contextlib.suppress(OSError):
-            await self.writer.wait_closed()
 
 
 async def open_pump(cluster: Cluster, echo_port: int) -> Pump:

@@ -80,7 +80,19 @@ def test_the_lifetime_is_what_was_asked_capped(
     assert lifetime(asked, cap) == lives
     cert = sign(csr(request("edge-1"), expiration=asked), *CA, max_lifetime=cap, now=NOW)
     assert cert.not_valid_after_utc == NOW + lives
-    assert cert.not_valid_before_utc == NOW - authority.CLOCK_SKEW
+    assert cert.not_valid_before_utc == NOW - min(authority.CLOCK_SKEW, lives / 10)
+
+
+def test_a_short_certificate_is_not_due_on_arrival() -> None:
+    """Backdated by the full 5 minutes, a 60 s certificate would be past its 70-90 % rotation
+    point the moment it is issued, and its holder would ask again and again."""
+    cert = sign(
+        csr(request("edge-1"), expiration=600), *CA, max_lifetime=dt.timedelta(seconds=60), now=NOW
+    )
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    earliest_rotation = start + (end - start) * 0.7
+    assert earliest_rotation - NOW >= dt.timedelta(seconds=30)
+    assert NOW - start == dt.timedelta(seconds=6)
 
 
 def test_no_certificate_outlives_the_ca() -> None:
