@@ -387,7 +387,9 @@ async def test_api_away_during_rotation_keeps_the_files_and_retries(
                         interval=0.1,
                         what="a new certificate once the API is back",
                     )
-                    assert len(signer.seen) == 2
+                    # This signer backdates every certificate by 50 s of 60, so the new one is
+                    # due at once too: on a slow machine a third request may already be out.
+                    assert len(signer.seen) >= 2
                     assert key_matches(
                         load_cert(cert_dir / "tls.crt"), load_key(cert_dir / "tls.key")
                     )

@@ -27,7 +27,13 @@ from ravenproxy.pki.credentials import (
     parse_credentials,
 )
 
-NOW = dt.datetime.now(dt.UTC)
+
+def now() -> dt.datetime:
+    """The time of the check, taken when the test runs: a module-level constant taken at
+    collection was minutes stale by the time a long suite reached these tests, older than the
+    certificates they issue."""
+    return dt.datetime.now(dt.UTC)
+
 
 Issued = tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
 
@@ -54,7 +60,7 @@ def sources(
 
 def test_a_consistent_set_says_what_it_holds(ca: Issued) -> None:
     cert, key = issue_client_cert(*ca, "edge-1")
-    creds = load_credentials(*sources([ca[0]], cert_pem(cert), key_pem(key)), now=NOW)
+    creds = load_credentials(*sources([ca[0]], cert_pem(cert), key_pem(key)), now=now())
     assert creds.leaf == cert
     assert creds.serial == format(cert.serial_number, "x")
     assert creds.not_after == cert.not_valid_after_utc
@@ -63,10 +69,10 @@ def test_a_consistent_set_says_what_it_holds(ca: Issued) -> None:
     assert creds.issuer_ca == ca[0]
     assert creds.ca_not_after == ca[0].not_valid_after_utc
     # The same set re-encoded (a trailing newline) has the same fingerprint; another cert not.
-    again = load_credentials(*sources([ca[0]], cert_pem(cert) + b"\n", key_pem(key)), now=NOW)
+    again = load_credentials(*sources([ca[0]], cert_pem(cert) + b"\n", key_pem(key)), now=now())
     assert again.fingerprint == creds.fingerprint
     cert2, key2 = issue_client_cert(*ca, "edge-1")
-    other = load_credentials(*sources([ca[0]], cert_pem(cert2), key_pem(key2)), now=NOW)
+    other = load_credentials(*sources([ca[0]], cert_pem(cert2), key_pem(key2)), now=now())
     assert other.fingerprint != creds.fingerprint
     assert other.leaf_fingerprint != creds.leaf_fingerprint
 
@@ -87,18 +93,18 @@ def test_a_certificate_from_another_ca_is_refused_on_reload_only(
     cert, key = issue_client_cert(*other_ca, "edge-1")
     srcs = sources([ca[0]], cert_pem(cert), key_pem(key))
     creds = parse_credentials(*srcs)  # usable (a start-up warns and goes on)
-    problem = creds.trust_problem(NOW)
+    problem = creds.trust_problem(now())
     assert problem is not None and problem.field == "cert-file"
     assert "does not verify against the CA bundle (CN=ca-one)" in problem.reason
     with pytest.raises(CredentialsError, match="does not verify against the CA bundle"):
-        load_credentials(*srcs, now=NOW)
+        load_credentials(*srcs, now=now())
 
 
 def test_a_bundle_with_two_cas_trusts_a_certificate_of_either(ca: Issued, other_ca: Issued) -> None:
     bundle = [ca[0], other_ca[0]]
     for issuer in (ca, other_ca):
         cert, key = issue_server_cert(*issuer, ["localhost"])
-        creds = load_credentials(*sources(bundle, cert_pem(cert), key_pem(key)), now=NOW)
+        creds = load_credentials(*sources(bundle, cert_pem(cert), key_pem(key)), now=now())
         assert creds.issuer_ca == issuer[0]
         assert creds.ca_not_after == issuer[0].not_valid_after_utc
         assert len(creds.ca_certs) == 2
@@ -144,11 +150,11 @@ def test_an_expired_certificate_is_refused_on_reload(ca: Issued) -> None:
     cert, key = issue_client_cert(
         *ca,
         "edge-1",
-        not_before=NOW - dt.timedelta(days=30),
-        not_after=NOW - dt.timedelta(days=1),
+        not_before=now() - dt.timedelta(days=30),
+        not_after=now() - dt.timedelta(days=1),
     )
     with pytest.raises(CredentialsError, match="certificate expired at"):
-        load_credentials(*sources([ca[0]], cert_pem(cert), key_pem(key)), now=NOW)
+        load_credentials(*sources([ca[0]], cert_pem(cert), key_pem(key)), now=now())
 
 
 def test_an_intermediate_in_the_certificate_file_completes_the_chain(ca: Issued) -> None:
@@ -162,8 +168,8 @@ def test_an_intermediate_in_the_certificate_file_completes_the_chain(ca: Issued)
         .issuer_name(root.subject)
         .public_key(mid_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - dt.timedelta(minutes=1))
-        .not_valid_after(NOW + dt.timedelta(days=1))
+        .not_valid_before(now() - dt.timedelta(minutes=1))
+        .not_valid_after(now() + dt.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .sign(root_key, hashes.SHA256())
     )
@@ -174,14 +180,14 @@ def test_an_intermediate_in_the_certificate_file_completes_the_chain(ca: Issued)
         .issuer_name(mid_name)
         .public_key(leaf_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - dt.timedelta(minutes=1))
-        .not_valid_after(NOW + dt.timedelta(hours=1))
+        .not_valid_before(now() - dt.timedelta(minutes=1))
+        .not_valid_after(now() + dt.timedelta(hours=1))
         .sign(mid_key, hashes.SHA256())
     )
     alone = sources([root], cert_pem(leaf), key_pem(leaf_key))
-    assert parse_credentials(*alone).trust_problem(NOW) is not None
+    assert parse_credentials(*alone).trust_problem(now()) is not None
     chained = sources([root], cert_pem(leaf) + cert_pem(mid), key_pem(leaf_key))
-    creds = load_credentials(*chained, now=NOW)
+    creds = load_credentials(*chained, now=now())
     assert creds.issuer_ca == root
     assert creds.chain == (leaf, mid)
 
