@@ -202,16 +202,9 @@ class AgentMetrics:
             self.server_tunnel.remove(server, address)
 
 
-def metrics_app(
-    registry: CollectorRegistry,
-    ready: Callable[[], tuple[bool, str]] | None = None,
+def _health_routes(
+    app: web.Application, ready: Callable[[], tuple[bool, str]] | None
 ) -> web.Application:
-    """``/metrics`` in the Prometheus text format, ``/healthz`` (alive) and ``/readyz``."""
-
-    async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -219,11 +212,31 @@ def metrics_app(
         ok, why = ready() if ready is not None else (True, "ready")
         return web.Response(status=200 if ok else 503, text=why + "\n")
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
+
+
+def metrics_app(
+    registry: CollectorRegistry,
+    ready: Callable[[], tuple[bool, str]] | None = None,
+) -> web.Application:
+    """``/metrics`` in the Prometheus text format, ``/healthz`` (alive) and ``/readyz``: what a
+    ``--metrics-addr`` serves (loopback by default)."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return _health_routes(app, ready)
+
+
+def health_app(ready: Callable[[], tuple[bool, str]] | None = None) -> web.Application:
+    """``/healthz`` and ``/readyz`` alone (404 for anything else): what a ``--health-addr``
+    serves, usually on every interface for the kubelet's probes, so it shows nothing more."""
+    return _health_routes(web.Application(), ready)
 
 
 async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -73,7 +73,7 @@ class ControllerCommand:
         (),
         "--agents-url",
         "URL",
-        "poll this server's GET /agents (H:P of its health address, or a URL; repeatable) "
+        "poll this server's GET /agents (H:P of its --metrics-addr, or a URL; repeatable) "
         "instead of watching the servers' agent Leases; with --inventory, the only source",
     )
 
