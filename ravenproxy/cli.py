@@ -180,7 +180,11 @@ def cmd_controller(args: argparse.Namespace) -> int:
     cmd = ControllerCommand.from_mapping(flags.gather(args, ControllerCommand))
     urls = tuple(agents.agents_url(u) for u in cmd.agents_urls)
     settings = runtime.ControllerSettings(
-        agent_grace=cmd.agent_grace, agents_urls=urls, certificates=cmd.issuing
+        agent_grace=cmd.agent_grace,
+        agents_urls=urls,
+        certificates=cmd.issuing,
+        metrics_addr=cmd.metrics_addr,
+        health_addr=cmd.health_addr,
     )
     if cmd.inventory:
         if cmd.dry_run:

@@ -99,6 +99,20 @@ class ControllerCommand:
         "D",
         "the cluster's DNS domain, for the internal Service's names in server certificates",
     )
+    metrics_addr: Address = setting(
+        Address("127.0.0.1", 10266),
+        "--metrics-addr",
+        "H:P",
+        "/metrics (Prometheus): leadership, reconciles, API writes, CSR decisions, model sync "
+        "(not with --inventory)",
+    )
+    health_addr: Address = setting(
+        Address("", 10275),
+        "--health-addr",
+        "H:P",
+        "/healthz, and /readyz: 200 once the model has synced, its body 'leader' or "
+        "'follower' (not with --inventory)",
+    )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ControllerCommand:
