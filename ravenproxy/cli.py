@@ -250,6 +250,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         directory=Path(args.dir) if args.dir else None,
         keep_running=args.keep_running,
         upload_mib=args.upload_mib,
+        http_addr=cfg.parse_address(args.http_addr, "--http-addr"),
+        metrics_addr=cfg.parse_address(args.metrics_addr, "--metrics-addr"),
+        target_port=cfg.port_list([args.target_port], "--target-port")[0],
     )
     return run_async(run_demo(options))
 
@@ -276,13 +279,36 @@ def build_parser() -> argparse.ArgumentParser:
         "a sample HTTP target only the agent may dial, send requests through the tunnel (a "
         "small GET, a streamed response, an upload checked by SHA-256), print a summary.",
     )
-    demo.add_argument("--dir", help="where to write certs and the inventory (default: a temp dir)")
+    demo.add_argument(
+        "--dir",
+        help="where to write certs and the inventory, kept afterwards (default: a temporary "
+        "directory, removed when the demo ends)",
+    )
     demo.add_argument(
         "--keep-running",
         action="store_true",
-        help="leave everything up and print curl commands to paste",
+        help="leave everything up and print curl commands to paste (the README's Quick start "
+        "shows them); Ctrl-C stops it and removes the temporary directory",
     )
     demo.add_argument("--upload-mib", type=int, default=100, help="size of the upload (MiB)")
+    demo.add_argument(
+        "--http-addr",
+        default="127.0.0.1:10264",
+        metavar="H:P",
+        help="the server's HTTP front, the proxy of the curl commands (default 127.0.0.1:10264)",
+    )
+    demo.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1:10266",
+        metavar="H:P",
+        help="the server's /metrics (default 127.0.0.1:10266)",
+    )
+    demo.add_argument(
+        "--target-port",
+        default="9100",
+        metavar="PORT",
+        help="the sample target's port on edge-1 (127.0.0.1) (default 9100)",
+    )
     demo.add_argument("--log-level", default="WARNING")
     demo.set_defaults(func=cmd_demo)
 
