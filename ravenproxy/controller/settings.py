@@ -57,10 +57,14 @@ class ControllerCommand:
     certificates."""
 
     kubeconfig: str | None = setting(
-        None, "--kubeconfig", "F", "API access (without it: the in-cluster account)"
+        None, "--kubeconfig", "F", "API access (without it: the in-cluster account)", kind="file"
     )
     inventory: str | None = setting(
-        None, "--inventory", "FILE", "print the objects it would write instead (no cluster)"
+        None,
+        "--inventory",
+        "FILE",
+        "print the objects it would write instead (no cluster)",
+        kind="file",
     )
     dry_run: bool = setting(False, "--dry-run", help="print the objects once and exit")
     agent_grace: float = setting(
@@ -142,9 +146,11 @@ class DnsCommand:
     listen: Address = setting(
         flag="--listen", metavar="H:P", help="where to answer, UDP and TCP (required)"
     )
-    inventory: str | None = setting(None, "--inventory", "FILE", "answer from this inventory")
+    inventory: str | None = setting(
+        None, "--inventory", "FILE", "answer from this inventory", kind="file"
+    )
     kubeconfig: str | None = setting(
-        None, "--kubeconfig", "F", "answer from the published ConfigMap (API access)"
+        None, "--kubeconfig", "F", "answer from the published ConfigMap (API access)", kind="file"
     )
     suffix: str | None = setting(None, "--suffix", "S", "also answer NODE.S")
     cluster_ip: str | None = setting(
