@@ -120,9 +120,9 @@ def starting(
         if value is None:
             continue
         if o.kind == "address" and listen:
-            check_listen(o.flag, value)
-            if o.flag in udp:
+            if o.flag in udp:  # bound first, as the DNS server does
                 check_listen(o.flag, value, udp=True)
+            check_listen(o.flag, value)
         if shown := _shown(value):
             values.setdefault(o.path[-1], shown)
     log.info(f"ravenproxy {command} starting", extra=kv(version=__version__, **values))

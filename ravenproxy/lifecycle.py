@@ -144,10 +144,11 @@ def check_listen(flag: str, addr: Address, *, udp: bool = False) -> None:
     it resolves to, as asyncio binds them); else a :class:`ConfigError` naming the flag. The
     real bind still names the flag when another program takes the port in between."""
     kind = socket.SOCK_DGRAM if udp else socket.SOCK_STREAM
+    what = f"cannot bind UDP {addr}" if udp else f"cannot listen on {addr}"
     try:
         infos = socket.getaddrinfo(addr.bind_host, addr.port, type=kind, flags=socket.AI_PASSIVE)
     except OSError as exc:
-        raise ConfigError(flag, f"cannot listen on {addr}: {os_reason(exc)}") from None
+        raise ConfigError(flag, f"{what}: {os_reason(exc)}") from None
     if addr.port == 0:
         return
     for family, socktype, proto, _, sockaddr in infos:
@@ -162,4 +163,4 @@ def check_listen(flag: str, addr: Address, *, udp: bool = False) -> None:
             try:
                 sock.bind(sockaddr)
             except OSError as exc:
-                raise ConfigError(flag, f"cannot listen on {addr}: {os_reason(exc)}") from None
+                raise ConfigError(flag, f"{what}: {os_reason(exc)}") from None

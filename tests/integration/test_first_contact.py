@@ -111,6 +111,11 @@ async def one_line_error(command: str, args: list[str], *, started: bool = False
     return err[len(prefix) :].rstrip("\n")
 
 
+def cannot(command: str) -> str:
+    """How a listener that cannot be had is told (the DNS server binds UDP first)."""
+    return "cannot bind UDP" if command == "dns" else "cannot listen on"
+
+
 @pytest.fixture
 def taken() -> Iterator[int]:
     """A loopback TCP and UDP port another program holds."""
@@ -127,7 +132,7 @@ async def test_a_port_in_use(command: str, files: dict[str, Path], taken: int) -
     flag = LISTEN_FLAG[command]
     args = [*base_args(command, files), flag, f"127.0.0.1:{taken}"]
     error = await one_line_error(command, args)
-    assert error.startswith(f"{flag}: cannot listen on 127.0.0.1:{taken}: "), error
+    assert error.startswith(f"{flag}: {cannot(command)} 127.0.0.1:{taken}: "), error
     assert "in use" in error, error
 
 
@@ -136,7 +141,7 @@ async def test_an_unresolvable_listen_host(command: str, files: dict[str, Path])
     flag = LISTEN_FLAG[command]
     args = [*base_args(command, files), flag, "no-such-host.invalid:10999"]
     error = await one_line_error(command, args)
-    assert error.startswith(f"{flag}: cannot listen on no-such-host.invalid:10999: "), error
+    assert error.startswith(f"{flag}: {cannot(command)} no-such-host.invalid:10999: "), error
     assert "Unknown error" not in error, error
 
 
