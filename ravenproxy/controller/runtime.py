@@ -2,7 +2,9 @@
 
 :func:`run_controller_with` wires the parts together: the model (through ``model_source``, like
 every command), agent liveness, leader election (:mod:`leader`), the reconcile loop
-(:mod:`reconciler`) writing through :mod:`writer`, and the certificate issuer (:mod:`issuer`).
+(:mod:`reconciler`) writing through :mod:`writer`, and the certificate issuer (:mod:`issuer`);
+with ``metrics_addr`` and ``health_addr``, ``/metrics`` (:class:`ControllerMetrics`) and the
+probes (``/readyz``: 200 once the model synced, ``leader`` or ``follower``).
 """
 
 from __future__ import annotations
@@ -129,7 +131,11 @@ async def run_controller_with(
             # Bound before anything else starts: a taken address fails the start at once.
             if settings.metrics_addr is not None:
                 await listeners.enter_async_context(
-                    serving("--metrics-addr", settings.metrics_addr, metrics_app(metrics.registry))
+                    serving(
+                        "--metrics-addr",
+                        settings.metrics_addr,
+                        metrics_app(metrics.registry, ready),
+                    )
                 )
             if settings.health_addr is not None:
                 await listeners.enter_async_context(
