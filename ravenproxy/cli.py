@@ -16,7 +16,14 @@ from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.controller.settings import ControllerCommand, DnsCommand
 from ravenproxy.errors import ConfigError
 from ravenproxy.l3.settings import DoctorSettings, NodeSettings
-from ravenproxy.lifecycle import run_async, serve_until_signalled, typed_error, until_signalled
+from ravenproxy.lifecycle import (
+    check_listen,
+    run_async,
+    serve_until_signalled,
+    typed_error,
+    until_signalled,
+)
+from ravenproxy.log import kv
 from ravenproxy.server.settings import ServerSettings
 
 log = logging.getLogger("ravenproxy")
@@ -96,9 +103,43 @@ def _days(minimum: float, strict: bool) -> Callable[[str], float]:
     return parse
 
 
+# -- start-up -------------------------------------------------------------------------------
+def starting(
+    command: str, cls: type, settings: object, *, listen: bool = True, udp: tuple[str, ...] = ()
+) -> None:
+    """Before any part starts: each listen address of ``settings`` resolves and is free (else
+    one line naming its flag, exit 2), then one log line with the version and the effective
+    settings (paths of keys and PSK files, never their contents: no setting holds a secret).
+    ``listen=False``: the command serves nothing (the controller's ``--inventory``); ``udp``:
+    flags that bind UDP as well as TCP."""
+    values: dict[str, object] = {}
+    for o in flags.options(cls):
+        value: Any = settings
+        for name in o.path:
+            value = getattr(value, name, None)
+        if value is None:
+            continue
+        if o.kind == "address" and listen:
+            if o.flag in udp:  # bound first, as the DNS server does
+                check_listen(o.flag, value, udp=True)
+            check_listen(o.flag, value)
+        if shown := _shown(value):
+            values.setdefault(o.path[-1], shown)
+    log.info(f"ravenproxy {command} starting", extra=kv(version=__version__, **values))
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
 # -- server ---------------------------------------------------------------------------------
 def cmd_server(args: argparse.Namespace) -> int:
     settings = ServerSettings.from_mapping(flags.gather(args, ServerSettings))
+    starting("server", ServerSettings, settings)
     return run_async(_server_main(settings))
 
 
@@ -129,6 +170,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from ravenproxy.agent.app import Agent
 
     settings = AgentSettings.from_mapping(flags.gather(args, AgentSettings))
+    starting("agent", AgentSettings, settings)
     # uvloop cannot open the netlink sockets the L3 driver needs.
     return run_async(serve_until_signalled(Agent(settings).run()), fast_loop=settings.l3 is None)
 
@@ -178,9 +220,15 @@ def cmd_controller(args: argparse.Namespace) -> int:
     from ravenproxy.controller import agents, dryrun, runtime
 
     cmd = ControllerCommand.from_mapping(flags.gather(args, ControllerCommand))
+    if not cmd.dry_run:
+        starting("controller", ControllerCommand, cmd, listen=not cmd.inventory)
     urls = tuple(agents.agents_url(u) for u in cmd.agents_urls)
     settings = runtime.ControllerSettings(
-        agent_grace=cmd.agent_grace, agents_urls=urls, certificates=cmd.issuing
+        agent_grace=cmd.agent_grace,
+        agents_urls=urls,
+        certificates=cmd.issuing,
+        metrics_addr=cmd.metrics_addr,
+        health_addr=cmd.health_addr,
     )
     if cmd.inventory:
         if cmd.dry_run:
@@ -208,6 +256,7 @@ def cmd_dns(args: argparse.Namespace) -> int:
     from ravenproxy.controller import dnsfeed
 
     cmd = DnsCommand.from_mapping(flags.gather(args, DnsCommand))
+    starting("dns", DnsCommand, cmd, udp=("--listen",))
     if cmd.inventory:
         job = dnsfeed.run_dns(
             Path(cmd.inventory),
@@ -246,6 +295,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         directory=Path(args.dir) if args.dir else None,
         keep_running=args.keep_running,
         upload_mib=args.upload_mib,
+        http_addr=cfg.parse_address(args.http_addr, "--http-addr"),
+        metrics_addr=cfg.parse_address(args.metrics_addr, "--metrics-addr"),
+        target_port=cfg.port_list([args.target_port], "--target-port")[0],
     )
     return run_async(run_demo(options))
 
@@ -272,13 +324,36 @@ def build_parser() -> argparse.ArgumentParser:
         "a sample HTTP target only the agent may dial, send requests through the tunnel (a "
         "small GET, a streamed response, an upload checked by SHA-256), print a summary.",
     )
-    demo.add_argument("--dir", help="where to write certs and the inventory (default: a temp dir)")
+    demo.add_argument(
+        "--dir",
+        help="where to write certs and the inventory, kept afterwards (default: a temporary "
+        "directory, removed when the demo ends)",
+    )
     demo.add_argument(
         "--keep-running",
         action="store_true",
-        help="leave everything up and print curl commands to paste",
+        help="leave everything up and print curl commands to paste (the README's Quick start "
+        "shows them); Ctrl-C stops it and removes the temporary directory",
     )
     demo.add_argument("--upload-mib", type=int, default=100, help="size of the upload (MiB)")
+    demo.add_argument(
+        "--http-addr",
+        default="127.0.0.1:10264",
+        metavar="H:P",
+        help="the server's HTTP front, the proxy of the curl commands (default 127.0.0.1:10264)",
+    )
+    demo.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1:10266",
+        metavar="H:P",
+        help="the server's /metrics (default 127.0.0.1:10266)",
+    )
+    demo.add_argument(
+        "--target-port",
+        default="9100",
+        metavar="PORT",
+        help="the sample target's port on edge-1 (127.0.0.1) (default 9100)",
+    )
     demo.add_argument("--log-level", default="WARNING")
     demo.set_defaults(func=cmd_demo)
 
@@ -427,9 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logsetup.setup(getattr(args, "log_level", "INFO"))
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        logsetup.setup(getattr(args, "log_level", "INFO"))
         return func(args)
     except KeyboardInterrupt:
         return 130

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,8 +122,20 @@ def existing_file(value: Any, field: str) -> str:
     if not value:
         raise ConfigError(field, "is required")
     path = str(value)
-    if not Path(path).is_file():
-        raise ConfigError(field, f"{path}: no such file")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(field, f"{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(field, f"{path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(field, f"{path}: is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise ConfigError(field, f"{path}: not a regular file")
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except OSError as exc:
+        raise ConfigError(field, f"{path}: cannot read it: {exc.strerror or exc}") from None
     return path
 
 

@@ -4,6 +4,14 @@ Creates a PKI and an inventory, starts ``ravenproxy server`` and ``ravenproxy ag
 processes (mTLS tunnel on loopback), and a sample HTTP target on the edge node that only the
 agent's allowlist admits; then sends real requests through ``CONNECT edge-1:PORT``: a small GET,
 a streamed response (lines timed as they arrive) and an upload checked by SHA-256.
+
+The target listens on an ordinary port of the edge node (9100, where node-exporter would be,
+admitted by the agent's ``--metrics-port``), not on its kubelet port: requests to a kubelet port
+are sent on over TLS, which a plain HTTP target does not speak. The HTTP front and the metrics
+listen where the README's curl commands expect them (127.0.0.1:10264 and 127.0.0.1:10266).
+
+A temporary directory (it holds ``ca.key``) is removed when the demo ends, also when stopped by
+SIGINT or SIGTERM; a ``--dir`` given by the user is left as it is.
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ravenproxy.client import ConnectRefused, open_tunnel
-from ravenproxy.lifecycle import until_signalled
+from ravenproxy.config import Address
+from ravenproxy.errors import ConfigError
+from ravenproxy.lifecycle import listening
 from ravenproxy.pki import init_pki
 
 EDGE_NODE = "edge-1"
@@ -64,9 +74,13 @@ metadata:
   labels: {{raven.openyurt.io/gateway: gw-edge}}
 status:
   addresses: [{{type: InternalIP, address: 127.0.0.1}}]
-  daemonEndpoints: {{kubeletEndpoint: {{Port: {port}}}}}
   conditions: [{{type: Ready, status: "True"}}]
 """
+
+
+HTTP_ADDR = Address("127.0.0.1", 10264)
+METRICS_ADDR = Address("127.0.0.1", 10266)
+TARGET_PORT = 9100
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,25 @@ class DemoOptions:
     directory: Path | None = None
     keep_running: bool = False
     upload_mib: int = 100
+    http_addr: Address = HTTP_ADDR
+    metrics_addr: Address = METRICS_ADDR
+    target_port: int = TARGET_PORT
+
+
+def curl_commands(front: Address, metrics: Address, target: int) -> list[str]:
+    """What ``--keep-running`` prints to paste: the README's Quick start shows these for the
+    default addresses (a test runs each of them, from the README, against the demo)."""
+    proxy = f"http://{front}"
+    node = f"{EDGE_NODE}:{target}"
+    commands = [
+        (f"curl -x {proxy} http://{node}/hello", "forward proxy"),
+        (f"curl -H 'Host: {node}' {proxy}/hello", "Host routing"),
+        (f"curl -p -x {proxy} http://{node}/hello", "CONNECT tunnel"),
+        (f"curl -N -x {proxy} http://{node}/stream", "lines as they are written"),
+        (f"curl -x {proxy} http://edge-9:{target}/hello", "404: no such node"),
+        (f"curl -s http://{metrics}/metrics | grep ravenproxy_server_streams", ""),
+    ]
+    return [f"{c:<60} # {why}" if why else c for c, why in commands]
 
 
 def free_port() -> int:
@@ -92,7 +125,10 @@ async def _target(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
             k.strip().lower(): v.strip()
             for k, _, v in (h.partition(":") for h in head.decode().split("\r\n")[1:] if h)
         }
-        if method == "GET" and path == "/hello":
+        if method == "GET" and path == "/metrics":
+            body = b"# a node-exporter stands here\ndemo_target_up 1\n"
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        elif method == "GET" and path == "/hello":
             body = f"hello from {EDGE_NODE}\n".encode()
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         elif method == "GET" and path.startswith("/stream"):
@@ -206,20 +242,66 @@ async def _metric(port: int, name: str) -> float:
     return total
 
 
+def _check_free(flag: str, addr: Address) -> None:
+    """Fail at once, naming the flag, when an address the server would bind is taken (its
+    process would otherwise fail into its log)."""
+    with contextlib.ExitStack() as stack:
+        sock = stack.enter_context(socket.socket())
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((addr.host or "0.0.0.0", addr.port))
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ConfigError(flag, f"cannot listen on {addr}: {reason}") from None
+
+
 async def run_demo(options: DemoOptions) -> int:
+    """The demo; the directory it made is removed when it ends, SIGINT/SIGTERM included."""
     own_dir = options.directory is None
+    _check_free("--http-addr", options.http_addr)
+    _check_free("--metrics-addr", options.metrics_addr)
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    signalled: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        if not signalled:  # once: a second Ctrl-C must not cut the clean-up short
+            main.cancel()
+        signalled.append(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
     base = Path(tempfile.mkdtemp(prefix="ravenproxy-demo-")) if own_dir else options.directory
     assert base is not None
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        return await _run(options, base)
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
+        main.uncancel()
+        return 0 if options.keep_running else 130
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        if own_dir:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+async def _run(options: DemoOptions, base: Path) -> int:
+    own_dir = options.directory is None
+    os.makedirs(base, exist_ok=True)
     certs = base / "certs"
     init_pki(certs, ("localhost", "127.0.0.1"), (EDGE_NODE,))
-    target = await asyncio.start_server(_target, "127.0.0.1", 0)
+    async with listening("--target-port", f"127.0.0.1:{options.target_port}"):
+        target = await asyncio.start_server(_target, "127.0.0.1", options.target_port)
     tport = target.sockets[0].getsockname()[1]
     inventory = base / "inventory.yaml"
     inventory.write_text(INVENTORY.format(port=tport, cloud=CLOUD_NODE, edge=EDGE_NODE))
-    tunnel, front, metrics, health = free_port(), free_port(), free_port(), free_port()
+    tunnel, health = free_port(), free_port()
+    front_addr, metrics_addr = options.http_addr, options.metrics_addr
+    front, metrics = front_addr.port, metrics_addr.port
     procs = _Procs()
-    ok = False
     try:
         await procs.start(
             "server",
@@ -236,11 +318,11 @@ async def run_demo(options: DemoOptions) -> int:
             "--tunnel-addr",
             f"127.0.0.1:{tunnel}",
             "--http-addr",
-            f"127.0.0.1:{front}",
+            str(front_addr),
             "--https-addr",
             "127.0.0.1:0",
             "--metrics-addr",
-            f"127.0.0.1:{metrics}",
+            str(metrics_addr),
             "--health-addr",
             f"127.0.0.1:{health}",
             log=base / "server.log",
@@ -259,6 +341,8 @@ async def run_demo(options: DemoOptions) -> int:
             str(certs / f"{EDGE_NODE}.key"),
             "--inventory",
             str(inventory),
+            "--metrics-port",
+            str(tport),
             log=base / "agent.log",
         )
         await _wait_for_agent(front, tport, procs, time.monotonic() + 20)
@@ -314,18 +398,16 @@ async def run_demo(options: DemoOptions) -> int:
             f"summary: {int(opened)} streams opened, {up / 1e6:.1f} MB up, "
             f"{down / 1e3:.1f} kB down (server metrics)"
         )
-        ok = True
         if options.keep_running:
             print("\nEverything stays up until Ctrl-C. Try:")
-            print(f"  curl -p -x http://127.0.0.1:{front} http://{EDGE_NODE}:{tport}/hello")
-            print(f"  curl -N -p -x http://127.0.0.1:{front} http://{EDGE_NODE}:{tport}/stream")
-            print(f"  curl -p -x http://127.0.0.1:{front} http://edge-9:{tport}/hello   # 404")
-            print(f"  curl -s http://127.0.0.1:{metrics}/metrics | grep ravenproxy_server")
-            print(f"files and logs: {base}")
-            await until_signalled()
+            for command in curl_commands(front_addr, metrics_addr, tport):
+                print(f"  {command}")
+            kept = "" if own_dir else " (kept)"
+            print(f"files and logs: {base}{kept}", flush=True)
+            await asyncio.Event().wait()  # until SIGINT or SIGTERM cancels this task
         return 0
     except (AssertionError, RuntimeError, ConnectRefused, OSError) as exc:
-        print(f"demo failed: {exc!r}; logs in {base}", file=sys.stderr)
+        print(f"demo failed: {exc!r}", file=sys.stderr)
         for name in ("server.log", "agent.log"):
             with contextlib.suppress(OSError):
                 print(f"--- {name} ---\n" + (base / name).read_text()[-3000:], file=sys.stderr)
@@ -334,5 +416,3 @@ async def run_demo(options: DemoOptions) -> int:
         await procs.stop()
         target.close()
         await target.wait_closed()
-        if own_dir and ok and not options.keep_running:
-            shutil.rmtree(base, ignore_errors=True)

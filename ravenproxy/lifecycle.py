@@ -14,9 +14,11 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
+from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError, RavenProxyError
 
 
@@ -120,7 +122,45 @@ async def listening(flag: str, where: object) -> AsyncIterator[None]:
 
 
 def os_reason(exc: OSError) -> str:
-    """The OS's words for ``exc`` (uvloop leaves ``strerror`` empty but sets ``errno``)."""
+    """The OS's words for ``exc`` (uvloop leaves ``strerror`` empty but sets ``errno``, which
+    for a name that does not resolve is a negative ``EAI_*`` code, not an errno)."""
     if exc.strerror:
         return exc.strerror
+    if isinstance(exc, socket.gaierror) or (exc.errno is not None and exc.errno < 0):
+        return _RESOLVER.get(exc.errno or 0, f"cannot resolve the host ({exc})")
     return os.strerror(exc.errno) if exc.errno else str(exc)
+
+
+_RESOLVER = {
+    socket.EAI_NONAME: "Name or service not known",
+    socket.EAI_AGAIN: "Temporary failure in name resolution",
+    socket.EAI_FAIL: "Non-recoverable failure in name resolution",
+    getattr(socket, "EAI_NODATA", -5): "No address associated with hostname",
+}
+
+
+def check_listen(flag: str, addr: Address, *, udp: bool = False) -> None:
+    """Before anything starts, the address of ``flag`` resolves and can be bound (each address
+    it resolves to, as asyncio binds them); else a :class:`ConfigError` naming the flag. The
+    real bind still names the flag when another program takes the port in between."""
+    kind = socket.SOCK_DGRAM if udp else socket.SOCK_STREAM
+    what = f"cannot bind UDP {addr}" if udp else f"cannot listen on {addr}"
+    try:
+        infos = socket.getaddrinfo(addr.bind_host, addr.port, type=kind, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ConfigError(flag, f"{what}: {os_reason(exc)}") from None
+    if addr.port == 0:
+        return
+    for family, socktype, proto, _, sockaddr in infos:
+        try:
+            sock = socket.socket(family, socktype, proto)
+        except OSError:
+            continue  # a family this host lacks: asyncio skips it too
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(sockaddr)
+            except OSError as exc:
+                raise ConfigError(flag, f"{what}: {os_reason(exc)}") from None

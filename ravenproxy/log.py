@@ -10,6 +10,8 @@ import logging
 import sys
 from typing import Any
 
+from ravenproxy.errors import ConfigError
+
 _FMT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -41,7 +43,14 @@ def peer_text(address: object) -> str:
     return str(address)
 
 
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
 def setup(level: str = "INFO") -> None:
+    """Log to stderr from ``level`` up; another level is a :class:`ConfigError` of
+    ``--log-level``."""
+    if str(level).upper() not in LEVELS:
+        raise ConfigError("--log-level", f"{level!r} is not one of {', '.join(LEVELS)}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter(_FMT))
     root = logging.getLogger()

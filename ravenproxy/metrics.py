@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from ravenproxy.config import Address
+from ravenproxy.lifecycle import listening
 
 NS = "ravenproxy"
 
@@ -202,16 +205,74 @@ class AgentMetrics:
             self.server_tunnel.remove(server, address)
 
 
-def metrics_app(
-    registry: CollectorRegistry,
-    ready: Callable[[], tuple[bool, str]] | None = None,
+class ControllerMetrics:
+    """What a controller replica did: leadership, reconciles, API writes, CSR decisions, and
+    whether its model has synced."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        _task_gauge(r, "controller")
+        self.leader = Gauge(
+            f"{NS}_controller_leader", "1 while this replica holds the leader Lease", registry=r
+        )
+        self.leader_transitions = Counter(
+            f"{NS}_controller_leader_transitions",
+            "Leader elections this replica took part in, by outcome (acquired, lost)",
+            ["transition"],
+            registry=r,
+        )
+        self.model_synced = Gauge(
+            f"{NS}_controller_model_synced",
+            "1 once the model (Nodes, Gateways) has been listed completely",
+            registry=r,
+        )
+        self.reconciles = Counter(
+            f"{NS}_controller_reconciles",
+            "Reconcile rounds by result (ok, not_leader, error)",
+            ["result"],
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            f"{NS}_controller_reconcile_errors",
+            "Failed reconcile rounds by kind of error (api, http, timeout)",
+            ["kind"],
+            registry=r,
+        )
+        self.reconcile_duration = Histogram(
+            f"{NS}_controller_reconcile_duration_seconds",
+            "Time of one reconcile round (reads and writes)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.writes = Counter(
+            f"{NS}_controller_api_writes",
+            "Writes to the Kubernetes API by kind, verb and result (ok, conflict, not_found, "
+            "refused, error)",
+            ["kind", "verb", "result"],
+            registry=r,
+        )
+        self.csr_decisions = Counter(
+            f"{NS}_controller_csr_decisions",
+            "CertificateSigningRequests of our signers by decision (approved, denied, signed, "
+            "sign_failed)",
+            ["decision", "signer"],
+            registry=r,
+        )
+
+    def write(self, kind: str, verb: str, status: int | None) -> None:
+        """Count one API write; ``status`` is the HTTP status (None: no answer)."""
+        if status is None:
+            result = "error"
+        elif status < 300:
+            result = "ok"
+        else:
+            result = {409: "conflict", 404: "not_found", 403: "refused"}.get(status, "error")
+        self.writes.labels(kind=kind, verb=verb, result=result).inc()
+
+
+def _health_routes(
+    app: web.Application, ready: Callable[[], tuple[bool, str]] | None
 ) -> web.Application:
-    """``/metrics`` in the Prometheus text format, ``/healthz`` (alive) and ``/readyz``."""
-
-    async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -219,11 +280,31 @@ def metrics_app(
         ok, why = ready() if ready is not None else (True, "ready")
         return web.Response(status=200 if ok else 503, text=why + "\n")
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
+
+
+def metrics_app(
+    registry: CollectorRegistry,
+    ready: Callable[[], tuple[bool, str]] | None = None,
+) -> web.Application:
+    """``/metrics`` in the Prometheus text format, ``/healthz`` (alive) and ``/readyz``: what a
+    ``--metrics-addr`` serves (loopback by default)."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return _health_routes(app, ready)
+
+
+def health_app(ready: Callable[[], tuple[bool, str]] | None = None) -> web.Application:
+    """``/healthz`` and ``/readyz`` alone (404 for anything else): what a ``--health-addr``
+    serves, usually on every interface for the kubelet's probes, so it shows nothing more."""
+    return _health_routes(web.Application(), ready)
 
 
 async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
@@ -241,3 +322,16 @@ async def start_app(app: web.Application, host: str, port: int) -> tuple[web.App
         bound = int(address[1])
         break
     return runner, bound
+
+
+@contextlib.asynccontextmanager
+async def serving(flag: str, addr: Address, app: web.Application) -> AsyncIterator[int]:
+    """Serve ``app`` on ``addr`` (the value of ``flag``) while the block runs; yields the bound
+    port. An address that cannot be bound is a :class:`~ravenproxy.errors.ConfigError` naming
+    ``flag``."""
+    async with listening(flag, addr):
+        runner, port = await start_app(app, addr.host, addr.port)
+    try:
+        yield port
+    finally:
+        await runner.cleanup()

@@ -46,7 +46,7 @@ from ravenproxy.backoff import backoff
 from ravenproxy.kube.sources import model_source
 from ravenproxy.lifecycle import listening, parts
 from ravenproxy.log import kv
-from ravenproxy.metrics import AgentMetrics, metrics_app, start_app
+from ravenproxy.metrics import AgentMetrics, health_app, metrics_app, start_app
 from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.credentials import Credentials
@@ -315,17 +315,22 @@ class Agent:
                 self._add_slot(s.server_urls[0], discovered=False)
 
     async def _start_metrics(self) -> None:
-        """Bind ``--metrics-addr`` (metrics, /healthz, /readyz); cleaned up when :meth:`run`
-        ends."""
+        """Bind ``--metrics-addr`` (/metrics, /healthz, /readyz) and ``--health-addr`` (/healthz
+        and /readyz only); cleaned up when :meth:`run` ends."""
         addr = self.settings.metrics_addr
-        if addr is None:
-            return
-        async with listening("--metrics-addr", addr):
-            runner, port = await start_app(
-                metrics_app(self.metrics.registry, self._ready), addr.host, addr.port
-            )
-        self._runners.append(runner)
-        self.ports["metrics"] = port
+        if addr is not None:
+            async with listening("--metrics-addr", addr):
+                runner, port = await start_app(
+                    metrics_app(self.metrics.registry, self._ready), addr.host, addr.port
+                )
+            self._runners.append(runner)
+            self.ports["metrics"] = port
+        addr = self.settings.health_addr
+        if addr is not None:
+            async with listening("--health-addr", addr):
+                runner, port = await start_app(health_app(self._ready), addr.host, addr.port)
+            self._runners.append(runner)
+            self.ports["health"] = port
 
     # -- slots --------------------------------------------------------------------------------
     def _add_slot(self, address: str, *, discovered: bool) -> Tunnel:

@@ -102,7 +102,10 @@ class AgentSettings:
         key="metrics_ports",  # as before: the --config key is plural
     )
     metrics_addr: Address | None = setting(
-        None, "--metrics-addr", "H:P", "serve metrics and health here"
+        None, "--metrics-addr", "H:P", "serve /metrics (and /healthz, /readyz) here"
+    )
+    health_addr: Address | None = setting(
+        None, "--health-addr", "H:P", "serve /healthz and /readyz only here (probes)"
     )
     dial_timeout: float = setting(5.0, "--dial-timeout", "S", "timeout of the agent's dials")
     session: SessionConfig = field(
@@ -236,6 +239,7 @@ class AgentSettings:
             inventory=cfg.existing_file(inventory, "--inventory") if inventory else None,
             metrics_ports=v["metrics_ports"],
             metrics_addr=v["metrics_addr"],
+            health_addr=v["health_addr"],
             dial_timeout=v["dial_timeout"],
             session=session,
             backoff_base=v["backoff_base"],

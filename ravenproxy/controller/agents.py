@@ -175,6 +175,6 @@ class AgentPoller:
 
 
 def agents_url(text: str) -> str:
-    """``H:P`` or a URL → the ``/agents`` URL of that server."""
+    """``H:P`` (a server's ``--metrics-addr``) or a URL → the ``/agents`` URL of that server."""
     url = text if "://" in text else f"http://{text}"
     return url if url.rstrip("/").endswith("/agents") else url.rstrip("/") + "/agents"

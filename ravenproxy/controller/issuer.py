@@ -47,6 +47,7 @@ from ravenproxy.errors import PKIError
 from ravenproxy.kube.client import KubeError, resource_version
 from ravenproxy.kube.reflector import Reflector, WatchSettings
 from ravenproxy.log import kv
+from ravenproxy.metrics import ControllerMetrics
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.issuance import SIGNER_SERVER
 
@@ -141,8 +142,10 @@ class Issuer:
         store: ModelStore,
         settings: IssuerSettings | None = None,
         watch: WatchSettings | None = None,
+        metrics: ControllerMetrics | None = None,
     ) -> None:
         self.writer = writer
+        self.metrics = metrics
         self.store = store
         self.settings = settings or IssuerSettings()
         self._changed = asyncio.Event()
@@ -226,6 +229,7 @@ class Issuer:
             status, stored = await self.writer.update_csr_approval(name, body)
             if status == 409:
                 return  # changed meanwhile: the watch brings the new version
+            self._count("approved", signer)
             log.info(
                 "controller: CSR approved",
                 extra=kv(csr=name, node=decision.node, signer=signer, requester=requester),
@@ -239,6 +243,7 @@ class Issuer:
             status, stored = await self.writer.update_csr_approval(name, body)
             if status == 409:
                 return
+            self._count("denied", signer)
             log.warning(
                 "controller: CSR denied",
                 extra=kv(
@@ -256,6 +261,10 @@ class Issuer:
         if needs_certificate(obj):
             await self._sign(obj, now)
 
+    def _count(self, decision: str, signer: str) -> None:
+        if self.metrics is not None:
+            self.metrics.csr_decisions.labels(decision=decision, signer=signer).inc()
+
     async def _sign(self, obj: Mapping[str, Any], now: dt.datetime) -> None:
         assert self._ca is not None
         name = str(obj["metadata"]["name"])
@@ -266,6 +275,7 @@ class Issuer:
             body = with_condition(obj, condition("Failed", REASON_FAILED, str(exc), now))
             status, _ = await self.writer.update_csr_status(name, body)
             if status != 409:
+                self._count("sign_failed", signer)
                 log.warning(
                     "controller: CSR not signed",
                     extra=kv(csr=name, signer=signer, error=exc),
@@ -276,6 +286,7 @@ class Issuer:
         status, _ = await self.writer.update_csr_status(name, {**obj, "status": status_body})
         if status == 409:
             return
+        self._count("signed", signer)
         log.info(
             "controller: CSR signed",
             extra=kv(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -38,8 +39,15 @@ class LeaderSettings:
     retry_period: float
 
 
-async def lead(api: k8s_client.ApiClient, settings: LeaderSettings, leading: asyncio.Event) -> None:
+async def lead(
+    api: k8s_client.ApiClient,
+    settings: LeaderSettings,
+    leading: asyncio.Event,
+    on_change: Callable[[bool], None] = lambda _: None,
+) -> None:
     """Hold ``leading`` set exactly while this replica holds the Lease; campaign forever.
+    ``on_change(True)`` when it becomes leader, ``on_change(False)`` when it stops being one
+    (the metrics).
 
     The work itself is not run by the library's callback (its task would outlive a cancelled
     election); the callbacks only flip ``leading``, which the reconciler and every write check.
@@ -48,10 +56,16 @@ async def lead(api: k8s_client.ApiClient, settings: LeaderSettings, leading: asy
     async def started() -> None:
         log.info("controller: became leader", extra=kv(identity=settings.identity))
         leading.set()
+        on_change(True)
 
     async def stopped() -> None:
-        leading.clear()
+        lost()
         log.warning("controller: lost leadership", extra=kv(identity=settings.identity))
+
+    def lost() -> None:
+        if leading.is_set():
+            leading.clear()
+            on_change(False)
 
     while True:
         lock = LeaseLock(settings.name, settings.namespace, settings.identity, api)
@@ -70,5 +84,5 @@ async def lead(api: k8s_client.ApiClient, settings: LeaderSettings, leading: asy
         except (ApiException, aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
             log.warning("controller: leader election failed, retrying", extra=kv(error=exc))
         finally:
-            leading.clear()
+            lost()
         await asyncio.sleep(settings.retry_period)

@@ -31,6 +31,7 @@ from ravenproxy.controller.validation import REASON_INVALID
 from ravenproxy.controller.writer import KubeWriter, NotLeader, internal_cluster_ip
 from ravenproxy.kube.client import KubeError
 from ravenproxy.log import kv
+from ravenproxy.metrics import ControllerMetrics
 from ravenproxy.model.objects import Gateway
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
@@ -60,8 +61,10 @@ class Reconciler:
         event_namespace: str = "default",
         clock: Callable[[], float] = time.time,
         block_affinities: Callable[[], Mapping[str, list[str]] | None] = lambda: None,
+        metrics: ControllerMetrics | None = None,
     ) -> None:
         self.writer = writer
+        self.metrics = metrics
         self.block_affinities = block_affinities
         self.store = store
         self.health = health
@@ -185,12 +188,31 @@ class Reconciler:
             if active is not None:
                 await active.wait()
             seen = self.store.version
+            started = time.monotonic()
+            result, kind = "ok", ""
             try:
                 await self.reconcile()
             except NotLeader:
+                result = "not_leader"
                 log.info("controller: leadership lost mid-reconcile, stopping writes")
             except (KubeError, ApiException, aiohttp.ClientError, TimeoutError) as exc:
+                result, kind = "error", error_kind(exc)
                 log.warning("controller: reconcile failed, will retry", extra=kv(error=exc))
+            if self.metrics is not None:
+                self.metrics.reconciles.labels(result=result).inc()
+                self.metrics.reconcile_duration.observe(time.monotonic() - started)
+                if kind:
+                    self.metrics.reconcile_errors.labels(kind=kind).inc()
             with suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await self.store.wait_changed(seen)
+
+
+def error_kind(exc: BaseException) -> str:
+    """The ``kind`` label of a failed round: ``api`` (the API answered with an error),
+    ``http`` (no answer: connection), ``timeout``."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientError):
+        return "http"
+    return "api"

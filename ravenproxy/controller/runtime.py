@@ -2,12 +2,15 @@
 
 :func:`run_controller_with` wires the parts together: the model (through ``model_source``, like
 every command), agent liveness, leader election (:mod:`leader`), the reconcile loop
-(:mod:`reconciler`) writing through :mod:`writer`, and the certificate issuer (:mod:`issuer`).
+(:mod:`reconciler`) writing through :mod:`writer`, and the certificate issuer (:mod:`issuer`);
+with ``metrics_addr`` and ``health_addr``, ``/metrics`` (:class:`ControllerMetrics`) and the
+probes (``/readyz``: 200 once the model synced, ``leader`` or ``follower``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -15,6 +18,7 @@ from pathlib import Path
 
 from kubernetes_asyncio import client as k8s_client
 
+from ravenproxy.config import Address
 from ravenproxy.controller.agents import AgentLeases, AgentPoller
 from ravenproxy.controller.desired import desired_state
 from ravenproxy.controller.dryrun import dry_run_documents, render_documents
@@ -28,6 +32,7 @@ from ravenproxy.kube.client import new_api_client
 from ravenproxy.kube.leases import default_identity
 from ravenproxy.kube.reflector import WatchSettings
 from ravenproxy.kube.sources import model_source
+from ravenproxy.metrics import ControllerMetrics, health_app, metrics_app, serving
 from ravenproxy.model.store import ModelStore
 
 
@@ -53,6 +58,9 @@ class ControllerSettings:
     agents_urls: tuple[str, ...] = ()
     # Approve and sign our signers' CSRs (issuer.py); the CA lives in a Secret.
     certificates: IssuerSettings | None = field(default_factory=IssuerSettings)
+    # /metrics (Prometheus) and /healthz + /readyz (probes): not served when None.
+    metrics_addr: Address | None = None
+    health_addr: Address | None = None
 
     @property
     def leader(self) -> LeaderSettings:
@@ -82,7 +90,8 @@ async def run_controller_with(
     settings = settings or ControllerSettings()
     store = store or ModelStore()
     leading = asyncio.Event()
-    writer = KubeWriter(api, leading.is_set)
+    metrics = ControllerMetrics()
+    writer = KubeWriter(api, leading.is_set, metrics)
     agents: AgentLeases | AgentPoller | None = None
     if health is None and settings.agents_urls:
         agents = AgentPoller(settings.agents_urls, settings.agent_grace)
@@ -99,24 +108,56 @@ async def run_controller_with(
             health or Health.ready_only,
             settings.event_namespace,
             block_affinities=feed.block_affinities,
+            metrics=metrics,
         )
+        metrics.model_synced.set_function(lambda: float(feed.synced.is_set()))
+
+        def ready() -> tuple[bool, str]:
+            """Ready once the model has synced; says whether this replica leads."""
+            if not feed.synced.is_set():
+                return False, "model not synced yet"
+            return True, "leader" if leading.is_set() else "follower"
+
+        def leadership(now_leading: bool) -> None:
+            metrics.leader.set(1 if now_leading else 0)
+            transition = "acquired" if now_leading else "lost"
+            metrics.leader_transitions.labels(transition=transition).inc()
 
         async def reconcile_when_synced() -> None:
             await feed.synced.wait()
             await reconciler.run(settings.interval, leading)
 
-        async with asyncio.TaskGroup() as tg:
-            if agents is not None:
-                tg.create_task(agents.run(), name="controller-agent-liveness")
-            tg.create_task(feed.wait(), name="controller-source")
-            tg.create_task(lead(api, settings.leader, leading), name="controller-leader-election")
-            tg.create_task(reconcile_when_synced(), name="controller-reconciler")
-            if settings.certificates is not None:
-                issuing = replace(settings.certificates, event_namespace=settings.event_namespace)
-                issuer = Issuer(api, writer, store, issuing, settings.watch)
-                tg.create_task(
-                    issuer.run(leading, feed.synced), name="controller-certificate-issuer"
+        async with contextlib.AsyncExitStack() as listeners:
+            # Bound before anything else starts: a taken address fails the start at once.
+            if settings.metrics_addr is not None:
+                await listeners.enter_async_context(
+                    serving(
+                        "--metrics-addr",
+                        settings.metrics_addr,
+                        metrics_app(metrics.registry, ready),
+                    )
                 )
+            if settings.health_addr is not None:
+                await listeners.enter_async_context(
+                    serving("--health-addr", settings.health_addr, health_app(ready))
+                )
+            async with asyncio.TaskGroup() as tg:
+                if agents is not None:
+                    tg.create_task(agents.run(), name="controller-agent-liveness")
+                tg.create_task(feed.wait(), name="controller-source")
+                tg.create_task(
+                    lead(api, settings.leader, leading, leadership),
+                    name="controller-leader-election",
+                )
+                tg.create_task(reconcile_when_synced(), name="controller-reconciler")
+                if settings.certificates is not None:
+                    issuing = replace(
+                        settings.certificates, event_namespace=settings.event_namespace
+                    )
+                    issuer = Issuer(api, writer, store, issuing, settings.watch, metrics)
+                    tg.create_task(
+                        issuer.run(leading, feed.synced), name="controller-certificate-issuer"
+                    )
 
 
 async def run_controller(

@@ -57,10 +57,14 @@ class ControllerCommand:
     certificates."""
 
     kubeconfig: str | None = setting(
-        None, "--kubeconfig", "F", "API access (without it: the in-cluster account)"
+        None, "--kubeconfig", "F", "API access (without it: the in-cluster account)", kind="file"
     )
     inventory: str | None = setting(
-        None, "--inventory", "FILE", "print the objects it would write instead (no cluster)"
+        None,
+        "--inventory",
+        "FILE",
+        "print the objects it would write instead (no cluster)",
+        kind="file",
     )
     dry_run: bool = setting(False, "--dry-run", help="print the objects once and exit")
     agent_grace: float = setting(
@@ -73,7 +77,7 @@ class ControllerCommand:
         (),
         "--agents-url",
         "URL",
-        "poll this server's GET /agents (H:P of its health address, or a URL; repeatable) "
+        "poll this server's GET /agents (H:P of its --metrics-addr, or a URL; repeatable) "
         "instead of watching the servers' agent Leases; with --inventory, the only source",
     )
 
@@ -98,6 +102,20 @@ class ControllerCommand:
         "--cluster-domain",
         "D",
         "the cluster's DNS domain, for the internal Service's names in server certificates",
+    )
+    metrics_addr: Address = setting(
+        Address("127.0.0.1", 10266),
+        "--metrics-addr",
+        "H:P",
+        "/metrics (Prometheus): leadership, reconciles, API writes, CSR decisions, model sync "
+        "(not with --inventory)",
+    )
+    health_addr: Address = setting(
+        Address("", 10275),
+        "--health-addr",
+        "H:P",
+        "/healthz, and /readyz: 200 once the model has synced, its body 'leader' or "
+        "'follower' (not with --inventory)",
     )
 
     @classmethod
@@ -128,9 +146,11 @@ class DnsCommand:
     listen: Address = setting(
         flag="--listen", metavar="H:P", help="where to answer, UDP and TCP (required)"
     )
-    inventory: str | None = setting(None, "--inventory", "FILE", "answer from this inventory")
+    inventory: str | None = setting(
+        None, "--inventory", "FILE", "answer from this inventory", kind="file"
+    )
     kubeconfig: str | None = setting(
-        None, "--kubeconfig", "F", "answer from the published ConfigMap (API access)"
+        None, "--kubeconfig", "F", "answer from the published ConfigMap (API access)", kind="file"
     )
     suffix: str | None = setting(None, "--suffix", "S", "also answer NODE.S")
     cluster_ip: str | None = setting(

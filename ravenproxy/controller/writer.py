@@ -23,6 +23,7 @@ from ravenproxy.kube.client import MERGE_PATCH, KubeError, raw_call
 from ravenproxy.kube.labels import LABEL_MANAGED_BY, MANAGED_BY
 from ravenproxy.kube.model import GATEWAY_GROUP, GATEWAY_PLURAL, GATEWAY_VERSION
 from ravenproxy.log import kv
+from ravenproxy.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +35,32 @@ class NotLeader(RavenProxyError):
 class KubeWriter:
     """One API call per write, raw JSON both ways; refuses every write while not leading."""
 
-    def __init__(self, api: k8s_client.ApiClient, leading: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        leading: Callable[[], bool],
+        metrics: ControllerMetrics | None = None,
+    ) -> None:
         self._core = k8s_client.CoreV1Api(api)
         self._custom = k8s_client.CustomObjectsApi(api)
         self._certs = k8s_client.CertificatesV1Api(api)
         self._leading = leading
+        self._metrics = metrics
 
     async def _call(
         self, fn: Callable[..., Awaitable[Any]], *args: Any, write: bool = True, **kwargs: Any
     ) -> tuple[int, dict[str, Any]]:
         if write and not self._leading():
             raise NotLeader("not the leader: refusing to write")
-        return await raw_call(fn, *args, **kwargs)
+        if not write or self._metrics is None:
+            return await raw_call(fn, *args, **kwargs)
+        kind, verb = write_labels(fn.__name__)
+        status: int | None = None
+        try:
+            status, body = await raw_call(fn, *args, **kwargs)
+        finally:
+            self._metrics.write(kind, verb, status)
+        return status, body
 
     @staticmethod
     def _check(status: int, body: Mapping[str, Any], what: str) -> None:
@@ -224,6 +239,18 @@ class KubeWriter:
         if status != 409:
             self._check(status, out, f"update CSR {name} status")
         return status, out
+
+
+def write_labels(method: str) -> tuple[str, str]:
+    """(kind, verb) of a kubernetes_asyncio method name, for the write metrics:
+    ``patch_namespaced_config_map`` → (``config_map``, ``patch``),
+    ``patch_cluster_custom_object_status`` → (``gateway_status``, ``patch``),
+    ``replace_certificate_signing_request_approval`` → (``certificate_signing_request_approval``,
+    ``update``)."""
+    verb, _, rest = method.partition("_")
+    rest = rest.removeprefix("namespaced_").removeprefix("cluster_")
+    rest = rest.replace("custom_object", "gateway")  # the only custom objects we write
+    return rest, {"replace": "update"}.get(verb, verb)
 
 
 def internal_cluster_ip(objs: list[dict[str, Any]]) -> str | None:

@@ -81,7 +81,7 @@ def parse_inventory(text: str, origin: str = "<inventory>") -> Model:
                     raise InventoryError(f"Node {node.name}: defined twice")
                 nodes[node.name] = node
             elif kind == "Gateway":
-                gw = parse_gateway(doc)
+                gw = parse_gateway(doc, strict=True)
                 if gw.name in gateways:
                     raise InventoryError(f"Gateway {gw.name}: defined twice")
                 gateways[gw.name] = gw

@@ -2,10 +2,18 @@
 
 Errors name the object and the field, e.g.
 ``Node edge-1: status.daemonEndpoints.kubeletEndpoint.Port: expected an integer 1-65535, got 'x'``.
+
+A Gateway parsed ``strict`` (the inventory) refuses a field its schema does not have, naming it
+and the field it most likely meant: ``Gateway gw-1: spec.proxyConfig.replicas: unknown field
+(did you mean Replicas?)`` (Raven's field is ``Replicas``; ``replicas`` would silently mean the
+default, 1). From the Kubernetes API a Gateway is not strict: the CRD's structural schema prunes
+unknown fields before anyone reads them, and the controller must not refuse an object the API
+server accepted.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,9 +39,46 @@ from ravenproxy.model.safeyaml import brief, one_line
 GATEWAY_API_VERSIONS = ("raven.openyurt.io/v1beta1", "raven.openyurt.io/v1alpha1")
 
 
+# The Gateway's schema (Raven's v1beta1, k8s/crd/), for strict parsing.
+_GATEWAY_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
+_SPEC_FIELDS = ("endpoints", "exposeType", "nodeSelector", "proxyConfig", "tunnelConfig")
+_PROXY_FIELDS = ("Replicas", "proxyHTTPPort", "proxyHTTPSPort")
+_TUNNEL_FIELDS = ("Replicas",)
+_SELECTOR_FIELDS = ("matchExpressions", "matchLabels")
+_ENDPOINT_FIELDS = (
+    "config",
+    "natType",
+    "nodeName",
+    "port",
+    "publicIP",
+    "publicPort",
+    "type",
+    "underNAT",
+)
+
+
+def _suggest(key: str, known: tuple[str, ...]) -> str:
+    """`` (did you mean X?)`` for the known field ``key`` most likely meant, else ""."""
+    for name in known:
+        if name.lower() == key.lower():
+            return f" (did you mean {name}?)"
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 class _Ctx:
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, strict: bool = False) -> None:
         self.what = what
+        self.strict = strict
+
+    def known(self, obj: Mapping[str, Any], path: str, fields: tuple[str, ...]) -> None:
+        """When strict, a key of ``obj`` that is not in ``fields`` is an error naming it."""
+        if not self.strict:
+            return
+        for key in obj:
+            if key not in fields:
+                where = f"{path}.{key}" if path else str(key)
+                raise self.fail(where, "unknown field" + _suggest(str(key), fields))
 
     def fail(self, path: str, message: str) -> InventoryError:
         # One bounded line: names and keys come from the file and may be arbitrarily long.
@@ -141,6 +186,8 @@ def parse_node(doc: Mapping[str, Any]) -> Node:
 
 def _endpoint(c: _Ctx, obj: Any, path: str) -> Endpoint:
     e = c.mapping(obj, path)
+    if path.startswith("spec."):
+        c.known(e, path, _ENDPOINT_FIELDS)
     node_name = c.string(e.get("nodeName"), f"{path}.nodeName")
     if not node_name:
         raise c.fail(f"{path}.nodeName", "is required")
@@ -159,9 +206,11 @@ def _endpoint(c: _Ctx, obj: Any, path: str) -> Endpoint:
     )
 
 
-def parse_gateway(doc: Mapping[str, Any]) -> Gateway:
+def parse_gateway(doc: Mapping[str, Any], *, strict: bool = False) -> Gateway:
+    """A Gateway; ``strict`` (the inventory): a field the schema lacks is an error."""
     name = _name(doc, "Gateway")
-    c = _Ctx(f"Gateway {name}")
+    c = _Ctx(f"Gateway {name}", strict)
+    c.known(doc, "", _GATEWAY_FIELDS)
     api = doc.get("apiVersion")
     if api is not None and api not in GATEWAY_API_VERSIONS:
         raise c.fail(
@@ -172,6 +221,9 @@ def parse_gateway(doc: Mapping[str, Any]) -> Gateway:
     status = c.mapping(doc.get("status"), "status")
     pc = c.mapping(spec.get("proxyConfig"), "spec.proxyConfig")
     tc = c.mapping(spec.get("tunnelConfig"), "spec.tunnelConfig")
+    c.known(spec, "spec", _SPEC_FIELDS)
+    c.known(pc, "spec.proxyConfig", _PROXY_FIELDS)
+    c.known(tc, "spec.tunnelConfig", _TUNNEL_FIELDS)
     proxy = ProxyConfig(
         replicas=c.integer(pc.get("Replicas"), "spec.proxyConfig.Replicas", 1, hi=1000),
         proxy_http_port=c.string(pc.get("proxyHTTPPort"), "spec.proxyConfig.proxyHTTPPort"),
@@ -189,6 +241,7 @@ def parse_gateway(doc: Mapping[str, Any]) -> Gateway:
     if expose not in EXPOSE_TYPES:
         raise c.fail("spec.exposeType", f"must be one of {EXPOSE_TYPES!r}, got {brief(expose)}")
     selector = c.mapping(spec.get("nodeSelector"), "spec.nodeSelector")
+    c.known(selector, "spec.nodeSelector", _SELECTOR_FIELDS)
     match_labels = c.str_map(selector.get("matchLabels"), "spec.nodeSelector.matchLabels")
     status_nodes = []
     for i, item in enumerate(c.seq(status.get("nodes"), "status.nodes")):

@@ -1,4 +1,5 @@
-"""``GET /agents`` on the server's health address: which agents hold a tunnel, since when.
+"""``GET /agents`` on the server's metrics address (``--metrics-addr``, never the health
+address): which agents hold a tunnel, since when.
 
 ``[{"node", "connected_since", "connections"}]``, for ``ravenproxy controller --agents-url``
 (servers without API access) and for people. With API access the server says the same through
@@ -44,7 +45,7 @@ def agents_report(
 def agents_handler(
     sessions: Callable[[], Iterable[Any]],
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """``GET /agents`` for the server's health app: ``sessions`` is ``registry.sessions``."""
+    """``GET /agents`` for the server's metrics app: ``sessions`` is ``registry.sessions``."""
 
     async def handler(_: web.Request) -> web.Response:
         return web.json_response({"agents": agents_report(sessions())})

@@ -27,7 +27,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.log import kv, peer_text
-from ravenproxy.metrics import ServerMetrics, metrics_app, start_app
+from ravenproxy.metrics import ServerMetrics, health_app, metrics_app, start_app
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.credentials import Credentials
 from ravenproxy.server.agents import add_agents_route
@@ -181,19 +181,20 @@ class ProxyServer:
             )
             undo.push_async_callback(self.https_front.stop)
             self.listeners.add("https", self.https_front.listener.socknames())
+            # /metrics and /agents only where metrics are served (loopback by default); the
+            # health address, on every interface for the probes, answers /healthz and /readyz.
+            metrics = metrics_app(self.metrics.registry, self._ready)
+            add_agents_route(metrics, self.registry.sessions)
             runner, port = await _bind(
                 "--metrics-addr",
                 s.metrics_addr,
-                start_app(
-                    metrics_app(self.metrics.registry), s.metrics_addr.host, s.metrics_addr.port
-                ),
+                start_app(metrics, s.metrics_addr.host, s.metrics_addr.port),
             )
             undo.push_async_callback(runner.cleanup)
             self._runners.append(runner)
             self.ports["metrics"] = port
             self.listeners.add("metrics", runner.addresses)
-            health = metrics_app(self.metrics.registry, self._ready)
-            add_agents_route(health, self.registry.sessions)
+            health = health_app(self._ready)
             runner, port = await _bind(
                 "--health-addr",
                 s.health_addr,

@@ -10,7 +10,7 @@ two ways:
   Lease is released (holder cleared) when it disconnects. A server that dies stops renewing, which
   the controller sees the same way. The controller watches these Leases; both ends take their
   names from :mod:`ravenproxy.kube.leases`;
-- anywhere, ``GET /agents`` on the health address (:mod:`ravenproxy.server.agents`), for
+- anywhere, ``GET /agents`` on the metrics address (:mod:`ravenproxy.server.agents`), for
   ``ravenproxy controller --agents-url`` and for people.
 
 Two servers may briefly both hold a tunnel from one agent (it reconnects, or is balanced to

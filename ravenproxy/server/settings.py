@@ -89,10 +89,10 @@ class ServerSettings:
     https_addr: Address = setting(Address("", 10263), "--https-addr", "H:P", "HTTPS front")
     http_addr: Address = setting(Address("", 10264), "--http-addr", "H:P", "HTTP/CONNECT front")
     metrics_addr: Address = setting(
-        Address("127.0.0.1", 10266), "--metrics-addr", "H:P", "Prometheus metrics"
+        Address("127.0.0.1", 10266), "--metrics-addr", "H:P", "/metrics and /agents"
     )
     health_addr: Address = setting(
-        Address("", 10275), "--health-addr", "H:P", "/healthz, /readyz and /agents"
+        Address("", 10275), "--health-addr", "H:P", "/healthz and /readyz only (probes)"
     )
     session: SessionConfig = field(
         default_factory=SessionConfig,

@@ -293,8 +293,8 @@ def test_agents_report_lists_each_node_once_since_its_oldest_tunnel() -> None:
 
 
 def test_agents_url_accepts_an_address_or_a_url() -> None:
-    assert agents_url("10.0.0.1:10275") == "http://10.0.0.1:10275/agents"
-    assert agents_url("http://srv:10275/") == "http://srv:10275/agents"
+    assert agents_url("10.0.0.1:10266") == "http://10.0.0.1:10266/agents"
+    assert agents_url("http://srv:10266/") == "http://srv:10266/agents"
     assert agents_url("https://srv/agents") == "https://srv/agents"
 
 

@@ -100,3 +100,18 @@ async def test_opens_are_counted_by_result(l7: L7) -> None:
     for path, text in (("/healthz", "ok"), ("/readyz", "ready, 1 agent(s) connected")):
         status, body = await curl(f"http://127.0.0.1:{health}{path}")
         assert (status, body.strip()) == (200, text)
+
+
+async def test_metrics_and_agents_only_on_the_metrics_address(l7: L7) -> None:
+    """The health address (every interface by default, for the probes) answers /healthz and
+    /readyz and nothing else; /metrics and /agents are on --metrics-addr (loopback by default)."""
+    assert l7.cluster.server is not None
+    health = l7.cluster.server.ports["health"]
+    metrics = l7.cluster.server.ports["metrics"]
+    for path in ("/metrics", "/agents", "/"):
+        status, _ = await curl(f"http://127.0.0.1:{health}{path}")
+        assert status == 404, path
+    status, body = await curl(f"http://127.0.0.1:{metrics}/agents")
+    assert status == 200 and '"node": "edge-1"' in body, body
+    status, body = await curl(f"http://127.0.0.1:{metrics}/metrics")
+    assert status == 200 and "ravenproxy_server_agents_connected 1.0" in body
