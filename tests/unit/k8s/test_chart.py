@@ -5,6 +5,8 @@ never a constant, the values schema, and k8s/ in sync with the default render.""
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -314,6 +316,83 @@ def test_strongswan_charon_sidecar_shares_the_vici_socket_and_the_psk_is_mounted
     assert args.psk_file == mount_path(l3, "psk") + "/psk"
     assert volumes["psk"]["secret"]["secretName"] == "ravenproxy-ipsec-psk"
     assert named("l3-strongswan", "Secret", "ravenproxy-ipsec-psk")["data"]["psk"]
+
+
+# Runs in fresh net, mount and pid namespaces (the pid namespace ends every process in it when the
+# script exits): a private /run with the emptyDir's directory, charon with the pod's capability
+# set and the chart's strongswan.d snippet, then a VICI client with the l3 container's
+# capabilities on the socket the driver is given.
+CHARON_POD = """
+set -e
+mount -t tmpfs tmpfs /run
+mkdir -p {socket_dir}
+ip link set lo up
+STRONGSWAN_CONF={conf} {charon_caps} {charon} > {out}/charon.out 2>&1 &
+for i in $(seq 100); do [ -S {socket} ] && break; sleep 0.1; done
+{l3_caps} {python} -c '{client}' {socket}
+ss -Hlun
+"""
+VICI_CLIENT = (
+    "import socket, sys, vici; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+    'print("daemon", vici.Session(s).version()["daemon"].decode())'
+)
+
+
+def setpriv(container: dict[str, Any]) -> str:
+    """The container's capability set as setpriv arguments (uid 0, as the pod runs)."""
+    caps = container["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"]
+    keep = ",".join(f"+{c.lower()}" for c in caps.get("add", []))
+    return f"setpriv --bounding-set=-all,{keep} --inh-caps=-all"
+
+
+@pytest.mark.root
+def test_charon_runs_with_the_pods_capabilities_and_serves_the_drivers_socket(
+    tmp_path: Path,
+) -> None:
+    doc = named("l3-strongswan", "DaemonSet", "ravenproxy-l3")
+    l3, charon = the("l3", doc), the("charon", doc)
+    socket_path = parse(l3).vici_socket
+    snippet = named("l3-strongswan", "ConfigMap", "ravenproxy-charon")["data"]["ravenproxy.conf"]
+    (tmp_path / "ravenproxy.conf").write_text(snippet)
+    # What Debian's /etc/strongswan.conf does, plus the snippet the pod mounts in strongswan.d.
+    conf = tmp_path / "strongswan.conf"
+    conf.write_text(
+        "charon {\n  load_modular = yes\n  plugins {\n"
+        "    include /etc/strongswan.d/charon/*.conf\n  }\n}\n"
+        f"include /etc/strongswan.d/*.conf\ninclude {tmp_path}/ravenproxy.conf\n"
+    )
+    script = CHARON_POD.format(
+        socket_dir=mount_path(l3, "vici"),
+        socket=socket_path,
+        conf=conf,
+        charon=" ".join(charon["command"]),
+        charon_caps=setpriv(charon),
+        l3_caps=setpriv(l3),
+        python=sys.executable,
+        client=VICI_CLIENT,
+        out=tmp_path,
+    )
+    proc = subprocess.Popen(
+        ["unshare", "--net", "--mount", "--pid", "--fork", "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = (tmp_path / "charon.out").read_text() if (tmp_path / "charon.out").exists() else ""
+    assert proc.returncode == 0, out + log
+    assert "daemon charon" in out, out + log
+    # IKE on the NAT-T port only: nothing on UDP 500 (which would need CAP_NET_BIND_SERVICE).
+    local_ports = {
+        line.split()[3].rsplit(":", 1)[1] for line in out.splitlines() if "UNCONN" in line
+    }
+    assert "4500" in local_ports and "500" not in local_ports, out
 
 
 def test_wireguard_keeps_its_keys_on_the_node_and_has_no_charon() -> None:
