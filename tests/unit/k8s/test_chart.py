@@ -5,12 +5,14 @@ never a constant, the values schema, and k8s/ in sync with the default render.""
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
@@ -117,6 +119,24 @@ def test_the_schema_refuses_a_wrong_value_naming_the_field(expression: str, fiel
     result = chart.run_helm(*args, check=False)
     assert result.returncode != 0, f"helm accepted {expression}"
     assert field in result.stderr, result.stderr
+
+
+def test_the_schema_types_every_value() -> None:
+    """Every value in values.yaml has a type (or enum) in values.schema.json, objects refuse
+    unknown keys, and the defaults validate."""
+    values = yaml.safe_load((chart.CHART / "values.yaml").read_text())
+    schema = json.loads((chart.CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator(schema).validate(values)
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        assert "type" in node or "enum" in node, f"{path} has no type in the schema"
+        if isinstance(value, dict) and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path} allows unknown keys"
+            for key, sub in value.items():
+                assert key in node["properties"], f"{path}.{key} is not in the schema"
+                walk(sub, node["properties"][key], f"{path}.{key}")
+
+    walk(values, schema, "values")
 
 
 def test_notes_say_what_to_do_next() -> None:
