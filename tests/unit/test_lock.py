@@ -186,3 +186,18 @@ def test_checker_names_an_unhashed_pin_and_reads_markers() -> None:
 def test_checker_refuses_a_loose_line() -> None:
     with pytest.raises(ValueError, match="line 1: not an exact pin"):
         parse_lock("websockets>=14\n")
+
+
+def test_readme_says_why_each_dependency_is_there() -> None:
+    """README "Dependencies, and why each is there" names exactly pyproject's requirements."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Dependencies, and why each is there", 1)[1].split("\n### ", 1)[0]
+    table, _, prose = section.partition("Development:")
+    runtime_named = {canonicalize_name(m) for m in re.findall(r"^\| `([^`]+)` \|", table, re.M)}
+    runtime = {
+        canonicalize_name(Requirement(r).name) for r in _pyproject()["project"]["dependencies"]
+    }
+    assert runtime_named == runtime
+    prose_named = {canonicalize_name(m) for m in re.findall(r"`([A-Za-z0-9_.-]+)", prose)}
+    dev = {canonicalize_name(Requirement(r).name) for r in dev_requirements()} - runtime
+    assert dev - prose_named == set(), "a dev or build requirement the README does not explain"
