@@ -43,6 +43,9 @@ LABEL org.opencontainers.image.title="ravenproxy" \
 # (iptables), ipset, conntrack, wg (wireguard-tools) and wireguard-go; for the strongSwan VPN
 # driver, charon with the kernel-libipsec plugin (libcharon-extra-plugins) and swanctl — the same
 # Debian packages the tests drive (Makefile APT_PACKAGES).
+# Debian's stable packages, not pinned to a version: a pin would break the build at the next
+# security update of the release (hadolint DL3008).
+# hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       iproute2 iptables ipset conntrack \
@@ -51,7 +54,8 @@ RUN apt-get update \
       libstrongswan-standard-plugins libstrongswan-extra-plugins \
  && rm -rf /var/lib/apt/lists/*
 
-RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/ravenproxy --create-home \
+RUN groupadd --system --gid 10001 ravenproxy \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/ravenproxy --create-home \
       --shell /usr/sbin/nologin ravenproxy
 COPY --from=build /opt/ravenproxy /opt/ravenproxy
 ENV PATH=/opt/ravenproxy/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
