@@ -68,19 +68,21 @@ lock-upgrade:
 # The container image (Dockerfile; README "Container image") with the first builder that works.
 # A docker CLI without a reachable daemon is no builder.
 IMAGE ?= ravenproxy
-VERSION := $(shell $(PYTHON) -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+VERSION = $(shell $(PYTHON) -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 IMAGE_TAG ?= $(VERSION)
-IMAGE_ARGS := --build-arg VERSION=$(VERSION) \
+IMAGE_ARGS = --build-arg VERSION=$(VERSION) \
 	--build-arg SOURCE=$(shell git remote get-url origin 2>/dev/null) \
 	--build-arg REVISION=$(shell git rev-parse HEAD 2>/dev/null)
 
+IMAGE_BUILDER = $(shell if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
+	echo docker build; elif command -v podman >/dev/null 2>&1; then echo podman build; \
+	elif command -v buildah >/dev/null 2>&1; then echo buildah bud; fi)
+NO_BUILDER := no container builder here (need docker with a running daemon, podman or buildah)
+
 image:
-	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then b="docker build"; \
-	elif command -v podman >/dev/null 2>&1; then b="podman build"; \
-	elif command -v buildah >/dev/null 2>&1; then b="buildah bud"; \
-	else echo "make image: no container builder here (need docker with a running daemon, podman or buildah)" >&2; exit 1; fi; \
-	echo "building $(IMAGE):$(IMAGE_TAG) with $$b"; \
-	$$b $(IMAGE_ARGS) -t $(IMAGE):$(IMAGE_TAG) .
+	$(if $(IMAGE_BUILDER),,$(error $(NO_BUILDER)))
+	@echo "building $(IMAGE):$(IMAGE_TAG) with $(IMAGE_BUILDER)"
+	$(IMAGE_BUILDER) $(IMAGE_ARGS) -t $(IMAGE):$(IMAGE_TAG) .
 
 system-packages:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
