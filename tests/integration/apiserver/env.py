@@ -211,12 +211,14 @@ def _port_free_on_both(*hosts: str) -> int:
     raise RuntimeError(f"no port free on all of {hosts}")
 
 
-def free_port_is(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
+def free_port_is(host: str, port: int, *, udp: bool = False) -> bool:
+    kinds = (socket.SOCK_STREAM, socket.SOCK_DGRAM) if udp else (socket.SOCK_STREAM,)
+    for kind in kinds:
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
     return True
 
 
@@ -246,7 +248,9 @@ def start_env(base: Path) -> Env:
         ports=(kubelet_port, exporter_port),
     )  # fmt: skip
     cluster = Cluster(base)
-    dns_port = 53 if os.geteuid() == 0 else free_port(DNS_IP)
+    # Port 53 lets a program's own resolver (resolv.conf has no port) use it: root only.
+    root53 = os.geteuid() == 0 and free_port_is(DNS_IP, 53, udp=True)
+    dns_port = 53 if root53 else free_port(DNS_IP)
     dns = Proc("dns", [], base / "dns.log")
     env = Env(base, cluster, kubelet, pki, dns, dns_port)
     try:

@@ -18,6 +18,7 @@ verifies the certificate against it, as Go's ``net/http`` does.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import ssl
 from dataclasses import dataclass
@@ -72,7 +73,12 @@ class KubeletClient:
         return [*searched, absolute] if name.count(".") < self.ndots else [absolute, *searched]
 
     async def resolve(self, name: str) -> tuple[str, list[str]]:
-        """(address, names asked) through the configured nameserver; fails on no answer."""
+        """(address, names asked) through the configured nameserver; fails on no answer. An IP
+        is its own address (kube-apiserver dials an InternalIP as it is)."""
+        try:
+            return str(ipaddress.ip_address(name)), []
+        except ValueError:
+            pass
         host, port = self.nameserver
         asked = []
         for candidate in self.candidates(name):
