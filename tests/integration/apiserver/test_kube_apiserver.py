@@ -216,9 +216,10 @@ async def test_exec_websocket_goes_through_end_to_end(env: Env) -> None:
     assert after.get(PASSTHROUGH, 0) - before.get(PASSTHROUGH, 0) >= 1, after
 
 
-async def test_an_ip_without_sni_is_terminated_and_reoriginated(env: Env) -> None:
-    """No SNI (an IP): the server answers with its own certificate and re-originates TLS with
-    its kubelet client certificate, since the client authenticated (--front-client-ca-file)."""
+async def test_an_ip_or_another_name_is_terminated_and_reoriginated(env: Env) -> None:
+    """No SNI (an IP), or one naming no node: the server answers with its own certificate and
+    re-originates TLS with its kubelet client certificate, since the client authenticated
+    (--front-client-ca-file)."""
     client = apiserver_client(env)
     ctx = ssl.create_default_context(cafile=str(env.cluster.certs / "ca.crt"))
     ctx.check_hostname = False  # the server certificate names localhost, not this address
@@ -229,13 +230,18 @@ async def test_an_ip_without_sni_is_terminated_and_reoriginated(env: Env) -> Non
         async with session.get(f"{base}/whoami", ssl=ctx, headers={"Host": "edge-1"}) as response:
             assert response.status == 200
             assert await response.text() == SERVER_KUBELET_CN
+        # A server name that is no node is terminated the same way.
+        async with session.get(
+            f"{base}/whoami", ssl=ctx, server_hostname="not-a-node", headers={"Host": "edge-1"}
+        ) as response:
+            assert (response.status, await response.text()) == (200, SERVER_KUBELET_CN)
         # Routed by the pod of the path.
         url = f"{base}/containerLogs/default/web-1/app?lines=3"
         async with session.get(url, ssl=ctx) as response:
             assert response.status == 200
             assert len((await response.text()).splitlines()) == 3
     after = await env.metrics()
-    assert after.get(TERMINATE, 0) - before.get(TERMINATE, 0) >= 1, after
+    assert after.get(TERMINATE, 0) - before.get(TERMINATE, 0) >= 2, after
 
 
 async def test_a_node_no_agent_serves_is_closed_and_logged(env: Env) -> None:
