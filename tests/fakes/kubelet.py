@@ -8,7 +8,8 @@ on one port (the "kubelet port") and plain HTTP on another (an "exporter" port):
 - ``/exec/NS/POD/CONTAINER`` — upgrades to a WebSocket (``v5.channel.k8s.io`` framing: the first
   byte of each binary message is the channel) and echoes stdin (0) to stdout (1); ``exit\\n``
   on stdin ends the session with a Success status on channel 3 and a close;
-- ``/metrics`` — Prometheus text (``fake_exporter_answer 42``), ``/healthz``;
+- ``/metrics`` — Prometheus text (``fake_exporter_answer 42``), ``/metrics/cadvisor`` — a
+  cAdvisor-style sample (``container_cpu_usage_seconds_total``), ``/healthz``;
 - ``/echo`` — reads the body as it streams, answers its size and SHA-256;
 - ``/headers`` — the request headers as JSON; ``/whoami`` — the TLS client certificate's CN.
 
@@ -43,6 +44,15 @@ async def metrics(_: web.Request) -> web.Response:
         "# HELP fake_exporter_answer A constant the tests read back through Prometheus.\n"
         "# TYPE fake_exporter_answer gauge\n"
         "fake_exporter_answer 42\n"
+    )
+    return web.Response(text=text, content_type="text/plain")
+
+
+async def cadvisor(_: web.Request) -> web.Response:
+    text = (
+        "# HELP container_cpu_usage_seconds_total Cumulative cpu time consumed in seconds.\n"
+        "# TYPE container_cpu_usage_seconds_total counter\n"
+        'container_cpu_usage_seconds_total{container="app",namespace="default",pod="web-1"} 7\n'
     )
     return web.Response(text=text, content_type="text/plain")
 
@@ -117,6 +127,7 @@ def build_app() -> web.Application:
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics/cadvisor", cadvisor)
     app.router.add_get("/containerLogs/{ns}/{pod}/{container}", container_logs)
     app.router.add_get("/exec/{ns}/{pod}/{container}", exec_)
     app.router.add_route("*", "/echo", echo)

@@ -109,7 +109,15 @@ class Kubelet:
         stop(self.popen, 5)
 
 
-def start_kubelet(base: Path, host: str, cert: Path, key: Path, ca: Path | None) -> Kubelet:
+def start_kubelet(
+    base: Path,
+    host: str,
+    cert: Path,
+    key: Path,
+    ca: Path | None,
+    ports: tuple[int, int] | None = None,
+) -> Kubelet:
+    """``ports``: (TLS, HTTP) to bind; free ones by default."""
     ready = base / f"kubelet-{host}.json"
     log = base / f"kubelet-{host}.log"
     args = [
@@ -118,6 +126,8 @@ def start_kubelet(base: Path, host: str, cert: Path, key: Path, ca: Path | None)
     ]  # fmt: skip
     if ca is not None:
         args += ["--ca", str(ca)]
+    if ports is not None:
+        args += ["--tls-port", str(ports[0]), "--http-port", str(ports[1])]
     popen = spawn(args, log, cwd=Path(__file__).resolve().parents[3])
     deadline = time.monotonic() + 15
     while not ready.exists():
