@@ -456,7 +456,7 @@ def test_an_existing_psk_secret_is_used_and_none_is_made() -> None:
 # --- dns ----------------------------------------------------------------------------------------
 
 
-def test_dns_deployment_and_service() -> None:
+def test_dns_deployment_and_service(tmp_path: Path) -> None:
     assert not [d for d in workloads("defaults") if d["metadata"]["name"] == "ravenproxy-dns"]
     doc = named("dns", "Deployment", "ravenproxy-dns")
     container = the("dns", doc)
@@ -465,6 +465,10 @@ def test_dns_deployment_and_service() -> None:
     assert args.kubeconfig == mount_path(container, "kubeconfig") + "/kubeconfig"
     config = yaml.safe_load(kubeconfig)
     assert config["users"][0]["user"]["tokenFile"].endswith("serviceaccount/token")
+    # The settings check that the file exists: here, the ConfigMap's content where the pod
+    # would find it mounted.
+    (tmp_path / "kubeconfig").write_text(kubeconfig)
+    args.kubeconfig = str(tmp_path / "kubeconfig")
     cmd = DnsCommand.from_mapping(flags.gather(args, DnsCommand))
     assert (cmd.listen.host, cmd.listen.port) == ("0.0.0.0", 10053)
     service = named("dns", "Service", "ravenproxy-dns")
