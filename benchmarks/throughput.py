@@ -292,6 +292,9 @@ async def start_tunnel(procs: Procs, base: Path, sink_port: int, profile: Path |
             "--cert-file", str(certs / f"{EDGE_NODE}.crt"),
             "--key-file", str(certs / f"{EDGE_NODE}.key"),
             "--inventory", str(inventory),
+            # The demo's inventory puts its target on a metrics port; the sink is admitted
+            # explicitly, as in latency.py.
+            "--allow", f"127.0.0.1:{sink_port}",
             "--log-level", "WARNING",
         ),
         base / "agent.log",
