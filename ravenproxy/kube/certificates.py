@@ -52,6 +52,7 @@ from ravenproxy.log import kv
 from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.authority import load_key, write_pem_bytes, write_pem_key
+from ravenproxy.pki.credentials import serial_hex
 from ravenproxy.pki.csr import USAGES, build_csr, check_issued, new_key
 from ravenproxy.pki.csr import rotation_deadline as _deadline
 from ravenproxy.pki.issuance import (
@@ -207,7 +208,7 @@ class CertificateRequester:
             log.info(
                 "certificate rotation due",
                 extra=kv(
-                    serial=_serial(cert),
+                    serial=serial_hex(cert),
                     deadline=deadline.isoformat(),
                     not_after=cert.not_valid_after_utc.isoformat(),
                 ),
@@ -226,7 +227,7 @@ class CertificateRequester:
             extra=kv(
                 role=self.settings.role,
                 node=self.settings.node,
-                serial=_serial(cert),
+                serial=serial_hex(cert),
                 not_after=cert.not_valid_after_utc.isoformat(),
                 rotation_at=self.deadline.isoformat(),
             ),
@@ -302,7 +303,7 @@ class CertificateRequester:
                 "certificate rotation due",
                 extra=kv(
                     role=self.settings.role,
-                    serial=_serial(self.current),
+                    serial=serial_hex(self.current),
                     not_after=self.current.not_valid_after_utc.isoformat(),
                 ),
             )
@@ -368,12 +369,11 @@ class CertificateRequester:
         )
         pem = await self._wait_issued(name)
         try:
-            check_issued(pem, key, s.node, s.role)
+            chain = check_issued(pem, key, s.node, s.role)
         except PKIError as exc:
             raise RequestFailed(name, "failed", str(exc)) from None
         self._write(key, pem)
-        (cert, *_rest) = x509.load_pem_x509_certificates(pem)
-        self._use(cert, "issued")
+        self._use(chain[0], "issued")
 
     async def _wait_issued(self, name: str) -> bytes:
         """``status.certificate`` of CSR ``name``, watched; RequestFailed on a Denied or
@@ -484,10 +484,6 @@ async def kept_certificates(
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _serial(cert: x509.Certificate) -> str:
-    return format(cert.serial_number, "x")
 
 
 def _describe(exc: BaseException) -> str:

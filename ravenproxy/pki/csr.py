@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ravenproxy.errors import PKIError
-from ravenproxy.pki.authority import cert_node_name, parse_san, validate_node_name
+from ravenproxy.pki.authority import cert_node_name, key_matches, parse_san, validate_node_name
 from ravenproxy.pki.issuance import Role
 
 # certificates.k8s.io/v1 key usages per role. ECDSA keys only sign (ECDHE key exchange), so no
@@ -78,15 +78,6 @@ def rotation_deadline(
 def validity(cert: x509.Certificate) -> tuple[dt.datetime, dt.datetime]:
     """``(not_before, not_after)`` of ``cert``, timezone-aware UTC."""
     return cert.not_valid_before_utc, cert.not_valid_after_utc
-
-
-def key_matches(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> bool:
-    """Whether ``cert`` certifies ``key``'s public half."""
-    public = cert.public_key()
-    return (
-        isinstance(public, ec.EllipticCurvePublicKey)
-        and public.public_numbers() == key.public_key().public_numbers()
-    )
 
 
 def check_issued(

@@ -28,8 +28,14 @@ from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.kube.certificates import CertificateRequester, RequestSettings
 from ravenproxy.kube.client import new_api_client
-from ravenproxy.pki.authority import cert_pem, generate_ca, is_issued_by, load_cert, load_key
-from ravenproxy.pki.csr import key_matches
+from ravenproxy.pki.authority import (
+    cert_pem,
+    generate_ca,
+    is_issued_by,
+    key_matches,
+    load_cert,
+    load_key,
+)
 from ravenproxy.pki.issuance import CA_BUNDLE, CA_BUNDLE_KEY, CA_NAMESPACE, SIGNER_AGENT
 from tests.csrsign import sign_csr
 from tests.helpers import eventually, free_port
