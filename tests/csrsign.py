@@ -9,6 +9,7 @@ validity the test chooses (60 s for a rotation test).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -27,11 +28,13 @@ def sign_csr(
     *,
     public_key: ec.EllipticCurvePublicKey | None = None,
     backdate: dt.timedelta = dt.timedelta(0),
+    drop: Collection[str] = (),
 ) -> bytes:
     """PEM leaf for ``csr_pem``, valid for ``lifetime`` from ``backdate`` ago (a certificate
     part of whose life has passed); ``public_key`` overrides the CSR's (a certificate for
     another key). Agent certificates carry the CN as their only DNS SAN, as the embedded PKI's
-    do."""
+    do. A server certificate leaves out the SANs in ``drop`` (a signer that would not
+    vouch for them)."""
     csr = x509.load_pem_x509_csr(csr_pem)
     cn = csr.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)[0].value
     assert isinstance(cn, str)
@@ -41,7 +44,7 @@ def sign_csr(
     else:
         try:
             ext = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-            sans = list(ext.value)
+            sans = [n for n in ext.value if str(n.value) not in drop]
         except x509.ExtensionNotFound:
             sans = [x509.DNSName(cn)]
         usage = ExtendedKeyUsageOID.SERVER_AUTH

@@ -19,8 +19,10 @@ accept). What it does, in order:
    the old certificate sees an inconsistent set and keeps the one it has until the certificate
    follows (the reload watcher's rule); nothing here touches an SSL context.
 4. **Rotate.** Sleep until the current certificate's jittered deadline (70-90 % of its
-   lifetime), then request again. While the API is away or the request is pending or denied,
-   the current files stay in place and in use.
+   lifetime), then request again. A server also requests at once when its node gained a name
+   or address the certificate lacks (looked at every ``san_check_interval``, as client-go's
+   certificate manager compares its template). While the API is away or the request is
+   pending or denied, the current files stay in place and in use.
 5. **Follow the CA bundle.** The bundle ConfigMap is watched all along; a CA rotation adds a CA
    to it, and ``ca.crt`` is rewritten whenever it changes (unless ``--ca-file`` was given,
    which then wins).
@@ -53,7 +55,7 @@ from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_na
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.authority import load_key, write_pem_bytes, write_pem_key
 from ravenproxy.pki.credentials import serial_hex
-from ravenproxy.pki.csr import USAGES, build_csr, check_issued, new_key
+from ravenproxy.pki.csr import USAGES, build_csr, check_issued, missing_sans, new_key
 from ravenproxy.pki.csr import rotation_deadline as _deadline
 from ravenproxy.pki.issuance import (
     CA_BUNDLE,
@@ -97,6 +99,8 @@ class RequestSettings:
     """How long one CSR may stay pending before a new one is made."""
     retry_base: float = 1.0
     retry_cap: float = 300.0
+    san_check_interval: float = 60.0
+    """How often a server compares its certificate's SANs with its node's current names."""
     watch: WatchSettings = WatchSettings()
 
     @property
@@ -151,6 +155,8 @@ class CertificateRequester:
             field_selector=f"metadata.name={CA_BUNDLE}",
         )
         self._bundle_task: asyncio.Task[None] | None = None
+        self._unattainable: set[str] = set()
+        """Names a request asked for and the issued certificate still lacked."""
 
     # -- lifecycle ------------------------------------------------------------------------
     async def bootstrap(self) -> None:
@@ -293,11 +299,29 @@ class CertificateRequester:
     async def _rotate(self) -> None:
         while True:
             assert self.deadline is not None and self.current is not None
+            missing = await self._missing_sans()
+            if missing:
+                log.info(
+                    "certificate lacks names the node now has",
+                    extra=kv(
+                        role=self.settings.role,
+                        serial=serial_hex(self.current),
+                        missing=",".join(missing),
+                    ),
+                )
+                await self._obtain("names added")
+                # What the signer would not put in is not asked for again before rotation.
+                self._unattainable |= set(await self._missing_sans())
+                continue
             wait = (self.deadline - _now()).total_seconds()
             if wait > 0:
                 # The deadline is wall-clock time; the loop's clock is monotonic and may drift
-                # from it (a suspended VM): look again at least hourly.
-                await asyncio.sleep(min(wait, 3600.0))
+                # from it (a suspended VM): look again at least hourly. A server looks at its
+                # names more often: an address its node gains is one an agent may dial.
+                nap = min(wait, 3600.0)
+                if self._sans is not None:
+                    nap = min(nap, self.settings.san_check_interval)
+                await asyncio.sleep(nap)
                 continue
             log.info(
                 "certificate rotation due",
@@ -308,6 +332,21 @@ class CertificateRequester:
                 ),
             )
             await self._obtain("rotation")
+            self._unattainable = set()
+
+    async def _missing_sans(self) -> list[str]:
+        """The names this server should have (:meth:`_sans`) that the current certificate
+        lacks, less those a request already could not get; [] when the names cannot be known
+        now (the API away: the next look tries again)."""
+        if self._sans is None or self.current is None:
+            return []
+        try:
+            wanted = await self._sans()
+            missing = missing_sans(self.current, wanted)
+        except (aiohttp.ClientError, TimeoutError, OSError, KubeError, PKIError) as exc:
+            log.debug("cannot list the server's names now", extra=kv(reason=_describe(exc)))
+            return []
+        return [name for name in missing if name not in self._unattainable]
 
     async def _obtain(self, why: str) -> None:
         """Request until a certificate is issued and written; back off between tries."""

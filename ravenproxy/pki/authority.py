@@ -83,6 +83,26 @@ def parse_san(value: str) -> x509.GeneralName:
     return x509.DNSName(text.lower())
 
 
+def absent_sans(cert: x509.Certificate, wanted: Sequence[x509.GeneralName]) -> list[str]:
+    """Those of ``wanted`` (DNS names and IPs) that ``cert``'s SANs do not carry, as text; DNS
+    names compare case-insensitively."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        have_dns: set[str] = set()
+        have_ip: set[object] = set()
+    else:
+        have_dns = {n.lower() for n in san.get_values_for_type(x509.DNSName)}
+        have_ip = set(san.get_values_for_type(x509.IPAddress))
+    missing: list[str] = []
+    for name in wanted:
+        if isinstance(name, x509.DNSName) and name.value.lower() not in have_dns:
+            missing.append(name.value)
+        elif isinstance(name, x509.IPAddress) and name.value not in have_ip:
+            missing.append(str(name.value))
+    return missing
+
+
 def _validity(
     not_before: dt.datetime | None, not_after: dt.datetime | None, default: dt.timedelta
 ) -> tuple[dt.datetime, dt.datetime]:

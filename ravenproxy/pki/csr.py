@@ -26,7 +26,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ravenproxy.errors import PKIError
-from ravenproxy.pki.authority import cert_node_name, key_matches, parse_san, validate_node_name
+from ravenproxy.pki.authority import (
+    absent_sans,
+    cert_node_name,
+    key_matches,
+    parse_san,
+    validate_node_name,
+)
 from ravenproxy.pki.issuance import Role
 
 # certificates.k8s.io/v1 key usages per role. ECDSA keys only sign (ECDHE key exchange), so no
@@ -63,6 +69,15 @@ def build_csr(key: ec.EllipticCurvePrivateKey, node: str, sans: Sequence[str] = 
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     csr = builder.sign(key, hashes.SHA256())
     return csr.public_bytes(serialization.Encoding.PEM)
+
+
+def missing_sans(cert: x509.Certificate, sans: Sequence[str]) -> list[str]:
+    """Those of ``sans`` (names and IPs, as :func:`build_csr` takes them) that ``cert`` does
+    not carry: a server whose node gained an address needs a new certificate before its
+    rotation point (client-go's certificate manager checks its template the same way). An
+    address the certificate has and the node lost is not a reason: it is dropped at the next
+    rotation, and a model that is still loading never makes a certificate poorer."""
+    return absent_sans(cert, [parse_san(s) for s in sans])
 
 
 def rotation_deadline(

@@ -9,7 +9,6 @@ anything is written, so a refused run leaves the directory as it was.
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
 import logging
 import stat
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from cryptography.x509.oid import NameOID
 from ravenproxy.errors import PKIError
 from ravenproxy.log import kv
 from ravenproxy.pki.authority import (
+    absent_sans,
     generate_ca,
     is_issued_by,
     issue_client_cert,
@@ -203,24 +203,7 @@ def readable_by_others(key: Path) -> list[str]:
 def _missing_sans(
     path: Path, cert: x509.Certificate, requested: list[x509.GeneralName]
 ) -> list[str]:
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        have_dns: set[str] = set()
-        have_ip: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
-    else:
-        have_dns = {n.lower() for n in san.get_values_for_type(x509.DNSName)}
-        have_ip = {
-            ip
-            for ip in san.get_values_for_type(x509.IPAddress)
-            if isinstance(ip, ipaddress.IPv4Address | ipaddress.IPv6Address)
-        }
-    missing: list[str] = []
-    for name in requested:
-        if isinstance(name, x509.DNSName) and name.value.lower() not in have_dns:
-            missing.append(name.value)
-        elif isinstance(name, x509.IPAddress) and name.value not in have_ip:
-            missing.append(str(name.value))
+    missing = absent_sans(cert, requested)
     if not missing:
         return []
     return [

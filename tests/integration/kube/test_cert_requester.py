@@ -60,6 +60,8 @@ class Signer:
     lifetime: dt.timedelta = dt.timedelta(hours=1)
     backdate: dt.timedelta = dt.timedelta(0)
     deny: int = 0
+    drop: tuple[str, ...] = ()
+    """SANs the signer leaves out of server certificates."""
     seen: dict[str, float] = field(default_factory=dict)
     denied: list[str] = field(default_factory=list)
 
@@ -95,6 +97,7 @@ class Signer:
             role,
             self.lifetime,
             backdate=self.backdate,
+            drop=self.drop,
         )
         await certs.replace_certificate_signing_request_status(
             name,
@@ -275,6 +278,71 @@ async def test_restart_past_the_rotation_deadline_requests_at_once(
         async with requester(config, cert_dir) as again:
             assert again.requests == 1
     assert serial_on_disk(cert_dir) != serial
+
+
+def sans_of(cert_dir: Path) -> set[str]:
+    cert = load_cert(cert_dir / "tls.crt")
+    ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    return {str(n.value) for n in ext.value}
+
+
+async def test_a_server_whose_node_gains_an_address_requests_a_certificate_at_once(
+    apiserver: APIServer, ca: CA, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An address the node gains is one agents may dial: the server asks for a certificate
+    that has it before its rotation point (an hour away here). A name it lost, or one the
+    signer will not give, makes no new request (no CSR loop)."""
+    caplog.set_level(logging.INFO, "ravenproxy.kube.certificates")
+    await publish_bundle(apiserver, ca[0])
+    token = apiserver.add_service_account("ravenproxy-server", "cloud-1")
+    config = kubeconfig(tmp_path / "kubeconfig", apiserver, token)
+    cert_dir = tmp_path / "certs"
+    names = ["cloud-1", "192.0.2.10"]
+
+    async def sans() -> list[str]:
+        return list(names)
+
+    settings = RequestSettings(
+        role="server",
+        node="cloud-1",
+        cert_dir=cert_dir,
+        retry_base=0.3,
+        retry_cap=1.0,
+        request_timeout=20.0,
+        san_check_interval=0.1,
+    )
+    signer = Signer(apiserver, ca, drop=("192.0.2.99",))
+    api = await new_api_client(config)
+    req = CertificateRequester(api, settings, sans=sans)
+    task: asyncio.Task[None] | None = None
+    try:
+        async with running(signer):
+            await req.bootstrap()
+            task = asyncio.create_task(req.run(), name="test-cert-rotate")
+            assert sans_of(cert_dir) == {"cloud-1", "192.0.2.10"}
+            first = serial_on_disk(cert_dir)
+
+            names.append("192.0.2.20")
+            await eventually(
+                lambda: serial_on_disk(cert_dir) != first, 10, what="a certificate with .20"
+            )
+            assert sans_of(cert_dir) == {"cloud-1", "192.0.2.10", "192.0.2.20"}
+            assert req.requests == 2
+            assert "certificate lacks names the node now has" in caplog.text
+
+            names.remove("192.0.2.10")  # lost: kept until the rotation point
+            names.append("192.0.2.99")  # the signer leaves it out: asked for once
+            await eventually(lambda: req.requests == 3, 10, what="a request for .99")
+            await asyncio.sleep(1.0)  # ten looks at the names
+            assert req.requests == 3
+            assert "192.0.2.99" not in sans_of(cert_dir)
+            assert len(signer.seen) == 3
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await req.close()
+        await api.close()
 
 
 async def test_rotation_at_70_to_90_percent_of_a_60s_lifetime(

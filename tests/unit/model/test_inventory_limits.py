@@ -324,6 +324,7 @@ async def test_a_large_reload_does_not_block_the_event_loop(tmp_path: Path) -> N
     assert len(model.nodes) == count
     assert len(gaps) > 10  # the load took long enough for the ticker to measure something
     # Parsed on the loop, one gap was the whole load (seconds). In a worker thread the loop
-    # keeps ticking; a loaded machine (GIL, other processes) stretches single ticks, so the
-    # bound is relative to the load's length rather than a fixed few milliseconds.
-    assert max(gaps) < min(1.0, took / 3), (took, sorted(gaps)[-5:])
+    # keeps ticking; a loaded machine (GIL, other processes: it flaked at took/3 with eight
+    # busy processes on two cores) stretches single ticks, so the bound is relative to the
+    # load's length: no single gap may be most of it.
+    assert max(gaps) < 0.6 * took, (took, sorted(gaps)[-5:])
