@@ -21,8 +21,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import h11
-
 from ravenproxy.errors import RoutingError
 from ravenproxy.log import kv
 from ravenproxy.server.exchange import Exchange
@@ -174,8 +172,6 @@ class _Connection:
             pass
         except _IO_ERRORS as exc:
             log.debug(f"{front} front: connection ended", extra=kv(peer=self.peer, error=exc))
-        except h11.ProtocolError as exc:
-            log.info(f"{front} front: HTTP error", extra=kv(peer=self.peer, error=exc))
         except Exception:
             log.exception(f"{front} front: connection failed", extra=kv(peer=self.peer))
         finally:

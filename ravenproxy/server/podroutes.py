@@ -27,8 +27,8 @@ NODE_NAME_PARAM = "nodeName"
 POD_PATH_PREFIXES = ("containerLogs", "exec", "attach", "portForward", "run")
 """Kubelet endpoints whose path is ``/<prefix>/<namespace>/<pod>/…``."""
 
-# RFC 9110 §7.6.1: hop-by-hop fields, never forwarded; plus the framing fields h11 sets itself
-# and the proxy's own routing header.
+# RFC 9110 §7.6.1: hop-by-hop fields, never forwarded; plus the framing fields the exchange sets
+# itself and the proxy's own routing header.
 HOP_BY_HOP = frozenset(
     {
         "connection",
