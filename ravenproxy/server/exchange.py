@@ -57,7 +57,6 @@ from ravenproxy.server.http1 import BadRequest
 from ravenproxy.server.loops import via_received_by
 from ravenproxy.server.podroutes import (
     Destination,
-    connection_tokens,
     find_destination,
     forwardable,
     wants_upgrade,
@@ -98,6 +97,8 @@ class Head:
     status: int
     version: str
     headers: Headers
+    lower: dict[str, str]
+    """The fields by lower-cased name (repeated ones joined with ", ")."""
     size: int
     """Bytes of the head on the wire."""
 
@@ -178,16 +179,24 @@ class _Parsed:
     def on_headers_complete(self) -> None:
         self.in_head, self.in_body, self.fed = False, True, 0
         parser = self.parser
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._fields]
-        size = sum(len(k) + len(v) + 4 for k, v in self._fields) + len(self._start) + 2
+        headers: Headers = []
+        lower: dict[str, str] = {}
+        size = len(self._start) + 2
+        for k, v in self._fields:
+            size += len(k) + len(v) + 4
+            name, value = k.decode("latin-1"), v.decode("latin-1")
+            headers.append((name, value))
+            key = name.lower()
+            seen = lower.get(key)
+            lower[key] = value if seen is None else f"{seen}, {value}"
         start = self._start.decode("latin-1")
         version = parser.get_http_version()
         if isinstance(parser, HttpResponseParser):
             status = parser.get_status_code()
-            head = Head(start, "", status, version, headers, size + 15)
+            head = Head(start, "", status, version, headers, lower, size + 15)
         else:
             method = parser.get_method().decode("ascii", "replace")
-            head = Head(method, start, 0, version, headers, size + len(method) + 12)
+            head = Head(method, start, 0, version, headers, lower, size + len(method) + 12)
         self.events.append((_HEAD, head))
         if self.bodiless and head.status >= 200:
             # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
@@ -224,9 +233,14 @@ def _last_chunk(trailers: Headers) -> bytes:
     return b"0\r\n" + _fields(trailers) + b"\r\n"
 
 
+def _tokens(value: str) -> set[str]:
+    return {t.strip().lower() for t in value.split(",")}
+
+
 def _keeps_alive(head: Head) -> bool:
     """The sender keeps the connection open after this message (RFC 9112 §9.3)."""
-    tokens = connection_tokens(head.headers)
+    connection = head.lower.get("connection")
+    tokens = _tokens(connection) if connection else ()
     if head.version == "1.1":
         return "close" not in tokens
     return head.version == "1.0" and "keep-alive" in tokens
@@ -325,19 +339,19 @@ class Exchange:
     def _on_request(self, request: Head) -> list[Action]:
         if request.size > self.max_head:
             return self._refuse(431, "", f"request head larger than {self.max_head} bytes")
-        headers = request.headers
-        hosts = sum(1 for k, _ in headers if k.lower() == "host")
-        if hosts > 1 or (hosts == 0 and request.version == "1.1"):
+        headers, lower = request.headers, request.lower
+        host = lower.get("host")
+        if (host is None and request.version == "1.1") or (host is not None and "," in host):
             return self._refuse(400, "", "bad request: an HTTP/1.1 request needs one Host field")
         self._client_keep = _keeps_alive(request)
         node = ""
         try:
-            dest = find_destination(request.start, request.target, headers)
+            dest = find_destination(request.start, request.target, headers, lower)
         except BadRequest as exc:
             return self._refuse(exc.status, node, exc.reason)
         node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
-        via = [v for k, v in headers if k.lower() == "via"]
-        if via and self.via in via_received_by(via):
+        via = lower.get("via")
+        if via and self.via in via_received_by([via]):
             return [
                 Looped(),
                 *self._refuse(
@@ -358,8 +372,11 @@ class Exchange:
     def routed(self, route: Route) -> list[Action]:
         """The request's route: keep the target connection when it fits, else open one."""
         assert self.phase == "routing" and self._request is not None and self._dest is not None
+        same = route is self.route and self._up is not None  # the driver reused the route
         self.route = route
         self._build_outbound(self._request, self._dest, route)
+        if same:
+            return self._send()
         key = UpstreamKey.of(route)
         actions: list[Action] = []
         if self._up is not None and key != self._up_key:
@@ -389,16 +406,16 @@ class Exchange:
         return [CloseUpstream()]
 
     def _build_outbound(self, request: Head, dest: Destination, route: Route) -> None:
-        headers = request.headers
-        upgrade = wants_upgrade(headers)
+        headers, lower = request.headers, request.lower
+        upgrade = wants_upgrade(headers) if "connection" in lower else None
         self._upgrade = upgrade is not None
-        out = forwardable(headers, upgrade=upgrade)
+        out = forwardable(headers, upgrade=upgrade, names=lower)
         if dest.authority is not None:
             out = [(k, v) for k, v in out if k.lower() != "host"]
             out.insert(0, ("Host", dest.authority))
-        elif _header(out, "host") is None:
+        elif "host" not in lower:
             out.insert(0, ("Host", f"{dest.host or route.node.name}:{route.target.port}"))
-        self._chunked_up = "chunked" in (_header(headers, "transfer-encoding") or "").lower()
+        self._chunked_up = "chunked" in lower.get("transfer-encoding", "").lower()
         if self._chunked_up:
             out.append(("Transfer-Encoding", "chunked"))
         # RFC 9110 §7.6.3; also how a request that comes back here is recognised.
@@ -539,9 +556,9 @@ class Exchange:
 
     def _response_head(self, response: Head, *, bodiless: bool) -> bytes:
         """The head for the client, and how the body after it is framed."""
-        headers = response.headers
-        kept = forwardable(headers)
-        te = (_header(headers, "transfer-encoding") or "").lower()
+        headers, lower = response.headers, response.lower
+        kept = forwardable(headers, names=lower)
+        te = lower.get("transfer-encoding", "").lower()
         if te:
             # RFC 9112 §6.3: Transfer-Encoding wins, and a proxy drops the length.
             kept = [(k, v) for k, v in kept if k.lower() != "content-length"]
@@ -554,7 +571,7 @@ class Exchange:
         elif te.endswith("chunked"):
             self._body_out = "chunked"
             kept.append(("Transfer-Encoding", "chunked"))
-        elif te or _header(headers, "content-length") is None:
+        elif te or "content-length" not in lower:
             self._until_close = True
             self._up_keep = False
             assert self._request is not None
