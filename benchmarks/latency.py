@@ -115,6 +115,7 @@ class Row:
     errors: list[str] = field(default_factory=list)
     elapsed: float = 0.0
     cpu_seconds: float | None = None
+    cpu_by_pid: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -140,6 +141,9 @@ class Row:
                 if self.cpu_seconds is not None and lat
                 else None
             ),
+            "relay_cpu_us_per_request_by_process": [
+                round(cpu / len(lat) * 1e6, 1) for cpu in self.cpu_by_pid if lat
+            ],
         }
 
 
@@ -203,12 +207,14 @@ async def run_row(
                 continue
             row.latencies.append(now() - due)
 
-    cpu = cpu_seconds(pids()) if pids is not None else 0.0
+    before = {pid: cpu_seconds([pid]) for pid in pids()} if pids is not None else {}
     start = now()
     await asyncio.gather(*(worker(c) for c in range(connections)))
     row.elapsed = now() - start
     if pids is not None:
-        row.cpu_seconds = cpu_seconds(pids()) - cpu
+        after = {pid: cpu_seconds([pid]) for pid in pids()}
+        row.cpu_by_pid = [after[pid] - before.get(pid, 0.0) for pid in after]
+        row.cpu_seconds = sum(row.cpu_by_pid)
     for _, writer in conns:
         writer.close()
     return row
@@ -555,7 +561,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "request": "GET /ping (keep-alive), 2-byte body",
             "schedule": "open loop; latency measured from each request's due time",
             "relay_cpu": "utime+stime from /proc/PID/stat over the row / requests served: "
-            "server+agent (tunnel), sshd with its children+ssh (ssh)",
+            "server+agent (tunnel), sshd with its children+ssh (ssh); by process in that "
+            "order (the ssh row's processes by PID)",
         },
         "rows": rows,
         "added_latency": added,
