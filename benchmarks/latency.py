@@ -633,7 +633,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("offered req/s")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[1].set_yscale("log")
+    for ax in axes[:2]:
+        ax.set_yscale("symlog", linthresh=0.1)  # an added latency can be below 0
     fig.suptitle(
         f"small keep-alive GETs, {result['settings']['connections']} connections, "
         f"{result['settings']['seconds_per_row']:g} s per row ({result['date']})"
