@@ -1,27 +1,37 @@
-"""Added latency of the L7 path: small GETs at fixed rates, direct vs through the tunnel.
+"""Added latency of the L7 path: small GETs at fixed rates, direct vs the tunnel vs ``ssh -R``.
 
 One run starts a tiny HTTP target (its own process: asyncio + uvloop, keep-alive, a 2-byte
-body), ``ravenproxy server`` and ``ravenproxy agent`` through the CLI, and then, for each rate,
-sends GETs on an *open-loop* schedule (request i is due at ``t0 + i / rate``; its latency is
-measured from when it was due, so a stall is charged to every request it delays — no
-coordinated omission) over a pool of keep-alive connections:
+body), ``ravenproxy server`` and ``ravenproxy agent`` through the CLI, a private ``sshd`` with an
+``ssh -R`` forward to the same target, and then, for each rate, sends GETs on an *open-loop*
+schedule (request i is due at ``t0 + i / rate``; its latency is measured from when it was due,
+so a stall is charged to every request it delays — no coordinated omission) over a pool of
+keep-alive connections:
 
 - ``direct``: client → target;
+- ``ssh``: client → sshd's remote-forwarded port → ssh client → target (aes128-gcm);
 - ``tunnel``: client → server HTTP front (``Host: edge-1:PORT``) → mTLS WebSocket tunnel →
-  agent → target.
+  agent → target;
+- ``tunnel-base`` (with ``--baseline DIR``): the same through another checkout's server and
+  agent (``DIR/.venv/bin/python``), for a before/after in one run.
+
+Each relay's CPU per request is the user+system time of its processes (server + agent; sshd
+with its per-connection children + ssh), from ``/proc/PID/stat`` over the row, divided by the
+requests served.
 
     .venv/bin/python benchmarks/latency.py              # 1 000, 2 000 and 4 000 req/s, 5 s each
+    .venv/bin/python benchmarks/latency.py --baseline /work/other-checkout
     .venv/bin/python benchmarks/latency.py --rates 500 --seconds 2 --output -   # quick look
 
-Results (p50/p90/p99/max per row, and the added p50/p99 = tunnel - direct) go to
-``benchmarks/results/latency.json``. Loopback numbers are noisy and every process shares the same
-cores: compare rows within one run.
+Results (p50/p90/p99/max and CPU µs/request per row, and the added p50/p99 = path - direct) go
+to ``benchmarks/results/latency.json``, the plot to ``latency.png`` beside it. Loopback numbers
+are noisy and every process shares the same cores: compare rows within one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -34,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -45,6 +56,8 @@ from ravenproxy.pki import init_pki
 SCRIPT = Path(__file__).resolve()
 HERE = SCRIPT.parent
 RESULTS = HERE / "results" / "latency.json"
+SSH_CIPHER = "aes128-gcm@openssh.com"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 BODY = b"ok"
 RESPONSE = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(BODY)
@@ -101,6 +114,8 @@ class Row:
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     elapsed: float = 0.0
+    cpu_seconds: float | None = None
+    cpu_by_pid: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -121,6 +136,14 @@ class Row:
             "p90_ms": pct(0.90),
             "p99_ms": pct(0.99),
             "max_ms": round(lat[-1] * 1000, 3) if lat else None,
+            "relay_cpu_us_per_request": (
+                round(self.cpu_seconds / len(lat) * 1e6, 1)
+                if self.cpu_seconds is not None and lat
+                else None
+            ),
+            "relay_cpu_us_per_request_by_process": [
+                round(cpu / len(lat) * 1e6, 1) for cpu in self.cpu_by_pid if lat
+            ],
         }
 
 
@@ -140,7 +163,13 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
 
 
 async def run_row(
-    name: str, port: int, host_header: str, rate: int, seconds: float, connections: int
+    name: str,
+    port: int,
+    host_header: str,
+    rate: int,
+    seconds: float,
+    connections: int,
+    pids: Callable[[], list[int]] | None = None,
 ) -> Row:
     row = Row(name, rate, seconds)
     request = f"GET /ping HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: latency\r\n\r\n".encode()
@@ -178,15 +207,48 @@ async def run_row(
                 continue
             row.latencies.append(now() - due)
 
+    before = {pid: cpu_seconds([pid]) for pid in pids()} if pids is not None else {}
     start = now()
     await asyncio.gather(*(worker(c) for c in range(connections)))
     row.elapsed = now() - start
+    if pids is not None:
+        after = {pid: cpu_seconds([pid]) for pid in pids()}
+        row.cpu_by_pid = [after[pid] - before.get(pid, 0.0) for pid in after]
+        row.cpu_seconds = sum(row.cpu_by_pid)
     for _, writer in conns:
         writer.close()
     return row
 
 
 # -- processes ------------------------------------------------------------------------------
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far (a gone one counts 0)."""
+    ticks = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks / CLK_TCK
+
+
+def with_descendants(pids: list[int]) -> list[int]:
+    """These processes and all their descendants (sshd's per-connection children)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = set(pids), list(pids)
+    while todo:
+        pid = todo.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in found:
+                found.add(child)
+                todo.append(child)
+    return sorted(found)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -198,10 +260,11 @@ class Procs:
         self.base = base
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def start(self, name: str, args: list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
         with (self.base / f"{name}.log").open("wb") as out:
             proc = subprocess.Popen(
                 args,
+                cwd=cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -209,6 +272,17 @@ class Procs:
             )
         self.procs.append(proc)
         return proc
+
+    def stop_one(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -220,6 +294,8 @@ class Procs:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the session we started; empty → ESRCH
 
 
 def _wait_port_file(path: Path, proc: subprocess.Popen[bytes]) -> int:
@@ -271,27 +347,46 @@ def _machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "uvloop": version("uvloop"),
         "websockets": version("websockets"),
-        "h11": version("h11"),
+        "httptools": version("httptools"),
         "git_commit": commit,
         "git_tracked_changes": dirty != 0,
         "loadavg_at_start": list(os.getloadavg()),
     }
 
 
-def start_processes(base: Path, procs: Procs) -> tuple[int, int]:
-    """Target, server and agent; returns (target port, server HTTP front port)."""
+@dataclass
+class Tunnel:
+    name: str
+    http: int
+    pids: list[int]
+
+
+def start_target(base: Path, procs: Procs) -> int:
     port_file = base / "target.port"
     target = procs.start("target", [sys.executable, str(SCRIPT), "--target", str(port_file)])
-    target_port = _wait_port_file(port_file, target)
-    init_pki(base / "certs", ("localhost", "127.0.0.1"), ("edge-1",))
+    return _wait_port_file(port_file, target)
+
+
+def start_tunnel(
+    base: Path,
+    procs: Procs,
+    target_port: int,
+    name: str,
+    python: str,
+    cwd: Path | None,
+    profile: Path | None = None,
+) -> Tunnel:
+    """``ravenproxy server`` + ``ravenproxy agent`` run by ``python`` (in ``cwd``), under
+    cProfile into ``profile/{server,agent}.prof`` when given."""
+    certs = base / f"certs-{name}"
+    init_pki(certs, ("localhost", "127.0.0.1"), ("edge-1",))
     inventory = base / "inventory.yaml"
     inventory.write_text(INVENTORY)
     http, tunnel = free_port(), free_port()
-    certs = base / "certs"
-    procs.start(
-        "server",
+    server = procs.start(
+        f"server-{name}",
         [
-            sys.executable, "-m", "ravenproxy", "server",
+            python, *_profiled(profile, "server"), "-m", "ravenproxy", "server",
             "--inventory", str(inventory),
             "--ca-file", str(certs / "ca.crt"),
             "--cert-file", str(certs / "server.crt"),
@@ -303,11 +398,12 @@ def start_processes(base: Path, procs: Procs) -> tuple[int, int]:
             "--health-addr", f"127.0.0.1:{free_port()}",
             "--log-level", "WARNING",
         ],
+        cwd,
     )  # fmt: skip
-    procs.start(
-        "agent",
+    agent = procs.start(
+        f"agent-{name}",
         [
-            sys.executable, "-m", "ravenproxy", "agent",
+            python, *_profiled(profile, "agent"), "-m", "ravenproxy", "agent",
             "--node-name", "edge-1",
             "--server-addr", f"wss://127.0.0.1:{tunnel}",
             "--ca-file", str(certs / "ca.crt"),
@@ -317,20 +413,83 @@ def start_processes(base: Path, procs: Procs) -> tuple[int, int]:
             "--allow", f"127.0.0.1:{target_port}",
             "--log-level", "WARNING",
         ],
+        cwd,
     )  # fmt: skip
-    return target_port, http
+    return Tunnel(name, http, [server.pid, agent.pid])
 
 
-async def measure(args: argparse.Namespace, target_port: int, http: int) -> list[dict[str, Any]]:
-    host = f"edge-1:{target_port}"
-    await _wait_routable(http, host)
+def _profiled(profile: Path | None, role: str) -> list[str]:
+    return ["-m", "cProfile", "-o", str(profile / f"{role}.prof")] if profile else []
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_ssh(base: Path, procs: Procs, target_port: int) -> tuple[int, list[int], str]:
+    """A private sshd and an ``ssh -R`` forward to the target (as benchmarks/throughput.py
+    sets them up); returns (the forwarded port, [sshd, ssh], the OpenSSH version)."""
+    sys.path.insert(0, str(HERE))
+    from throughput import SSHD, _ssh_files
+
+    d, port, version = _ssh_files(base)
+    plain = [SSHD, "-D", "-e", "-f", str(d / "sshd_config")]
+    private_run = "mount -t tmpfs tmpfs /run && mkdir -p /run/sshd && exec " + " ".join(plain)
+    sshd = None
+    for argv in (plain, ["unshare", "-m", "sh", "-c", private_run]):
+        sshd = procs.start(f"sshd-{len(procs.procs)}", argv)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and sshd.poll() is None and not _port_open(port):
+            time.sleep(0.05)
+        if _port_open(port):
+            break
+        procs.stop_one(sshd)
+        sshd = None
+    if sshd is None:
+        raise RuntimeError("sshd did not start (see its logs)")
+    rport = free_port()
+    ssh = procs.start(
+        "ssh",
+        [
+            "ssh", "-F", "/dev/null", "-N", "-T",
+            "-R", f"127.0.0.1:{rport}:127.0.0.1:{target_port}",
+            "-p", str(port), "-i", str(d / "client_key"), "-c", SSH_CIPHER,
+            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "Compression=no",
+            "-o", "ExitOnForwardFailure=yes", "-o", "LogLevel=ERROR",
+            f"{os.environ.get('USER') or 'root'}@127.0.0.1",
+        ],
+    )  # fmt: skip
+    deadline = time.monotonic() + 15
+    while not _port_open(rport):
+        if ssh.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("ssh -R forward did not come up")
+        time.sleep(0.05)
+    return rport, [sshd.pid, ssh.pid], version
+
+
+@dataclass
+class Way:
+    """One way to the target: its name, the port a client connects to, the Host it sends and
+    the processes whose CPU is the relay's (none: direct)."""
+
+    name: str
+    port: int
+    host: str
+    pids: Callable[[], list[int]] | None = None
+
+
+async def measure(args: argparse.Namespace, paths: list[Way]) -> list[dict[str, Any]]:
+    for path in paths:
+        if path.name.startswith("tunnel"):
+            await _wait_routable(path.port, path.host)
     rows = []
     for rate in args.rates:
-        for name, port, header in (
-            ("direct", target_port, f"127.0.0.1:{target_port}"),
-            ("tunnel", http, host),
-        ):
-            row = await run_row(name, port, header, rate, args.seconds, args.connections)
+        for path in paths:
+            row = await run_row(
+                path.name, path.port, path.host, rate, args.seconds, args.connections, path.pids
+            )
             summary = row.summary()
             rows.append(summary)
             print(json.dumps(summary), file=sys.stderr)
@@ -341,39 +500,148 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     machine = _machine()
     base = Path(tempfile.mkdtemp(prefix="ravenproxy-latency-"))
     procs = Procs(base)
+    ssh_info: dict[str, Any] = {}
     try:
-        target_port, http = start_processes(base, procs)
+        target_port = start_target(base, procs)
+        host = f"edge-1:{target_port}"
+        paths = [Way("direct", target_port, f"127.0.0.1:{target_port}")]
+        if not args.no_ssh:
+            try:
+                rport, ssh_pids, version = start_ssh(base, procs, target_port)
+            except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+                ssh_info = {"error": str(exc)}
+                print(f"ssh row skipped: {exc}", file=sys.stderr)
+            else:
+                ssh_info = {"openssh": version, "cipher": SSH_CIPHER}
+                paths.append(Way("ssh", rport, f"127.0.0.1:{target_port}", _pids(ssh_pids, True)))
+        if args.baseline is not None:
+            python = str(args.baseline / ".venv" / "bin" / "python")
+            old = start_tunnel(base, procs, target_port, "base", python, args.baseline)
+            paths.append(Way("tunnel-base", old.http, host, _pids(old.pids, False)))
+            machine["baseline"] = str(args.baseline)
+            machine["baseline_commit"] = _commit(args.baseline)
+        new = start_tunnel(base, procs, target_port, "new", sys.executable, None, args.profile)
+        paths.append(Way("tunnel", new.http, host, _pids(new.pids, False)))
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            rows = runner.run(measure(args, target_port, http))
+            rows = runner.run(measure(args, paths))
     finally:
         procs.stop()
         shutil.rmtree(base, ignore_errors=True)
     added = []
     for rate in args.rates:
         d = next(r for r in rows if r["path"] == "direct" and r["rate_target"] == rate)
-        t = next(r for r in rows if r["path"] == "tunnel" and r["rate_target"] == rate)
-        added.append(
-            {
-                "rate": rate,
-                "added_p50_ms": _diff(t["p50_ms"], d["p50_ms"]),
-                "added_p99_ms": _diff(t["p99_ms"], d["p99_ms"]),
-            }
-        )
+        entry: dict[str, Any] = {"rate": rate}
+        for r in rows:
+            if r["rate_target"] == rate and r["path"] != "direct":
+                entry[r["path"]] = {
+                    "added_p50_ms": _diff(r["p50_ms"], d["p50_ms"]),
+                    "added_p99_ms": _diff(r["p99_ms"], d["p99_ms"]),
+                    "achieved": round(r["rate_achieved"] / rate, 3),
+                    "relay_cpu_us_per_request": r["relay_cpu_us_per_request"],
+                }
+        ssh = entry.get("ssh")
+        for name in ("tunnel", "tunnel-base"):
+            t = entry.get(name)
+            if ssh is not None and t is not None:
+                t["vs_ssh"] = {
+                    key: _ratio(t[key], ssh[key])
+                    for key in ("added_p50_ms", "added_p99_ms", "relay_cpu_us_per_request")
+                }
+        added.append(entry)
     machine["loadavg_at_end"] = list(os.getloadavg())
     return {
         "benchmark": "latency",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine,
+        "ssh": ssh_info,
         "settings": {
             "rates": args.rates,
             "seconds_per_row": args.seconds,
             "connections": args.connections,
             "request": "GET /ping (keep-alive), 2-byte body",
             "schedule": "open loop; latency measured from each request's due time",
+            "relay_cpu": "utime+stime from /proc/PID/stat over the row / requests served: "
+            "server+agent (tunnel), sshd with its children+ssh (ssh); by process in that "
+            "order (the ssh row's processes by PID)",
         },
         "rows": rows,
         "added_latency": added,
     }
+
+
+def _pids(pids: list[int], descendants: bool) -> Callable[[], list[int]]:
+    return (lambda: with_descendants(pids)) if descendants else (lambda: pids)
+
+
+def _commit(checkout: Path) -> str:
+    return subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else round(a / b, 2)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Added p50 and p99 latency, share of the offered rate served, and relay CPU per request,
+    by rate, one line per path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    names = list(dict.fromkeys(r["path"] for r in rows))
+    rates = result["settings"]["rates"]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    added = {e["rate"]: e for e in result["added_latency"]}
+    colors = {name: f"C{i}" for i, name in enumerate(names)}
+    for name in names:
+        c = colors[name]
+        served = [
+            next(r for r in rows if r["path"] == name and r["rate_target"] == rate)
+            for rate in rates
+        ]
+        axes[2].plot(
+            rates, [r["rate_achieved"] / r["rate_target"] for r in served], "o-", label=name
+        )
+        if name == "direct":
+            axes[0].plot(
+                rates, [r["p50_ms"] for r in served], "o--", color=c, label="direct (absolute)"
+            )
+            axes[1].plot(
+                rates, [r["p99_ms"] for r in served], "o--", color=c, label="direct (absolute)"
+            )
+            continue
+        for ax, key in ((axes[0], "added_p50_ms"), (axes[1], "added_p99_ms")):
+            ax.plot(rates, [added[rate][name][key] for rate in rates], "o-", color=c, label=name)
+        axes[3].plot(
+            rates, [r["relay_cpu_us_per_request"] for r in served], "o-", color=c, label=name
+        )
+    titles = (
+        "added p50 (ms)",
+        "added p99 (ms)",
+        "served / offered",
+        "relay CPU per request (µs)",
+    )
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_title(title)
+        ax.set_xlabel("offered req/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in axes[:2]:
+        ax.set_yscale("symlog", linthresh=0.1)  # an added latency can be below 0
+    fig.suptitle(
+        f"small keep-alive GETs, {result['settings']['connections']} connections, "
+        f"{result['settings']['seconds_per_row']:g} s per row ({result['date']})"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
@@ -390,6 +658,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (with its .venv) whose server and agent get a row too",
+    )
+    parser.add_argument("--no-ssh", action="store_true", help="no ssh -R row")
+    parser.add_argument(
+        "--profile", type=Path, help="run this checkout's server and agent under cProfile into DIR"
+    )
     parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.target is not None:
@@ -406,7 +683,9 @@ def main() -> None:
     else:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text)
-        print(f"wrote {args.output}", file=sys.stderr)
+        png = Path(args.output).with_suffix(".png")
+        plot(result, png)
+        print(f"wrote {args.output} and {png}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""One client connection's HTTP/1.1 exchanges with their targets, sans-I/O (h11 at both ends).
+"""One client connection's HTTP/1.1 exchanges with their targets, sans-I/O (llhttp, through
+``httptools``, parses both ends; the heads sent on are written here).
 
 :class:`Exchange` is fed what happened — client bytes, target bytes, the route it asked for,
 a target connection opened or lost — and answers with *actions* for the driver
@@ -13,17 +14,29 @@ Bodies stream both ways, never buffered whole. ``Expect: 100-continue`` is carri
 ``100`` goes back). ``Connection: Upgrade`` becomes a raw relay once the target answers ``101``;
 ``CONNECT node:port`` one at once. Hop-by-hop fields are dropped (RFC 9110 §7.6.1); a request
 with both Content-Length and Transfer-Encoding is refused (RFC 9112 §6.1); a response with
-Transfer-Encoding loses its Content-Length (§6.3); every forwarded request carries ``Via`` with
+Transfer-Encoding loses its Content-Length (§6.3); a response framed by the close of its
+connection goes to an HTTP/1.1 client chunked; every forwarded request carries ``Via`` with
 this process's token, and one that already does is a loop (508). A kept target connection that
 turns out closed before answering an idempotent request is retried once on a new one
 (RFC 9110 §9.2.2).
+
+The parsers run ahead of the exchange (a pipelined request is parsed while the one before it is
+answered): what they parse is queued as events (:class:`_Parsed`) and taken when the exchange
+is ready for it. The client's bytes are read only when the exchange wants them, which bounds
+that queue.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
-import h11
+from httptools import (
+    HttpParserError,
+    HttpParserUpgrade,
+    HttpRequestParser,
+    HttpResponseParser,
+)
 
 from ravenproxy.server.exchange_actions import (
     Action,
@@ -42,12 +55,20 @@ from ravenproxy.server.exchange_actions import (
 )
 from ravenproxy.server.http1 import BadRequest
 from ravenproxy.server.loops import via_received_by
-from ravenproxy.server.podroutes import Destination, find_destination, forwardable, wants_upgrade
+from ravenproxy.server.podroutes import (
+    Destination,
+    find_destination,
+    forwardable,
+    wants_upgrade,
+)
 from ravenproxy.server.router import Route
 
 Headers = list[tuple[str, str]]
 
-IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+
+# Event kinds of :class:`_Parsed`.
+_HEAD, _DATA, _END, _ERROR, _EOF = range(5)
 
 
 @dataclass(frozen=True)
@@ -66,12 +87,131 @@ class UpstreamKey:
         return cls(session, route.target.host, route.target.port, route.tls)
 
 
-def _decode(headers: h11._headers.Headers) -> Headers:
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.raw_items()]
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A parsed request or response head. ``start``: the method (request) or the reason phrase
+    (response); ``target``: the request-target; ``status``: 0 for a request."""
+
+    start: str
+    target: str
+    status: int
+    version: str
+    headers: Headers
+    lower: dict[str, str]
+    """The fields by lower-cased name (repeated ones joined with ", ")."""
+    size: int
+    """Bytes of the head on the wire."""
 
 
-def _encode(headers: Headers) -> list[tuple[bytes, bytes]]:
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+class _Stop(Exception):
+    """Raised from a parser callback to end the parse (a response that has no body)."""
+
+
+class _Parsed:
+    """The callbacks of one llhttp parser, turning what it parses into queued events:
+    ``(_HEAD, Head)``, ``(_DATA, bytes)``, ``(_END, trailers)``, ``(_ERROR, message)``,
+    ``(_EOF, None)``."""
+
+    __slots__ = (
+        "_fields",
+        "_start",
+        "_trailers",
+        "bodiless",
+        "events",
+        "fed",
+        "in_body",
+        "in_head",
+        "parser",
+    )
+
+    def __init__(self, *, response: bool) -> None:
+        self.events: deque[tuple[int, object]] = deque()
+        self.parser: HttpRequestParser | HttpResponseParser = (
+            HttpResponseParser(self) if response else HttpRequestParser(self)
+        )
+        if response:
+            # RFC 9112 §6.3: a response with both framings is read by its Transfer-Encoding
+            # (a request with both is refused).
+            self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
+        self.fed = 0
+        """Bytes fed while no head was complete: what an unfinished head may have taken."""
+        self.in_head = False
+        self.in_body = False
+        self.bodiless = False
+        """The response to come has no body whatever its fields say (it answers a HEAD)."""
+        self._start = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._trailers: list[tuple[bytes, bytes]] = []
+
+    def feed(self, data: bytes) -> bytes | None:
+        """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
+        ended the HTTP part of the connection. An error is queued after what came before it."""
+        if not self.in_body:
+            self.fed += len(data)
+        try:
+            self.parser.feed_data(data)
+        except HttpParserUpgrade as exc:
+            return data[exc.args[0] :]
+        except HttpParserError as exc:
+            if not isinstance(exc.__context__, _Stop):
+                self.events.append((_ERROR, str(exc) or type(exc).__name__))
+        return None
+
+    # -- llhttp's callbacks ---------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.in_head = True
+        self._start = b""
+        self._fields = []
+        self._trailers = []
+
+    def on_url(self, url: bytes) -> None:
+        self._start += url
+
+    def on_status(self, reason: bytes) -> None:
+        self._start += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.in_head:
+            self._fields.append((name, value))
+        else:
+            self._trailers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.in_head, self.in_body, self.fed = False, True, 0
+        parser = self.parser
+        headers: Headers = []
+        lower: dict[str, str] = {}
+        size = len(self._start) + 2
+        for k, v in self._fields:
+            size += len(k) + len(v) + 4
+            name, value = k.decode("latin-1"), v.decode("latin-1")
+            headers.append((name, value))
+            key = name.lower()
+            seen = lower.get(key)
+            lower[key] = value if seen is None else f"{seen}, {value}"
+        start = self._start.decode("latin-1")
+        version = parser.get_http_version()
+        if isinstance(parser, HttpResponseParser):
+            status = parser.get_status_code()
+            head = Head(start, "", status, version, headers, lower, size + 15)
+        else:
+            method = parser.get_method().decode("ascii", "replace")
+            head = Head(method, start, 0, version, headers, lower, size + len(method) + 12)
+        self.events.append((_HEAD, head))
+        if self.bodiless and head.status >= 200:
+            # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
+            # connection is not used again.
+            self.in_body = False
+            self.events.append((_END, []))
+            raise _Stop
+
+    def on_body(self, body: bytes) -> None:
+        self.events.append((_DATA, body))
+
+    def on_message_complete(self) -> None:
+        self.in_body = False
+        trailers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._trailers]
+        self.events.append((_END, trailers))
 
 
 def _header(headers: Headers, name: str) -> str | None:
@@ -81,37 +221,68 @@ def _header(headers: Headers, name: str) -> str | None:
     return None
 
 
-def head_size(event: h11.Request | h11.Response | h11.InformationalResponse) -> int:
-    """Bytes of the head on the wire, near enough (the start line is estimated)."""
-    if isinstance(event, h11.Request):
-        size = len(event.method) + len(event.target) + 12
-    else:
-        size = len(event.reason) + 15
-    return size + sum(len(k) + len(v) + 4 for k, v in event.headers.raw_items()) + 2
+def _fields(headers: Headers) -> bytes:
+    return "".join(f"{k}: {v}\r\n" for k, v in headers).encode("latin-1")
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def _last_chunk(trailers: Headers) -> bytes:
+    return b"0\r\n" + _fields(trailers) + b"\r\n"
+
+
+def _tokens(value: str) -> set[str]:
+    return {t.strip().lower() for t in value.split(",")}
+
+
+def _keeps_alive(head: Head) -> bool:
+    """The sender keeps the connection open after this message (RFC 9112 §9.3)."""
+    connection = head.lower.get("connection")
+    tokens = _tokens(connection) if connection else ()
+    if head.version == "1.1":
+        return "close" not in tokens
+    return head.version == "1.0" and "keep-alive" in tokens
 
 
 class Exchange:
     """See the module docstring. ``phase``: ``head`` (waiting for a request head), ``routing``,
-    ``opening``, ``forwarding`` (request sent, response being read), ``closed``."""
+    ``opening``, ``forwarding`` (request sent, response being read), ``switching``,
+    ``closed``."""
 
     def __init__(self, *, via: str, max_head: int) -> None:
         self.via = via
         self.max_head = max_head
-        self.client = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head)
+        self.client = _Parsed(response=False)
         self.phase = "head"
         self.first = True
         """No request has begun on this connection yet."""
         self.route: Route | None = None
-        self._request: h11.Request | None = None
+        self._request: Head | None = None
         self._dest: Destination | None = None
+        self._client_raw: bytes | None = None
+        """Bytes past an upgrade's or a CONNECT's head (not HTTP: never parsed)."""
+        self._client_keep = True
         self._upgrade = False
-        self._outbound: list[h11.Event] = []
+        self._chunked_up = False
+        """The request body goes to the target chunked."""
+        self._outbound: list[bytes] | None = None
         """What went to the target: replayed on a retry (only kept when it is whole)."""
-        self._up: h11.Connection | None = None
+        self._up: _Parsed | None = None
         self._up_key: UpstreamKey | None = None
         self._up_used = False
+        self._up_keep = False
+        self._up_rest = b""
         self._reused = False
-        self._switched: h11.InformationalResponse | None = None
+        self._switched: Head | None = None
+        self._info = False
+        """The head being forwarded is a 1xx (its end writes nothing)."""
+        self._body_out = "length"
+        """How the response body goes to the client: ``length`` (as it comes), ``chunked``
+        (each piece a chunk), ``none``."""
+        self._until_close = False
+        """The response body ends when the target closes the connection."""
         self.body_done = False
         """The request body was forwarded whole (or there is none)."""
         self._body_error: Refuse | None = None
@@ -122,7 +293,7 @@ class Exchange:
     @property
     def head_begun(self) -> bool:
         """Bytes of a next request head are buffered already."""
-        return bool(self.client.trailing_data[0])
+        return bool(self.client.events) or self.client.in_head
 
     def poll(self) -> list[Action]:
         """Act on client bytes already buffered (after a finished exchange)."""
@@ -132,47 +303,55 @@ class Exchange:
         """Bytes from the client; ``b""``: it closed its side."""
         if self.phase == "closed":
             return []
-        self.client.receive_data(data)
+        if not data:
+            self.client.events.append((_EOF, None))
+        elif self._client_raw is not None:
+            self._client_raw += data
+        else:
+            self._client_raw = self.client.feed(data)
         return self._client_events()
 
     def _client_events(self) -> list[Action]:
         if self.phase == "head":
-            try:
-                event = self.client.next_event()
-            except h11.RemoteProtocolError as exc:
-                return self._refuse(exc.error_status_hint, "", f"bad request: {exc}")
-            if event is h11.NEED_DATA:
+            events = self.client.events
+            if not events:
+                if self.client.fed > self.max_head:
+                    return self._refuse(431, "", f"request head larger than {self.max_head} bytes")
                 return []
-            if not isinstance(event, h11.Request):
-                self.phase = "closed"
-                return [Close("the client closed the connection")]
-            self.first = False
-            return self._on_request(event)
+            kind, value = events.popleft()
+            if kind == _HEAD:
+                self.first = False
+                assert isinstance(value, Head)
+                return self._on_request(value)
+            if kind == _ERROR:
+                if "Content-Length" in str(value) and "Transfer-Encoding" in str(value):
+                    # RFC 9112 §6.1: a proxy must not forward both (how requests are smuggled
+                    # past one parser into another); refusing, then closing, is allowed.
+                    reason = "both Content-Length and Transfer-Encoding"
+                    return self._refuse(400, "", f"bad request: {reason}")
+                return self._refuse(400, "", f"bad request: {value}")
+            self.phase = "closed"
+            return [Close("the client closed the connection")]
         if self.phase in ("forwarding", "switching") and not self.body_done:
             return self._body(first=False)
         return []  # bytes of a next request wait until this exchange is done
 
-    def _on_request(self, request: h11.Request) -> list[Action]:
-        if head_size(request) > self.max_head:
-            # h11 bounds only heads that arrive in pieces; one that came whole is measured here.
+    def _on_request(self, request: Head) -> list[Action]:
+        if request.size > self.max_head:
             return self._refuse(431, "", f"request head larger than {self.max_head} bytes")
-        method = request.method.decode("ascii", "replace")
-        target = request.target.decode("latin-1")
-        headers = _decode(request.headers)
-        if _header(headers, "transfer-encoding") is not None and (
-            _header(headers, "content-length") is not None
-        ):
-            # RFC 9112 §6.1: a proxy must not forward both (how requests are smuggled past one
-            # parser into another); refusing, then closing, is the safe choice it allows.
-            return self._refuse(400, "", "bad request: both Content-Length and Transfer-Encoding")
+        headers, lower = request.headers, request.lower
+        host = lower.get("host")
+        if (host is None and request.version == "1.1") or (host is not None and "," in host):
+            return self._refuse(400, "", "bad request: an HTTP/1.1 request needs one Host field")
+        self._client_keep = _keeps_alive(request)
         node = ""
         try:
-            dest = find_destination(method, target, headers)
+            dest = find_destination(request.start, request.target, headers, lower)
         except BadRequest as exc:
             return self._refuse(exc.status, node, exc.reason)
         node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
-        via = [v for k, v in headers if k.lower() == "via"]
-        if via and self.via in via_received_by(via):
+        via = lower.get("via")
+        if via and self.via in via_received_by([via]):
             return [
                 Looped(),
                 *self._refuse(
@@ -185,8 +364,7 @@ class Exchange:
         self._request, self._dest = request, dest
         if dest.via == "connect":
             self.phase = "closed"
-            rest = bytes(self.client.trailing_data[0])
-            return [*self._drop_upstream(), Tunnel(dest, rest)]
+            return [*self._drop_upstream(), Tunnel(dest, self._client_raw or b"")]
         self.phase = "routing"
         return [RouteRequest(dest)]
 
@@ -194,11 +372,14 @@ class Exchange:
     def routed(self, route: Route) -> list[Action]:
         """The request's route: keep the target connection when it fits, else open one."""
         assert self.phase == "routing" and self._request is not None and self._dest is not None
+        same = route is self.route and self._up is not None  # the driver reused the route
         self.route = route
         self._build_outbound(self._request, self._dest, route)
+        if same:
+            return self._send()
         key = UpstreamKey.of(route)
         actions: list[Action] = []
-        if self._up is not None and (key != self._up_key or not self._idle):
+        if self._up is not None and key != self._up_key:
             actions += self._drop_upstream()
         if self._up is None:
             self._up_key = key
@@ -213,14 +394,9 @@ class Exchange:
     def upstream_opened(self) -> list[Action]:
         """The target connection :class:`OpenUpstream` asked for is open."""
         assert self.phase == "opening"
-        self._up = h11.Connection(h11.CLIENT, max_incomplete_event_size=self.max_head)
+        self._up = _Parsed(response=True)
         self._up_used = False
         return self._send()
-
-    @property
-    def _idle(self) -> bool:
-        up = self._up
-        return up is not None and up.our_state is h11.IDLE and up.their_state is h11.IDLE
 
     def _drop_upstream(self) -> list[Action]:
         if self._up is None:
@@ -229,41 +405,39 @@ class Exchange:
         self._up_key = None
         return [CloseUpstream()]
 
-    def _build_outbound(self, request: h11.Request, dest: Destination, route: Route) -> None:
-        headers = _decode(request.headers)
-        upgrade = wants_upgrade(headers)
+    def _build_outbound(self, request: Head, dest: Destination, route: Route) -> None:
+        headers, lower = request.headers, request.lower
+        upgrade = wants_upgrade(headers) if "connection" in lower else None
         self._upgrade = upgrade is not None
-        out = forwardable(headers, upgrade=upgrade)
+        out = forwardable(headers, upgrade=upgrade, names=lower)
         if dest.authority is not None:
             out = [(k, v) for k, v in out if k.lower() != "host"]
             out.insert(0, ("Host", dest.authority))
-        elif _header(out, "host") is None:
+        elif "host" not in lower:
             out.insert(0, ("Host", f"{dest.host or route.node.name}:{route.target.port}"))
-        if "chunked" in (_header(headers, "transfer-encoding") or "").lower():
+        self._chunked_up = "chunked" in lower.get("transfer-encoding", "").lower()
+        if self._chunked_up:
             out.append(("Transfer-Encoding", "chunked"))
         # RFC 9110 §7.6.3; also how a request that comes back here is recognised.
-        out.append(("Via", f"{request.http_version.decode('ascii')} {self.via}"))
-        self._outbound = [
-            h11.Request(
-                method=request.method, target=dest.target.encode("latin-1"), headers=_encode(out)
-            )
-        ]
+        out.append(("Via", f"{request.version} {self.via}"))
+        head = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
+        self._outbound = [head + _fields(out) + b"\r\n"]
         self.body_done = False
         self._body_error = None
         self.started = False
 
     def _send(self) -> list[Action]:
         """The request (and the body bytes at hand) to the target connection."""
-        assert self._up is not None
+        assert self._up is not None and self._outbound is not None and self._request is not None
         self._reused = self._up_used
         self._up_used = True
+        self._up.bodiless = self._request.start == "HEAD"
         self.phase = "forwarding"
         if self.body_done:  # a retry: the request went whole the first time
-            return [WriteUpstream(b"".join(self._up.send(e) or b"" for e in self._outbound))]
-        data = self._up.send(self._outbound[0]) or b""
-        actions = self._body(first=True, head=data)
+            return [WriteUpstream(b"".join(self._outbound))]
+        actions = self._body(first=True, head=self._outbound[0])
         if not self.body_done and self.phase == "forwarding":
-            self._outbound = []  # not whole: never retried
+            self._outbound = None  # not whole: never retried
             actions.append(ReadBody())
         return actions
 
@@ -273,32 +447,36 @@ class Exchange:
         (the target connection is closed to stop waiting for its answer)."""
         assert self._up is not None
         out = [head] if head else []
-        while True:
-            try:
-                event = self.client.next_event()
-            except h11.RemoteProtocolError as exc:
+        events = self.client.events
+        kept = self._outbound if not first else None
+        while events:
+            kind, value = events[0]
+            if kind == _DATA:
+                events.popleft()
+                assert isinstance(value, bytes)
+                piece = _chunk(value) if self._chunked_up else value
+            elif kind == _END:
+                events.popleft()
+                assert isinstance(value, list)
+                piece = _last_chunk(value) if self._chunked_up else b""
+                self.body_done = True
+            elif kind == _ERROR:
+                events.popleft()
                 assert self.route is not None
-                refusal = Refuse(400, self.route.node.name, f"bad request body: {exc}")
+                refusal = Refuse(400, self.route.node.name, f"bad request body: {value}")
                 if first:
                     return [*self._drop_upstream(), *self._refuse_with(refusal)]
                 self._body_error = refusal
                 return self._drop_upstream()
-            if event is h11.NEED_DATA:
-                break
-            if isinstance(event, h11.Data):
-                out.append(self._up.send(h11.Data(data=event.data)) or b"")
-                if self._outbound:
-                    self._outbound.append(h11.Data(data=event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                out.append(self._up.send(h11.EndOfMessage(headers=event.headers)) or b"")
-                if self._outbound:
-                    self._outbound.append(h11.EndOfMessage(headers=event.headers))
-                self.body_done = True
-                break
-            elif first:  # PAUSED (an upgrade or CONNECT is waiting), or the client closed
-                self.body_done = True
-                break
             else:  # the client closed inside the body: the answer is read, the connection ends
+                break
+            if piece:
+                out.append(piece)
+                if first and self._outbound is not None:
+                    self._outbound.append(piece)
+                elif kept is not None:
+                    kept.append(piece)
+            if self.body_done:
                 break
         data = b"".join(out)
         return [WriteUpstream(data)] if data else []
@@ -306,66 +484,109 @@ class Exchange:
     # -- the target side ----------------------------------------------------------------------
     def receive_upstream(self, data: bytes) -> list[Action]:
         """Bytes from the target connection; ``b""``: it closed."""
-        if self.phase != "forwarding" or self._up is None:
-            return []
         up = self._up
-        up.receive_data(data)
+        if self.phase != "forwarding" or up is None:
+            return []
+        if not data:
+            up.events.append((_EOF, None))
+        else:
+            rest = up.feed(data)
+            if rest is not None:
+                self._up_rest = rest
         # Bytes for the client are gathered while events come without waiting (head, body,
         # end of a small response: one write) and flushed before the driver waits again.
         out: list[bytes] = []
         actions: list[Action] = []
-
-        def flush() -> None:
-            if out:
-                actions.append(WriteClient(b"".join(out)))
-                out.clear()
-
-        while True:
-            try:
-                event = up.next_event()
-            except h11.RemoteProtocolError as exc:
-                flush()
-                return actions + self._failed(f"bad response from the target: {exc}")
-            if event is h11.NEED_DATA:
-                flush()
-                return actions
-            if isinstance(event, h11.ConnectionClosed):
-                flush()
-                return actions + self._failed("")
-            if isinstance(event, h11.InformationalResponse):
-                self.started = True
-                if event.status_code == 101:
-                    flush()
+        events = up.events
+        while events:
+            kind, value = events.popleft()
+            if kind == _DATA:
+                assert isinstance(value, bytes)
+                out.append(_chunk(value) if self._body_out == "chunked" else value)
+            elif kind == _HEAD:
+                assert isinstance(value, Head)
+                if value.size > self.max_head:
+                    return self._flushed(out, actions, self._bad_response("head too large"))
+                if value.status == 101:
                     if not self._upgrade:
-                        return [*actions, *self._close("101 without an upgrade request")]
+                        failure = self._failed("101 without an upgrade request", status=502)
+                        return self._flushed(out, actions, failure)
+                    self.started = True
                     self.phase = "switching"
-                    self._switched = event
-                    return [*actions, SwitchProtocols()]
-                out.append(self.client.send(event) or b"")
-            elif isinstance(event, h11.Response):
-                if head_size(event) > self.max_head:
-                    flush()
-                    return actions + self._failed("response head too large", status=502)
+                    self._switched = value
+                    return self._flushed(out, actions, [SwitchProtocols()])
                 self.started = True
-                actions.append(Count(event.status_code))
-                headers = _decode(event.headers)
-                kept = forwardable(headers)
-                if _header(headers, "transfer-encoding") is not None:
-                    # RFC 9112 §6.3: Transfer-Encoding wins, and a proxy drops the length.
-                    kept = [(k, v) for k, v in kept if k.lower() != "content-length"]
-                response = h11.Response(
-                    status_code=event.status_code, headers=_encode(kept), reason=event.reason
-                )
-                out.append(self.client.send(response) or b"")
-            elif isinstance(event, h11.Data):
-                out.append(self.client.send(h11.Data(data=event.data)) or b"")
-            elif isinstance(event, h11.EndOfMessage):
-                out.append(self.client.send(h11.EndOfMessage(headers=event.headers)) or b"")
-                flush()
-                return actions + self._finished()
-            else:  # PAUSED: the target switched protocols unasked
-                flush()
-                return [*actions, *self._close(f"unexpected event from the target: {event!r}")]
+                if value.status < 200:
+                    self._info = True
+                    head = f"HTTP/1.1 {value.status} {value.start}\r\n".encode("latin-1")
+                    out.append(head + _fields(value.headers) + b"\r\n")
+                else:
+                    actions.append(Count(value.status))
+                    out.append(self._response_head(value, bodiless=up.bodiless))
+            elif kind == _END:
+                if self._info:
+                    self._info = False
+                    continue
+                assert isinstance(value, list)
+                if self._body_out == "chunked":
+                    out.append(_last_chunk(value))
+                return self._flushed(out, actions, self._finished())
+            elif kind == _ERROR:
+                return self._flushed(out, actions, self._bad_response(str(value)))
+            elif self._until_close and self.started:  # _EOF ends a body framed by the close
+                if self._body_out == "chunked":
+                    out.append(_last_chunk([]))
+                self._up_keep = False
+                return self._flushed(out, actions, self._finished())
+            else:
+                what = "the connection was closed" if self.started else _CLOSED_UNANSWERED
+                return self._flushed(out, actions, self._bad_response(what))
+        if up.in_head and up.fed > self.max_head:
+            return self._flushed(out, actions, self._bad_response("head too large"))
+        return self._flushed(out, actions, [])
+
+    @staticmethod
+    def _flushed(out: list[bytes], actions: list[Action], then: list[Action]) -> list[Action]:
+        if out:
+            actions.append(WriteClient(b"".join(out)))
+        return actions + then
+
+    def _bad_response(self, what: str) -> list[Action]:
+        return self._failed(f"bad response from the target: {what}", status=502)
+
+    def _response_head(self, response: Head, *, bodiless: bool) -> bytes:
+        """The head for the client, and how the body after it is framed."""
+        headers, lower = response.headers, response.lower
+        kept = forwardable(headers, names=lower)
+        te = lower.get("transfer-encoding", "").lower()
+        if te:
+            # RFC 9112 §6.3: Transfer-Encoding wins, and a proxy drops the length.
+            kept = [(k, v) for k, v in kept if k.lower() != "content-length"]
+        self._up_keep = _keeps_alive(response) and self._up is not None and not bodiless
+        self._until_close = False
+        if bodiless or response.status in (204, 304):
+            self._body_out = "none"
+            if te.endswith("chunked"):
+                kept.append(("Transfer-Encoding", "chunked"))
+        elif te.endswith("chunked"):
+            self._body_out = "chunked"
+            kept.append(("Transfer-Encoding", "chunked"))
+        elif te or "content-length" not in lower:
+            self._until_close = True
+            self._up_keep = False
+            assert self._request is not None
+            if self._request.version == "1.1":
+                self._body_out = "chunked"
+                kept.append(("Transfer-Encoding", "chunked"))
+            else:
+                self._body_out = "length"
+                self._client_keep = False
+        else:
+            self._body_out = "length"
+        if not self._client_keep:
+            kept.append(("Connection", "close"))
+        head = f"HTTP/1.1 {response.status} {response.start}\r\n".encode("latin-1")
+        return head + _fields(kept) + b"\r\n"
 
     def upstream_lost(self) -> list[Action]:
         """Reading from, or writing to, the target connection failed."""
@@ -387,19 +608,12 @@ class Exchange:
         its request, the target's bytes read past its 101."""
         assert self._up is not None and self.phase == "switching"
         self.phase = "closed"
-        up = self._up
         event = self._switched
         assert event is not None
-        headers = _decode(event.headers)
-        response = h11.InformationalResponse(
-            status_code=101,
-            headers=_encode(
-                forwardable(headers, upgrade=_header(headers, "upgrade") or "websocket")
-            ),
-            reason=event.reason,
-        )
-        head = self.client.send(response) or b""
-        return head, bytes(self.client.trailing_data[0]), bytes(up.trailing_data[0])
+        headers = event.headers
+        kept = forwardable(headers, upgrade=_header(headers, "upgrade") or "websocket")
+        head = f"HTTP/1.1 101 {event.start}\r\n".encode("latin-1") + _fields(kept) + b"\r\n"
+        return head, self._client_raw or b"", self._up_rest
 
     def _failed(self, what: str, *, status: int | None = None) -> list[Action]:
         """The target connection failed before the response ended (``what`` "": it closed)."""
@@ -410,9 +624,10 @@ class Exchange:
         request = self._request
         if (
             self._reused
-            and self._outbound
+            and self._outbound is not None
+            and self.body_done
             and request is not None
-            and request.method in IDEMPOTENT
+            and request.start in IDEMPOTENT
             and not self.started
         ):
             # A kept connection the target closed while idle fails before any answer: the
@@ -430,18 +645,12 @@ class Exchange:
 
     def _finished(self) -> list[Action]:
         """The response ended: keep both connections for more when both sides are done."""
-        actions: list[Action] = []
-        up = self._up
         if not self.body_done:
             # The target answered before the client finished its body: the rest of it would
             # be read as a new request.
             return [*self._drop_upstream(), *self._close("answered before the request body ended")]
-        if up is not None and up.our_state is h11.DONE and up.their_state is h11.DONE:
-            up.start_next_cycle()
-        else:
-            actions += self._drop_upstream()
-        if self.client.our_state is h11.DONE and self.client.their_state is h11.DONE:
-            self.client.start_next_cycle()
+        actions = [] if self._up_keep else self._drop_upstream()
+        if self._client_keep and self._client_raw is None:
             self.phase = "head"
             return actions
         return [*actions, *self._close("the client connection cannot carry more")]

@@ -1,5 +1,5 @@
 """What the fronts share around HTTP: authority parsing, the 4xx error type, error answers.
-(The HTTP/1.1 protocol itself is h11's, in :mod:`ravenproxy.server.http_proxy`.)"""
+(HTTP/1.1 itself is parsed with llhttp in :mod:`ravenproxy.server.exchange`.)"""
 
 from __future__ import annotations
 

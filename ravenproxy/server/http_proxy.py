@@ -21,8 +21,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import h11
-
 from ravenproxy.errors import RoutingError
 from ravenproxy.log import kv
 from ravenproxy.server.exchange import Exchange
@@ -44,7 +42,7 @@ from ravenproxy.server.exchange_actions import (
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http1 import error_response
 from ravenproxy.server.limits import StreamLease
-from ravenproxy.server.router import Route
+from ravenproxy.server.router import Route, RouteMemo
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult, relay
 from ravenproxy.transport.tunnel_stream import StreamClosedError
@@ -121,6 +119,7 @@ class _Connection:
         "proxy",
         "pump",
         "reader",
+        "routed",
         "upstream",
         "watch",
         "writer",
@@ -143,6 +142,9 @@ class _Connection:
         self.lease: StreamLease | None = None
         """The client's stream slot (--max-streams-per-client), held with the upstream."""
         self.pump: asyncio.Task[None] | None = None
+        self.routed: RouteMemo | None = None
+        """The last request's route, reused for the next one when nothing it depends on
+        changed."""
         self.watch = IdleWatch(self.ctx.limits.idle_timeout)
         """Guards each wait for the target's answer (--idle-timeout); one per connection,
         entered once per read: entering stamps the activity of the last event."""
@@ -174,8 +176,6 @@ class _Connection:
             pass
         except _IO_ERRORS as exc:
             log.debug(f"{front} front: connection ended", extra=kv(peer=self.peer, error=exc))
-        except h11.ProtocolError as exc:
-            log.info(f"{front} front: HTTP error", extra=kv(peer=self.peer, error=exc))
         except Exception:
             log.exception(f"{front} front: connection failed", extra=kv(peer=self.peer))
         finally:
@@ -298,11 +298,13 @@ class _Connection:
                 self.proxy.count(action.status)
             elif isinstance(action, RouteRequest):
                 try:
-                    route = self.ctx.router.route_request(action.dest, over_tls=self.proxy.over_tls)
+                    self.routed = self.ctx.router.route_again(
+                        action.dest, over_tls=self.proxy.over_tls, memo=self.routed
+                    )
                 except RoutingError as exc:
                     queue.extend(self.ex.refused(exc.status, exc.node, exc.reason))
                 else:
-                    queue.extend(self.ex.routed(route))
+                    queue.extend(self.ex.routed(self.routed.route))
             elif isinstance(action, OpenUpstream):
                 queue.extend(await self._open(action))
             elif isinstance(action, CloseUpstream):

@@ -15,7 +15,7 @@ Without a port the node's kubelet port is meant.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
@@ -27,8 +27,8 @@ NODE_NAME_PARAM = "nodeName"
 POD_PATH_PREFIXES = ("containerLogs", "exec", "attach", "portForward", "run")
 """Kubelet endpoints whose path is ``/<prefix>/<namespace>/<pod>/…``."""
 
-# RFC 9110 §7.6.1: hop-by-hop fields, never forwarded; plus the framing fields h11 sets itself
-# and the proxy's own routing header.
+# RFC 9110 §7.6.1: hop-by-hop fields, never forwarded; plus the framing fields the exchange sets
+# itself and the proxy's own routing header.
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -82,9 +82,16 @@ def _authority(text: str) -> tuple[str, int | None]:
     return host, (port or None)
 
 
-def find_destination(method: str, target: str, headers: Sequence[tuple[str, str]]) -> Destination:
-    """Where the request goes (not yet resolved to a node: that needs the model)."""
-    lower = {k.lower(): v for k, v in headers}
+def find_destination(
+    method: str,
+    target: str,
+    headers: Sequence[tuple[str, str]],
+    lower: Mapping[str, str] | None = None,
+) -> Destination:
+    """Where the request goes (not yet resolved to a node: that needs the model). ``lower``:
+    the headers by lower-cased name, when the caller has them already."""
+    if lower is None:
+        lower = {k.lower(): v for k, v in headers}
     if method == "CONNECT":
         chost, cport = split_authority(target)
         return Destination("connect", chost, cport, target=target)
@@ -146,11 +153,17 @@ def wants_upgrade(headers: Sequence[tuple[str, str]]) -> str | None:
 
 
 def forwardable(
-    headers: Sequence[tuple[str, str]], *, upgrade: str | None = None
+    headers: Sequence[tuple[str, str]],
+    *,
+    upgrade: str | None = None,
+    names: Iterable[str] | None = None,
 ) -> list[tuple[str, str]]:
     """Drop hop-by-hop fields (RFC 9110 §7.6.1): the fixed set and every field the Connection
     header names. An upgrade keeps ``Connection: Upgrade`` and its ``Upgrade`` field, which the
-    next hop needs to switch protocols."""
+    next hop needs to switch protocols. ``names``: the lower-cased field names, when the caller
+    has them (a head without a hop-by-hop field then goes on as it is)."""
+    if upgrade is None and names is not None and HOP_BY_HOP.isdisjoint(names):
+        return list(headers)  # no Connection field either: nothing it could name
     # Framing and Host are never hop-by-hop, whatever a Connection header claims.
     named = connection_tokens(headers) - {"content-length", "host"}
     kept = [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP and k.lower() not in named]

@@ -16,12 +16,17 @@ class AgentRegistry:
     def __init__(self) -> None:
         self._by_node: dict[str, list[Session]] = {}
         self._rr = itertools.count()
+        self.generation = 0
+        """Counts the agents' comings and goings: a route decided at the same generation (on
+        the same model) would be decided the same way, while its agent stays :meth:`live`."""
 
     def add(self, node: str, session: Session) -> None:
+        self.generation += 1
         self._by_node.setdefault(node, []).append(session)
         log.info("agent registered", extra=kv(node=node, connections=len(self._by_node[node])))
 
     def remove(self, node: str, session: Session) -> None:
+        self.generation += 1
         sessions = self._by_node.get(node, [])
         if session in sessions:
             sessions.remove(session)
@@ -38,12 +43,14 @@ class AgentRegistry:
     def __len__(self) -> int:
         return sum(len(s) for s in self._by_node.values())
 
+    @staticmethod
+    def live(session: Session) -> bool:
+        """The session may carry new streams (open, no GOAWAY either way)."""
+        conn = session.conn
+        return not session.closed and conn.goaway_received is None and conn.goaway_sent is None
+
     def _live(self, node: str) -> list[Session]:
-        return [
-            s
-            for s in self._by_node.get(node, ())
-            if not s.closed and s.conn.goaway_received is None and s.conn.goaway_sent is None
-        ]
+        return [s for s in self._by_node.get(node, ()) if self.live(s)]
 
     def candidates(self, model: Model, target: str) -> list[Session]:
         """Agents allowed to serve ``target``, best first: the node's own agent; else the

@@ -70,6 +70,17 @@ class Route:
         return self.session is None
 
 
+@dataclass(frozen=True, slots=True)
+class RouteMemo:
+    """A request's route and what it was decided on: what the destination names (not its
+    path), the model and the registry's generation."""
+
+    key: tuple[str, int | None, tuple[str, str] | None, str | None, bool]
+    model: Model
+    agents: int
+    route: Route
+
+
 def find_node(model: Model, host: str) -> Node:
     node = model.node(host) or model.node(host.lower()) or model.node_by_ip(host)
     if node is None:
@@ -137,3 +148,22 @@ class Router:
         r = route(model, self.registry, host, dest.port, local_node=self.own_node)
         tls = over_tls or dest.scheme == "https" or r.target.port == r.node.kubelet_port
         return dataclasses.replace(r, tls=tls) if tls else r
+
+    def route_again(
+        self, dest: Destination, *, over_tls: bool, memo: RouteMemo | None
+    ) -> RouteMemo:
+        """:meth:`route_request`, or ``memo`` (a keep-alive connection's last route) when the
+        request names the same node, port, pod and scheme, and neither the model nor the
+        connected agents changed since, and its agent still takes streams: the next request
+        of a connection goes where the last one went without routing it again."""
+        key = (dest.host, dest.port, dest.pod, dest.scheme, over_tls)
+        model, agents = self.store.model, self.registry.generation
+        if (
+            memo is not None
+            and memo.model is model
+            and memo.agents == agents
+            and memo.key == key
+            and (memo.route.session is None or self.registry.live(memo.route.session))
+        ):
+            return memo
+        return RouteMemo(key, model, agents, self.route_request(dest, over_tls=over_tls))

@@ -261,3 +261,79 @@ def test_idle_before_the_answer_is_a_504() -> None:
     ex.upstream_opened()
     refusal = only(ex.upstream_idle(30), Refuse)
     assert refusal == Refuse(504, "edge-1", "no byte either way for 30s (--idle-timeout)")
+
+
+def test_a_response_to_head_has_no_body_and_its_connection_is_not_kept() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(b"HEAD / HTTP/1.1\r\nHost: edge-1:9100\r\n\r\n" + get("/b", "edge-1:9100"))
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    # The length names the body a GET would have had: none follows, the answer is complete.
+    actions = ex.receive_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+    assert Count(200) in actions and b"Content-Length: 1000\r\n" in to_client(actions)
+    assert CloseUpstream() in actions and ex.phase == "head"
+    assert only(ex.poll(), RouteRequest).dest.target == "/b"  # type: ignore[attr-defined]
+    assert kinds(ex.routed(route("edge-1"))) == [OpenUpstream]
+
+
+def test_a_body_ended_by_the_close_goes_chunked_to_an_http11_client() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(get("/", "edge-1:9100"))
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    out = to_client(ex.receive_upstream(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nabc"))
+    assert b"Transfer-Encoding: chunked\r\n" in out and out.endswith(b"\r\n\r\n3\r\nabc\r\n")
+    actions = ex.receive_upstream(b"")
+    assert to_client(actions) == b"0\r\n\r\n" and CloseUpstream() in actions
+    assert ex.phase == "head"  # the client connection carries on
+
+
+def test_an_http10_client_gets_the_close_framing_and_the_connection_ends() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(b"GET / HTTP/1.0\r\nHost: edge-1:9100\r\n\r\n")
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    out = to_client(ex.receive_upstream(b"HTTP/1.1 200 OK\r\n\r\nabc"))
+    assert b"chunked" not in out and b"Connection: close\r\n" in out and out.endswith(b"abc")
+    assert kinds(ex.receive_upstream(b"")) == [CloseUpstream, Close]
+
+
+def test_a_chunked_request_body_goes_on_chunked_with_its_trailers() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    head = b"POST /up HTTP/1.1\r\nHost: edge-1:9100\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ex.receive_client(head + b"3\r\nabc\r\n")
+    ex.routed(route("edge-1"))
+    actions = ex.upstream_opened()
+    assert kinds(actions) == [WriteUpstream, ReadBody]
+    sent = to_upstream(actions)
+    assert b"transfer-encoding: chunked\r\n" in sent and sent.endswith(b"\r\n\r\n3\r\nabc\r\n")
+    assert to_upstream(ex.receive_client(b"0\r\nX-Sum: 1\r\n\r\n")) == b"0\r\nx-sum: 1\r\n\r\n"
+    assert ex.body_done
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET / HTTP/1.1\r\n\r\n",  # no Host
+        b"GET / HTTP/1.1\r\nHost: edge-1\r\nHost: edge-2\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost : edge-1\r\n\r\n",  # whitespace before the colon
+        b"GET\x01 / HTTP/1.1\r\nHost: edge-1\r\n\r\n",
+    ],
+)
+def test_a_bad_head_is_a_400(head: bytes) -> None:
+    refusal = only(Exchange(via=VIA, max_head=4096).receive_client(head), Refuse)
+    assert isinstance(refusal, Refuse) and refusal.status == 400
+    assert refusal.reason.startswith("bad request")
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    assert kinds(ex.receive_client(get("/a", "edge-1:9100") + get("/b", "edge-1:9100"))) == [
+        RouteRequest
+    ]
+    ex.routed(route("edge-1"))
+    assert to_upstream(ex.upstream_opened()).startswith(b"get /a ")
+    assert to_client(ex.receive_upstream(OK)).endswith(b"ok")
+    assert ex.head_begun
+    assert only(ex.poll(), RouteRequest).dest.target == "/b"  # type: ignore[attr-defined]
+    assert to_upstream(ex.routed(route("edge-1"))).startswith(b"get /b ")

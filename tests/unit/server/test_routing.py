@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -10,8 +11,10 @@ import pytest
 
 from ravenproxy.errors import RoutingError
 from ravenproxy.model import GATEWAY_LABEL, Endpoint, Gateway, Model, Node, NodeAddress
+from ravenproxy.model.store import ModelStore
+from ravenproxy.server.podroutes import Destination
 from ravenproxy.server.registry import AgentRegistry
-from ravenproxy.server.router import HTTP_STATUS, REASONS, find_node, route
+from ravenproxy.server.router import HTTP_STATUS, REASONS, Router, find_node, route
 from ravenproxy.transport.session import Session
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.frames import Target
@@ -224,3 +227,37 @@ def test_every_status_code_has_a_reason() -> None:
     assert set(HTTP_STATUS) == set(REASONS)
     assert HTTP_STATUS[ErrorCode.REFUSED] == 403
     assert all(400 <= s < 600 for s in HTTP_STATUS.values())
+
+
+def test_route_again_reuses_the_last_route_until_something_it_depends_on_changes() -> None:
+    first, second = fake("a"), fake("a")
+    reg = registry(a=[first])
+    store = ModelStore(model())
+    router = Router(store, reg, None)
+    metrics = Destination("host", "a", 9100, target="/metrics")
+    memo = router.route_again(metrics, over_tls=False, memo=None)
+    assert memo.route.session is first
+    # Another path to the same node and port: the same route, not decided again.
+    other_path = dataclasses.replace(metrics, target="/healthz")
+    assert router.route_again(other_path, over_tls=False, memo=memo) is memo
+    # Another port, or TLS from the client: routed anew.
+    assert (
+        router.route_again(
+            dataclasses.replace(metrics, port=9101), over_tls=False, memo=memo
+        ).route.target.port
+        == 9101
+    )
+    assert router.route_again(metrics, over_tls=True, memo=memo).route.tls
+    # An agent came (or went): routed anew.
+    reg.add("a", second)
+    again = router.route_again(metrics, over_tls=False, memo=memo)
+    assert again is not memo and again.route.node.name == "a"
+    # The model changed: routed anew.
+    store.update(model(active=("b",)))
+    assert router.route_again(metrics, over_tls=False, memo=again) is not again
+    # Its agent went away without the registry hearing yet: routed anew, to a live one.
+    memo = router.route_again(metrics, over_tls=False, memo=None)
+    gone = memo.route.session
+    cast(FakeSession, gone).closed = True
+    live = router.route_again(metrics, over_tls=False, memo=memo).route.session
+    assert live in (first, second) and live is not gone
