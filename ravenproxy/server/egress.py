@@ -94,11 +94,22 @@ def _answers(path: str) -> bool:
     return True
 
 
-def remove_unix(path: str, inode: int) -> None:
-    """Remove the socket file at ``path`` if it is still the one bound (``inode``): a
-    successor may have replaced it since, and its file is not ours to remove."""
+FileId = tuple[int, int, int]
+"""A file's identity: device, inode and change time (an inode number alone is reused at once
+on tmpfs when a file is replaced)."""
+
+
+def file_id(path: str) -> FileId:
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+def remove_unix(path: str, bound: FileId) -> None:
+    """Remove the socket file at ``path`` if it is still the one bound (``bound``, taken
+    after its mode and owner were set): a successor may have replaced it since, and its file
+    is not ours to remove."""
     try:
-        if os.lstat(path).st_ino != inode:
+        if file_id(path) != bound:
             return
         os.unlink(path)
     except FileNotFoundError:
@@ -116,13 +127,13 @@ class EgressFront:
         self.proxy = HttpProxy(ctx, self.name, over_tls=transport == "tcp", egress=transport)
         self.listener = FrontListener(self.name, self._handle, ctx.gate, ctx.metrics, ctx.track)
         self._tls: ssl.SSLContext | None = None
-        self._bound: tuple[str, int] | None = None
+        self._bound: tuple[str, FileId] | None = None
         """The socket file and its inode, removed at stop."""
 
     async def start_unix(self, path: str, mode: int, owner: tuple[int, int] | None) -> str:
         """Listen on the socket file ``path``; returns it."""
         sock = bind_unix(path, mode, owner)
-        self._bound = (path, os.lstat(path).st_ino)
+        self._bound = (path, file_id(path))
         self.listener.serve(sock)
         return path
 
