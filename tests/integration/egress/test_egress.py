@@ -263,3 +263,10 @@ async def test_requests_counted_by_transport_and_status(egress: Egress) -> None:
         key = f'ravenproxy_server_egress_requests_total{{status="404",transport="{transport}"}}'
         assert values.get(key, 0) >= 1, key
     assert values["ravenproxy_server_dial_duration_seconds_count"] >= 1
+
+
+async def test_http_front_connect_routes_pod_ips_too(egress: Egress) -> None:
+    """The HTTP front's CONNECT routes with the same router: pod IPs reach their node."""
+    async with tcp_server(echo, host=EDGE_POD) as port:
+        reader, writer = await egress.cluster.connect(f"{EDGE_POD}:{port}")
+        assert await echoes(reader, writer) == b"ping through egress\n"
