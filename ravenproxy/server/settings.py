@@ -208,7 +208,8 @@ class ServerSettings:
         "--header-timeout",
         "S",
         "longest a request head may take once begun, and the TLS ClientHello and handshake on "
-        "the HTTPS front; 408 where HTTP can answer, else closed",
+        "the HTTPS front (the handshake on --egress-addr); 408 where HTTP can answer, else "
+        "closed",
     )
     """Longest a request head may take once its first byte arrived (the whole first head of a
     connection from its accept), and the TLS ClientHello plus handshake on the HTTPS front."""
