@@ -128,7 +128,7 @@ class EgressFront:
         self.listener = FrontListener(self.name, self._handle, ctx.gate, ctx.metrics, ctx.track)
         self._tls: ssl.SSLContext | None = None
         self._bound: tuple[str, FileId] | None = None
-        """The socket file and its inode, removed at stop."""
+        """The socket file and its identity, removed at stop if still ours."""
 
     async def start_unix(self, path: str, mode: int, owner: tuple[int, int] | None) -> str:
         """Listen on the socket file ``path``; returns it."""
