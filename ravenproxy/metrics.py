@@ -81,6 +81,19 @@ class ServerMetrics:
             ["front", "status"],
             registry=r,
         )
+        self.egress_requests = Counter(
+            f"{NS}_server_egress_requests",
+            "Egress listener requests (kube-apiserver's HTTP CONNECT) by transport (uds, tcp) "
+            "and status",
+            ["transport", "status"],
+            registry=r,
+        )
+        self.egress_tls_refused = Counter(
+            f"{NS}_server_egress_tls_refused",
+            "Egress listener (--egress-addr) TLS handshakes refused: no client certificate, one "
+            "from another CA, not TLS, or too slow",
+            registry=r,
+        )
         self.tls_connections = Counter(
             f"{NS}_server_tls_connections",
             "HTTPS front connections by what was done with them (passthrough, terminate, refused)",

@@ -188,6 +188,7 @@ class Agent:
             self.settings.node_name,
             self.settings.metrics_ports,
             self._extra_allow,
+            pods=self.settings.allow_pods,
         )
 
     def _refresh_allowlist(self) -> None:

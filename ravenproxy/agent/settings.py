@@ -101,6 +101,13 @@ class AgentSettings:
         "also allow this port on the gateway's nodes",
         key="metrics_ports",  # as before: the --config key is plural
     )
+    allow_pods: bool = setting(
+        False,
+        "--allow-pods",
+        help="also allow the pod IPs of the gateway's nodes (their podCIDRs, or the Gateway "
+        "status subnets: Calico blocks) on any port, for kube-apiserver's egress to pods; "
+        "link-local and metadata addresses stay refused",
+    )
     metrics_addr: Address | None = setting(
         None, "--metrics-addr", "H:P", "serve /metrics (and /healthz, /readyz) here"
     )
@@ -209,6 +216,11 @@ class AgentSettings:
         inventory, kube_model = v["inventory"], v["kube_model"]
         if kube_model and inventory:
             raise ConfigError("--inventory", "give either --inventory or --kube-model, not both")
+        if v["allow_pods"] and not (inventory or kube_model):
+            raise ConfigError(
+                "--allow-pods",
+                "needs --inventory or --kube-model: the pod CIDRs come from the model",
+            )
         if l3 is not None and not (inventory or kube_model):
             raise ConfigError(
                 "--l3", "needs --inventory or --kube-model: the route driver plans from the model"
@@ -238,6 +250,7 @@ class AgentSettings:
             allow=v["allow"],
             inventory=cfg.existing_file(inventory, "--inventory") if inventory else None,
             metrics_ports=v["metrics_ports"],
+            allow_pods=v["allow_pods"],
             metrics_addr=v["metrics_addr"],
             health_addr=v["health_addr"],
             dial_timeout=v["dial_timeout"],

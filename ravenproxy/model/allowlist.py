@@ -113,6 +113,16 @@ class Allowlist:
                     entries.append(AllowEntry(net, port, port, f"{node.name}:{port}"))
         return cls(entries)
 
+    @classmethod
+    def pods_of(cls, model: Model, node_name: str) -> Allowlist:
+        """``--allow-pods``: the pod CIDRs (:meth:`Model.pod_cidrs_of`) of the nodes this
+        agent serves, on any port."""
+        return cls(
+            AllowEntry(net, 1, 65535, f"pods of {node.name}")
+            for node in model.peers_of(node_name)
+            for net in model.pod_cidrs_of(node.name)
+        )
+
     def __add__(self, other: Allowlist) -> Allowlist:
         return Allowlist(self.entries + other.entries)
 
@@ -132,10 +142,18 @@ class Allowlist:
 
 
 def gateway_allowlist(
-    model: Model, node_name: str, metrics_ports: Sequence[int] = (), extra: Allowlist | None = None
+    model: Model,
+    node_name: str,
+    metrics_ports: Sequence[int] = (),
+    extra: Allowlist | None = None,
+    *,
+    pods: bool = False,
 ) -> Allowlist:
     """The policy of ``node_name``'s dialler: its gateway's nodes (itself only, in no gateway)
-    on their kubelet port and on ``metrics_ports``, plus the ``--allow`` entries in ``extra``.
-    Link-local and metadata addresses are refused whatever the entries say."""
-    derived = Allowlist.from_model(model, node_name, metrics_ports)
-    return derived + extra if extra is not None else derived
+    on their kubelet port and on ``metrics_ports``, with ``pods`` their pod IPs on any port,
+    plus the ``--allow`` entries in ``extra``. Link-local and metadata addresses are refused
+    whatever the entries say."""
+    policy = Allowlist.from_model(model, node_name, metrics_ports)
+    if pods:
+        policy += Allowlist.pods_of(model, node_name)
+    return policy + extra if extra is not None else policy

@@ -6,12 +6,15 @@ component may keep the snapshot it planned from and compare it with the next.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ravenproxy.model.objects import ENDPOINT_PROXY, Gateway, Node, Pod
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,51 @@ class Model:
                 except ValueError:
                     continue
         return None
+
+    def pod_cidrs_of(self, node_name: str) -> tuple[IPNetwork, ...]:
+        """The pod CIDRs of a node: its ``spec.podCIDRs`` and the subnets its gateway's status
+        lists for it (where the controller puts the Calico blocks it confirmed), without
+        duplicates; text that is no CIDR is skipped. The one statement of "a node's pods": the
+        router's pod-IP routing and the ``--allow-pods`` policy both ask here."""
+        node = self.nodes.get(node_name)
+        if node is None:
+            return ()
+        texts = list(node.pod_cidrs)
+        gateway = self.gateways.get(node.gateway) if node.gateway is not None else None
+        if gateway is not None:
+            for info in gateway.status_nodes:
+                if info.node_name == node_name:
+                    texts.extend(info.subnets)
+        cidrs: dict[IPNetwork, None] = {}
+        for text in texts:
+            try:
+                cidrs[ipaddress.ip_network(text, strict=False)] = None
+            except ValueError:
+                continue
+        return tuple(cidrs)
+
+    def node_by_pod_ip(self, ip: str) -> Node | None:
+        """The node whose pod CIDRs (:meth:`pod_cidrs_of`) contain ``ip``; the most specific
+        CIDR wins where two overlap (a Calico block inside a wider podCIDR); None for no match
+        or no IP."""
+        try:
+            wanted = ipaddress.ip_address(ip)
+        except ValueError:
+            return None
+        if isinstance(wanted, ipaddress.IPv6Address) and wanted.ipv4_mapped is not None:
+            wanted = wanted.ipv4_mapped
+        for net, name in self._pod_index:
+            if wanted.version == net.version and wanted in net:
+                return self.nodes[name]
+        return None
+
+    @functools.cached_property
+    def _pod_index(self) -> tuple[tuple[IPNetwork, str], ...]:
+        """Every node's pod CIDRs, most specific first (built once per snapshot: the model is
+        immutable, and a CONNECT to a pod IP looks here)."""
+        pairs = [(net, name) for name in self.nodes for net in self.pod_cidrs_of(name)]
+        pairs.sort(key=lambda p: (-p[0].prefixlen, p[1]))
+        return tuple(pairs)
 
     def pod(self, namespace: str, name: str) -> Pod | None:
         return self.pods.get((namespace, name))

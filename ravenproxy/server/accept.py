@@ -94,11 +94,17 @@ class FrontListener:
 
     async def start(self, host: str | None, port: int) -> int:
         """Bind and start accepting; returns the bound port (``port`` may be 0)."""
-        self._sock = listen(host, port)
+        sock = listen(host, port)
+        self.serve(sock)
+        return int(sock.getsockname()[1])
+
+    def serve(self, sock: socket.socket) -> None:
+        """Start accepting on a bound, listening, non-blocking socket (a Unix one too); it is
+        closed at :meth:`stop`."""
+        self._sock = sock
         self._accepting = asyncio.create_task(
-            self._accept_loop(self._sock), name=f"{self.name}-front-accept"
+            self._accept_loop(sock), name=f"{self.name}-front-accept"
         )
-        return int(self._sock.getsockname()[1])
 
     def socknames(self) -> list[tuple[object, ...]]:
         """Where it listens (for the server's own-listener check)."""

@@ -32,6 +32,7 @@ from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.credentials import Credentials
 from ravenproxy.server.agents import add_agents_route
 from ravenproxy.server.connector import Connector
+from ravenproxy.server.egress import EgressFront
 from ravenproxy.server.front import FrontContext, FrontLimits
 from ravenproxy.server.http_front import HttpFront
 from ravenproxy.server.https_front import HttpsFront
@@ -40,7 +41,7 @@ from ravenproxy.server.liveness import KubeLiveness
 from ravenproxy.server.loops import OwnListeners, via_token
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import Router
-from ravenproxy.server.settings import ServerSettings
+from ravenproxy.server.settings import ServerSettings, owner_ids
 from ravenproxy.transport import tls
 from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
 from ravenproxy.transport.session import Session, TunnelStream, websocket_options
@@ -57,6 +58,8 @@ class ServerContexts(NamedTuple):
 
     tunnel: ssl.SSLContext
     front: ssl.SSLContext
+    egress: ssl.SSLContext | None = None
+    """The egress TLS listener's (--egress-addr), when there is one."""
 
 
 class ProxyServer:
@@ -109,6 +112,7 @@ class ProxyServer:
         )
         self.http_front = HttpFront(fronts)
         self.https_front = HttpsFront(fronts)
+        self.egress_fronts = {t: EgressFront(fronts, t) for t in ("uds", "tcp")}
         self.metrics.streams.set_function(
             lambda: sum(len(s.streams) for s in self.registry.sessions())
         )
@@ -181,6 +185,7 @@ class ProxyServer:
             )
             undo.push_async_callback(self.https_front.stop)
             self.listeners.add("https", self.https_front.listener.socknames())
+            await self._start_egress(undo, creds)
             # /metrics and /agents only where metrics are served (loopback by default); the
             # health address, on every interface for the probes, answers /healthz and /readyz.
             metrics = metrics_app(self.metrics.registry, self._ready)
@@ -212,12 +217,45 @@ class ProxyServer:
                 self.credentials.run(), name="server-cert-reload"
             )
             undo.pop_all()  # started: stop() takes everything down from here
-        log.info("server listening", extra=kv(server_id=s.identity, **self.ports))
+        uds = {"egress_uds": s.egress_uds} if s.egress_uds is not None else {}
+        log.info("server listening", extra=kv(server_id=s.identity, **self.ports, **uds))
+
+    async def _start_egress(self, undo: contextlib.AsyncExitStack, creds: Credentials) -> None:
+        """The egress listeners (:mod:`ravenproxy.server.egress`), those configured."""
+        s = self.settings
+        if s.egress_uds is not None:
+            owner = owner_ids(s.egress_uds_owner) if s.egress_uds_owner else None
+            front = self.egress_fronts["uds"]
+            await _bind(
+                "--egress-uds", s.egress_uds, front.start_unix(s.egress_uds, s.egress_mode, owner)
+            )
+            undo.push_async_callback(front.stop)
+        if s.egress_addr is not None:
+            assert s.egress_client_ca_file is not None, "settings require it"
+            ctx = tls.egress_server_context_for(creds, s.egress_client_ca_file)
+            tls.follow_current(ctx, self._egress_context)
+            front = self.egress_fronts["tcp"]
+            self.ports["egress"] = await _bind(
+                "--egress-addr",
+                s.egress_addr,
+                front.start_tls(s.egress_addr.bind_host, s.egress_addr.port, ctx),
+            )
+            undo.push_async_callback(front.stop)
+            self.listeners.add("egress", front.listener.socknames())
+
+    def _egress_context(self) -> ssl.SSLContext:
+        ctx = self.credentials.contexts.egress
+        assert ctx is not None, "built with the egress listener"
+        return ctx
 
     def _contexts(self, creds: Credentials) -> ServerContexts:
-        front = tls.https_server_context_for(creds, self.settings.front_client_ca_file)
+        s = self.settings
+        front = tls.https_server_context_for(creds, s.front_client_ca_file)
         front.set_alpn_protocols(["http/1.1"])
-        return ServerContexts(tls.server_context_for(creds), front)
+        egress = None
+        if s.egress_addr is not None and s.egress_client_ca_file is not None:
+            egress = tls.egress_server_context_for(creds, s.egress_client_ca_file)
+        return ServerContexts(tls.server_context_for(creds), front, egress)
 
     def _show_expiry(self, creds: Credentials) -> None:
         self.metrics.cert_expiry.labels(role="server").set(creds.not_after.timestamp())
@@ -293,6 +331,8 @@ class ProxyServer:
             await asyncio.gather(self._reload_task, return_exceptions=True)
         await self.http_front.stop()
         await self.https_front.stop()
+        for egress in self.egress_fronts.values():
+            await egress.stop()
         if self._ws_server is not None:
             self._ws_server.close(close_connections=False)
         idle = self.fronts.drain.start()
@@ -431,7 +471,7 @@ def _fd_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
-async def _bind(flag: str, address: Address, binding: Awaitable[T]) -> T:
+async def _bind(flag: str, address: Address | str, binding: Awaitable[T]) -> T:
     """Await a listener's bind; a failure (address in use, not ours, ...) becomes a
     :class:`ConfigError` naming the flag, so the CLI prints one line instead of a traceback."""
     try:

@@ -70,7 +70,11 @@ class Connector:
         if node is None:
             return Allowlist()  # no node, no gateway of its own: it never dials directly
         return gateway_allowlist(
-            self.store.model, node, self.settings.metrics_ports, self._extra_allow
+            self.store.model,
+            node,
+            self.settings.metrics_ports,
+            self._extra_allow,
+            pods=self.settings.allow_pods,
         )
 
     def _refresh_allowlist(self) -> None:

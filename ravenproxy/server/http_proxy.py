@@ -59,18 +59,29 @@ a head has begun, --header-timeout bounds it)."""
 class HttpProxy:
     """Serves one front's client connections (the HTTP front, or terminated HTTPS)."""
 
-    def __init__(self, ctx: FrontContext, front: str, *, over_tls: bool) -> None:
+    def __init__(
+        self, ctx: FrontContext, front: str, *, over_tls: bool, egress: str | None = None
+    ) -> None:
         self.ctx = ctx
         self.front = front
         self.over_tls = over_tls
-        self._counters: dict[int, Any] = {}
+        self.egress = egress
+        """The egress listener's transport (uds, tcp): only CONNECT is served (405 for any
+        other method, as konnectivity-server), and answers count in the egress metric too."""
+        self._counters: dict[int, list[Any]] = {}
 
     def count(self, status: int) -> None:
-        counter = self._counters.get(status)
-        if counter is None:
-            counter = self.ctx.metrics.requests.labels(front=self.front, status=str(status))
-            self._counters[status] = counter
-        counter.inc()
+        counters = self._counters.get(status)
+        if counters is None:
+            metrics = self.ctx.metrics
+            counters = [metrics.requests.labels(front=self.front, status=str(status))]
+            if self.egress is not None:
+                counters.append(
+                    metrics.egress_requests.labels(transport=self.egress, status=str(status))
+                )
+            self._counters[status] = counters
+        for counter in counters:
+            counter.inc()
 
     def serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -297,6 +308,9 @@ class _Connection:
             elif isinstance(action, Count):
                 self.proxy.count(action.status)
             elif isinstance(action, RouteRequest):
+                if self.proxy.egress is not None:
+                    queue.extend(self.ex.refused(405, "", "this listener serves only CONNECT"))
+                    continue
                 try:
                     self.routed = self.ctx.router.route_again(
                         action.dest, over_tls=self.proxy.over_tls, memo=self.routed

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-FRONTS = frozenset({"http", "https"})
+FRONTS = frozenset({"http", "https", "egress"})
 """Listeners that proxy what they receive: dialling one of them is a loop."""
 
 

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ravenproxy.errors import RoutingError
-from ravenproxy.model.objects import Node
+from ravenproxy.model.objects import Node, is_ip
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
 from ravenproxy.server.podroutes import Destination
@@ -81,11 +81,32 @@ class RouteMemo:
     route: Route
 
 
+def _named(model: Model, host: str) -> Node | None:
+    return model.node(host) or model.node(host.lower()) or model.node_by_ip(host)
+
+
 def find_node(model: Model, host: str) -> Node:
-    node = model.node(host) or model.node(host.lower()) or model.node_by_ip(host)
+    """The node ``host`` names: a node name, or one of its InternalIPs."""
+    node = _named(model, host)
     if node is None:
         raise RoutingError(404, host, "unknown node")
     return node
+
+
+def find_target(model: Model, host: str) -> tuple[Node, str | None]:
+    """The node ``host`` leads to and the address to dial there: a node name or InternalIP →
+    that node and its InternalIP; an IP in a node's pod CIDRs (:meth:`Model.node_by_pod_ip`) →
+    that node and the IP itself; anything else → 404 naming ``host``."""
+    node = _named(model, host)
+    if node is not None:
+        return node, node.internal_ip
+    address = host.strip("[]")
+    node = model.node_by_pod_ip(address)
+    if node is None:
+        if not is_ip(address):
+            raise RoutingError(404, host, "unknown node")
+        raise RoutingError(404, host, "no node has this address, nor a pod CIDR holding it")
+    return node, address
 
 
 def route(
@@ -96,14 +117,17 @@ def route(
     *,
     local_node: str | None = None,
 ) -> Route:
-    """Pick the agent for ``host:port`` (no port: the node's kubelet port). The target the agent
-    dials is the node's InternalIP, never the name the client used. A node in the gateway of
-    ``local_node`` (the server's own node), or that node itself, is dialled directly."""
-    node = find_node(model, host)
-    address = node.internal_ip
+    """Pick the agent for ``host:port`` (no port: the node's kubelet port). ``host`` is a node
+    (its name or InternalIP: the agent dials the InternalIP, never the name the client used)
+    or a pod IP (the agent of the node whose pod CIDRs hold it dials it, :func:`find_target`).
+    A node in the gateway of ``local_node`` (the server's own node), or that node itself, is
+    dialled directly."""
+    node, address = find_target(model, host)
     if address is None:
         raise RoutingError(502, node.name, "node has no InternalIP")
     if port is None:
+        if address != node.internal_ip:
+            raise RoutingError(400, host, "a pod address needs a port")
         port = node.kubelet_port
     if local_node is not None:
         local = model.node(local_node)

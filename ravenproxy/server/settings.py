@@ -6,6 +6,9 @@ keepalive, open timeout and window cap are lent by :class:`SessionConfig`.
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,6 +91,45 @@ class ServerSettings:
     tunnel_addr: Address = setting(Address("", 10262), "--tunnel-addr", "H:P", "agent listener")
     https_addr: Address = setting(Address("", 10263), "--https-addr", "H:P", "HTTPS front")
     http_addr: Address = setting(Address("", 10264), "--http-addr", "H:P", "HTTP/CONNECT front")
+    egress_uds: str | None = setting(
+        None,
+        "--egress-uds",
+        "PATH",
+        "serve kube-apiserver's HTTPConnect egress (CONNECT ip:port, as konnectivity-server's "
+        "--uds-name) on this Unix socket; a stale socket file is replaced, a live one refused",
+    )
+    """The egress Unix socket (:mod:`ravenproxy.server.egress`); None: none."""
+    egress_uds_mode: str = setting(
+        "0600", "--egress-uds-mode", "OCTAL", "permissions of the --egress-uds socket file"
+    )
+    """Octal text, checked in :meth:`from_mapping` (:attr:`egress_mode` is the number)."""
+    egress_uds_owner: str | None = setting(
+        None,
+        "--egress-uds-owner",
+        "USER[:GROUP]",
+        "owner of the --egress-uds socket file, by name or number (without it: this process's)",
+    )
+    egress_addr: Address | None = setting(
+        None,
+        "--egress-addr",
+        "H:P",
+        "serve the same egress over TLS (the apiserver's transport.tcp), requiring a client "
+        "certificate from --egress-client-ca-file",
+    )
+    egress_client_ca_file: str | None = setting(
+        None,
+        "--egress-client-ca-file",
+        "F",
+        "CA of the client certificates --egress-addr requires (the apiserver's egress "
+        "tlsConfig.clientCert)",
+        kind="file",
+    )
+    allow_pods: bool = setting(
+        False,
+        "--allow-pods",
+        help="also let the server dial the pod IPs of its own gateway's nodes, on any port "
+        "(egress to cloud-side pods; the agents' --allow-pods)",
+    )
     metrics_addr: Address = setting(
         Address("127.0.0.1", 10266), "--metrics-addr", "H:P", "/metrics and /agents"
     )
@@ -166,7 +208,8 @@ class ServerSettings:
         "--header-timeout",
         "S",
         "longest a request head may take once begun, and the TLS ClientHello and handshake on "
-        "the HTTPS front; 408 where HTTP can answer, else closed",
+        "the HTTPS front (the handshake on --egress-addr); 408 where HTTP can answer, else "
+        "closed",
     )
     """Longest a request head may take once its first byte arrived (the whole first head of a
     connection from its accept), and the TLS ClientHello plus handshake on the HTTPS front."""
@@ -174,8 +217,8 @@ class ServerSettings:
         limits.DEFAULT_MAX_FRONT_CONNECTIONS,
         "--max-front-connections",
         "N",
-        "connections open on the HTTP and HTTPS fronts together; beyond it new ones are closed "
-        "at once; lowered at start-up to stay well under the descriptor limit",
+        "connections open on the HTTP, HTTPS and egress fronts together; beyond it new ones "
+        "are closed at once; lowered at start-up to stay well under the descriptor limit",
     )
     """Connections open on all fronts together; beyond it a new one is closed at once (lowered
     at start-up to stay well under the descriptor limit)."""
@@ -226,6 +269,11 @@ class ServerSettings:
         return self.cert_dir is not None and Path(self.ca_file) == Path(self.cert_dir, CERT_DIR_CA)
 
     @property
+    def egress_mode(self) -> int:
+        """``--egress-uds-mode`` as a number."""
+        return int(self.egress_uds_mode, 8)
+
+    @property
     def identity(self) -> str:
         """The id announced to agents: ``--server-id``, else the node name, else the host name
         (unique per server in a cluster, one server per gateway node, and stable across
@@ -254,6 +302,7 @@ class ServerSettings:
             raise ConfigError(
                 "--server-san", "only with --cert-dir (a given --cert-file has its own SANs)"
             )
+        _egress(v)
         files = cfg.cert_files(values, v["kubeconfig"])
         if files.cert_dir is not None and not node_name:
             raise ConfigError(
@@ -291,6 +340,63 @@ def _inventory(values: Mapping[str, Any]) -> str | None:
             raise ConfigError("--inventory", "give either --inventory or --kube-model, not both")
         return None
     return cfg.existing_file(values.get("inventory"), "--inventory")
+
+
+def _egress(v: Mapping[str, Any]) -> None:
+    """The egress flags fit together: a mode or owner needs the socket, the TLS listener its
+    client CA (and the CA the listener)."""
+    mode = v["egress_uds_mode"]
+    if not (isinstance(mode, str) and mode.isascii() and mode.isdigit() and len(mode) <= 4):
+        raise ConfigError("--egress-uds-mode", f"{mode!r} is not an octal mode such as 0600")
+    try:
+        number = int(mode, 8)
+    except ValueError:
+        raise ConfigError(
+            "--egress-uds-mode", f"{mode!r} is not an octal mode such as 0600"
+        ) from None
+    if number > 0o777:
+        raise ConfigError("--egress-uds-mode", f"{mode!r}: only permission bits (at most 0777)")
+    if v["egress_uds"] is None:
+        if v["egress_uds_owner"] is not None:
+            raise ConfigError("--egress-uds-owner", "given without --egress-uds")
+    else:
+        path = v["egress_uds"]
+        if not path or "\0" in path:
+            raise ConfigError("--egress-uds", f"{path!r} is not a path")
+        if len(os.fsencode(path)) > MAX_UDS_PATH:
+            raise ConfigError("--egress-uds", f"{path}: longer than {MAX_UDS_PATH} bytes")
+        if not Path(path).parent.is_dir():
+            raise ConfigError("--egress-uds", f"{path}: its directory does not exist")
+        if v["egress_uds_owner"] is not None:
+            owner_ids(v["egress_uds_owner"])
+    if v["egress_addr"] is not None and v["egress_client_ca_file"] is None:
+        raise ConfigError(
+            "--egress-client-ca-file",
+            "required with --egress-addr: the egress listener requires client certificates",
+        )
+    if v["egress_client_ca_file"] is not None and v["egress_addr"] is None:
+        raise ConfigError("--egress-client-ca-file", "given without --egress-addr")
+
+
+MAX_UDS_PATH = 107
+"""Longest Unix socket path in bytes (``sun_path`` holds 108, with the terminating NUL)."""
+
+
+def owner_ids(text: str) -> tuple[int, int]:
+    """``--egress-uds-owner`` ``USER[:GROUP]`` (names or numbers) → (uid, gid); -1: unchanged.
+    An unknown name is a :class:`ConfigError` naming the flag."""
+    user, _, group = text.partition(":")
+    if not user and not group:
+        raise ConfigError("--egress-uds-owner", f"{text!r} names no user or group")
+    try:
+        uid = -1 if not user else int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise ConfigError("--egress-uds-owner", f"no user {user!r}") from None
+    try:
+        gid = -1 if not group else int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError("--egress-uds-owner", f"no group {group!r}") from None
+    return uid, gid
 
 
 MAX_SERVER_ID = 253

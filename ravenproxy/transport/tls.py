@@ -199,6 +199,18 @@ def https_server_context_for(
     return ctx
 
 
+def egress_server_context_for(creds: Credentials, client_ca_file: PathLike) -> ssl.SSLContext:
+    """The egress listener (``--egress-addr``): TLS ≥ 1.2 with the server certificate, and a
+    client certificate verified against ``client_ca_file`` required (kube-apiserver's egress
+    ``tlsConfig`` presents one); the CA file is read from its path, not reloaded."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain_bytes(ctx, creds)
+    _load_ca(ctx, client_ca_file, "egress-client-ca-file")
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
 def follow_current(listening: ssl.SSLContext, current: Callable[[], ssl.SSLContext]) -> None:
     """Make every new handshake on ``listening`` use ``current()``: certificate, key and trust
     store. A listener (websockets' ``serve``, our fronts) holds one context for its lifetime;

@@ -41,6 +41,8 @@ COMBOS: dict[str, tuple[str, ...]] = {
     "certs-secret": ("certs.mode=secret",),
     "dns": ("dns.enabled=true",),
     "servicemonitor": ("metrics.serviceMonitor.enabled=true",),
+    "egress-uds": ("egress.enabled=true",),
+    "egress-tcp": ("egress.enabled=true", "egress.mode=tcp", "egress.port=8131"),
     "all": (
         "l3.enabled=true",
         "l3.serviceCIDR=10.96.0.0/12",
@@ -50,6 +52,8 @@ COMBOS: dict[str, tuple[str, ...]] = {
         "certs.mode=secret",
         "agent.serverAddresses[0]=wss://proxy.example.com:10262",
         "server.sans[0]=proxy.example.com",
+        "egress.enabled=true",
+        "egress.udsOwner=0:0",
     ),
 }
 WORKLOAD_KINDS = {"Deployment", "DaemonSet"}
@@ -112,6 +116,9 @@ def test_helm_lint(combo: str) -> None:
         ("dns.enabled=yes", "/dns/enabled"),
         ("metrics.serviceMonitor.enabled=1", "/metrics/serviceMonitor/enabled"),
         ("l3.vpnDrivr=wireguard", "vpnDrivr"),
+        ("egress.mode=grpc", "/egress/mode"),
+        ("egress.udsMode=rw", "/egress/udsMode"),
+        ("egress.udsPath=relative.sock", "/egress/udsPath"),
     ],
 )
 def test_the_schema_refuses_a_wrong_value_naming_the_field(expression: str, field: str) -> None:
@@ -264,6 +271,53 @@ def test_certs_secret_mode_mounts_the_secrets_read_only() -> None:
     # No CSR permissions in Secret mode.
     names = {r["metadata"]["name"] for r in kinds("certs-secret", "ClusterRole")}
     assert "ravenproxy-certificate-requester" not in names
+
+
+# --- egress -------------------------------------------------------------------------------------
+
+
+def server_and_agent(combo: str) -> tuple[dict[str, Any], Any, Any]:
+    doc = named(combo, "DaemonSet", "ravenproxy-server")
+    server = parse(the("server", doc))
+    agent = parse(the("agent", named(combo, "DaemonSet", "ravenproxy-agent")))
+    return doc, server, agent
+
+
+def test_egress_is_off_by_default() -> None:
+    doc, server, agent = server_and_agent("defaults")
+    assert (server.egress_uds, server.egress_addr) == (None, None)
+    assert not server.allow_pods and not agent.allow_pods  # unset: the settings' default, off
+    assert "egress" not in {v["name"] for v in doc["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_egress_uds_puts_the_socket_on_a_host_path_and_lets_agents_dial_pods() -> None:
+    doc, server, agent = server_and_agent("egress-uds")
+    path = "/etc/kubernetes/konnectivity-server/konnectivity-server.socket"
+    assert (server.egress_uds, server.egress_uds_mode) == (path, "0600")
+    assert server.egress_uds_owner is None
+    assert server.egress_addr is None and server.allow_pods and agent.allow_pods
+    (volume,) = [v for v in doc["spec"]["template"]["spec"]["volumes"] if v["name"] == "egress"]
+    assert volume["hostPath"] == {
+        "path": "/etc/kubernetes/konnectivity-server",
+        "type": "DirectoryOrCreate",
+    }
+    (mount,) = [m for m in the("server", doc)["volumeMounts"] if m["name"] == "egress"]
+    assert mount == {"name": "egress", "mountPath": "/etc/kubernetes/konnectivity-server"}
+    _, server, _ = server_and_agent("all")
+    assert server.egress_uds_owner == "0:0"
+
+
+def test_egress_tcp_listens_with_the_client_ca_from_its_secret() -> None:
+    doc, server, agent = server_and_agent("egress-tcp")
+    assert server.egress_uds is None and server.allow_pods and agent.allow_pods
+    assert server.egress_addr == ":8131"
+    assert server.egress_client_ca_file == "/etc/ravenproxy/egress-client-ca/ca.crt"
+    container = the("server", doc)
+    assert {"name": "egress", "containerPort": 8131, "protocol": "TCP"} in container["ports"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "egress"]
+    assert mount["mountPath"] == "/etc/ravenproxy/egress-client-ca" and mount["readOnly"]
+    (volume,) = [v for v in doc["spec"]["template"]["spec"]["volumes"] if v["name"] == "egress"]
+    assert volume["secret"]["secretName"] == "ravenproxy-egress-client-ca"
 
 
 def test_server_runs_on_cloud_gateway_nodes_only() -> None:

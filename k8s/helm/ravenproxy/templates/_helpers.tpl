@@ -36,6 +36,9 @@
 - --key-file=/etc/ravenproxy/certs/$(NODE_NAME).key
 {{- end }}
 - --kube-model
+{{- if .Values.egress.enabled }}
+- --allow-pods
+{{- end }}
 {{- range .Values.agent.metricsPorts }}
 - --metrics-port={{ . }}
 {{- end }}
