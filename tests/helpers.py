@@ -143,6 +143,17 @@ async def run(*args: str, timeout: float = 30) -> tuple[int, str, str]:
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
+async def close_writer(writer: asyncio.StreamWriter, timeout: float = 5) -> None:
+    """Close ``writer`` and wait until its socket is gone: a TLS writer's ``close()`` only
+    starts the close_notify exchange, and the leak guard sees the socket until it ends (or
+    ``timeout`` passes, then it is aborted)."""
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), timeout)
+    except (OSError, TimeoutError):
+        writer.transport.abort()
+
+
 # -- HTTP and metrics -------------------------------------------------------------------------
 async def raw_exchange(
     port: int, request: bytes, *, timeout: float = 15, source: str | None = None

@@ -176,7 +176,7 @@ async def egress_dial(
             extra = b""
         assert extra == b"", f"bytes after the 200: {extra[:80]!r}"
     except BaseException:
-        writer.close()
+        writer.transport.abort()
         raise
     return reader, writer
 

@@ -19,6 +19,7 @@ from websockets.http11 import Response
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
+from tests.helpers import close_writer
 from tests.integration.egress.env import (
     CLOUD_POD,
     EDGE2_POD,
@@ -56,7 +57,7 @@ async def to_kubelet(
     try:
         await writer.start_tls(egress.kubelet_tls(), server_hostname=EDGE_IP)
     except BaseException:
-        writer.close()
+        writer.transport.abort()
         raise
     return reader, writer
 
@@ -83,7 +84,7 @@ async def test_kubelet_logs_follow(egress: Egress, transport: str) -> None:
             elif isinstance(event, h11.EndOfMessage):
                 break
     finally:
-        writer.close()
+        await close_writer(writer)
     assert status == 200
     assert [line.split()[0] for line in text.splitlines()] == [str(i) for i in range(8)]
     assert chunks > 1  # streamed as written, not at the end
@@ -159,7 +160,7 @@ async def test_kubelet_exec_websocket_echo(egress: Egress, transport: str) -> No
         assert json.loads(frame.data[1:])["status"] == "Success"
         assert (await ws.recv()).opcode is Opcode.CLOSE
     finally:
-        writer.close()
+        await close_writer(writer)
 
 
 async def echoes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
@@ -167,7 +168,7 @@ async def echoes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         writer.write(b"ping through egress\n")
         return await asyncio.wait_for(reader.readline(), 10)
     finally:
-        writer.close()
+        await close_writer(writer)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -211,7 +212,7 @@ async def test_address_in_no_cidr_is_404_naming_it(egress: Egress, transport: st
 async def test_node_name_is_accepted(egress: Egress) -> None:
     """DNS-mode clients name the node: routed to its agent, which dials the InternalIP."""
     _, writer = await egress_dial(f"edge-1:{egress.kubelet.tls_port}", uds=egress.uds)
-    writer.close()
+    await close_writer(writer)
     with pytest.raises(ConnectRefused) as refused:
         await egress_dial(f"edge-9:{egress.kubelet.tls_port}", uds=egress.uds)
     assert (refused.value.status, refused.value.body) == (404, b"edge-9: unknown node\n")
@@ -223,7 +224,7 @@ async def test_only_connect_is_served(egress: Egress) -> None:
         writer.write(f"GET /healthz HTTP/1.1\r\nHost: {EDGE_IP}\r\n\r\n".encode())
         answer = await asyncio.wait_for(reader.read(), 10)
     finally:
-        writer.close()
+        await close_writer(writer)
     assert answer.startswith(b"HTTP/1.1 405 ")
 
 
