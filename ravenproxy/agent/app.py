@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +36,13 @@ from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatu
 
 from ravenproxy.agent.servers import (
     HEALTHY_AFTER,
+    QUICK_REDIAL_WINDOW,
     REDIAL_AFTER_UP,
     discovered_servers,
     slot_address,
 )
 from ravenproxy.agent.settings import AgentSettings
-from ravenproxy.backoff import backoff
+from ravenproxy.backoff import backoff, redial
 from ravenproxy.kube.sources import model_source
 from ravenproxy.lifecycle import listening, parts
 from ravenproxy.log import kv
@@ -494,9 +494,10 @@ class Agent:
             if tunnel.retired:
                 break
             if outcome == "up" and uptime >= HEALTHY_AFTER:
-                # Its server drained or went away: it (or another) is most likely back at once.
-                delays = backoff(s.backoff_base, s.backoff_cap)
-                delay = max(0.01, random.random() * REDIAL_AFTER_UP)
+                # Its server drained or went away: it (or another) is most likely back within
+                # seconds, so the next dials are quick for a while before backing off.
+                delays = redial(REDIAL_AFTER_UP, QUICK_REDIAL_WINDOW, s.backoff_base, s.backoff_cap)
+                delay = next(delays)
             else:
                 delay = next(delays)
             if outcome == "up":
