@@ -10,7 +10,10 @@ process: it accepts and holds connections), ``ravenproxy server`` and ``ravenpro
   front, held open; VmRSS again after a settle; (after - before) / N per side.
 - **agents**: a server alone; K tunnels from this process, each with its own node certificate,
   each a library :class:`~ravenproxy.transport.session.Session` (what the agent runs, without
-  the agent process's ~55 MB); (after - before) / K on the server.
+  the agent process); (after - before) / K on the server.
+- **agent process**: VmRSS of an idle ``ravenproxy agent`` (server address, certificates,
+  inventory, ``--allow``: no metrics, Kubernetes or L3), tunnel up, one stream opened and
+  closed; beside it an idle ``ssh -R`` client through a private sshd (throughput.py's).
 
 A CONNECT takes one front connection, and the server caps its front connections at 7/16 of its
 descriptor limit (an eighth kept in reserve, two descriptors per connection): with a hard limit
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -267,6 +271,56 @@ async def _streams_row(base: Path, n: int) -> dict[str, Any]:
         procs.stop()
 
 
+async def _ssh_client_rss(base: Path, target_port: int) -> dict[str, Any]:
+    """An idle ``ssh -R`` client (a private sshd, throughput.py's) forwarding to the target:
+    its VmRSS, KiB; the reason instead when sshd cannot run here."""
+    # throughput.py sits beside this file: importable as benchmarks.throughput under -m, as
+    # throughput when this file runs as a script (its folder is then sys.path[0]).
+    throughput: Any = importlib.import_module(
+        "benchmarks.throughput" if __package__ else "throughput"
+    )
+    procs = throughput.Procs()
+    try:
+        ssh = await throughput.start_sshd(procs, base)
+        _, client = await throughput.start_ssh_forward(
+            procs, ssh, "aes128-gcm@openssh.com", target_port
+        )
+        await asyncio.sleep(SETTLE)
+        return {"ssh_client_rss_kib": rss_kib(client.pid), "ssh_version": ssh.version}
+    except RuntimeError as exc:
+        return {"ssh_client_rss_kib": None, "ssh_error": str(exc)}
+    finally:
+        await procs.stop()
+
+
+async def agent_process() -> dict[str, Any]:
+    """VmRSS of an idle ``ravenproxy agent`` process started with the flags an edge node needs
+    (server address, certificates, inventory, ``--allow``; no metrics, no Kubernetes, no L3),
+    its tunnel up and one stream opened and closed; beside it, an idle ``ssh -R`` client."""
+    base = Path(tempfile.mkdtemp(prefix="ravenproxy-idle-agent-"))
+    procs = Procs(base)
+    try:
+        port_file = base / "target.port"
+        target = procs.start("target", [sys.executable, str(SCRIPT), "--target", str(port_file)])
+        target_port = _wait_file(port_file, target)
+        _, http, tunnel = start_server(base, procs, ["edge-1"])
+        agent_pid = start_agent(base, procs, tunnel, target_port)
+        dest = f"edge-1:{target_port}"
+        await _wait_routable(http, dest)
+        for s in await open_idle_streams(http, dest, 1):
+            s.close()
+        await asyncio.sleep(SETTLE)
+        row: dict[str, Any] = {"agent_rss_kib": rss_kib(agent_pid)}
+        row.update(await _ssh_client_rss(base, target_port))
+        if row.get("ssh_client_rss_kib"):
+            row["ratio"] = round(row["agent_rss_kib"] / row["ssh_client_rss_kib"], 1)
+        print(json.dumps(row), file=sys.stderr)
+        return row
+    finally:
+        procs.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 async def stream_cost(counts: list[int]) -> list[dict[str, Any]]:
     """One row per N: RSS per idle stream on the server and on the agent (fresh processes)."""
     rows = []
@@ -357,7 +411,7 @@ def _commit() -> str:
     ).stdout.strip()  # fmt: skip
 
 
-async def run(streams: list[int], agents: int) -> dict[str, Any]:
+async def run(streams: list[int], agents: int, process: bool = True) -> dict[str, Any]:
     fd_limit = raise_fd_limit()
     return {
         "benchmark": "idle_cost",
@@ -371,6 +425,7 @@ async def run(streams: list[int], agents: int) -> dict[str, Any]:
         },
         "streams": await stream_cost(streams) if streams else [],
         "agents": await agent_cost(agents) if agents else None,
+        "agent_process": await agent_process() if process else None,
     }
 
 
@@ -382,6 +437,9 @@ def main() -> None:
         "--streams", type=lambda s: [int(x) for x in s.split(",") if x], default=[1000, 5000, 8500]
     )
     parser.add_argument("--agents", type=int, default=500, help="idle agents (0: skip)")
+    parser.add_argument(
+        "--no-agent-process", action="store_true", help="skip the idle agent process's RSS"
+    )
     parser.add_argument("--label", default="", help="key to store the run under in --output")
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
     parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
@@ -393,7 +451,7 @@ def main() -> None:
     # SIGTERM must still run the cleanup: the processes are in sessions of their own.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        result = runner.run(run(args.streams, args.agents))
+        result = runner.run(run(args.streams, args.agents, not args.no_agent_process))
     result["machine"]["loadavg_at_end"] = list(os.getloadavg())
     if args.output == "-":
         sys.stdout.write(json.dumps(result, indent=2) + "\n")

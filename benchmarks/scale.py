@@ -3,7 +3,7 @@
 Real processes on loopback. ``ravenproxy server`` and one ``ravenproxy agent`` (node
 ``edge-s``, which carries the streams) are started through the CLI; the fleet of agents runs as
 library :class:`~ravenproxy.agent.app.Agent` instances, many per process (an agent CLI process is
-~55 MB; what the server sees is the same: one mTLS WebSocket tunnel per node, each agent with its
+~47 MB; what the server sees is the same: one mTLS WebSocket tunnel per node, each agent with its
 own client certificate for its own node, issued here with :mod:`ravenproxy.pki.authority`). The
 inventory names every node.
 

@@ -8,8 +8,9 @@ has its own dial loop and backoff. A server is known by the id it announces in S
 4000) and the slot dials again. Streams from any tunnel are served the same way.
 
 Re-dial: a tunnel that was up is re-dialled within a second (jittered), whether its server
-drained (GOAWAY) or went away; a failed dial backs off exponentially with full jitter, only
-across consecutive failures.
+drained (GOAWAY) or went away, and so are its failed dials for the next 10 s (a restart);
+after that a failed dial backs off exponentially with full jitter, only across consecutive
+failures (:func:`ravenproxy.backoff.redial`).
 
 Certificates are reloaded from disk (:mod:`ravenproxy.transport.credentials`): every dial uses
 the current set. When the agent's own certificate changes, each slot that is up rotates
@@ -25,28 +26,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiohttp import web
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatus
 
 from ravenproxy.agent.servers import (
     HEALTHY_AFTER,
+    QUICK_REDIAL_WINDOW,
     REDIAL_AFTER_UP,
     discovered_servers,
     slot_address,
 )
 from ravenproxy.agent.settings import AgentSettings
-from ravenproxy.backoff import backoff
+from ravenproxy.backoff import backoff, redial
 from ravenproxy.kube.sources import model_source
 from ravenproxy.lifecycle import listening, parts
 from ravenproxy.log import kv
-from ravenproxy.metrics import AgentMetrics, health_app, metrics_app, start_app
+from ravenproxy.metrics import AgentMetrics
 from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.credentials import Credentials
@@ -59,6 +59,8 @@ from ravenproxy.transport.session import Session, StreamClosedError, TunnelStrea
 from ravenproxy.wire.codes import DUPLICATE_CLOSE_CODE
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from ravenproxy.kube.certificates import CertificateRequester
     from ravenproxy.l3.publish import KeyPublisher
 
@@ -317,8 +319,14 @@ class Agent:
 
     async def _start_metrics(self) -> None:
         """Bind ``--metrics-addr`` (/metrics, /healthz, /readyz) and ``--health-addr`` (/healthz
-        and /readyz only); cleaned up when :meth:`run` ends."""
-        addr = self.settings.metrics_addr
+        and /readyz only); cleaned up when :meth:`run` ends. aiohttp's server is imported here,
+        only when one of them is given (an agent without them stays small)."""
+        s = self.settings
+        if s.metrics_addr is None and s.health_addr is None:
+            return
+        from ravenproxy.metrics_http import health_app, metrics_app, start_app
+
+        addr = s.metrics_addr
         if addr is not None:
             async with listening("--metrics-addr", addr):
                 runner, port = await start_app(
@@ -326,7 +334,7 @@ class Agent:
                 )
             self._runners.append(runner)
             self.ports["metrics"] = port
-        addr = self.settings.health_addr
+        addr = s.health_addr
         if addr is not None:
             async with listening("--health-addr", addr):
                 runner, port = await start_app(health_app(self._ready), addr.host, addr.port)
@@ -495,9 +503,10 @@ class Agent:
             if tunnel.retired:
                 break
             if outcome == "up" and uptime >= HEALTHY_AFTER:
-                # Its server drained or went away: it (or another) is most likely back at once.
-                delays = backoff(s.backoff_base, s.backoff_cap)
-                delay = max(0.01, random.random() * REDIAL_AFTER_UP)
+                # Its server drained or went away: it (or another) is most likely back within
+                # seconds, so the next dials are quick for a while before backing off.
+                delays = redial(REDIAL_AFTER_UP, QUICK_REDIAL_WINDOW, s.backoff_base, s.backoff_cap)
+                delay = next(delays)
             else:
                 delay = next(delays)
             if outcome == "up":

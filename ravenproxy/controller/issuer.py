@@ -25,7 +25,6 @@ import hashlib
 import logging
 from collections.abc import Mapping
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
@@ -41,7 +40,8 @@ from ravenproxy.controller.approval import (
     conditions,
     decide,
 )
-from ravenproxy.controller.signing import DEFAULT_MAX_LIFETIME, certificate_field, sign
+from ravenproxy.controller.settings import IssuerSettings
+from ravenproxy.controller.signing import certificate_field, sign
 from ravenproxy.controller.writer import KubeWriter, NotLeader, internal_cluster_ip
 from ravenproxy.errors import PKIError
 from ravenproxy.kube.client import KubeError, resource_version
@@ -58,16 +58,6 @@ REASON_DENIED: Final = "RavenProxyNotAllowed"
 REASON_FAILED: Final = "RavenProxySigningFailed"
 EVENT_APPROVED: Final = "CSRApproved"
 EVENT_DENIED: Final = "CSRDenied"
-
-
-@dataclass(frozen=True)
-class IssuerSettings:
-    max_lifetime: dt.timedelta = DEFAULT_MAX_LIFETIME
-    server_sans: tuple[str, ...] = ()
-    cluster_domain: str = "cluster.local"
-    # Cluster-scoped CSRs: their Events go to "default", as Kubernetes files them.
-    event_namespace: str = "default"
-    interval: float = 30.0
 
 
 def _stamp(now: dt.datetime) -> str:

@@ -23,16 +23,18 @@ from ravenproxy.controller.agents import AgentLeases, AgentPoller
 from ravenproxy.controller.desired import desired_state
 from ravenproxy.controller.dryrun import dry_run_documents, render_documents
 from ravenproxy.controller.election import DEFAULT_GRACE, Health
-from ravenproxy.controller.issuer import Issuer, IssuerSettings
+from ravenproxy.controller.issuer import Issuer
 from ravenproxy.controller.leader import LeaderSettings, lead
 from ravenproxy.controller.reconciler import Reconciler
 from ravenproxy.controller.services import load_balancer_ingress
+from ravenproxy.controller.settings import IssuerSettings
 from ravenproxy.controller.writer import KubeWriter, internal_cluster_ip
 from ravenproxy.kube.client import new_api_client
 from ravenproxy.kube.leases import default_identity
 from ravenproxy.kube.reflector import WatchSettings
 from ravenproxy.kube.sources import model_source
-from ravenproxy.metrics import ControllerMetrics, health_app, metrics_app, serving
+from ravenproxy.metrics import ControllerMetrics
+from ravenproxy.metrics_http import health_app, metrics_app, serving
 from ravenproxy.model.store import ModelStore
 
 

@@ -13,11 +13,23 @@ from ravenproxy import config as cfg
 from ravenproxy import flags
 from ravenproxy.config import Address
 from ravenproxy.controller.election import DEFAULT_GRACE
-from ravenproxy.controller.issuer import IssuerSettings
 from ravenproxy.controller.signing import DEFAULT_MAX_LIFETIME
 from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.flags import setting
 from ravenproxy.pki.authority import parse_san
+
+
+@dataclass(frozen=True)
+class IssuerSettings:
+    """What the CSR issuer (:mod:`ravenproxy.controller.issuer`) runs with; declared here so
+    that reading the command line imports neither it nor the Kubernetes client."""
+
+    max_lifetime: dt.timedelta = DEFAULT_MAX_LIFETIME
+    server_sans: tuple[str, ...] = ()
+    cluster_domain: str = "cluster.local"
+    # Cluster-scoped CSRs: their Events go to "default", as Kubernetes files them.
+    event_namespace: str = "default"
+    interval: float = 30.0
 
 
 @dataclass(frozen=True)

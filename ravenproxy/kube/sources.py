@@ -3,7 +3,8 @@
 :func:`model_source` is the one entry point every command uses (server, agent, controller, dns),
 so "one model, two sources" holds everywhere: nothing downstream knows which source fed the
 store. It lives with the Kubernetes plumbing rather than in :mod:`ravenproxy.model` because its
-Kubernetes branch builds on that plumbing, which builds on the model.
+Kubernetes branch builds on that plumbing, which builds on the model. That branch imports the
+Kubernetes client when it runs, so importing this module costs an inventory-fed process nothing.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-
-from kubernetes_asyncio import client as k8s_client
+from typing import TYPE_CHECKING
 
 from ravenproxy.errors import InventoryError
-from ravenproxy.kube.client import new_api_client
-from ravenproxy.kube.model import KubeSource
-from ravenproxy.kube.reflector import WatchSettings
 from ravenproxy.log import kv
 from ravenproxy.model.inventory import InventoryWatcher
 from ravenproxy.model.store import ModelStore
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s_client
+
+    from ravenproxy.kube.model import KubeSource
+    from ravenproxy.kube.reflector import WatchSettings
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,11 @@ async def model_source(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         return
+
+    # The Kubernetes client (tens of MB) is loaded here, for the Kubernetes branch only: a
+    # process fed by an inventory never imports it.
+    from ravenproxy.kube.client import new_api_client
+    from ravenproxy.kube.model import KubeSource
 
     owned = api is None
     if api is None:

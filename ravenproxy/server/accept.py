@@ -20,7 +20,7 @@ from typing import Any
 from ravenproxy.log import kv, peer_text
 from ravenproxy.metrics import ServerMetrics
 from ravenproxy.server.limits import ConnectionGate, Throttle
-from ravenproxy.transport.bytestream import LeanStreamProtocol
+from ravenproxy.transport.socket_stream import SocketStream
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +53,20 @@ async def streams(
     *,
     limit: int,
     handshake_timeout: float | None = None,
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Stream reader/writer over an accepted socket, optionally with server-side TLS; the
+) -> tuple[SocketStream, SocketStream]:
+    """Reader and writer over an accepted socket, optionally with server-side TLS: one
+    :class:`~ravenproxy.transport.socket_stream.SocketStream` in both roles (an idle front
+    connection holds one slotted object, not asyncio's reader, writer and protocol). The
     transport owns the socket from then on."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=limit)
-    protocol = LeanStreamProtocol(reader)
-    transport, _ = await loop.connect_accepted_socket(
-        lambda: protocol,
+    stream = SocketStream(limit)
+    await loop.connect_accepted_socket(
+        lambda: stream,
         conn,
         ssl=ctx,
         ssl_handshake_timeout=handshake_timeout if ctx is not None else None,
     )
-    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-    return reader, writer
+    return stream, stream
 
 
 class FrontListener:

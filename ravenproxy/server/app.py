@@ -27,7 +27,8 @@ from websockets.asyncio.server import ServerConnection, serve
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.log import kv, peer_text
-from ravenproxy.metrics import ServerMetrics, health_app, metrics_app, start_app
+from ravenproxy.metrics import ServerMetrics
+from ravenproxy.metrics_http import health_app, metrics_app, start_app
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.credentials import Credentials
 from ravenproxy.server.agents import add_agents_route

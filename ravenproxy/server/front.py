@@ -18,6 +18,7 @@ from ravenproxy.server.connector import Connector
 from ravenproxy.server.limits import ClientStreams, ConnectionGate, StreamLease, client_key
 from ravenproxy.server.router import Router
 from ravenproxy.transport.relay import RelayResult
+from ravenproxy.transport.socket_stream import SocketWriter
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class Drain:
 
     def __init__(self) -> None:
         self.draining = False
-        self._idle: set[asyncio.StreamWriter] = set()
+        self._idle: set[SocketWriter] = set()
 
     def start(self) -> int:
         """Start draining; returns how many idle kept-alive connections it closed."""
@@ -52,11 +53,11 @@ class Drain:
             writer.close()  # the reader sees EOF: the connection ends as if the client left
         return len(idle)
 
-    def idle(self, writer: asyncio.StreamWriter) -> None:
+    def idle(self, writer: SocketWriter) -> None:
         """``writer``'s connection waits for a next request (closed if the drain starts)."""
         self._idle.add(writer)
 
-    def busy(self, writer: asyncio.StreamWriter) -> None:
+    def busy(self, writer: SocketWriter) -> None:
         self._idle.discard(writer)
 
 

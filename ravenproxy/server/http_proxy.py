@@ -45,6 +45,7 @@ from ravenproxy.server.limits import StreamLease
 from ravenproxy.server.router import Route, RouteMemo
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult, relay
+from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError
 
 log = logging.getLogger(__name__)
@@ -83,9 +84,7 @@ class HttpProxy:
         for counter in counters:
             counter.inc()
 
-    def serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> Coroutine[Any, Any, None]:
+    def serve(self, reader: SocketReader, writer: SocketWriter) -> Coroutine[Any, Any, None]:
         """Serve one client connection (await it). The connection's own coroutine, not one
         awaiting it: a relayed connection holds this frame as long as it lives."""
         return _Connection(self, reader, writer).run()
@@ -136,9 +135,7 @@ class _Connection:
         "writer",
     )
 
-    def __init__(
-        self, proxy: HttpProxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def __init__(self, proxy: HttpProxy, reader: SocketReader, writer: SocketWriter) -> None:
         self.proxy = proxy
         self.ctx = proxy.ctx
         self.reader = reader

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
+from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError
 
 log = logging.getLogger(__name__)
@@ -171,8 +172,8 @@ IDLE_ERROR = "idle timeout"
 
 def relay(
     upstream: ByteStream,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
+    reader: SocketReader,
+    writer: SocketWriter,
     *,
     initial_up: bytes = b"",
     initial_down: bytes = b"",
@@ -217,8 +218,8 @@ class _Relay:
     def __init__(
         self,
         upstream: ByteStream,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: SocketReader,
+        writer: SocketWriter,
         initial_up: bytes,
         initial_down: bytes,
         idle_timeout: float | None,
@@ -338,7 +339,7 @@ class _Relay:
         return result
 
 
-def _tune(writer: asyncio.StreamWriter) -> None:
+def _tune(writer: SocketWriter) -> None:
     sock = writer.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         try:

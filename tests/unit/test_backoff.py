@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ravenproxy.backoff import backoff
+from ravenproxy.backoff import backoff, redial
 
 
 def take(n: int, **kwargs: object) -> list[float]:
@@ -47,3 +47,47 @@ def test_never_above_cap_nor_below_floor(base: float, cap: float, draws: list[fl
         delay = next(delays)
         assert 0.01 <= delay <= max(0.01, min(cap, base * 2**n))
         assert delay <= cap
+
+
+def take_redial(n: int, **kwargs: object) -> list[float]:
+    return list(itertools.islice(redial(**kwargs), n))  # type: ignore[arg-type]
+
+
+def test_redial_is_quick_for_the_window_then_backs_off_from_its_first_step() -> None:
+    # Top of the jitter: 1 s waits until they add up to the 3 s window, then 0.5, 1, 2, 4, 4.
+    delays = take_redial(8, quick=1.0, window=3.0, base=0.5, cap=4.0, rng=lambda: 1.0)
+    assert delays == [1.0, 1.0, 1.0, 0.5, 1.0, 2.0, 4.0, 4.0]
+
+
+def test_redial_quick_delays_are_jittered_and_floored() -> None:
+    values = iter([0.0, 0.25, 0.9])
+    delays = take_redial(3, quick=1.0, window=10.0, rng=lambda: next(values))
+    assert delays == [0.01, 0.25, 0.9]
+
+
+def test_redial_default_keeps_a_restart_within_a_second_for_ten_seconds() -> None:
+    # The HA promise with default flags: while a restarting server is away (a few seconds),
+    # no wait exceeds 1 s; the waits of the quick phase add up to at least 10 s.
+    delays = redial(rng=lambda: 1.0)
+    quick = [next(delays) for _ in range(10)]
+    assert quick == [1.0] * 10
+    assert next(delays) == 0.5
+
+
+@given(
+    quick=st.floats(0.01, 5.0),
+    window=st.floats(0.0, 30.0),
+    draws=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=200),
+)
+def test_redial_quick_phase_is_bounded(quick: float, window: float, draws: list[float]) -> None:
+    values = iter(draws)
+    delays = redial(quick, window, base=0.5, cap=30.0, rng=lambda: next(values))
+    waited = 0.0
+    for _ in draws:
+        delay = next(delays)
+        if waited < window:
+            assert 0.01 <= delay <= max(0.01, quick)
+            waited += delay
+        else:
+            assert delay <= 0.5  # the backoff's first step
+            break

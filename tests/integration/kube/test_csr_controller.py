@@ -16,9 +16,9 @@ import pytest
 from cryptography import x509
 from kubernetes_asyncio import client as k8s_client
 
-from ravenproxy.controller.issuer import IssuerSettings
 from ravenproxy.controller.runtime import ControllerSettings, run_controller_with
 from ravenproxy.controller.services import INTERNAL_SERVICE
+from ravenproxy.controller.settings import IssuerSettings
 from ravenproxy.pki import authority
 from ravenproxy.pki.issuance import (
     CA_BUNDLE,

@@ -1,0 +1,188 @@
+"""A socket's two directions as one slotted :class:`asyncio.Protocol`.
+
+What the fronts and the relay use of asyncio's streams — ``read(n)`` on the reader; ``write``,
+``drain``, ``write_eof``, ``close`` … on the writer — typed as :class:`SocketReader` and
+:class:`SocketWriter`, which asyncio's :class:`~asyncio.StreamReader` and
+:class:`~asyncio.StreamWriter` also satisfy (the agent's dialled sockets keep them).
+
+:class:`SocketStream` is both, for the server's accepted front sockets: idle connections are the
+common case at scale, and asyncio's trio (reader, writer, protocol: three objects with a
+``__dict__`` each, a buffer, two futures, a weak reference) costs ~1 KiB more per connection than
+one object with ``__slots__`` whose futures are made only while someone waits. Same semantics
+for what is used: ``read(n)`` returns up to ``n`` buffered bytes, ``b""`` at EOF, raises what
+ended the connection; reading pauses above ``limit`` buffered bytes (TCP pushes back); ``drain``
+waits while the transport's write buffer is over its high mark and raises once the connection
+is lost; an EOF keeps the transport open for writing (half-close), except over TLS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol, cast
+
+
+class SocketReader(Protocol):
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class SocketWriter(Protocol):
+    @property
+    def transport(self) -> asyncio.WriteTransport: ...
+
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def can_write_eof(self) -> bool: ...
+
+    def write_eof(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
+class SocketStream(asyncio.Protocol):
+    __slots__ = (
+        "_buffer",
+        "_drain_waiter",
+        "_eof",
+        "_error",
+        "_limit",
+        "_lost",
+        "_over_ssl",
+        "_read_paused",
+        "_read_waiter",
+        "_transport",
+        "_write_paused",
+    )
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._transport: asyncio.Transport | None = None
+        self._buffer: bytes | bytearray = b""
+        self._eof = False
+        self._lost = False
+        self._error: BaseException | None = None
+        self._read_paused = False
+        self._write_paused = False
+        self._over_ssl = False
+        self._read_waiter: asyncio.Future[None] | None = None
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._over_ssl = transport.get_extra_info("sslcontext") is not None
+
+    def data_received(self, data: bytes) -> None:
+        if not self._buffer:
+            self._buffer = data  # the common case: no copy until a second chunk waits
+        elif isinstance(self._buffer, bytearray):
+            self._buffer += data
+        else:
+            self._buffer = bytearray(self._buffer) + data
+        if not self._read_paused and len(self._buffer) > 2 * self._limit:
+            assert self._transport is not None
+            try:
+                self._transport.pause_reading()
+                self._read_paused = True
+            except NotImplementedError:
+                pass
+        self._wake_reader()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake_reader()
+        return not self._over_ssl  # keep the transport open for our half of the stream
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        if exc is not None:
+            self._error = exc
+        self._eof = True
+        self._wake_reader()
+        self._wake_drainer()  # it sees the loss itself: no future ever holds an exception
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_drainer()
+
+    def _wake_drainer(self) -> None:
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _wake_reader(self) -> None:
+        waiter, self._read_waiter = self._read_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- SocketReader -------------------------------------------------------------------------
+    async def read(self, n: int = -1) -> bytes:
+        while not self._buffer:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            if self._read_waiter is not None:
+                raise RuntimeError("read() called while another coroutine is waiting")
+            self._read_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._read_waiter
+            finally:
+                self._read_waiter = None
+        buffer = self._buffer
+        if n < 0 or n >= len(buffer):
+            data, self._buffer = bytes(buffer), b""
+        else:
+            data, self._buffer = bytes(buffer[:n]), buffer[n:]
+        if self._read_paused and len(self._buffer) <= self._limit and self._transport is not None:
+            self._read_paused = False
+            self._transport.resume_reading()
+        return data
+
+    # -- SocketWriter -------------------------------------------------------------------------
+    @property
+    def transport(self) -> asyncio.Transport:
+        assert self._transport is not None
+        return self._transport
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.transport.is_closing():
+            # As asyncio's StreamWriter: let connection_lost run before saying it is lost.
+            await asyncio.sleep(0)
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._lost:
+                raise ConnectionResetError("Connection lost")
+            if not self._write_paused:
+                return
+            waiter = self._drain_waiter
+            if waiter is None or waiter.done():
+                waiter = self._drain_waiter = asyncio.get_running_loop().create_future()
+            await waiter
+
+    def can_write_eof(self) -> bool:
+        return self.transport.can_write_eof()
+
+    def write_eof(self) -> None:
+        self.transport.write_eof()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.transport.get_extra_info(name, default)

@@ -1,0 +1,96 @@
+"""An agent imports only what its flags need (issue 15: an idle agent light enough for an edge
+box). A real ``ravenproxy agent`` CLI run in a child process: once its dial loop has run (its
+server is away: the first "cannot reach the server" line), it writes the modules it has loaded
+and stops itself with SIGTERM. Module names are asserted, not RSS (that is benchmarks/idle_cost.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ravenproxy.pki import init_pki
+from tests.helpers import free_port, spawn_python, stop
+
+# The optional capabilities, each loaded in one place when its flag asks for it.
+HEAVY = {
+    "kubernetes_asyncio": "the Kubernetes client (--kube-model, --cert-dir)",
+    "urllib3": "the Kubernetes client's dependency",
+    "aiohttp": "the metrics/health HTTP server (--metrics-addr, --health-addr)",
+    "ravenproxy.metrics_http": "the metrics/health HTTP server",
+    "pyroute2": "netlink (--l3)",
+    "ravenproxy.l3.driver": "the L3 drivers (--l3)",
+    "ravenproxy.kube.client": "the Kubernetes plumbing",
+    "ravenproxy.controller.issuer": "the controller's CSR issuer",
+    "ravenproxy.server.app": "the server",
+}
+
+# Runs the real entry point; the dump happens from a log handler, on the agent's own event.
+PROBE = """
+import logging, os, signal, sys
+from ravenproxy import cli
+
+out = sys.argv[1]
+
+class Dump(logging.Handler):
+    done = False
+
+    def emit(self, record):
+        if not self.done and record.getMessage() == "cannot reach the server, retrying":
+            self.done = True
+            with open(out, "w") as f:
+                f.write("\\n".join(sorted(sys.modules)))
+            os.kill(os.getpid(), signal.SIGTERM)
+
+logging.getLogger("ravenproxy.agent.app").addHandler(Dump())
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def loaded_modules(tmp_path: Path, *extra: str) -> set[str]:
+    certs = tmp_path / "certs"
+    if not certs.exists():
+        init_pki(certs, ("localhost",), ("edge-1",))
+    out = tmp_path / f"modules{len(extra)}.txt"
+    log = tmp_path / f"agent{len(extra)}.log"
+    args = [
+        "-c", PROBE, str(out),
+        "agent",
+        "--node-name", "edge-1",
+        "--server-addr", f"wss://127.0.0.1:{free_port()}",  # nothing listens: the dial fails
+        "--ca-file", str(certs / "ca.crt"),
+        "--cert-file", str(certs / "edge-1.crt"),
+        "--key-file", str(certs / "edge-1.key"),
+        "--allow", "127.0.0.1:1",
+        *extra,
+    ]  # fmt: skip
+    proc = spawn_python(args, log)
+    try:
+        code = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the agent did not stop: {log.read_text()[-2000:]}")
+    finally:
+        stop(proc)
+    assert out.exists(), f"exit {code}, no dump: {log.read_text()[-2000:]}"
+    return set(out.read_text().split())
+
+
+def present(modules: set[str], name: str) -> bool:
+    return any(m == name or m.startswith(name + ".") for m in modules)
+
+
+def test_default_flags_load_no_optional_capability(tmp_path: Path) -> None:
+    modules = loaded_modules(tmp_path)
+    assert "ravenproxy.agent.app" in modules and "websockets" in modules
+    loaded = {name: why for name, why in HEAVY.items() if present(modules, name)}
+    assert not loaded, f"an agent with default flags loaded {loaded}"
+
+
+def test_metrics_flag_loads_the_http_server(tmp_path: Path) -> None:
+    # The same probe sees a capability its flag asks for: the names above are the real ones.
+    modules = loaded_modules(tmp_path, "--metrics-addr", f"127.0.0.1:{free_port()}")
+    assert present(modules, "aiohttp.web")
+    assert "ravenproxy.metrics_http" in modules
+    assert not present(modules, "kubernetes_asyncio")
