@@ -32,6 +32,7 @@ from ravenproxy.server.accept import FrontListener, streams
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http_proxy import HttpProxy
 from ravenproxy.transport.bytestream import READ_LIMIT
+from ravenproxy.transport.socket_stream import SocketStream
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ class EgressFront:
 
     async def _streams(
         self, conn: socket.socket, peer: object
-    ) -> tuple[asyncio.StreamReader | None, asyncio.StreamWriter | None]:
+    ) -> tuple[SocketStream, SocketStream] | tuple[None, None]:
         """The connection's streams; over TLS after a handshake within --header-timeout (a
         refusal is logged, counted, and gives None)."""
         if self._tls is None:
