@@ -461,6 +461,8 @@ class Row:
     runs: list[tuple[int, float]] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     """Relay CPU seconds per GiB moved (warm-up included), one per run."""
+    cpu_each: list[list[float]] = field(default_factory=list)
+    """The same per relaying process (server, agent / sshd, ssh), one list per run."""
     errors: list[str] = field(default_factory=list)
 
     def result(self) -> dict[str, Any]:
@@ -473,7 +475,10 @@ class Row:
                 "errors": self.errors,
             }
         cpu = sorted(self.cpu)
-        relay_cpu = {"relay_cpu_s_per_gib": round(cpu[len(cpu) // 2], 3)} if cpu else {}
+        relay_cpu: dict[str, Any] = {}
+        if cpu:
+            relay_cpu[CPU] = round(cpu[len(cpu) // 2], 3)
+            relay_cpu["relay_cpu_each_runs"] = [[round(c, 3) for c in r] for r in self.cpu_each]
         rates = [b / s / 1e6 for b, s in self.runs]
         median = sorted(range(len(rates)), key=rates.__getitem__)[len(rates) // 2]
         nbytes, seconds = self.runs[median]
@@ -621,7 +626,7 @@ async def run(opts: Options) -> dict[str, Any]:
         for round_ in range(opts.repeat):
             for row in rows:
                 label = f"  round {round_ + 1}/{opts.repeat}  {row.name:<28}"
-                cpu_before = relay_cpu_seconds(row.relay)
+                cpu_before = [relay_cpu_seconds((pid,)) for pid in row.relay]
                 try:
                     nbytes, seconds = await asyncio.wait_for(
                         measure(row.connect, row.streams, row.nbytes, row.warmup),
@@ -636,8 +641,18 @@ async def run(opts: Options) -> dict[str, Any]:
                 row.runs.append((nbytes, seconds))
                 if row.relay:
                     moved = nbytes + row.warmup * row.streams
-                    row.cpu.append((relay_cpu_seconds(row.relay) - cpu_before) * GIB / moved)
-                cpu = f"  relay CPU {row.cpu[-1]:.2f} s/GiB" if row.cpu else ""
+                    each_cpu = [
+                        (relay_cpu_seconds((pid,)) - before) * GIB / moved
+                        for pid, before in zip(row.relay, cpu_before, strict=True)
+                    ]
+                    row.cpu.append(sum(each_cpu))
+                    row.cpu_each.append(each_cpu)
+                cpu = (
+                    f"  relay CPU {row.cpu[-1]:.2f} s/GiB "
+                    f"({' + '.join(f'{c:.2f}' for c in row.cpu_each[-1])})"
+                    if row.cpu
+                    else ""
+                )
                 print(f"{label} {nbytes / seconds / 1e6:8.1f} MB/s{cpu}", flush=True)
     except BaseException:
         keep = True
