@@ -719,7 +719,7 @@ def print_report(report: dict[str, Any]) -> None:
         print(
             f"{row['name']:<28} {row['streams']:>7} {row['mb_s']:>9.1f} "
             f"{row['bytes'] / MIB:>7.0f} {row['seconds']:>8.3f}  {row['runs_mb_s']}"
-            f"  relay CPU {row.get(CPU, '—')} s/GiB"
+            + (f"  relay CPU {row[CPU]} s/GiB" if CPU in row else "")
         )
     if report["ssh"] is None and report["ssh_error"]:
         print(f"ssh -R: not measured ({report['ssh_error']})")
