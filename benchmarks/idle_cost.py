@@ -338,7 +338,13 @@ async def stream_cost(counts: list[int]) -> list[dict[str, Any]]:
 async def _agent_tunnel(
     ctx: ssl.SSLContext, url: str, node: str, config: SessionConfig
 ) -> tuple[Session, asyncio.Task[None]]:
-    ws = await connect(url, ssl=ctx, open_timeout=30, proxy=None, **websocket_options(config.wire))
+    ws = await connect(
+        url,
+        ssl=ctx,
+        open_timeout=30,
+        proxy=None,
+        **websocket_options(config.wire, server_side=False),
+    )
     session = Session(ws, server_side=False, config=config, name=node)
     task = asyncio.create_task(session.run(), name=f"idle-agent:{node}")
     await session.wait_ready()

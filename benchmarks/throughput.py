@@ -51,6 +51,7 @@ from ravenproxy.demo import CLOUD_NODE, EDGE_NODE, INVENTORY, _Procs, _wait_for_
 from ravenproxy.pki import init_pki
 
 MIB = 1 << 20
+GIB = 1 << 30
 BLOCK = MIB
 """Size of each client write."""
 _LEN = struct.Struct("!Q")
@@ -62,7 +63,8 @@ SSH_CIPHERS = (
     ("aes128-gcm", "aes128-gcm@openssh.com"),
     ("chacha20-poly1305", "chacha20-poly1305@openssh.com"),
 )
-ROWS = ("direct", "tunnel", "ssh", "direct_x8", "tunnel_x8")
+ROWS = ("direct", "tunnel", "ssh", "direct_x8", "tunnel_x8", "ssh_x8")
+PLOT_SUFFIX = ".png"
 
 
 # -- the sink (runs in its own process: ``throughput.py --sink``) -----------------------------
@@ -191,11 +193,12 @@ class Procs(_Procs):
     the session group each process was started in (sshd's per-connection children)."""
 
     async def spawn(
-        self, argv: Sequence[str], log: Path, *, stdout_pipe: bool = False
+        self, argv: Sequence[str], log: Path, *, stdout_pipe: bool = False, cwd: Path | None = None
     ) -> asyncio.subprocess.Process:
         out = log.open("wb")
         proc = await asyncio.create_subprocess_exec(
             *argv,
+            cwd=cwd,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE if stdout_pipe else out,
             stderr=out,
@@ -230,6 +233,22 @@ class Procs(_Procs):
             await self.stop_one(proc)
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def relay_cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU seconds of ``pids`` and all their descendants (``/proc/PID/stat``)."""
+    total = 0.0
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+        todo += _children(pid)
+    return total
+
+
 def _children(pid: int) -> list[int]:
     kids = []
     for entry in Path("/proc").iterdir():
@@ -254,19 +273,30 @@ async def start_sink(procs: Procs, base: Path) -> int:
     return int(line)
 
 
-async def start_tunnel(procs: Procs, base: Path, sink_port: int, profile: Path | None) -> int:
-    """``ravenproxy server`` + ``ravenproxy agent`` via the CLI; returns the HTTP front port."""
+async def start_tunnel(
+    procs: Procs,
+    base: Path,
+    sink_port: int,
+    profile: Path | None,
+    checkout: Path | None = None,
+) -> tuple[int, list[int]]:
+    """``ravenproxy server`` + ``ravenproxy agent`` via the CLI; returns the HTTP front port
+    and their PIDs.
+    ``checkout``: run that checkout's code with its own ``.venv`` (an A/B baseline)."""
+    await asyncio.to_thread(base.mkdir, exist_ok=True)
     certs = base / "certs"
     init_pki(certs, ("localhost", "127.0.0.1"), (EDGE_NODE,))
     inventory = base / "inventory.yaml"
     inventory.write_text(INVENTORY.format(port=sink_port, cloud=CLOUD_NODE, edge=EDGE_NODE))
     tunnel, front, metrics, health = free_port(), free_port(), free_port(), free_port()
 
+    python = str(checkout / ".venv" / "bin" / "python") if checkout else sys.executable
+
     def cmd(role: str, *args: str) -> list[str]:
         prof = ["-m", "cProfile", "-o", str(profile / f"{role}.prof")] if profile else []
-        return [sys.executable, *prof, "-m", "ravenproxy", role, *args]
+        return [python, *prof, "-m", "ravenproxy", role, *args]
 
-    await procs.spawn(
+    server = await procs.spawn(
         cmd(
             "server",
             "--inventory", str(inventory),
@@ -282,8 +312,9 @@ async def start_tunnel(procs: Procs, base: Path, sink_port: int, profile: Path |
             "--log-level", "WARNING",
         ),
         base / "server.log",
+        cwd=checkout,
     )  # fmt: skip
-    await procs.spawn(
+    agent = await procs.spawn(
         cmd(
             "agent",
             "--node-name", EDGE_NODE,
@@ -298,9 +329,10 @@ async def start_tunnel(procs: Procs, base: Path, sink_port: int, profile: Path |
             "--log-level", "WARNING",
         ),
         base / "agent.log",
+        cwd=checkout,
     )  # fmt: skip
     await _wait_for_agent(front, sink_port, procs, time.monotonic() + 30)
-    return front
+    return front, [server.pid, agent.pid]
 
 
 @dataclass
@@ -310,6 +342,7 @@ class Ssh:
     key: Path
     mode: str
     version: str
+    pid: int
 
 
 async def _port_open(port: int) -> bool:
@@ -366,7 +399,7 @@ async def start_sshd(procs: Procs, base: Path) -> Ssh:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and proc.returncode is None:
             if await _port_open(port):
-                return Ssh(d, port, d / "client_key", mode, version)
+                return Ssh(d, port, d / "client_key", mode, version, proc.pid)
             await asyncio.sleep(0.05)
         await procs.stop_one(proc, timeout=2)
         errors.append(f"{mode}: {log.read_text().strip()[-300:] or 'no listener'}")
@@ -410,6 +443,7 @@ class Options:
     only: tuple[str, ...]
     profile: Path | None
     output: Path | None
+    baseline: Path | None = None
     run_timeout: float = 300.0
 
 
@@ -421,7 +455,14 @@ class Row:
     connect: Connector
     nbytes: int
     warmup: int
+    relay: tuple[int, ...] = ()
+    """PIDs of the relaying processes (their descendants count too): CPU per GiB is charged
+    to them. CPU time is a steadier A/B measure than MB/s on a shared machine."""
     runs: list[tuple[int, float]] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    """Relay CPU seconds per GiB moved (warm-up included), one per run."""
+    cpu_each: list[list[float]] = field(default_factory=list)
+    """The same per relaying process (server, agent / sshd, ssh), one list per run."""
     errors: list[str] = field(default_factory=list)
 
     def result(self) -> dict[str, Any]:
@@ -433,6 +474,11 @@ class Row:
                 "mb_s": None,
                 "errors": self.errors,
             }
+        cpu = sorted(self.cpu)
+        relay_cpu: dict[str, Any] = {}
+        if cpu:
+            relay_cpu[CPU] = round(cpu[len(cpu) // 2], 3)
+            relay_cpu["relay_cpu_each_runs"] = [[round(c, 3) for c in r] for r in self.cpu_each]
         rates = [b / s / 1e6 for b, s in self.runs]
         median = sorted(range(len(rates)), key=rates.__getitem__)[len(rates) // 2]
         nbytes, seconds = self.runs[median]
@@ -444,6 +490,7 @@ class Row:
             "bytes": nbytes,
             "seconds": round(seconds, 4),
             "runs_mb_s": [round(r, 1) for r in rates],
+            **relay_cpu,
             "errors": self.errors,
         }
 
@@ -487,10 +534,13 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
-    if a is None or b is None or not a.get("mb_s") or not b.get("mb_s"):
+CPU = "relay_cpu_s_per_gib"
+
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str = "mb_s") -> float | None:
+    if a is None or b is None or not a.get(key) or not b.get(key):
         return None
-    return round(float(a["mb_s"]) / float(b["mb_s"]), 3)
+    return round(float(a[key]) / float(b[key]), 3)
 
 
 async def run(opts: Options) -> dict[str, Any]:
@@ -510,24 +560,40 @@ async def run(opts: Options) -> dict[str, Any]:
 
         if "direct" in opts.only:
             rows.append(Row("direct", "direct TCP", 1, direct, one, warm))
-        if {"tunnel", "tunnel_x8"} & set(opts.only):
+        n = opts.streams
+        # The tunnel under test, and the baseline checkout's when asked: same sink, same run.
+        tunnels = [("tunnel", "ravenproxy tunnel", None)]
+        if opts.baseline is not None:
+            tunnels.append(("base", f"baseline {opts.baseline.name}", opts.baseline))
+        for key, name, checkout in tunnels:
+            if not {"tunnel", "tunnel_x8"} & set(opts.only):
+                break
             try:
-                front = await start_tunnel(procs, base, sink, opts.profile)
+                front, pids = await start_tunnel(procs, base / key, sink, opts.profile, checkout)
             except BaseException:
                 keep = True
                 raise
 
-            def tunnel() -> Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-                return open_tunnel("127.0.0.1", front, f"{EDGE_NODE}:{sink}")
+            def tunnel(
+                f: int = front,
+            ) -> Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+                return open_tunnel("127.0.0.1", f, f"{EDGE_NODE}:{sink}")
 
+            relay = tuple(pids)
             if "tunnel" in opts.only:
-                rows.append(Row("tunnel", "ravenproxy tunnel", 1, tunnel, one, warm))
-        if "ssh" in opts.only:
+                rows.append(Row(key, name, 1, tunnel, one, warm, relay))
+            if "tunnel_x8" in opts.only:
+                rows.append(Row(f"{key}_x8", f"{name} x{n}", n, tunnel, each, warm // n, relay))
+        if {"ssh", "ssh_x8"} & set(opts.only):
             try:
                 ssh = await start_sshd(procs, base)
                 ssh_info = {"openssh": ssh.version, "sshd_mode": ssh.mode, "rows": []}
                 for label, cipher in SSH_CIPHERS:
-                    rport, _ = await start_ssh_forward(procs, ssh, cipher, sink)
+                    x8 = "ssh_x8" in opts.only and cipher == SSH_CIPHERS[0][1]
+                    if "ssh" not in opts.only and not x8:
+                        continue
+                    rport, client = await start_ssh_forward(procs, ssh, cipher, sink)
+                    relay = (ssh.pid, client.pid)  # sshd with its children, and the ssh client
 
                     def via_ssh(
                         p: int = rport,
@@ -535,20 +601,32 @@ async def run(opts: Options) -> dict[str, Any]:
                         return asyncio.open_connection("127.0.0.1", p, limit=256 * 1024)
 
                     key = "ssh_" + label.split("-")[0]
-                    rows.append(Row(key, f"ssh -R {label}", 1, via_ssh, one, warm))
-                    ssh_info["rows"].append(key)
+                    if "ssh" in opts.only:
+                        rows.append(Row(key, f"ssh -R {label}", 1, via_ssh, one, warm, relay))
+                        ssh_info["rows"].append(key)
+                    if x8:
+                        rows.append(
+                            Row(
+                                f"{key}_x8",
+                                f"ssh -R {label} x{n}",
+                                n,
+                                via_ssh,
+                                each,
+                                warm // n,
+                                relay,
+                            )
+                        )
+                        ssh_info["rows"].append(f"{key}_x8")
             except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
                 ssh_error = str(exc)
                 print(f"ssh rows skipped: {ssh_error}", file=sys.stderr)
-        n = opts.streams
         if "direct_x8" in opts.only:
             rows.append(Row("direct_x8", f"direct TCP x{n}", n, direct, each, warm // n))
-        if "tunnel_x8" in opts.only:
-            rows.append(Row("tunnel_x8", f"ravenproxy tunnel x{n}", n, tunnel, each, warm // n))
 
         for round_ in range(opts.repeat):
             for row in rows:
                 label = f"  round {round_ + 1}/{opts.repeat}  {row.name:<28}"
+                cpu_before = [relay_cpu_seconds((pid,)) for pid in row.relay]
                 try:
                     nbytes, seconds = await asyncio.wait_for(
                         measure(row.connect, row.streams, row.nbytes, row.warmup),
@@ -561,7 +639,21 @@ async def run(opts: Options) -> dict[str, Any]:
                     await _settle(row)
                     continue
                 row.runs.append((nbytes, seconds))
-                print(f"{label} {nbytes / seconds / 1e6:8.1f} MB/s", flush=True)
+                if row.relay:
+                    moved = nbytes + row.warmup * row.streams
+                    each_cpu = [
+                        (relay_cpu_seconds((pid,)) - before) * GIB / moved
+                        for pid, before in zip(row.relay, cpu_before, strict=True)
+                    ]
+                    row.cpu.append(sum(each_cpu))
+                    row.cpu_each.append(each_cpu)
+                cpu = (
+                    f"  relay CPU {row.cpu[-1]:.2f} s/GiB "
+                    f"({' + '.join(f'{c:.2f}' for c in row.cpu_each[-1])})"
+                    if row.cpu
+                    else ""
+                )
+                print(f"{label} {nbytes / seconds / 1e6:8.1f} MB/s{cpu}", flush=True)
     except BaseException:
         keep = True
         raise
@@ -601,6 +693,18 @@ async def run(opts: Options) -> dict[str, Any]:
             "tunnel/ssh_chacha20_poly1305": _ratio(results.get("tunnel"), ssh_chacha),
             "tunnel_x8/direct_x8": _ratio(results.get("tunnel_x8"), results.get("direct_x8")),
             "tunnel_x8/tunnel": _ratio(results.get("tunnel_x8"), results.get("tunnel")),
+            "tunnel_x8/ssh_x8_aes128_gcm": _ratio(
+                results.get("tunnel_x8"), results.get("ssh_aes128_x8")
+            ),
+            "ssh_x8/ssh_aes128_gcm": _ratio(results.get("ssh_aes128_x8"), ssh_aes),
+            "tunnel/base": _ratio(results.get("tunnel"), results.get("base")),
+            "tunnel_x8/base_x8": _ratio(results.get("tunnel_x8"), results.get("base_x8")),
+            # Relay CPU per GiB: below 1 means the tunnel spends less CPU than the other.
+            "cpu tunnel/base": _ratio(results.get("tunnel"), results.get("base"), CPU),
+            "cpu tunnel/ssh_aes128_gcm": _ratio(results.get("tunnel"), ssh_aes, CPU),
+            "cpu tunnel_x8/ssh_x8_aes128_gcm": _ratio(
+                results.get("tunnel_x8"), results.get("ssh_aes128_x8"), CPU
+            ),
         },
     }
 
@@ -615,12 +719,41 @@ def print_report(report: dict[str, Any]) -> None:
         print(
             f"{row['name']:<28} {row['streams']:>7} {row['mb_s']:>9.1f} "
             f"{row['bytes'] / MIB:>7.0f} {row['seconds']:>8.3f}  {row['runs_mb_s']}"
+            + (f"  relay CPU {row[CPU]} s/GiB" if CPU in row else "")
         )
     if report["ssh"] is None and report["ssh_error"]:
         print(f"ssh -R: not measured ({report['ssh_error']})")
     print("ratios:")
     for name, value in report["ratios"].items():
         print(f"  {name:<30} {'—' if value is None else f'{value:.2f}x'}")
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """MB/s of every row, one stream and concurrent side by side: tunnel vs ssh -R vs direct."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["rows"] if r["mb_s"] is not None]
+    colours = {"direct": "#999999", "tunnel": "#1f77b4", "base": "#9ecae1", "ssh": "#ff7f0e"}
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+    names = [r["name"] for r in rows]
+    values = [float(r["mb_s"]) for r in rows]
+    colour = [colours.get(r["key"].split("_")[0], "#2ca02c") for r in rows]
+    bars = ax.barh(names, values, color=colour)
+    ax.bar_label(bars, labels=[f"{v:.0f}" for v in values], padding=3, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("MB/s (median of the rounds)")
+    machine = report["machine"]
+    ax.set_title(
+        f"throughput on loopback, {report['date']}, nproc={machine['nproc']}, "
+        f"load {machine['loadavg_at_start'][0]:.1f}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -647,6 +780,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         help=f"JSON report path (default {RESULTS.relative_to(HERE.parent)}; '-' for none)",
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also measure the tunnel of another checkout with its own .venv (rows base, "
+        "base_x8), e.g. main's, for an A/B in the same run",
     )
     p.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -682,7 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         output = None
     opts = Options(
         args.mib, args.mib_each, args.streams, args.warmup_mib, max(1, args.repeat), only,
-        profile, output,
+        profile, output, args.baseline.resolve() if args.baseline else None,
     )  # fmt: skip
     try:
         report = uvloop.run(_main(opts))
@@ -693,7 +833,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {output}")
+        png = output.with_suffix(PLOT_SUFFIX)
+        plot(report, png)
+        print(f"wrote {output} and {png}")
     else:
         print("(partial/quick/profiled run: JSON not written; pass --output FILE to keep it)")
     return 0

@@ -459,7 +459,7 @@ class Agent:
             proxy=None,
             user_agent_header=f"ravenproxy-agent/{s.node_name}",
             logger=logging.getLogger("ravenproxy.agent.websocket"),
-            **websocket_options(s.session.wire),
+            **websocket_options(s.session.wire, server_side=False),
         )
 
     async def _dial_loop(self, tunnel: Tunnel) -> None:

@@ -157,7 +157,7 @@ class ProxyServer:
                     ssl=ssl_ctx,
                     server_header="ravenproxy",
                     logger=logging.getLogger("ravenproxy.server.websocket"),
-                    **websocket_options(s.session.wire),
+                    **websocket_options(s.session.wire, server_side=True),
                 ),
             )
             undo.push_async_callback(_close_ws, ws)

@@ -47,7 +47,7 @@ async def open_connection(
 
 
 class ByteStream(Protocol):
-    async def read(self) -> bytes:
+    async def read(self) -> bytes | memoryview:
         """The next bytes; ``b""`` once the peer half-closed."""
         ...
 
@@ -81,7 +81,7 @@ class TunnelByteStream:
     def __init__(self, stream: TunnelStream) -> None:
         self.stream = stream
 
-    def read(self) -> Coroutine[Any, Any, bytes]:
+    def read(self) -> Coroutine[Any, Any, bytes | memoryview]:
         return self.stream.read()
 
     def write(self, data: bytes) -> Coroutine[Any, Any, None]:

@@ -22,6 +22,11 @@ from websockets.protocol import State as WsState
 
 from ravenproxy.log import kv
 from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
+from ravenproxy.transport.websocket import (
+    TunnelClientConnection,
+    TunnelConnectionMixin,
+    TunnelServerConnection,
+)
 from ravenproxy.wire import events as ev
 from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode
 from ravenproxy.wire.config import WireConfig
@@ -81,9 +86,11 @@ class SessionConfig:
             raise ValueError("flood_grace must be > 0")
 
 
-def websocket_options(wire: WireConfig) -> dict[str, Any]:
-    """The tunnel's WebSocket settings, the same on both ends (``websockets`` serve/connect)."""
+def websocket_options(wire: WireConfig, *, server_side: bool) -> dict[str, Any]:
+    """The tunnel's WebSocket settings, the same on both ends (``websockets`` serve/connect),
+    and the connection class with our frame reader for ``server_side``'s end."""
     return {
+        "create_connection": TunnelServerConnection if server_side else TunnelClientConnection,
         "subprotocols": [SUBPROTOCOL],
         # Tunnel payloads are mostly TLS or already compressed: deflate would only cost CPU.
         "compression": None,
@@ -138,6 +145,7 @@ class Session:
         self.started = time.monotonic()
         """When the tunnel came up (monotonic clock)."""
         self.on_stream_closed: Callable[[TunnelStream], None] | None = None
+        self._yielded = time.monotonic()
 
     # -- lifecycle --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -293,25 +301,16 @@ class Session:
             self._flush()
 
     async def _reader(self) -> None:
-        loop = asyncio.get_running_loop()
-        yielded = loop.time()
         try:
-            async for message in self.ws:
-                if isinstance(message, str):
-                    raise ProtocolError("text message on the tunnel")
-                for event in self.conn.receive_message(message):
-                    self._dispatch(event)
-                # Answers the message asked for (PING acks above all) go out now, not with
-                # whatever flushes next: protocol sections 4.7 and 11.
-                self._flush()
-                if not self.conn.should_read:
-                    await self._paused()
-                # websockets hands out queued messages without yielding: a peer that sends
-                # faster than we process would otherwise starve every other tunnel and front.
-                # Yield every few milliseconds of work (not per message: bulk data would pay).
-                if loop.time() - yielded >= YIELD_EVERY:
-                    await asyncio.sleep(0)
-                    yielded = loop.time()
+            ws = self.ws
+            if isinstance(ws, TunnelConnectionMixin):
+                # Our frame reader's messages first; once it returns None the rest of the
+                # connection (the closing handshake, anything unusual) is websockets'.
+                while (batch := await ws.next_messages()) is not None:
+                    for data in batch:
+                        await self._received(data)
+            async for message in ws:
+                await self._received(message)
         except ProtocolError as exc:
             if not self.conn.closed:  # found here, not by the wire layer: no GOAWAY queued yet
                 self.conn.fail(exc.code, exc.message)
@@ -330,6 +329,25 @@ class Session:
             self.close_reason = (
                 f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"
             )
+
+    async def _received(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            raise ProtocolError("text message on the tunnel")
+        if not self.conn.should_read:  # e.g. a keepalive PING queued while we yielded
+            await self._paused()
+        for event in self.conn.receive_message(message):
+            self._dispatch(event)
+        # Answers the message asked for (PING acks above all) go out now, not with
+        # whatever flushes next: protocol sections 4.7 and 11.
+        self._flush()
+        if not self.conn.should_read:
+            await self._paused()
+        # Queued messages are handed out without yielding: a peer that sends faster than we
+        # process would otherwise starve every other tunnel and front. Yield every few
+        # milliseconds of work (not per message: bulk data would pay).
+        if time.monotonic() - self._yielded >= YIELD_EVERY:
+            await asyncio.sleep(0)
+            self._yielded = time.monotonic()
 
     async def _paused(self) -> None:
         """Read nothing while our unsent control output is over the bound: the writer cannot

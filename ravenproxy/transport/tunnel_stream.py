@@ -89,7 +89,7 @@ class TunnelStream:
         self.session = session
         self.id = stream_id
         self.target = target
-        self._chunks: collections.deque[bytes] | None = None
+        self._chunks: collections.deque[bytes | memoryview] | None = None
         """Received, not yet read; created with the first chunk."""
         self._read_waiters: list[asyncio.Future[None]] | None = None
         self._write_waiters: list[asyncio.Future[None]] | None = None
@@ -111,7 +111,7 @@ class TunnelStream:
         if opened is not None and not opened.done():
             opened.set_result(None)
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes | memoryview) -> None:
         if self._chunks is None:
             self._chunks = collections.deque()
         self._chunks.append(data)
@@ -152,8 +152,9 @@ class TunnelStream:
     def buffered(self) -> int:
         return sum(len(c) for c in self._chunks) if self._chunks else 0
 
-    async def read(self) -> bytes:
-        """The next chunk, or ``b""`` once the peer half-closed. Reading returns credit."""
+    async def read(self) -> bytes | memoryview:
+        """The next chunk, or ``b""`` once the peer half-closed. Reading returns credit. A
+        chunk may be a view into the tunnel message it came in (read-only; no copy)."""
         while not self._chunks:
             if self._error is not None:
                 raise self._error.fresh()

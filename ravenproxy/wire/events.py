@@ -41,7 +41,7 @@ class DataReceived:
     has written or dropped these bytes: that is what returns credit to the sender."""
 
     stream_id: int
-    data: bytes
+    data: bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,10 @@ MAX_WINDOW = 2**31 - 1
 MAX_TEXT = 1024
 """Longest node name, host or reason text accepted, in UTF-8 bytes."""
 
+IN_PLACE_SHARE = 4
+"""A received DATA payload stays a view into its message when it is at least 1/4 of it: what
+a stalled stream's buffered views keep alive is then at most 4 times what they hold."""
+
 MAX_SETTING_TEXT = 256
 """Longest text a text setting (SERVER_ID) carries, in UTF-8 bytes: 64 entries."""
 
@@ -72,7 +76,10 @@ class OpenResult:
 @dataclass(frozen=True, slots=True)
 class Data:
     stream_id: int
-    data: bytes
+    data: bytes | memoryview
+    """Received: a view into the message it came in when it is a large part of it (parsed in
+    place, no copy before it reaches a socket), else a copy (a small view must not keep a
+    large message alive)."""
     fin: bool = False
 
 
@@ -154,7 +161,7 @@ def encode(frame: Frame) -> bytes:
     """One frame → its bytes (header + payload)."""
     match frame:
         case Data(stream_id, data, fin):
-            return encode_data_header(stream_id, len(data), fin) + data
+            return encode_data_header(stream_id, len(data), fin) + bytes(data)
         case WindowUpdate(stream_id, increment):
             return _header(FrameType.WINDOW_UPDATE, 0, stream_id, 4) + _U32.pack(increment)
         case Open(stream_id, window, target):
@@ -206,7 +213,11 @@ def _need_conn(type_: FrameType, stream_id: int) -> None:
         raise ProtocolError(f"{type_.name} on stream {stream_id}, must be stream 0")
 
 
-def _decode_one(type_byte: int, flags: int, stream_id: int, payload: memoryview) -> Frame | None:
+def _decode_one(
+    type_byte: int, flags: int, stream_id: int, payload: memoryview, message_size: int
+) -> Frame | None:
+    """``message_size``: of the immutable message ``payload`` is part of, 0 for one that may
+    change (DATA payloads are then copied)."""
     try:
         type_ = FrameType(type_byte)
     except ValueError:
@@ -214,7 +225,9 @@ def _decode_one(type_byte: int, flags: int, stream_id: int, payload: memoryview)
     size = len(payload)
     if type_ is FrameType.DATA:
         _need_stream(type_, stream_id)
-        return Data(stream_id, bytes(payload), bool(flags & Flag.FIN))
+        in_place = 0 < message_size <= size * IN_PLACE_SHARE
+        data = payload if in_place else bytes(payload)
+        return Data(stream_id, data, bool(flags & Flag.FIN))
     if type_ is FrameType.WINDOW_UPDATE:
         if size != 4:
             raise FrameSizeError(f"WINDOW_UPDATE payload is {size} bytes, must be 4")
@@ -281,6 +294,8 @@ def decode_message(message: bytes | bytearray | memoryview, max_frame_size: int)
     ``max_frame_size`` (the receiver's own setting) is a connection error."""
     view = memoryview(message)
     total = len(view)
+    # Views of an immutable message stay valid; a caller's mutable buffer may be reused.
+    message_size = total if isinstance(message, bytes) else 0
     pos = 0
     frames: list[Frame] = []
     while pos < total:
@@ -294,7 +309,7 @@ def decode_message(message: bytes | bytearray | memoryview, max_frame_size: int)
             raise FrameSizeError(f"frame of {length} bytes exceeds MAX_FRAME_SIZE {max_frame_size}")
         if reserved:
             raise ProtocolError("reserved header bits are set")
-        frame = _decode_one(type_byte, flags, stream_id, view[pos : pos + length])
+        frame = _decode_one(type_byte, flags, stream_id, view[pos : pos + length], message_size)
         pos += length
         if frame is not None:
             frames.append(frame)

@@ -21,6 +21,7 @@ from ravenproxy.transport.session import (
     StreamHandler,
     TunnelStream,
 )
+from ravenproxy.transport.websocket import TunnelClientConnection, TunnelServerConnection
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.frames import Frame, GoAway, Ping, Settings, Target, decode_message, encode
@@ -70,12 +71,24 @@ async def tunnel(
             if not cloud_run.done():
                 cloud_run.set_result(None)
 
-    server = await serve(handler, "127.0.0.1", 0, compression=None, ping_interval=None)
+    server = await serve(
+        handler,
+        "127.0.0.1",
+        0,
+        compression=None,
+        ping_interval=None,
+        create_connection=TunnelServerConnection,
+    )
     edge_run: asyncio.Task[None] | None = None
     edge_ws: ClientConnection | None = None
     try:
         port = server.sockets[0].getsockname()[1]
-        edge_ws = await connect(f"ws://127.0.0.1:{port}", compression=None, ping_interval=None)
+        edge_ws = await connect(
+            f"ws://127.0.0.1:{port}",
+            compression=None,
+            ping_interval=None,
+            create_connection=TunnelClientConnection,
+        )
         edge = Session(edge_ws, server_side=False, config=edge_config, on_open=on_open, name="edge")
         edge_run = asyncio.create_task(edge.run(), name="test-edge-session")
         cloud, cloud_ws = await asyncio.wait_for(cloud_session, WAIT)
@@ -339,7 +352,14 @@ async def test_a_peer_that_floods_and_never_reads_is_paused_then_closed(
             most_pending = max(most_pending, session.conn.control_pending)
             await asyncio.sleep(0.001)
 
-    async with serve(handler, "127.0.0.1", 0, compression=None, ping_interval=None) as server:
+    async with serve(
+        handler,
+        "127.0.0.1",
+        0,
+        compression=None,
+        ping_interval=None,
+        create_connection=TunnelServerConnection,
+    ) as server:
         port = server.sockets[0].getsockname()[1]
         # max_queue=1: the client's WebSocket stops reading the socket as soon as one message
         # waits, and this test never asks it for one until the end.

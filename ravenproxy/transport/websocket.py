@@ -1,0 +1,289 @@
+"""The tunnel's WebSocket connections: ``websockets`` for the opening handshake, the closing
+handshake and anything unusual, our own frame reader for the binary messages in between.
+
+Why this way: ``websockets`` copies each payload several times on its way in (its stream reader
+slices, the unmasking, the message assembly), which is most of a bulk tunnel's receive cost.
+Its connection classes accept a subclass (``create_connection=`` of ``serve``/``connect``), so
+the subclass stays the transport's one protocol from the first byte to the last: no
+``set_protocol`` swap, nothing ``websockets`` is waiting on ever goes missing (its
+``connection_lost``, flow control and close timers are inherited as they are). The subclass is
+also a :class:`asyncio.BufferedProtocol`, so TLS decrypts straight into one reusable buffer.
+
+What goes where, by byte position (so ``websockets``' parser is always at a frame boundary
+when it gets bytes):
+
+- the HTTP head of the handshake (up to its blank line) goes to ``websockets``;
+- once the connection is OPEN, :class:`~ravenproxy.transport.wsframes.FrameParser` reads the
+  frames; a control frame (PING, PONG, CLOSE) goes to ``websockets`` whole, to be answered
+  there; anything else the parser does not handle, and every byte after it, goes to
+  ``websockets`` too (:class:`~ravenproxy.transport.wsframes.Handover`), which then answers it
+  exactly as it always did;
+- the server side takes over only when nothing followed the request (a real client waits for
+  the 101): otherwise ``websockets`` reads that connection to the end.
+
+Binary messages are queued for :meth:`TunnelConnectionMixin.next_messages` (the session's
+reader), at most ``max_queue`` of them before reading pauses, as ``websockets`` does. Once that
+returns None, the rest of the connection is read through ``websockets`` (``async for``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+from typing import TYPE_CHECKING, Any
+
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.connection import Connection
+from websockets.asyncio.server import ServerConnection
+from websockets.protocol import Side, State
+
+from ravenproxy.transport.wsframes import Control, Failure, FrameParser, Handover
+
+INITIAL_BUFFER = 256 * 1024
+"""The reader's buffer to start with; it grows to hold the longest frame received."""
+
+MIN_READ = 64 * 1024
+"""Room below which the buffer is compacted before the next read."""
+
+_HEAD_END = b"\r\n\r\n"
+
+
+class _Mode(enum.Enum):
+    HANDSHAKE = 1  # the HTTP head still arriving: to websockets, up to its end
+    AWAIT_OPEN = 2  # server side: the request is in, the 101 not sent yet
+    FRAMES = 3  # ours
+    WEBSOCKETS = 4  # every byte to websockets, to the end
+
+
+if TYPE_CHECKING:
+    _Base = Connection
+else:
+    _Base = object  # at run time, websockets' class comes after this one in the bases
+
+
+class TunnelConnectionMixin(_Base):
+    """The reader; mixed into ``websockets``' server and client connection classes, before
+    them (its methods win)."""
+
+    def _init_reader(self) -> None:
+        self._buf = bytearray(INITIAL_BUFFER)
+        self._start = 0
+        self._end = 0
+        self._fed = 0
+        self._mode = _Mode.HANDSHAKE
+        self._parser: FrameParser | None = None
+        self._messages: collections.deque[bytes] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._reading_paused = False
+        self._lost = False
+
+    # -- what the session reads -------------------------------------------------------------
+    @property
+    def frames_handled(self) -> bool:
+        """Whether our reader took the connection over (it is OPEN and was read by us)."""
+        return self._parser is not None
+
+    async def next_messages(self) -> list[bytes] | None:
+        """The binary messages received, at least one, in order; None once the reader has
+        nothing more and every further message is ``websockets``' (read it there)."""
+        while not self._messages:
+            if self._mode is _Mode.WEBSOCKETS or self._lost:
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        batch = list(self._messages)
+        self._messages.clear()
+        if self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return batch
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # -- asyncio.BufferedProtocol -----------------------------------------------------------
+    def get_buffer(self, sizehint: int) -> memoryview:
+        # A read stops at the end of the frame being received, unless that leaves less than
+        # MIN_READ: a large frame then starts at the front of the buffer, and moving the
+        # unparsed bytes to make room for the next one copies little.
+        parser = self._parser
+        wanted = parser.wanted if parser is not None and self._mode is _Mode.FRAMES else 0
+        if self._start + wanted > len(self._buf) or len(self._buf) - self._end < MIN_READ:
+            self._make_room(wanted)
+        stop = max(self._start + wanted, self._end + MIN_READ)
+        return memoryview(self._buf)[self._end : stop]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        if self._mode is _Mode.FRAMES:
+            self._read_frames()
+        elif self._mode is _Mode.HANDSHAKE:
+            self._read_head()
+        elif self._mode is _Mode.AWAIT_OPEN:
+            self._opened()
+        else:
+            self._to_websockets()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        # Before the first byte: from here on, every byte comes through buffer_updated.
+        transport.set_protocol(_Feeder(self))
+
+    def data_received(self, data: bytes) -> None:  # only if a transport ignored set_protocol
+        view = self.get_buffer(len(data))
+        n = min(len(view), len(data))
+        view[:n] = data[:n]
+        self.buffer_updated(n)
+        if n < len(data):
+            self.data_received(data[n:])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._lost = True
+        self._wake()
+
+    # -- the modes --------------------------------------------------------------------------
+    def _read_head(self) -> None:
+        buf = self._buf
+        found = buf.find(_HEAD_END, max(0, self._fed - 3), self._end)
+        if found < 0:
+            self._feed_websockets(self._fed, self._end)
+            # Only the last 3 bytes can still be part of the blank line.
+            keep = min(3, self._end)
+            buf[:keep] = buf[self._end - keep : self._end]
+            self._start, self._end, self._fed = 0, keep, keep
+            if self.protocol.state is not State.CONNECTING:
+                self._mode = _Mode.WEBSOCKETS
+                self._start = self._end = 0
+                self._wake()
+            return
+        head_end = found + len(_HEAD_END)
+        self._feed_websockets(self._fed, head_end)
+        self._start = head_end
+        leftover = self._end - head_end
+        state = self.protocol.state
+        if state is State.OPEN:  # the client side: websockets took the 101 at once
+            self._take_over()
+        elif state is State.CONNECTING and not leftover:  # the server side, before its 101
+            self._mode = _Mode.AWAIT_OPEN
+            self._start = self._end = 0
+        else:
+            self._mode = _Mode.WEBSOCKETS
+            self._to_websockets()
+
+    def _opened(self) -> None:
+        if self.protocol.state is State.OPEN:
+            self._take_over()
+        else:
+            self._mode = _Mode.WEBSOCKETS
+            self._to_websockets()
+
+    def _take_over(self) -> None:
+        self._mode = _Mode.FRAMES
+        self._parser = FrameParser(
+            masked=self.protocol.side is Side.SERVER,
+            max_size=self.protocol.max_message_size or 2**63,
+        )
+        self._read_frames()
+
+    def _read_frames(self) -> None:
+        parser = self._parser
+        assert parser is not None
+        events, used = parser.parse(memoryview(self._buf)[self._start : self._end])
+        self._start += used
+        messages = self._messages
+        for event in events:
+            if isinstance(event, bytes):
+                messages.append(event)
+            elif isinstance(event, Control):
+                self._websockets_receive(event.raw)
+            elif isinstance(event, Handover):
+                self._mode = _Mode.WEBSOCKETS
+                self._to_websockets()
+            elif isinstance(event, Failure):
+                self._mode = _Mode.WEBSOCKETS
+                self._start = self._end = 0
+                self.protocol.fail(event.code, event.reason)
+                self.send_data()
+                self._wake()
+        if parser.stopped and self._mode is _Mode.FRAMES:  # after a CLOSE
+            self._mode = _Mode.WEBSOCKETS
+            self._to_websockets()
+        if self._start == self._end:
+            self._start = self._end = 0
+        if messages:
+            high = self.max_queue_high
+            if high is not None and len(messages) >= high and not self._reading_paused:
+                self._reading_paused = True
+                self.transport.pause_reading()
+            self._wake()
+        elif self._mode is not _Mode.FRAMES:
+            self._wake()
+
+    def _to_websockets(self) -> None:
+        if self._end > self._start:
+            self._feed_websockets(self._start, self._end)
+        self._start = self._end = 0
+        self._wake()  # the session reads on through websockets
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _feed_websockets(self, start: int, end: int) -> None:
+        if end > start:
+            self._websockets_receive(bytes(self._buf[start:end]))
+        self._fed = end
+
+    def _websockets_receive(self, data: bytes) -> None:
+        Connection.data_received(self, data)
+
+    def _make_room(self, wanted: int = 0) -> None:
+        """Move the unparsed bytes to the front; a bigger buffer when they and ``wanted`` (the
+        frame being received) do not fit, or too little room would be left to read into."""
+        pending = self._end - self._start
+        size = len(self._buf)
+        need = max(wanted, pending) + MIN_READ
+        if need > size:
+            size = max(need, 2 * size)
+            new = bytearray(size)
+            new[:pending] = memoryview(self._buf)[self._start : self._end]
+            self._buf = new
+        elif self._start:
+            view = memoryview(self._buf)
+            view[:pending] = view[self._start : self._end]
+            view.release()
+        self._fed -= self._start
+        self._start, self._end = 0, pending
+
+
+class _Feeder(asyncio.BufferedProtocol):
+    """The transport's protocol: reads into the connection's buffer and passes every other
+    callback on. Needed because uvloop reads into a buffer only for a protocol that is not
+    an :class:`asyncio.Protocol`, which ``websockets``' connection classes are."""
+
+    def __init__(self, connection: TunnelConnectionMixin) -> None:
+        self.get_buffer = connection.get_buffer  # type: ignore[method-assign]
+        self.buffer_updated = connection.buffer_updated  # type: ignore[method-assign]
+        self.eof_received = connection.eof_received  # type: ignore[method-assign]
+        self.connection_lost = connection.connection_lost  # type: ignore[method-assign]
+        self.pause_writing = connection.pause_writing  # type: ignore[method-assign]
+        self.resume_writing = connection.resume_writing  # type: ignore[method-assign]
+
+
+class TunnelServerConnection(TunnelConnectionMixin, ServerConnection):
+    """``websockets``' server connection with our frame reader (``create_connection=``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        ServerConnection.__init__(self, *args, **kwargs)
+        self._init_reader()
+
+
+class TunnelClientConnection(TunnelConnectionMixin, ClientConnection):
+    """``websockets``' client connection with our frame reader (``create_connection=``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        ClientConnection.__init__(self, *args, **kwargs)
+        self._init_reader()

@@ -1,0 +1,170 @@
+"""WebSocket frames (RFC 6455 section 5) of an established tunnel, parsed sans-I/O.
+
+:class:`FrameParser` turns received bytes into whole binary messages, unmasked, with one copy
+per payload (the unmasking ``websockets.speedups.apply_mask`` does, or the copy out of the
+reader's reusable buffer). It handles only what a tunnel carries in bulk: binary messages,
+fragmented or not. Everything else is ``websockets``' business, and the parser says so instead of
+half-handling it:
+
+- a control frame (PING, PONG, CLOSE) comes out whole as :class:`Control`, its raw bytes, for
+  ``websockets`` to answer (it keeps the closing handshake and its state);
+- a frame ``websockets`` would refuse or handles differently (a TEXT message, reserved bits,
+  wrong masking, an unknown opcode, a control frame too long or fragmented, a first frame over
+  the size limit, a continuation with no message to continue) stops the parser at
+  :class:`Handover`: the caller hands every byte from that frame on to ``websockets``, which
+  answers it exactly as it would have without this parser;
+- what only the parser can know (a fragmented message that grows over the limit, or a new
+  message before the last one ended) is :class:`Failure`, the close code to fail the
+  connection with (RFC 6455 section 7.1.7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from websockets.frames import CloseCode
+from websockets.speedups import apply_mask
+
+OP_CONT = 0x0
+OP_TEXT = 0x1
+OP_BINARY = 0x2
+OP_CLOSE = 0x8
+OP_PING = 0x9
+OP_PONG = 0xA
+_CONTROL = (OP_CLOSE, OP_PING, OP_PONG)
+
+MAX_HEADER = 14
+"""Longest frame header: 2 bytes, 8 of extended length, 4 of mask."""
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """A whole control frame as received (header and masked payload included)."""
+
+    raw: bytes
+    opcode: int
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """Stop here: the bytes from this point on are for ``websockets``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The connection must be failed with ``code`` (RFC 6455 section 7.1.7)."""
+
+    code: CloseCode
+    reason: str
+
+
+Event = bytes | Control | Handover | Failure
+"""A whole binary message's payload, or one of the above."""
+
+
+class FrameParser:
+    """Parses the frames one side receives. ``masked``: frames must be masked (the server side
+    receives from a client); ``max_size``: longest message, as ``websockets``' ``max_size``."""
+
+    def __init__(self, *, masked: bool, max_size: int) -> None:
+        self.masked = masked
+        self.max_size = max_size
+        self._parts: list[bytes] = []
+        self._part_bytes = 0
+        self._in_message = False
+        self.stopped = False
+        """After :class:`Handover` or :class:`Failure`, or after a CLOSE: parse nothing more."""
+        self.wanted = 2
+        """Bytes the frame at the head of the unparsed input needs in total (header included):
+        the smallest input the next call can make progress with."""
+
+    def parse(self, data: memoryview) -> tuple[list[Event], int]:
+        """Events for the whole frames at the start of ``data``, and how many bytes they took.
+        The caller keeps the rest and calls again with it and what follows. Payloads are copied:
+        nothing returned refers to ``data``."""
+        events: list[Event] = []
+        pos = 0
+        total = len(data)
+        masked = self.masked
+        while not self.stopped:
+            if total - pos < 2:
+                self.wanted = 2
+                break
+            b0 = data[pos]
+            b1 = data[pos + 1]
+            opcode = b0 & 0x0F
+            length = b1 & 0x7F
+            head = 2
+            if length == 126:
+                head = 4
+            elif length == 127:
+                head = 10
+            if b1 & 0x80:
+                head += 4
+            if total - pos < head:
+                self.wanted = head
+                break
+            if length == 126:
+                length = (data[pos + 2] << 8) | data[pos + 3]
+            elif length == 127:
+                length = int.from_bytes(data[pos + 2 : pos + 10], "big")
+            fin = b0 & 0x80
+            problem = self._check(b0 & 0x70, opcode, bool(b1 & 0x80) == masked, fin, length)
+            if problem is not None:
+                self.stopped = True
+                events.append(problem)
+                break
+            end = pos + head + length
+            if end > total:
+                self.wanted = head + length
+                break
+            if opcode in _CONTROL:
+                events.append(Control(bytes(data[pos:end]), opcode))
+                if opcode == OP_CLOSE:
+                    self.stopped = True
+                pos = end
+                continue
+            payload = data[pos + head : end]
+            if masked:
+                part = apply_mask(payload, data[pos + head - 4 : pos + head])  # type: ignore[arg-type]
+            else:
+                part = bytes(payload)
+            pos = end
+            if fin and not self._in_message:
+                events.append(part)
+                continue
+            self._in_message = True
+            self._parts.append(part)
+            self._part_bytes += length
+            if fin:
+                events.append(b"".join(self._parts))
+                self._parts.clear()
+                self._part_bytes = 0
+                self._in_message = False
+        if self.stopped:
+            self.wanted = 0
+        return events, pos
+
+    def _check(
+        self, rsv: int, opcode: int, mask_ok: bool, fin: int, length: int
+    ) -> Handover | Failure | None:
+        if rsv or not mask_ok:
+            return Handover()
+        if opcode in _CONTROL:
+            return None if fin and length <= 125 else Handover()
+        if opcode == OP_CONT:
+            if not self._in_message:
+                return Handover()
+            if self._part_bytes + length > self.max_size:
+                return Failure(
+                    CloseCode.MESSAGE_TOO_BIG,
+                    f"message over {self.max_size} bytes",
+                )
+            return None
+        if opcode == OP_BINARY:
+            if self._in_message:
+                return Failure(CloseCode.PROTOCOL_ERROR, "expected a continuation frame")
+            return None if length <= self.max_size else Handover()
+        if self._in_message and opcode == OP_TEXT:
+            return Failure(CloseCode.PROTOCOL_ERROR, "expected a continuation frame")
+        return Handover()  # TEXT, or an opcode RFC 6455 reserves

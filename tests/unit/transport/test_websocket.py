@@ -1,0 +1,223 @@
+"""The tunnel's WebSocket connections (our frame reader inside websockets' connections), on
+real sockets: asyncio's loop and uvloop, plain TCP and the tunnel's mutual TLS, against each
+other and against plain websockets peers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import uvloop
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
+
+from ravenproxy.pki import init_pki
+from ravenproxy.transport.tls import client_context, server_context
+from ravenproxy.transport.websocket import (
+    TunnelClientConnection,
+    TunnelConnectionMixin,
+    TunnelServerConnection,
+)
+
+WAIT = 10.0
+MAX = 1 << 20
+SIZES = [0, 1, 125, 126, 65535, 65536, 300_000, MAX]
+OPTIONS = {"compression": None, "ping_interval": None, "max_size": MAX}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pki")
+    init_pki(path, agents=["edge-1"])
+    return path
+
+
+def contexts(pki: Path | None) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    if pki is None:
+        return None, None
+    srv = server_context(pki / "ca.crt", pki / "server.crt", pki / "server.key")
+    cli = client_context(pki / "ca.crt", pki / "edge-1.crt", pki / "edge-1.key")
+    return srv, cli
+
+
+ServerSide = Callable[[ServerConnection], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def pair(
+    on_server: ServerSide,
+    *,
+    pki: Path | None = None,
+    ours_server: bool = True,
+    ours_client: bool = True,
+) -> AsyncIterator[ClientConnection]:
+    srv_ctx, cli_ctx = contexts(pki)
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def handler(ws: ServerConnection) -> None:
+        try:
+            await on_server(ws)
+        finally:
+            if not done.done():
+                done.set_result(None)
+
+    server_class = TunnelServerConnection if ours_server else None
+    async with serve(
+        handler, "127.0.0.1", 0, ssl=srv_ctx, create_connection=server_class, **OPTIONS
+    ) as server:
+        port = server.sockets[0].getsockname()[1]
+        scheme = "wss" if pki else "ws"
+        client_class = TunnelClientConnection if ours_client else None
+        async with connect(
+            f"{scheme}://127.0.0.1:{port}",
+            ssl=cli_ctx,
+            server_hostname="127.0.0.1" if pki else None,
+            create_connection=client_class,
+            proxy=None,
+            **OPTIONS,
+        ) as client:
+            yield client
+        await asyncio.wait_for(done, WAIT)
+
+
+async def receive(ws: ServerConnection | ClientConnection, n: int) -> list[bytes | str]:
+    """``n`` messages, through our reader while it has them, then websockets."""
+    got: list[bytes | str] = []
+    if isinstance(ws, TunnelConnectionMixin):
+        while len(got) < n and (batch := await ws.next_messages()) is not None:
+            got += batch
+    while len(got) < n:
+        got.append(await ws.recv())
+    return got
+
+
+async def exchange(pki: Path | None) -> None:
+    payloads = [bytes([i]) * size for i, size in enumerate(SIZES)]
+    seen: dict[str, object] = {}
+
+    async def on_server(ws: ServerConnection) -> None:
+        got = await receive(ws, len(payloads))
+        seen["server_got"] = got == payloads
+        for message in got:
+            await ws.send(message)
+        # The client closes with a code and a reason: websockets still does the closing
+        # handshake, and the reader hands over to it.
+        assert isinstance(ws, TunnelConnectionMixin)
+        seen["server_end"] = await ws.next_messages()
+        with contextlib.suppress(ConnectionClosedOK):
+            await ws.recv()
+        rcvd = ws.protocol.close_rcvd
+        seen["close"] = (rcvd.code, rcvd.reason) if rcvd else None
+        seen["server_reader"] = ws.frames_handled
+
+    async with pair(on_server, pki=pki) as client:
+        assert isinstance(client, TunnelConnectionMixin)
+        for message in payloads:
+            await client.send(message)
+        assert await asyncio.wait_for(receive(client, len(payloads)), WAIT) == payloads
+        # websockets answers a PING the reader passed on.
+        await asyncio.wait_for(await client.ping(b"are you there"), WAIT)
+        assert client.frames_handled
+        await client.close(1001, "going away now")
+    assert seen == {
+        "server_got": True,
+        "server_end": None,
+        "close": (1001, "going away now"),
+        "server_reader": True,
+    }
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "mtls"])
+def test_messages_ping_and_close_on_asyncio_and_uvloop(pki: Path, tls: bool) -> None:
+    for run in (asyncio.run, uvloop.run):
+        run(asyncio.wait_for(exchange(pki if tls else None), 60))
+
+
+async def test_a_fragmented_message_from_a_plain_client_arrives_whole() -> None:
+    got: list[bytes | str] = []
+
+    async def on_server(ws: ServerConnection) -> None:
+        got.extend(await receive(ws, 2))
+
+    async with pair(on_server, ours_client=False) as client:
+        await client.send([b"a" * 70_000, b"b" * 10, b"c"])
+        await client.send(b"after")
+    assert got == [b"a" * 70_000 + b"b" * 10 + b"c", b"after"]
+
+
+async def test_a_text_message_is_handed_to_websockets_in_order() -> None:
+    got: list[bytes | str] = []
+
+    async def on_server(ws: ServerConnection) -> None:
+        got.extend(await receive(ws, 3))
+
+    async with pair(on_server, ours_client=False) as client:
+        await client.send(b"first")
+        await client.send("text")
+        await client.send(b"then binary")
+    assert got == [b"first", "text", b"then binary"]
+
+
+async def test_a_message_over_max_size_closes_with_1009() -> None:
+    async def on_server(ws: ServerConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await receive(ws, 1)
+
+    async with pair(on_server, ours_client=False) as client:
+        await client.send(bytes(MAX + 1))
+        with pytest.raises(ConnectionClosed) as raised:
+            await asyncio.wait_for(client.recv(), WAIT)
+    assert raised.value.rcvd is not None and raised.value.rcvd.code == 1009
+
+
+async def test_a_fragmented_message_over_max_size_closes_with_1009() -> None:
+    async def on_server(ws: ServerConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await receive(ws, 1)
+
+    async with pair(on_server, ours_client=False) as client:
+        await client.send([bytes(MAX), b"one too many"])
+        with pytest.raises(ConnectionClosed) as raised:
+            await asyncio.wait_for(client.recv(), WAIT)
+    assert raised.value.rcvd is not None and raised.value.rcvd.code == 1009
+
+
+async def test_our_client_reads_a_plain_server() -> None:
+    async def on_server(ws: ServerConnection) -> None:
+        for size in SIZES:
+            await ws.send(bytes(size))
+        await ws.send([b"x" * 100, b"y"])
+
+    async with pair(on_server, ours_server=False) as client:
+        got = await asyncio.wait_for(receive(client, len(SIZES) + 1), WAIT)
+        assert isinstance(client, TunnelConnectionMixin) and client.frames_handled
+    assert got == [bytes(size) for size in SIZES] + [b"x" * 100 + b"y"]
+
+
+async def test_a_reader_that_does_not_read_pauses_the_socket() -> None:
+    """At most max_queue messages wait in memory; the rest stays in the kernel and the sender
+    blocks, as with websockets' own reader."""
+    release = asyncio.Event()
+    got: list[bytes | str] = []
+
+    async def on_server(ws: ServerConnection) -> None:
+        await release.wait()
+        got.extend(await receive(ws, 64))
+
+    async with pair(on_server, ours_client=False) as client:
+        sent = 0
+        with contextlib.suppress(TimeoutError):
+            while sent < 64:
+                await asyncio.wait_for(client.send(bytes(MAX)), 1.0)
+                sent += 1
+        assert sent < 64, "the server buffered every message"
+        release.set()
+        while sent < 64:
+            await client.send(bytes(MAX))
+            sent += 1
+    assert len(got) == 64

@@ -1,0 +1,184 @@
+"""The tunnel's WebSocket frame parser against websockets' own encoder (and, for what it hands
+over, websockets' own parser)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from websockets.client import ClientProtocol
+from websockets.frames import Close, CloseCode, Frame, Opcode
+from websockets.http11 import Request
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+from websockets.uri import parse_uri
+
+from ravenproxy.transport.wsframes import (
+    OP_CLOSE,
+    OP_PING,
+    OP_PONG,
+    Control,
+    Event,
+    Failure,
+    FrameParser,
+    Handover,
+)
+
+MAX = 4096
+
+
+def encode(frame: Frame, masked: bool) -> bytes:
+    return frame.serialize(mask=masked, extensions=[])
+
+
+def parse_in_chunks(parser: FrameParser, data: bytes, cuts: list[int]) -> tuple[list[Event], int]:
+    """Feed ``data`` cut at ``cuts``, keeping the unparsed rest as a reader would; the events,
+    and how many bytes were consumed in all."""
+    events: list[Event] = []
+    pending = bytearray()
+    consumed = 0
+    edges = sorted({c % (len(data) + 1) for c in cuts} | {len(data)})
+    start = 0
+    for edge in edges:
+        pending += data[start:edge]
+        start = edge
+        got, used = parser.parse(memoryview(pending))
+        events += got
+        consumed += used
+        del pending[:used]
+        if parser.stopped:
+            break
+    return events, consumed
+
+
+# A message is its payload and where it is cut into fragments; a control frame goes before it.
+payloads = st.binary(max_size=MAX)
+controls = st.one_of(
+    st.none(),
+    st.tuples(st.sampled_from([Opcode.PING, Opcode.PONG]), st.binary(max_size=125)),
+)
+messages = st.lists(
+    st.tuples(payloads, st.lists(st.integers(0, MAX), max_size=4), controls), max_size=8
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.booleans(), st.lists(st.integers(0, 1 << 16), max_size=12))
+def test_messages_fragments_and_controls_come_out_as_sent(
+    sent: list[tuple[bytes, list[int], tuple[Opcode, bytes] | None]],
+    masked: bool,
+    cuts: list[int],
+) -> None:
+    wire = bytearray()
+    expected: list[Event] = []
+    for payload, splits, control in sent:
+        edges = sorted({s % (len(payload) + 1) for s in splits} - {0, len(payload)})
+        pieces = [payload[a:b] for a, b in zip([0, *edges], [*edges, len(payload)], strict=True)]
+        for i, piece in enumerate(pieces):
+            opcode = Opcode.BINARY if i == 0 else Opcode.CONT
+            wire += encode(Frame(opcode, piece, fin=i == len(pieces) - 1), masked)
+            if i == 0 and control is not None:  # between two fragments, or after the message
+                if len(pieces) == 1:
+                    expected.append(payload)
+                raw = encode(Frame(control[0], control[1]), masked)
+                wire += raw
+                expected.append(Control(raw, int(control[0])))
+        if len(pieces) > 1 or control is None:
+            expected.append(payload)
+    parser = FrameParser(masked=masked, max_size=MAX)
+    events, consumed = parse_in_chunks(parser, bytes(wire), cuts)
+    assert events == expected
+    assert consumed == len(wire)
+    assert not parser.stopped
+
+
+@given(st.binary(max_size=300), st.lists(st.integers(0, 400), max_size=4), st.booleans())
+def test_close_stops_the_parser(tail: bytes, cuts: list[int], masked: bool) -> None:
+    close = encode(Frame(Opcode.CLOSE, Close(CloseCode.GOING_AWAY, "bye").serialize()), masked)
+    data = encode(Frame(Opcode.BINARY, b"last"), masked) + close + tail
+    parser = FrameParser(masked=masked, max_size=MAX)
+    events, consumed = parse_in_chunks(parser, data, cuts)
+    assert events == [b"last", Control(close, OP_CLOSE)]
+    assert consumed == len(data) - len(tail)
+    assert parser.stopped
+
+
+def handed_over_to_websockets(data: bytes) -> ServerProtocol:
+    """websockets' server protocol, OPEN, after receiving ``data``."""
+    client = ClientProtocol(parse_uri("ws://tunnel/"))
+    protocol = ServerProtocol(max_size=MAX)
+    protocol.receive_data(client.connect().serialize())
+    (request,) = protocol.events_received()
+    assert isinstance(request, Request)
+    protocol.send_response(protocol.accept(request))
+    assert protocol.state is State.OPEN
+    protocol.receive_data(data)
+    return protocol
+
+
+@pytest.mark.parametrize(
+    ("raw", "websockets_closes_with"),
+    [
+        # Too big in one frame: websockets reads the header and fails with 1009.
+        (encode(Frame(Opcode.BINARY, bytes(MAX + 1)), True), CloseCode.MESSAGE_TOO_BIG),
+        # A client's frame must be masked.
+        (encode(Frame(Opcode.BINARY, b"x"), False), CloseCode.PROTOCOL_ERROR),
+        # Reserved bits (no extension negotiated).
+        (bytes([0xC2]) + encode(Frame(Opcode.BINARY, b"x"), True)[1:], CloseCode.PROTOCOL_ERROR),
+        # A continuation with no message to continue.
+        (encode(Frame(Opcode.CONT, b"x"), True), CloseCode.PROTOCOL_ERROR),
+        # A fragmented control frame.
+        (bytes([0x09]) + encode(Frame(Opcode.PING, b"x"), True)[1:], CloseCode.PROTOCOL_ERROR),
+        # Text is websockets' to deliver (the session refuses it); it closes nothing.
+        (encode(Frame(Opcode.TEXT, b"hello"), True), None),
+    ],
+)
+def test_what_it_does_not_handle_is_handed_over_where_it_starts(
+    raw: bytes, websockets_closes_with: CloseCode | None
+) -> None:
+    before = encode(Frame(Opcode.BINARY, b"ok"), True)
+    parser = FrameParser(masked=True, max_size=MAX)
+    events, consumed = parser.parse(memoryview(before + raw + b"more"))
+    assert events == [b"ok", Handover()]
+    assert consumed == len(before)
+    assert parser.stopped
+    protocol = handed_over_to_websockets(raw)
+    if websockets_closes_with is None:
+        assert protocol.state is State.OPEN
+    else:
+        assert protocol.close_sent is not None
+        assert protocol.close_sent.code == websockets_closes_with
+
+
+def test_a_fragmented_message_over_the_limit_fails_with_1009() -> None:
+    data = encode(Frame(Opcode.BINARY, bytes(MAX), fin=False), False) + encode(
+        Frame(Opcode.CONT, b"x"), False
+    )
+    parser = FrameParser(masked=False, max_size=MAX)
+    events, _ = parser.parse(memoryview(data))
+    assert events == [Failure(CloseCode.MESSAGE_TOO_BIG, f"message over {MAX} bytes")]
+    assert parser.stopped
+
+
+def test_a_new_message_inside_a_fragmented_one_fails_with_1002() -> None:
+    data = encode(Frame(Opcode.BINARY, b"a", fin=False), False) + encode(
+        Frame(Opcode.BINARY, b"b"), False
+    )
+    parser = FrameParser(masked=False, max_size=MAX)
+    events, _ = parser.parse(memoryview(data))
+    assert events == [Failure(CloseCode.PROTOCOL_ERROR, "expected a continuation frame")]
+
+
+@pytest.mark.parametrize("size", [0, 125, 126, 65535, 65536, MAX])
+def test_wanted_says_how_much_the_next_frame_needs(size: int) -> None:
+    raw = encode(Frame(Opcode.BINARY, bytes(size)), True)
+    parser = FrameParser(masked=True, max_size=1 << 20)
+    for n in range(0, len(raw), max(1, len(raw) // 7)):
+        events, consumed = parser.parse(memoryview(raw[:n]))
+        assert (events, consumed) == ([], 0)
+        assert n < parser.wanted <= len(raw)
+    assert parser.parse(memoryview(raw)) == ([bytes(size)], len(raw))
+
+
+def test_control_opcodes_are_websockets_names() -> None:
+    assert (OP_CLOSE, OP_PING, OP_PONG) == (Opcode.CLOSE, Opcode.PING, Opcode.PONG)
