@@ -258,7 +258,7 @@ class _Connection:
             except _IO_ERRORS:
                 actions = self.ex.upstream_lost()
             else:
-                actions = self.ex.receive_upstream(bytes(data))  # may be a view (h11 keeps it)
+                actions = self.ex.receive_upstream(bytes(data))  # a view of a tunnel message
             await self._act(actions)
         if self.pump is not None:
             pump, self.pump = self.pump, None
