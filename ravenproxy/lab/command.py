@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ def _say(text: str) -> None:
 def next_steps(s: st.LabState) -> list[str]:
     name = "" if s.name == p.DEFAULT_NAME else f" --name {s.name}"
     ca = s.dir / "certs" / "ca.crt"
-    lab = "sudo ravenproxy lab"
+    # sudo drops PATH: name the console script of this interpreter's environment.
+    script = Path(sys.executable).parent / "ravenproxy"
+    lab = f"sudo {script if script.exists() else 'ravenproxy'} lab"
     front = f"http://{p.SERVER_IP}:{p.HTTP_PORT}"
     return [
         f"{lab} status{name}                      # hosts, pods, processes, tunnel, L3",
@@ -31,7 +34,7 @@ def next_steps(s: st.LabState) -> list[str]:
         f"{lab} exec{name} cloud-node -- curl -s --cacert {ca} "
         f"--connect-to edge-node:10250:{p.SERVER_IP}:{p.HTTPS_PORT} https://edge-node:10250/healthz",
         f"{lab} exec{name} cloud-node -- curl -s -x {front} http://edge-node:9400/metrics",
-        f"{lab} exec{name} edge-node -- ping -c1 cloud-node",
+        f"{lab} exec{name} edge-node -- getent hosts cloud-node     # the lab's DNS",
         f"{lab} fault{name} skip-snat && {lab} check{name}   # seed 000, see docs/lab.md",
         f"{lab} down{name}",
     ]
