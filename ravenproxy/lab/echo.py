@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Callable
 
 
 def serve(ip: str, port: int) -> None:
@@ -20,8 +21,20 @@ def serve(ip: str, port: int) -> None:
             s.sendto(peer[0].encode() + b" " + data, peer)
 
 
-def send(src: str, dst: str, port: int, timeout: float = 1.0, tries: int = 3) -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+def udp_socket() -> socket.socket:
+    return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+
+def send(
+    src: str,
+    dst: str,
+    port: int,
+    timeout: float = 1.0,
+    tries: int = 3,
+    make_socket: Callable[[], socket.socket] = udp_socket,
+) -> str:
+    """``make_socket``: where the socket comes from (``lab`` makes it inside a namespace)."""
+    with make_socket() as s:
         s.bind((src, 0))
         s.settimeout(timeout)
         for _ in range(tries):

@@ -9,7 +9,10 @@ outside a namespace except ``ip netns add/del`` of the lab's own names).
 
 from __future__ import annotations
 
+import ctypes
+import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +30,37 @@ def run(argv: Sequence[str], *, netns: str | None = None, check: bool = True) ->
     if check and done.returncode != 0:
         raise LabError(f"{' '.join(full)} failed: {done.stderr.strip()}")
     return done.stdout
+
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise LabError(f"setns: {os.strerror(err)}")
+
+
+def socket_in(namespace: str, family: int, kind: int) -> socket.socket:
+    """A socket that lives in ``namespace``: a socket belongs to the network namespace of the
+    thread that creates it, so this thread enters the namespace, creates it, and goes back
+    (no interpreter started per probe)."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(NETNS_RUN / namespace, os.O_RDONLY)
+        try:
+            _setns(target)
+            try:
+                return socket.socket(family, kind)
+            finally:
+                _setns(own)
+        finally:
+            os.close(target)
+    except FileNotFoundError:
+        raise LabError(f"namespace {namespace} does not exist") from None
+    finally:
+        os.close(own)
 
 
 def existing(plan: p.LabPlan) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 from ravenproxy.errors import LabError
 from ravenproxy.l3 import wireguard
 from ravenproxy.l3.settings import L3Settings
-from ravenproxy.lab import netns, vpn
+from ravenproxy.lab import echo, netns, vpn
 from ravenproxy.lab import plan as p
 from ravenproxy.lab import state as st
 from ravenproxy.lab.supervisor import Proc, Supervisor
@@ -332,12 +333,18 @@ def pod_echo(plan: p.LabPlan, src: str, dst: str, timeout: float = 0.5, tries: i
     """The source address the ``dst`` echo pod saw for a datagram from pod ``src``."""
     a = next(x for x in p.PODS if x.name == src)
     b = next(x for x in p.PODS if x.name == dst)
-    script = (
-        "import sys; from ravenproxy.lab.echo import send; "
-        f"print(send({a.ip!r}, {b.ip!r}, {b.port}, {timeout}, {tries}))"
-    )
-    out = netns.run([sys.executable, "-c", script], netns=plan.namespace(a.node), check=False)
-    return out.strip() or "error"
+    ns = plan.namespace(a.node)
+    try:
+        return echo.send(
+            a.ip,
+            b.ip,
+            b.port,
+            timeout,
+            tries,
+            lambda: netns.socket_in(ns, socket.AF_INET, socket.SOCK_DGRAM),
+        )
+    except (OSError, LabError) as exc:
+        return f"error: {exc}"
 
 
 # --- exec ---------------------------------------------------------------------------------
