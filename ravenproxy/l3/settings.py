@@ -74,7 +74,7 @@ class L3Settings:
         60.0,
         "--reconcile-period",
         "S",
-        "seconds between full reconciliations, besides every model change (default 60)",
+        "seconds between full reconciliations, besides every model change",
     )
     #: strongSwan's VICI socket (charon must run on gateway nodes with the vici plugin).
     vici_socket: str = setting(
