@@ -1,6 +1,8 @@
 """``ravenproxy lab`` end to end, as a person runs it: the real CLI as root.
 
-One strongSwan lab for the module (up is the expensive part): check passes, exec passes the
+One strongSwan lab for the module (up is the expensive part), with a reconcile period of
+PERIOD: a fault stays for one period after it is injected, and a ``lab check`` must see it
+within that on a busy shared machine (seen: 20 s for one check at load 9 on 2 cores): check passes, exec passes the
 exit status through and names resolve, up twice is refused, each fault is seen by check and by
 doctor and repaired within one (shortened) reconcile period, status shows when. A second lab
 with WireGuard comes up beside it and passes its own check. Down leaves nothing: namespaces,
@@ -22,7 +24,7 @@ import pytest
 
 pytestmark = pytest.mark.root
 
-PERIOD = 12.0
+PERIOD = 20.0
 NAME = f"t{os.getpid() % 100000}"
 OTHER = f"w{os.getpid() % 100000}"
 INTACT = {"cloud-echo → edge-echo": "10.16.1.5", "edge-echo → cloud-echo": "10.16.11.5"}
