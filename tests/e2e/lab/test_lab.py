@@ -1,13 +1,14 @@
 """``ravenproxy lab`` end to end, as a person runs it: the real CLI as root.
 
-One strongSwan lab for the module (up is the expensive part), with a reconcile period of
-PERIOD: a fault stays for one period after it is injected, and a ``lab check`` must see it
-within that on a busy shared machine (seen: 20 s for one check at load 9 on 2 cores): check passes, exec passes the
+One strongSwan lab for the module (up is the expensive part): check passes, exec passes the
 exit status through and names resolve, up twice is refused, each fault is seen by check and by
 doctor and repaired within one (shortened) reconcile period, status shows when. A second lab
 with WireGuard comes up beside it and passes its own check. Down leaves nothing: namespaces,
 processes, interfaces, /etc/netns entries, files, VPN sockets and iptables rules are compared
 with a snapshot taken before.
+
+PERIOD: a fault stays for one period after it is injected, and ``lab check`` must see it within
+that on a busy shared machine (seen: 20 s for one check at load 9 on 2 cores).
 """
 
 from __future__ import annotations
