@@ -258,24 +258,24 @@ def _up(plan: p.LabPlan, s: st.LabState, say: Callable[[str], None]) -> None:
     sup = Supervisor(d)
     procs = processes(plan, s)
     drivers = {driver_name(n.name) for n in p.NODES}
-    # The route drivers start once charon listens: a VPN connection they could not load
-    # would wait a whole reconcile period. Everything else starts at once (the agent keeps
-    # dialling until the server listens).
-    for proc in procs:
-        if proc.name not in drivers:
-            sup.start(proc, plan.namespace(proc.host), s.reconcile_period)
+
+    # The critical path first: charon, then the cloud side's route drivers (a VPN connection
+    # they could not load would wait a whole reconcile period), then the edge's once cloud-gw
+    # has loaded its side (an initiation the peer refuses is retried only on the next pass).
+    # Everything else starts in between (the agent keeps dialling until the server listens).
+    def start(which: Callable[[Proc], bool]) -> None:
+        for proc in procs:
+            if which(proc):
+                sup.start(proc, plan.namespace(proc.host), s.reconcile_period)
+
+    start(lambda proc: proc.name.startswith("charon-"))
     for gw in ("cloud", "edge") if s.vpn_driver == "strongswan" else ():
         _wait((d / gw / "charon.vici").exists, f"charon on {gw}-gw", sup)
-    # The cloud side's connection is loaded before the edge (under NAT) initiates: an
-    # initiation the peer refuses is retried only on the next pass.
-    for proc in procs:
-        if proc.name in drivers and proc.host.startswith("cloud"):
-            sup.start(proc, plan.namespace(proc.host), s.reconcile_period)
+    start(lambda proc: proc.name in drivers and proc.host.startswith("cloud"))
+    start(lambda proc: proc.name not in drivers and not proc.name.startswith("charon-"))
     _wait(lambda: " reconciled node=cloud-gw" in _text(sup.log_file(driver_name("cloud-gw"))),
           "the route driver on cloud-gw", sup)  # fmt: skip
-    for proc in procs:
-        if proc.name in drivers and proc.host.startswith("edge"):
-            sup.start(proc, plan.namespace(proc.host), s.reconcile_period)
+    start(lambda proc: proc.name in drivers and proc.host.startswith("edge"))
     say(f"hosts, PKI and inventory ready; {len(procs)} processes started")
     ready: list[tuple[str, Callable[[], bool]]] = [
         (f"kubelet on {n.name}", (d / "run" / f"kubelet-{n.name}.ready").exists) for n in p.NODES
