@@ -18,8 +18,6 @@ import time
 from pathlib import Path
 from types import FrameType
 
-STOP_GRACE = 10.0
-
 
 def _event(path: Path, text: str) -> None:
     with path.open("a") as f:

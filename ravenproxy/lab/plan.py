@@ -52,10 +52,6 @@ class Node:
     pod_cidr: str
     bridge_ip: str  # first address of the pod CIDR, on cni0
 
-    @property
-    def is_gateway(self) -> bool:
-        return self.name.endswith("-gw")
-
 
 NODES = (
     Node("cloud-gw", "10.0.0.1", "gw-cloud", "10.16.0.0/24", "10.16.0.1"),
@@ -188,12 +184,6 @@ class LabPlan:
 
     def wireguard_interface(self, node: str) -> str:
         return f"rl{self.tag}{'c' if node.startswith('cloud') else 'e'}"
-
-    def host_of_ip(self, ip: str) -> str | None:
-        for a in ADDRESSES:
-            if a.cidr.split("/")[0] == ip:
-                return a.host
-        return None
 
     def addresses(self, host: str) -> list[str]:
         """The host's own addresses (its pods' addresses left out)."""
