@@ -193,6 +193,11 @@ def cmd_routes(args: argparse.Namespace) -> int:
         if not node:
             raise ConfigError("--node-name", "is required (or set NODE_NAME)")
     settings = settings_from(values)
+    if args.action == "run":
+        from ravenproxy.l3.driver import run_routes
+
+        job = run_routes(inventory or "", node or "", settings)
+        return run_async(serve_until_signalled(job), fast_loop=False)
     return run_async(
         routes_command(args.action, inventory or "", node or "", settings), fast_loop=False
     )
@@ -447,13 +452,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     routes = sub.add_parser(
         "routes",
-        help="L3 route driver: plan, apply or clean up this node's data path",
+        help="L3 route driver: plan, apply, keep applying or clean up this node's data path",
         description="Compute this node's desired L3 state (raven0 vxlan, fwmark routing, "
         "skip-SNAT chain, xfrm policies, rp_filter, VPN connections) from the inventory and "
-        "print (plan), apply (apply) the difference to the kernel, or remove everything "
-        "ravenproxy owns (cleanup). Exit 3 when some ops could not be applied.",
+        "print (plan), apply (apply) the difference to the kernel, keep applying it on every "
+        "inventory change and every --reconcile-period until stopped (run: the driver of a "
+        "node without an agent), or remove everything ravenproxy owns (cleanup). Exit 3 when "
+        "some ops could not be applied.",
     )
-    routes.add_argument("action", choices=("plan", "apply", "cleanup"))
+    routes.add_argument("action", choices=("plan", "apply", "run", "cleanup"))
     flags.add_flags(routes, NodeSettings)
     routes.add_argument("--log-level", default="INFO")
     routes.set_defaults(func=cmd_routes)
@@ -496,6 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(dns)
     flags.add_flags(dns, DnsCommand)
     dns.set_defaults(func=cmd_dns)
+
+    from ravenproxy.lab.command import add_parser as add_lab
+
+    add_lab(sub)
     return parser
 
 
@@ -513,7 +524,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         typed = typed_error(exc)
         if typed is None:
             raise
-        command = " ".join(filter(None, (args.command, getattr(args, "certs_command", None))))
+        sub = getattr(args, "certs_command", None) or getattr(args, "lab_command", None)
+        command = " ".join(filter(None, (args.command, sub)))
         print(f"ravenproxy {command}: error: {typed}", file=sys.stderr)
         return 2
 

@@ -36,3 +36,8 @@ class RoutingError(RavenProxyError):
         self.status = status
         self.node = node
         self.reason = reason
+
+
+class LabError(RavenProxyError):
+    """A ``ravenproxy lab`` action cannot be done: not root, a tool missing, a lab that exists
+    already or not at all, a host that failed to come up."""

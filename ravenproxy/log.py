@@ -58,3 +58,6 @@ def setup(level: str = "INFO") -> None:
     root.setLevel(level.upper())
     # websockets logs every handshake failure at INFO with a traceback; ours say it better.
     logging.getLogger("websockets").setLevel(logging.WARNING)
+    # pyroute2 logs every netlink message at DEBUG: our own DEBUG lines (the route driver's
+    # "in sync" per pass) would drown in them.
+    logging.getLogger("pyroute2").setLevel(logging.INFO)

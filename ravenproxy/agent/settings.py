@@ -158,7 +158,8 @@ class AgentSettings:
             "flag": "--l3",
             "kind": "switch",
             "help": "also run the L3 route driver (as `ravenproxy routes apply`, reconciled on "
-            "every inventory change and every 60 s); needs --inventory and root",
+            "every inventory change and every --reconcile-period, 60 s); needs --inventory and "
+            "root",
             "options": "*",
         },
     )

@@ -226,6 +226,19 @@ class Reconciler:
                 pass
 
 
+async def run_routes(inventory: str, node_name: str, settings: L3Settings) -> None:
+    """``ravenproxy routes run``: the route driver alone, for a node that runs no agent (as
+    ``agent --l3`` embeds it): reconcile on every inventory change and every
+    ``reconcile_period``, until cancelled."""
+    # Here, not at the top: only this action reads the inventory through the model feed (and
+    # its Kubernetes client imports); plan/apply/cleanup stay quick to start.
+    from ravenproxy.kube.sources import model_source
+
+    store = ModelStore()
+    async with model_source(store, inventory=inventory):
+        await Reconciler(store, node_name, settings).run()
+
+
 async def routes_command(
     action: str,
     inventory: str,

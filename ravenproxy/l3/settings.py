@@ -68,8 +68,14 @@ class L3Settings:
     wireguard_interface: str = setting(
         "raven-wg0", "--wireguard-interface", "IF", "WireGuard device on gateway nodes"
     )
-    #: Seconds between full reconciliations (besides every model change).
-    reconcile_period: float = 60.0
+    #: Seconds between full reconciliations (besides every model change): how soon a change
+    #: made by hand (a deleted rule, a strict rp_filter) is repaired.
+    reconcile_period: float = setting(
+        60.0,
+        "--reconcile-period",
+        "S",
+        "seconds between full reconciliations, besides every model change",
+    )
     #: strongSwan's VICI socket (charon must run on gateway nodes with the vici plugin).
     vici_socket: str = setting(
         "/var/run/charon.vici", "--vici-socket", "PATH", "strongSwan charon's VICI socket"

@@ -33,6 +33,8 @@ from typing import Any
 
 from ravenproxy.l3 import wireguard
 from ravenproxy.l3.settings import L3Settings
+from ravenproxy.lab.vpn import charon_argv, write_charon_conf
+from ravenproxy.lab.vpn import stop_wireguard_go as lab_stop_wireguard_go
 from ravenproxy.model.snapshot import Model
 
 from ...unit.l3.models import gateway, node
@@ -44,30 +46,6 @@ CLOUD_POD = "10.16.1.5"
 EDGE_POD = "10.16.11.5"
 FLANNEL_SUPERNET = "10.16.0.0/16"
 PSK = "e2e-only-psk-5f1c0b7a9d3e4c21"
-
-CHARON_CONF = """\
-charon {{
-  load = random nonce aes sha1 sha2 hmac kdf pem pkcs1 x509 pubkey openssl gmp curve25519 \
-kernel-libipsec kernel-netlink socket-default vici
-  install_routes = {install_routes}
-  port = 500
-  port_nat_t = 4500
-  retransmit_tries = 3
-  retransmit_timeout = 1.0
-  plugins {{
-    vici {{
-      socket = unix://{dir}/charon.vici
-    }}
-  }}
-  filelog {{
-    log {{
-      path = {dir}/charon.log
-      default = 1
-      flush_line = yes
-    }}
-  }}
-}}
-"""
 
 #: One UDP echo server per pod: answers each datagram with the source address it saw.
 ECHO_SERVER = """
@@ -299,17 +277,13 @@ class CloudEdge:
 
 
 def start_charon(ns: str, d: Path, install_routes: bool = True) -> subprocess.Popen[Any]:
-    """charon for one gateway: its own strongswan.conf and VICI socket (``d/charon.vici``), a
-    private /run (its pidfile path is fixed)."""
-    d.mkdir(exist_ok=True)
-    conf = d / "strongswan.conf"
-    routes = "yes" if install_routes else "no"
-    conf.write_text(CHARON_CONF.format(dir=d, install_routes=routes))
+    """charon for one gateway, as ``ravenproxy lab`` runs it: its own strongswan.conf and VICI
+    socket (``d/charon.vici``), a private /run (its pidfile path is fixed)."""
+    conf = write_charon_conf(d, install_routes)
     env = {**os.environ, "STRONGSWAN_CONF": str(conf)}
-    cmd = "mount -t tmpfs tmpfs /run && exec /usr/lib/ipsec/charon"
     with open(d / "charon.out", "ab") as out:
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, "sh", "-c", cmd],
+            ["ip", "netns", "exec", ns, *charon_argv()],
             env=env,
             stdout=out,
             stderr=out,
@@ -326,12 +300,7 @@ def start_charon(ns: str, d: Path, install_routes: bool = True) -> subprocess.Po
 
 def stop_wireguard_go(settings: L3Settings) -> None:
     """Kill the wireguard-go the driver started for ``settings`` (pid kept next to the key)."""
-    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
-        pid = int(wireguard.pid_path(settings).read_text())
-        if b"wireguard-go" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(FileNotFoundError):
-        Path(f"/var/run/wireguard/{settings.wireguard_interface}.sock").unlink()
+    lab_stop_wireguard_go(settings)
 
 
 def _stop(proc: subprocess.Popen[Any]) -> None:
