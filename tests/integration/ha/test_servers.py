@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ravenproxy.agent.servers import HEALTHY_AFTER
 from tests.integration.cluster import INVENTORY, Cluster
 from tests.integration.ha.env import (
     agent_metrics,
@@ -71,7 +72,9 @@ async def test_every_server_reaches_every_agent_and_survives_one_killed(cluster:
 
         loaders = [asyncio.create_task(load(0)), asyncio.create_task(load(1))]
         try:
-            await asyncio.sleep(0.5)
+            # Up for longer than HEALTHY_AFTER first: the quick redial is for tunnels that were
+            # healthy (one lost within a second of coming up backs off as a failed dial does).
+            await asyncio.sleep(HEALTHY_AFTER + 0.5)
             killed = servers["cloud-b"]
             killed.kill()  # SIGKILL
             killed.popen.wait(10)  # type: ignore[union-attr]
