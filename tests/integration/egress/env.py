@@ -23,13 +23,12 @@ from pathlib import Path
 from ravenproxy.pki.authority import (
     generate_ca,
     issue_client_cert,
-    issue_server_cert,
     write_pem_cert,
     write_pem_key,
 )
 from tests.helpers import free_port
 from tests.integration.cluster import Cluster
-from tests.integration.l7.env import Kubelet, start_kubelet
+from tests.integration.l7.env import Kubelet, kubelet_pki, start_kubelet
 
 EDGE_IP, EDGE2_IP, EDGE3_IP, CLOUD_IP = "127.0.0.11", "127.0.0.12", "127.0.0.13", "127.0.0.21"
 EDGE_POD = "127.0.50.7"
@@ -183,16 +182,7 @@ async def egress_dial(
 
 def start_egress(base: Path) -> Egress:
     cluster = Cluster(base)
-    kpki = base / "kubelet-pki"
-    kpki.mkdir()
-    ca, ca_key = generate_ca("fake-kubelet-ca")
-    write_pem_cert(kpki / "ca.crt", ca)
-    serving, serving_key = issue_server_cert(ca, ca_key, ["edge-1", EDGE_IP], common_name="edge-1")
-    write_pem_cert(kpki / "edge-1.crt", serving)
-    write_pem_key(kpki / "edge-1.key", serving_key)
-    client, client_key = issue_client_cert(ca, ca_key, "kube-apiserver-kubelet-client")
-    write_pem_cert(kpki / "client.crt", client)
-    write_pem_key(kpki / "client.key", client_key)
+    kpki = kubelet_pki(base, EDGE_IP, "kube-apiserver-kubelet-client")
     apiserver = base / "apiserver-pki"
     apiserver.mkdir()
     aca, aca_key = generate_ca("apiserver-egress-ca")

@@ -109,6 +109,23 @@ class Kubelet:
         stop(self.popen, 5)
 
 
+def kubelet_pki(base: Path, edge_ip: str, client_cn: str) -> Path:
+    """``base/kubelet-pki``: a cluster CA (``ca.crt``), edge-1's kubelet serving certificate
+    for its name and ``edge_ip`` (``edge-1.crt``/``.key``) and a kubelet-client certificate with CN
+    ``client_cn`` (``client.crt``/``.key``)."""
+    kpki = base / "kubelet-pki"
+    kpki.mkdir()
+    ca, ca_key = generate_ca("fake-kubelet-ca")
+    write_pem_cert(kpki / "ca.crt", ca)
+    serving, serving_key = issue_server_cert(ca, ca_key, ["edge-1", edge_ip], common_name="edge-1")
+    write_pem_cert(kpki / "edge-1.crt", serving)
+    write_pem_key(kpki / "edge-1.key", serving_key)
+    client, client_key = issue_client_cert(ca, ca_key, client_cn)
+    write_pem_cert(kpki / "client.crt", client)
+    write_pem_key(kpki / "client.key", client_key)
+    return kpki
+
+
 def start_kubelet(
     base: Path,
     host: str,
@@ -205,17 +222,7 @@ def blackhole(host: str) -> tuple[socket.socket, list[socket.socket]]:
 
 def start_l7(base: Path) -> L7:
     cluster = Cluster(base)
-    kpki = base / "kubelet-pki"
-    kpki.mkdir()
-    ca, ca_key = generate_ca("fake-kubelet-ca")
-    write_pem_cert(kpki / "ca.crt", ca)
-    serving, serving_key = issue_server_cert(ca, ca_key, ["edge-1", EDGE_IP], common_name="edge-1")
-    write_pem_cert(kpki / "edge-1.crt", serving)
-    write_pem_key(kpki / "edge-1.key", serving_key)
-    client, client_key = issue_client_cert(ca, ca_key, KUBELET_CLIENT_CN)
-    write_pem_cert(kpki / "client.crt", client)
-    write_pem_key(kpki / "client.key", client_key)
-
+    kpki = kubelet_pki(base, EDGE_IP, KUBELET_CLIENT_CN)
     kubelet = start_kubelet(
         base, EDGE_IP, kpki / "edge-1.crt", kpki / "edge-1.key", kpki / "ca.crt"
     )
