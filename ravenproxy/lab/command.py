@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ravenproxy.lab import checks, faults, runtime
+from ravenproxy.lab import faults, runtime
 from ravenproxy.lab import plan as p
 from ravenproxy.lab import state as st
 from ravenproxy.lab.supervisor import Supervisor
@@ -152,6 +152,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    # The doctor (netlink, the L3 drivers) is loaded here, not when the CLI parser is built:
+    # every ravenproxy command builds it, and an agent must not carry pyroute2 for it.
+    from ravenproxy.lab import checks
+
     plan, s = runtime.loaded(args.name)
     result = checks.rows(plan, s)
     print(checks.render(result), end="")
