@@ -40,11 +40,14 @@ from websockets.protocol import Side, State
 
 from ravenproxy.transport.wsframes import Control, Failure, FrameParser, Handover
 
-INITIAL_BUFFER = 256 * 1024
-"""The reader's buffer to start with; it grows to hold the longest frame received."""
+MIN_READ = 4 * 1024
+"""The smallest read offered: an idle tunnel (PINGs, small streams) holds a buffer this size."""
 
-MIN_READ = 64 * 1024
-"""Room below which the buffer is compacted before the next read."""
+MAX_READ = 256 * 1024
+"""The largest read offered beyond the frame being received."""
+
+SHRINK_AFTER = 4
+"""A drained buffer larger than this many times the current read size is given back."""
 
 _HEAD_END = b"\r\n\r\n"
 
@@ -67,7 +70,12 @@ class TunnelConnectionMixin(_Base):
     them (its methods win)."""
 
     def _init_reader(self) -> None:
-        self._buf = bytearray(INITIAL_BUFFER)
+        # Adaptive, as asyncio's own reads are: the read offered doubles while reads fill it
+        # (bulk) and halves while they use less than a quarter of it; a drained buffer much
+        # larger than the read size goes back to that size. A thousand idle tunnels then hold
+        # a few KiB each, not the megabyte a bulk transfer grew theirs to.
+        self._buf = bytearray(MIN_READ)
+        self._read_size = MIN_READ
         self._start = 0
         self._end = 0
         self._fed = 0
@@ -109,16 +117,22 @@ class TunnelConnectionMixin(_Base):
     # -- asyncio.BufferedProtocol -----------------------------------------------------------
     def get_buffer(self, sizehint: int) -> memoryview:
         # A read stops at the end of the frame being received, unless that leaves less than
-        # MIN_READ: a large frame then starts at the front of the buffer, and moving the
+        # the read size: a large frame then starts at the front of the buffer, and moving the
         # unparsed bytes to make room for the next one copies little.
         parser = self._parser
         wanted = parser.wanted if parser is not None and self._mode is _Mode.FRAMES else 0
-        if self._start + wanted > len(self._buf) or len(self._buf) - self._end < MIN_READ:
+        room = self._read_size
+        if self._start + wanted > len(self._buf) or len(self._buf) - self._end < room:
             self._make_room(wanted)
-        stop = max(self._start + wanted, self._end + MIN_READ)
+        stop = max(self._start + wanted, self._end + room)
         return memoryview(self._buf)[self._end : stop]
 
     def buffer_updated(self, nbytes: int) -> None:
+        size = self._read_size
+        if nbytes >= size:
+            self._read_size = min(MAX_READ, size * 2)
+        elif nbytes * 4 < size:
+            self._read_size = max(MIN_READ, size // 2)
         self._end += nbytes
         if self._mode is _Mode.FRAMES:
             self._read_frames()
@@ -216,6 +230,8 @@ class TunnelConnectionMixin(_Base):
             self._to_websockets()
         if self._start == self._end:
             self._start = self._end = 0
+            if len(self._buf) > SHRINK_AFTER * self._read_size:
+                self._buf = bytearray(self._read_size)
         if messages:
             high = self.max_queue_high
             if high is not None and len(messages) >= high and not self._reading_paused:
@@ -245,7 +261,7 @@ class TunnelConnectionMixin(_Base):
         frame being received) do not fit, or too little room would be left to read into."""
         pending = self._end - self._start
         size = len(self._buf)
-        need = max(wanted, pending) + MIN_READ
+        need = max(wanted, pending) + self._read_size
         if need > size:
             size = max(need, 2 * size)
             new = bytearray(size)
