@@ -1,5 +1,7 @@
 """Suite-wide rules: root-only tests are skipped loudly when not root, never silently; a test that
-leaves asyncio tasks or sockets behind fails (the leak guard, tests/leak_guard.py)."""
+leaves asyncio tasks or sockets behind fails (the leak guard, tests/leak_guard.py); an async test
+that hangs fails naming the await it hung at, and still cleans up (the hang guard,
+tests/hang_guard.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,16 @@ import os
 
 import pytest
 
+from tests.hang_guard import pytest_runtest_call, pytest_runtest_setup
 from tests.leak_guard import _async_leak_guard, leak_guard, pytest_runtest_makereport
 
-__all__ = ["_async_leak_guard", "leak_guard", "pytest_runtest_makereport"]
+__all__ = [
+    "_async_leak_guard",
+    "leak_guard",
+    "pytest_runtest_call",
+    "pytest_runtest_makereport",
+    "pytest_runtest_setup",
+]
 
 IS_ROOT = os.geteuid() == 0
 _skipped_root: list[str] = []
