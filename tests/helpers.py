@@ -1,5 +1,6 @@
 """Helpers shared by the test suite: waiting for a condition, free ports, child processes that
-are stopped by PID, one raw HTTP exchange, and a process's Prometheus metrics.
+are stopped by PID, one raw HTTP exchange, a process's Prometheus metrics, and a generated test
+file run by a real pytest (for the suite's own guards).
 
 Look here before writing a helper in a test file; the harnesses (``tests/integration/cluster.py``,
 ``tests/integration/l7/env.py``) are built on these.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -195,3 +197,34 @@ async def scrape(port: int) -> dict[str, float]:
     """The /metrics of the process serving them on 127.0.0.1:``port``."""
     _, body = await http_get(port, "/metrics")
     return parse_metrics(body)
+
+
+# -- the suite's own guards -------------------------------------------------------------------
+GENERATED_INI = """\
+[pytest]
+asyncio_mode = auto
+asyncio_default_fixture_loop_scope = function
+"""
+
+
+def run_generated_tests(
+    base: Path, conftest: str, tests: str, ini: str = GENERATED_INI
+) -> tuple[dict[str, set[str]], str]:
+    """Write ``pytest.ini``, ``conftest.py`` and ``test_generated.py`` into ``base`` and run a real
+    pytest there (this checkout importable as ``tests``): each generated test's outcomes
+    (PASSED, FAILED, ERROR; a test can fail and also error at teardown) and the whole output."""
+    (base / "pytest.ini").write_text(ini)
+    (base / "conftest.py").write_text(conftest)
+    (base / "test_generated.py").write_text(tests)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-q", "-W", "ignore"],
+        cwd=base,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    outcomes: dict[str, set[str]] = {}
+    for m in re.finditer(r"^(PASSED|FAILED|ERROR) test_generated\.py::(\w+)", done.stdout, re.M):
+        outcomes.setdefault(m[2], set()).add(m[1])
+    return outcomes, done.stdout + done.stderr

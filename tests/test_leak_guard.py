@@ -3,15 +3,11 @@ behind, and passes clean ones: proved on a generated test file run by a real pyt
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import run_generated_tests
 
 CONFTEST = """\
 import asyncio
@@ -137,32 +133,11 @@ CLEAN = "test_clean_async test_clean_sync test_wider_fixture_first_use test_wide
 Outcome = tuple[dict[str, set[str]], str]
 """Each generated test's outcomes (PASSED, FAILED, ERROR), and the run's whole output."""
 
-INI = """\
-[pytest]
-asyncio_mode = auto
-asyncio_default_fixture_loop_scope = function
-"""
-
 
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     """Each generated test's outcomes (PASSED, FAILED, ERROR) and the whole output."""
-    base = tmp_path_factory.mktemp("leak-guard")
-    (base / "pytest.ini").write_text(INI)
-    (base / "conftest.py").write_text(CONFTEST)
-    (base / "test_generated.py").write_text(TESTS)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-q", "-W", "ignore"],
-        cwd=base,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    outcomes: dict[str, set[str]] = {}
-    for m in re.finditer(r"^(PASSED|FAILED|ERROR) test_generated\.py::(\w+)", done.stdout, re.M):
-        outcomes.setdefault(m[2], set()).add(m[1])
-    return outcomes, done.stdout + done.stderr
+    return run_generated_tests(tmp_path_factory.mktemp("leak-guard"), CONFTEST, TESTS)
 
 
 def teardown_error(out: str, test: str) -> str:
