@@ -201,6 +201,33 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
+def listen_overflows() -> int:
+    """The kernel's count of connections dropped for a full accept queue (this network
+    namespace, every listener: other processes' too)."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split(), values.split(), strict=True))["ListenOverflows"])
+    return 0
+
+
 def raise_fd_limit() -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -284,6 +311,7 @@ class Bed:
         self.ports = {k: free_port() for k in ("tunnel", "http", "https", "metrics", "health")}
         self.server: subprocess.Popen[bytes] | None = None
         self.stream_agent: subprocess.Popen[bytes] | None = None
+        self.fleet: list[subprocess.Popen[bytes]] = []
         self.target_port = 0
 
     @property
@@ -350,7 +378,7 @@ class Bed:
         n, workers = self.args.agents, max(1, self.args.fleet_processes)
         per = -(-n // workers)
         for first in range(0, n, per):
-            self.procs.start(
+            proc = self.procs.start(
                 f"fleet-{first}",
                 [
                     sys.executable, "-m", "benchmarks.scale",
@@ -360,6 +388,7 @@ class Bed:
                     "--server-addr", f"wss://127.0.0.1:{self.ports['tunnel']}",
                 ],
             )  # fmt: skip
+            self.fleet.append(proc)
 
     def start_stream_agent(self) -> None:
         self.stream_agent = self.procs.start(
@@ -556,6 +585,9 @@ async def measure_streams(bed: Bed) -> dict[str, Any]:
 async def measure_restart(bed: Bed) -> dict[str, Any]:
     assert bed.server is not None
     n = bed.args.agents
+    fleet_cpu = sum(cpu_seconds(p.pid) for p in bed.fleet)
+    busy, total = machine_busy()
+    overflows = listen_overflows()
     signalled = time.time()
     code = Procs.stop_one(bed.server)
     stopped = time.time()
@@ -579,6 +611,23 @@ async def measure_restart(bed: Bed) -> dict[str, Any]:
         if len(returned) >= n:
             break
         await asyncio.sleep(0.1)
+    # The CPU the fleet and the new server used from the SIGTERM until the last agent was back
+    # (or the timeout): a fleet that needs most of the cores would limit the result itself.
+    elapsed = time.time() - signalled
+    fleet_cpu = sum(cpu_seconds(p.pid) for p in bed.fleet) - fleet_cpu
+    server_cpu = cpu_seconds(bed.server.pid) if bed.server is not None else 0.0
+    busy_now, total_now = machine_busy()
+    cores = os.cpu_count() or 1
+    cpu = {
+        "seconds": round(elapsed, 2),
+        "cores": cores,
+        "fleet_cpu_s": round(fleet_cpu, 2),
+        "new_server_cpu_s": round(server_cpu, 2),
+        "machine_busy_cpu_s": round(busy_now - busy, 2),
+        "fleet_share_of_machine": round(fleet_cpu / (elapsed * cores), 3),
+        "machine_busy_share": round((busy_now - busy) / (total_now - total), 3),
+        "listen_overflows": listen_overflows() - overflows,
+    }
     back: dict[str, float] = {}
     for node, what, when in read_events(bed.base):
         if what == "up" and when >= signalled and node not in back:
@@ -594,6 +643,7 @@ async def measure_restart(bed: Bed) -> dict[str, Any]:
         **percentiles(delays, "s", 3),
         "mean_s": round(sum(delays) / len(delays), 3) if delays else None,
         "returned_within_10s": sum(d <= 10 for d in delays),
+        "cpu_during_restart": cpu,
         "return_times_s": sorted(round(d, 3) for d in delays),
         "agents_connected_gauge": gauge,
     }
