@@ -155,6 +155,21 @@ async def _fleet_main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    def dump_dials() -> None:
+        """On SIGUSR1: the fleet's dials so far (``ok failed``), from the agents' own counter."""
+        totals = [0.0, 0.0]
+        for agent in agents:
+            for k, result in enumerate(("ok", "failed")):
+                value = agent.metrics.registry.get_sample_value(
+                    "ravenproxy_agent_connect_attempts_total", {"result": result}
+                )
+                totals[k] += value or 0.0
+        tmp = base / f"fleet-{args.first}.dials.tmp"
+        tmp.write_text(f"{totals[0]:.0f} {totals[1]:.0f}")
+        tmp.rename(base / f"fleet-{args.first}.dials")
+
+    loop.add_signal_handler(signal.SIGUSR1, dump_dials)
     with (base / f"fleet-{args.first}.events").open("a") as events:
         (base / f"fleet-{args.first}.started").write_text("1")
         while not stop.is_set():
@@ -173,6 +188,24 @@ async def _fleet_main(args: argparse.Namespace) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def fleet_dials(bed: Bed) -> tuple[int, int]:
+    """The dials (ok, failed) the fleet's agents have made so far (SIGUSR1 to each process)."""
+    for path in bed.base.glob("fleet-*.dials"):
+        path.unlink()
+    for proc in bed.fleet:
+        proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 20
+    while len(paths := list(bed.base.glob("fleet-*.dials"))) < len(bed.fleet):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the fleet did not report its dials")
+        await asyncio.sleep(0.05)
+    ok = failed = 0
+    for path in paths:
+        a, b = path.read_text().split()
+        ok, failed = ok + int(a), failed + int(b)
+    return ok, failed
 
 
 def read_events(base: Path) -> list[tuple[str, str, float]]:
@@ -592,6 +625,7 @@ async def measure_streams(bed: Bed) -> dict[str, Any]:
 async def measure_restart(bed: Bed) -> dict[str, Any]:
     assert bed.server is not None
     n = bed.args.agents
+    dials_ok, dials_failed = await fleet_dials(bed)
     fleet_cpu = sum(cpu_seconds(p.pid) for p in bed.fleet)
     busy, total = machine_busy()
     overflows = listen_overflows()
@@ -624,6 +658,7 @@ async def measure_restart(bed: Bed) -> dict[str, Any]:
     fleet_cpu = sum(cpu_seconds(p.pid) for p in bed.fleet) - fleet_cpu
     server_cpu = cpu_seconds(bed.server.pid) if bed.server is not None else 0.0
     busy_now, total_now = machine_busy()
+    ok_now, failed_now = await fleet_dials(bed)
     cores = os.cpu_count() or 1
     cpu = {
         "seconds": round(elapsed, 2),
@@ -635,6 +670,7 @@ async def measure_restart(bed: Bed) -> dict[str, Any]:
         "machine_busy_share": round((busy_now - busy) / (total_now - total), 3),
         "listen_overflows": listen_overflows() - overflows,
     }
+    dials = {"ok": ok_now - dials_ok, "failed": failed_now - dials_failed}
     back: dict[str, float] = {}
     for node, what, when in read_events(bed.base):
         if what == "up" and when >= signalled and node not in back:
@@ -650,7 +686,11 @@ async def measure_restart(bed: Bed) -> dict[str, Any]:
         **percentiles(delays, "s", 3),
         "mean_s": round(sum(delays) / len(delays), 3) if delays else None,
         "returned_within_10s": sum(d <= 10 for d in delays),
+        # From the new server's spawn instead (its tunnel listener takes agents before its
+        # /readyz is 200: a server busy with returning agents is ready later).
+        "from_spawn": percentiles([when - spawned for when in back.values()], "s", 3),
         "cpu_during_restart": cpu,
+        "fleet_dials_during_restart": dials,
         "return_times_s": sorted(round(d, 3) for d in delays),
         "agents_connected_gauge": gauge,
     }
