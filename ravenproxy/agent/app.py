@@ -8,9 +8,11 @@ has its own dial loop and backoff. A server is known by the id it announces in S
 4000) and the slot dials again. Streams from any tunnel are served the same way.
 
 Re-dial: a tunnel that was up is re-dialled within a second (jittered), whether its server
-drained (GOAWAY) or went away, and so are its failed dials for the next 10 s (a restart);
-after that a failed dial backs off exponentially with full jitter, only across consecutive
-failures (:func:`ravenproxy.backoff.redial`).
+drained (GOAWAY) or went away, and its failed dials are retried 0.5-1.5 s apart for the next
+10 s (a restart: about one dial a second per agent, not a herd); after that a failed dial backs
+off exponentially with full jitter, only across consecutive failures
+(:func:`ravenproxy.backoff.redial`). A slot's outage is logged once at WARNING (the first
+failed dial, again on a new reason), its retries at DEBUG, its return with the attempts taken.
 
 Certificates are reloaded from disk (:mod:`ravenproxy.transport.credentials`): every dial uses
 the current set. When the agent's own certificate changes, each slot that is up rotates
