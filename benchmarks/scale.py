@@ -74,6 +74,10 @@ SETTLE = 2.0
 """Seconds to wait after the last agent or stream came up before reading RSS."""
 SAMPLE = 0.02
 """How often a fleet process looks at its agents' tunnel state."""
+GAUGE_EVERY = 0.5
+"""How often the restart reads the server's agents gauge (each /metrics scrape costs the server
+~10 ms with 1 000 agents, the tasks gauge walking every task: at 0.1 s the benchmark itself took
+a tenth of a core from the server it measures)."""
 STREAM_NODE = "edge-s"
 PROBE_ROOM = 10
 """Streams closed again, at the server's front connection cap, to let the latency probe in."""
@@ -151,6 +155,21 @@ async def _fleet_main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    def dump_dials() -> None:
+        """On SIGUSR1: the fleet's dials so far (``ok failed``), from the agents' own counter."""
+        totals = [0.0, 0.0]
+        for agent in agents:
+            for k, result in enumerate(("ok", "failed")):
+                value = agent.metrics.registry.get_sample_value(
+                    "ravenproxy_agent_connect_attempts_total", {"result": result}
+                )
+                totals[k] += value or 0.0
+        tmp = base / f"fleet-{args.first}.dials.tmp"
+        tmp.write_text(f"{totals[0]:.0f} {totals[1]:.0f}")
+        tmp.rename(base / f"fleet-{args.first}.dials")
+
+    loop.add_signal_handler(signal.SIGUSR1, dump_dials)
     with (base / f"fleet-{args.first}.events").open("a") as events:
         (base / f"fleet-{args.first}.started").write_text("1")
         while not stop.is_set():
@@ -169,6 +188,24 @@ async def _fleet_main(args: argparse.Namespace) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def fleet_dials(bed: Bed) -> tuple[int, int]:
+    """The dials (ok, failed) the fleet's agents have made so far (SIGUSR1 to each process)."""
+    for path in bed.base.glob("fleet-*.dials"):
+        path.unlink()
+    for proc in bed.fleet:
+        proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 20
+    while len(paths := list(bed.base.glob("fleet-*.dials"))) < len(bed.fleet):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the fleet did not report its dials")
+        await asyncio.sleep(0.05)
+    ok = failed = 0
+    for path in paths:
+        a, b = path.read_text().split()
+        ok, failed = ok + int(a), failed + int(b)
+    return ok, failed
 
 
 def read_events(base: Path) -> list[tuple[str, str, float]]:
@@ -199,6 +236,33 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
+def listen_overflows() -> int:
+    """The kernel's count of connections dropped for a full accept queue (this network
+    namespace, every listener: other processes' too)."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split(), values.split(), strict=True))["ListenOverflows"])
+    return 0
 
 
 def raise_fd_limit() -> int:
@@ -284,6 +348,7 @@ class Bed:
         self.ports = {k: free_port() for k in ("tunnel", "http", "https", "metrics", "health")}
         self.server: subprocess.Popen[bytes] | None = None
         self.stream_agent: subprocess.Popen[bytes] | None = None
+        self.fleet: list[subprocess.Popen[bytes]] = []
         self.target_port = 0
 
     @property
@@ -341,6 +406,9 @@ class Bed:
         port = self.ports["health"]
 
         async def ready() -> bool:
+            if self.server is not None and self.server.poll() is not None:
+                tail = (self.base / "server.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the server exited ({self.server.returncode}):\n{tail}")
             return (await http_get(port, "/readyz"))[0] == 200
 
         await until(ready, "server ready", 30, interval=0.01)
@@ -350,7 +418,7 @@ class Bed:
         n, workers = self.args.agents, max(1, self.args.fleet_processes)
         per = -(-n // workers)
         for first in range(0, n, per):
-            self.procs.start(
+            proc = self.procs.start(
                 f"fleet-{first}",
                 [
                     sys.executable, "-m", "benchmarks.scale",
@@ -360,6 +428,7 @@ class Bed:
                     "--server-addr", f"wss://127.0.0.1:{self.ports['tunnel']}",
                 ],
             )  # fmt: skip
+            self.fleet.append(proc)
 
     def start_stream_agent(self) -> None:
         self.stream_agent = self.procs.start(
@@ -556,6 +625,10 @@ async def measure_streams(bed: Bed) -> dict[str, Any]:
 async def measure_restart(bed: Bed) -> dict[str, Any]:
     assert bed.server is not None
     n = bed.args.agents
+    dials_ok, dials_failed = await fleet_dials(bed)
+    fleet_cpu = sum(cpu_seconds(p.pid) for p in bed.fleet)
+    busy, total = machine_busy()
+    overflows = listen_overflows()
     signalled = time.time()
     code = Procs.stop_one(bed.server)
     stopped = time.time()
@@ -578,7 +651,26 @@ async def measure_restart(bed: Bed) -> dict[str, Any]:
         }
         if len(returned) >= n:
             break
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(GAUGE_EVERY)
+    # The CPU the fleet and the new server used from the SIGTERM until the last agent was back
+    # (or the timeout): a fleet that needs most of the cores would limit the result itself.
+    elapsed = time.time() - signalled
+    fleet_cpu = sum(cpu_seconds(p.pid) for p in bed.fleet) - fleet_cpu
+    server_cpu = cpu_seconds(bed.server.pid) if bed.server is not None else 0.0
+    busy_now, total_now = machine_busy()
+    ok_now, failed_now = await fleet_dials(bed)
+    cores = os.cpu_count() or 1
+    cpu = {
+        "seconds": round(elapsed, 2),
+        "cores": cores,
+        "fleet_cpu_s": round(fleet_cpu, 2),
+        "new_server_cpu_s": round(server_cpu, 2),
+        "machine_busy_cpu_s": round(busy_now - busy, 2),
+        "fleet_share_of_machine": round(fleet_cpu / (elapsed * cores), 3),
+        "machine_busy_share": round((busy_now - busy) / (total_now - total), 3),
+        "listen_overflows": listen_overflows() - overflows,
+    }
+    dials = {"ok": ok_now - dials_ok, "failed": failed_now - dials_failed}
     back: dict[str, float] = {}
     for node, what, when in read_events(bed.base):
         if what == "up" and when >= signalled and node not in back:
@@ -594,6 +686,11 @@ async def measure_restart(bed: Bed) -> dict[str, Any]:
         **percentiles(delays, "s", 3),
         "mean_s": round(sum(delays) / len(delays), 3) if delays else None,
         "returned_within_10s": sum(d <= 10 for d in delays),
+        # From the new server's spawn instead (its tunnel listener takes agents before its
+        # /readyz is 200: a server busy with returning agents is ready later).
+        "from_spawn": percentiles([when - spawned for when in back.values()], "s", 3),
+        "cpu_during_restart": cpu,
+        "fleet_dials_during_restart": dials,
         "return_times_s": sorted(round(d, 3) for d in delays),
         "agents_connected_gauge": gauge,
     }

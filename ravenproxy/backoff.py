@@ -31,14 +31,18 @@ def redial(
     cap: float = 30.0,
     rng: Callable[[], float] = random.random,
 ) -> Iterator[float]:
-    """After a healthy connection is lost: ``uniform(0, quick)`` delays while their sum stays
-    within ``window`` seconds (its server is draining or restarting and most likely back within
-    seconds: each retry lands within ``quick`` of its return, spread over ``quick`` across a
-    fleet), then :func:`backoff` from its first step (a server away for longer is not dialled
-    every second for ever)."""
-    waited = 0.0
+    """After a healthy connection is lost: the first re-dial within ``uniform(0, quick)`` (its
+    server drained or went away and is most likely back at once, or another one is), then
+    retries ``uniform(quick/2, 3·quick/2)`` apart while the waits add up to less than
+    ``window`` seconds (a restart takes a few: each retry lands within about ``quick`` of its
+    return, and a fleet that lost the server at once dials it about once per ``quick`` each,
+    not twice), then :func:`backoff` from its first step (a server away for longer is not
+    dialled every second for ever)."""
+    delay = max(FLOOR, rng() * quick)
+    waited = delay
+    yield delay
     while waited < window:
-        delay = max(FLOOR, rng() * quick)
+        delay = max(FLOOR, (0.5 + rng()) * quick)
         waited += delay
         yield delay
     yield from backoff(base, cap, rng)

@@ -8,9 +8,11 @@ has its own dial loop and backoff. A server is known by the id it announces in S
 4000) and the slot dials again. Streams from any tunnel are served the same way.
 
 Re-dial: a tunnel that was up is re-dialled within a second (jittered), whether its server
-drained (GOAWAY) or went away, and so are its failed dials for the next 10 s (a restart);
-after that a failed dial backs off exponentially with full jitter, only across consecutive
-failures (:func:`ravenproxy.backoff.redial`).
+drained (GOAWAY) or went away, and its failed dials are retried 0.5-1.5 s apart for the next
+10 s (a restart: about one dial a second per agent, not a herd); after that a failed dial backs
+off exponentially with full jitter, only across consecutive failures
+(:func:`ravenproxy.backoff.redial`). A slot's outage is logged once at WARNING (the first
+failed dial, again on a new reason), its retries at DEBUG, its return with the attempts taken.
 
 Certificates are reloaded from disk (:mod:`ravenproxy.transport.credentials`): every dial uses
 the current set. When the agent's own certificate changes, each slot that is up rotates
@@ -70,6 +72,10 @@ DRAIN_TIMEOUT = 30.0
 """How long a tunnel the agent drains itself (a server removed from the model, a duplicate)
 waits for its open streams before it is closed anyway."""
 
+REWARN_AFTER = 300.0
+"""An outage that lasts is warned about again this often (with the same reason; a new reason
+is warned about at once); the retries in between are logged at DEBUG."""
+
 ROTATE_ATTEMPTS = 5
 """Dials for a replacement tunnel on the same server before the slot gives up making before
 breaking: it then drains its old tunnel and re-dials (no stream cut either, a short gap)."""
@@ -121,6 +127,13 @@ class Tunnel:
     task: asyncio.Task[None] | None = None
     generation: int = 0
     """The agent's certificate generation the tunnel up was dialled with."""
+    failures: int = 0
+    """Failed dials since the slot's last tunnel up (the outage's attempts)."""
+    down_since: float | None = None
+    """Loop time the outage began (its tunnel lost, or the first dial failed); None while up."""
+    warned: str | None = None
+    """The reason the outage's last WARNING gave (the retries with it are logged at DEBUG)."""
+    warned_at: float = 0.0
 
     @property
     def server(self) -> str:
@@ -482,15 +495,7 @@ class Agent:
             except Exception as exc:  # every failure to dial is retried; the log says why
                 delay = next(delays)
                 self.metrics.connects.labels(result="failed").inc()
-                log.warning(
-                    "cannot reach the server, retrying",
-                    extra=kv(
-                        address=tunnel.address,
-                        slot=tunnel.slot,
-                        reason=describe_connect_error(exc),
-                        retry_in=f"{delay:.2f}s",
-                    ),
-                )
+                self._dial_failed(tunnel, describe_connect_error(exc), delay)
                 turn += 1 if spare else 0
                 await asyncio.sleep(delay)
                 continue
@@ -516,21 +521,49 @@ class Agent:
                     reason=tunnel.session.close_reason if tunnel.session else "",
                     retry_in=f"{delay:.2f}s",
                 )
+                tunnel.down_since = asyncio.get_running_loop().time()
             else:
-                log.warning(
-                    "cannot reach the server, retrying",
-                    extra=kv(
-                        address=tunnel.address,
-                        slot=tunnel.slot,
-                        reason=outcome,
-                        retry_in=f"{delay:.2f}s",
-                    ),
-                )
+                self._dial_failed(tunnel, outcome, delay)
             tunnel.session = None
             await asyncio.sleep(delay)
         if tunnel.state in ("up", "draining"):
             self._set_state(tunnel, "down")
         self._forget(tunnel)
+
+    def _dial_failed(self, tunnel: Tunnel, reason: str, delay: float) -> None:
+        """Log a failed dial: one WARNING per outage of a slot (again when the reason changes,
+        and every :data:`REWARN_AFTER` seconds), the retries in between at DEBUG, so a fleet
+        whose server restarts does not write a line per agent per retry; the metrics count
+        every failure, and the slot's ``tunnel up`` line says how many attempts it took."""
+        now = asyncio.get_running_loop().time()
+        tunnel.failures += 1
+        if tunnel.down_since is None:
+            tunnel.down_since = now
+        if reason == tunnel.warned and now - tunnel.warned_at < REWARN_AFTER:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "still cannot reach the server, retrying",
+                    extra=kv(
+                        address=tunnel.address,
+                        slot=tunnel.slot,
+                        reason=reason,
+                        attempts=tunnel.failures,
+                        retry_in=f"{delay:.2f}s",
+                    ),
+                )
+            return
+        tunnel.warned, tunnel.warned_at = reason, now
+        log.warning(
+            "cannot reach the server, retrying",
+            extra=kv(
+                address=tunnel.address,
+                slot=tunnel.slot,
+                reason=reason,
+                attempts=tunnel.failures,
+                down_for=f"{now - tunnel.down_since:.1f}s",
+                retry_in=f"{delay:.2f}s",
+            ),
+        )
 
     def _session(self, tunnel: Tunnel, ws: ClientConnection) -> tuple[Session, asyncio.Task[None]]:
         s = self.settings
@@ -590,7 +623,15 @@ class Agent:
                 self.metrics.reconnects.labels(server=tunnel.server).inc()
             tunnel.ups += 1
             up_at = loop.time()
-            self._set_state(tunnel, "up")
+            outage = {}
+            if tunnel.down_since is not None:
+                # How long the slot was without a tunnel, and the dials it took (this one too).
+                outage = {
+                    "attempts": tunnel.failures + 1,
+                    "down_for": f"{up_at - tunnel.down_since:.2f}s",
+                }
+            tunnel.failures, tunnel.down_since, tunnel.warned = 0, None, None
+            self._set_state(tunnel, "up", **outage)
             while not runner.done():
                 rotate = self._rotate
                 if tunnel.generation != self._generation and not tunnel.retired:

@@ -11,9 +11,10 @@ REDIAL_AFTER_UP = 1.0
 server is draining or restarting, and most likely back at once, or another server is."""
 
 QUICK_REDIAL_WINDOW = 10.0
-"""After a tunnel that was up is lost, failed dials keep being retried within
-:data:`REDIAL_AFTER_UP` until the waits add up to this many seconds (a restart takes a few);
-then the exponential backoff (``--backoff-base``, ``--backoff-cap``) takes over."""
+"""After a tunnel that was up is lost, failed dials keep being retried about
+:data:`REDIAL_AFTER_UP` apart (0.5-1.5 times it) until the waits add up to this many seconds
+(a restart takes a few); then the exponential backoff (``--backoff-base``, ``--backoff-cap``)
+takes over."""
 
 HEALTHY_AFTER = 1.0
 """A tunnel that ended sooner than this after it came up counts as a failed dial (so a server

@@ -123,8 +123,8 @@ class AgentSettings:
         "--backoff-base",
         "S",
         "first delay before dialling a server again after a failed dial; doubles with each "
-        "consecutive failure (a tunnel that was up is re-dialled within 1 s, and so are the "
-        "failed dials of the next 10 s, before this schedule takes over)",
+        "consecutive failure (a tunnel that was up is re-dialled within 1 s, then 0.5-1.5 s "
+        "apart for 10 s, before this schedule takes over)",
     )
     backoff_cap: float = setting(
         5.0,

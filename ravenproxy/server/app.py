@@ -156,6 +156,9 @@ class ProxyServer:
                     s.tunnel_addr.port,
                     ssl=ssl_ctx,
                     server_header="ravenproxy",
+                    # asyncio's default of 100 overflows when 1 000 agents return at once
+                    # after a restart (dropped handshakes are retried by TCP 1, 3, 7 s later).
+                    backlog=4096,
                     logger=logging.getLogger("ravenproxy.server.websocket"),
                     **websocket_options(s.session.wire, server_side=True),
                 ),

@@ -54,23 +54,35 @@ def take_redial(n: int, **kwargs: object) -> list[float]:
 
 
 def test_redial_is_quick_for_the_window_then_backs_off_from_its_first_step() -> None:
-    # Top of the jitter: 1 s waits until they add up to the 3 s window, then 0.5, 1, 2, 4, 4.
+    # Top of the jitter: the first re-dial within 1 s, then 1.5 s apart until the waits add
+    # up to the 3 s window (1 + 1.5 + 1.5), then 0.5, 1, 2, 4, 4.
     delays = take_redial(8, quick=1.0, window=3.0, base=0.5, cap=4.0, rng=lambda: 1.0)
-    assert delays == [1.0, 1.0, 1.0, 0.5, 1.0, 2.0, 4.0, 4.0]
+    assert delays == [1.0, 1.5, 1.5, 0.5, 1.0, 2.0, 4.0, 4.0]
 
 
-def test_redial_quick_delays_are_jittered_and_floored() -> None:
-    values = iter([0.0, 0.25, 0.9])
-    delays = take_redial(3, quick=1.0, window=10.0, rng=lambda: next(values))
-    assert delays == [0.01, 0.25, 0.9]
+def test_redial_first_is_within_quick_later_ones_about_quick_apart() -> None:
+    values = iter([0.0, 0.0, 0.25, 0.9, 0.5])
+    delays = take_redial(5, quick=1.0, window=10.0, rng=lambda: next(values))
+    assert delays == [0.01, 0.5, 0.75, 1.4, 1.0]
 
 
-def test_redial_default_keeps_a_restart_within_a_second_for_ten_seconds() -> None:
-    # The HA promise with default flags: while a restarting server is away (a few seconds),
-    # no wait exceeds 1 s; the waits of the quick phase add up to at least 10 s.
+def test_redial_quick_retries_are_spaced_to_about_one_dial_per_quick() -> None:
+    # A fleet that lost its server at once: on average one dial per agent per `quick` while
+    # the window lasts (uniform(0, quick) for all of them was two), so 1 000 agents make about
+    # 1 000 dials a second, not 2 000. Mid-jitter draws: 0.5 first, then exactly quick apart.
+    delays = redial(quick=1.0, window=10.0, rng=lambda: 0.5)
+    quick = [next(delays) for _ in range(11)]
+    assert quick == [0.5] + [1.0] * 10
+    assert next(delays) == 0.25  # the backoff's first step, mid-jitter
+
+
+def test_redial_default_first_within_a_second_none_above_one_and_a_half() -> None:
+    # The HA promise with default flags: the first re-dial within 1 s, and while a restarting
+    # server is away no wait exceeds 1.5 s; the waits of the quick phase add up to >= 10 s.
     delays = redial(rng=lambda: 1.0)
-    quick = [next(delays) for _ in range(10)]
-    assert quick == [1.0] * 10
+    assert next(delays) == 1.0
+    quick = [next(delays) for _ in range(6)]
+    assert quick == [1.5] * 6
     assert next(delays) == 0.5
 
 
@@ -82,11 +94,13 @@ def test_redial_default_keeps_a_restart_within_a_second_for_ten_seconds() -> Non
 def test_redial_quick_phase_is_bounded(quick: float, window: float, draws: list[float]) -> None:
     values = iter(draws)
     delays = redial(quick, window, base=0.5, cap=30.0, rng=lambda: next(values))
-    waited = 0.0
-    for _ in draws:
+    first = next(delays)
+    assert 0.01 <= first <= max(0.01, quick)
+    waited = first
+    for _ in draws[1:]:
         delay = next(delays)
         if waited < window:
-            assert 0.01 <= delay <= max(0.01, quick)
+            assert max(0.01, quick / 2) <= delay <= max(0.01, 1.5 * quick)
             waited += delay
         else:
             assert delay <= 0.5  # the backoff's first step

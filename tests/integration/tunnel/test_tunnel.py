@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, scrape
 from tests.integration.cluster import Cluster
 from tests.integration.targets import Firehose, echo, hash_sink, tcp_server
 
@@ -153,8 +153,12 @@ async def test_server_restart_agent_comes_back(cluster: Cluster) -> None:
         agent = cluster.start_agent("edge-1", f"127.0.0.1:{port}")
         target = f"edge-1:{port}"
         await cluster.wait_routable(target)
+        failed_key = 'ravenproxy_agent_connect_attempts_total{result="failed"}'
+        failed_before = (await scrape(agent.ports["metrics"])).get(failed_key, 0.0)
         assert server.stop() == 0
-        await asyncio.sleep(1.0)
+        # Away for 3 s: the first re-dial (within 1 s) and at least one more (0.5-1.5 s later)
+        # are refused.
+        await asyncio.sleep(3.0)
         cluster.start_server(ports=ports)
         await cluster.wait_routable(target, timeout=30)
         assert agent.running
@@ -162,4 +166,18 @@ async def test_server_restart_agent_comes_back(cluster: Cluster) -> None:
         writer.write(b"again")
         assert await reader.readexactly(5) == b"again"
         writer.close()
-        assert "tunnel down, reconnecting" in agent.output()
+        output = agent.output()
+        assert "tunnel down, reconnecting" in output
+        # One warning for the outage, the retries at DEBUG; the metrics count every one, and
+        # the tunnel up line says how many dials the return took.
+        # (The agent may have met an outage at its start too, before the server listened.)
+        lines = output.split("tunnel down, reconnecting", 1)[1].splitlines()
+        warned = [x for x in lines if " WARNING " in x and "cannot reach the server" in x]
+        retried = [x for x in lines if " DEBUG " in x and "still cannot reach the server" in x]
+        assert len(warned) == 1, warned
+        assert 'reason="connection refused"' in warned[0] or "reason=connection" in warned[0]
+        assert retried, output[-3000:]
+        failed = (await scrape(agent.ports["metrics"]))[failed_key] - failed_before
+        assert failed == 1 + len(retried)
+        [back] = [x for x in lines if "tunnel up" in x and "down_for=" in x]
+        assert f"attempts={int(failed) + 1} " in back + " ", back

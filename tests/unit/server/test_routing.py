@@ -261,3 +261,22 @@ def test_route_again_reuses_the_last_route_until_something_it_depends_on_changes
     cast(FakeSession, gone).closed = True
     live = router.route_again(metrics, over_tls=False, memo=memo).route.session
     assert live in (first, second) and live is not gone
+
+
+def test_registry_counts_its_sessions_as_they_come_and_go() -> None:
+    registry = AgentRegistry()
+    a1, a2, b = fake("a1"), fake("a2"), fake("b")
+    registry.add("a", a1)
+    registry.add("a", a2)
+    registry.add("b", b)
+    assert len(registry) == 3 == len(registry.sessions())
+    registry.remove("a", fake("stranger"))  # never added: nothing changes
+    registry.remove("c", b)  # under another node: nothing changes
+    assert len(registry) == 3
+    registry.remove("a", a1)
+    registry.remove("a", a1)  # twice: counted once
+    assert len(registry) == 2 == len(registry.sessions())
+    registry.remove("a", a2)
+    registry.remove("b", b)
+    assert len(registry) == 0
+    assert registry.connected_nodes() == frozenset()
