@@ -19,9 +19,10 @@ from ravenproxy.pki.identity import server_san
 # Defined here, where the flags are, and imported by the modules that use them: reading the
 # command line then loads neither the election (and the model) nor the signer (cryptography).
 DEFAULT_GRACE = 30.0
-"""Seconds an agent may be away before its gateway's election stops counting it."""
+"""Seconds without a server reporting an edge gateway's agent before it fails over
+(``--agent-grace``)."""
 DEFAULT_MAX_LIFETIME = dt.timedelta(days=30)
-"""The longest certificate lifetime the issuer signs."""
+"""The longest certificate lifetime the CSR issuer signs (``--max-cert-lifetime``)."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """A process's TLS credentials as one checked value: from the bytes of its CA file, certificate
 file and key file to an immutable :class:`Credentials`, or a :class:`CredentialsError` saying
-which file is wrong and why. Pure: no file is read here (the reload watcher in
-:mod:`ravenproxy.transport.credentials` reads them and builds ssl contexts). Certificates are read
-and checked with :mod:`ssl` (:mod:`ravenproxy.pki.x509info`): a process that only uses its
-credentials never loads ``cryptography``.
+which file is wrong and why. No file is read here (the reload watcher in
+:mod:`ravenproxy.transport.credentials` reads them and builds ssl contexts); the bytes are read
+and checked with :mod:`ssl` (:mod:`ravenproxy.pki.x509info`, through in-memory files), so a
+process that only uses its credentials never loads ``cryptography``.
 
 Two levels of checks, because start-up and reload want different things:
 

@@ -2,7 +2,8 @@
 that turns an agent's client certificate into the node it serves — the server's rule on the
 peer's certificate, and the agent's on its own, so it never runs as another node than the one
 the server will register it as. Read with :mod:`ravenproxy.pki.x509info` (no ``cryptography``:
-an agent and a server apply it without loading it)."""
+an agent and a server apply it without loading it). Also the ``--server-san`` rule, which the
+settings of server and controller check without loading ``cryptography`` either."""
 
 from __future__ import annotations
 

@@ -79,9 +79,6 @@ class CertInfo:
     def serial_hex(self) -> str:
         return serial_hex(self.serial)
 
-    def pem(self) -> str:
-        return ssl.DER_cert_to_PEM_cert(self.der)
-
 
 def serial_hex(serial: int) -> str:
     """A serial number in lower-case hex (as ``openssl x509 -serial`` prints it)."""
