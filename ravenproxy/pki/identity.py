@@ -50,7 +50,8 @@ def server_san(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | st
 
 
 def node_name_from_cert(der: bytes) -> str:
-    """The node an agent's (already chain-verified) DER client certificate speaks for."""
+    """The node an agent's (already chain-verified) DER client certificate speaks for (a
+    peer's, on a verified connection: :func:`node_of` its :func:`~.x509info.peer_cert`, cheaper)."""
     try:
         cert = cert_from_der(der)
     except ValueError as exc:

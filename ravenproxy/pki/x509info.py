@@ -16,6 +16,7 @@ general ASN.1 parser).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime as dt
 import os
@@ -92,12 +93,31 @@ def certs_from_pem(data: bytes) -> tuple[CertInfo, ...]:
 
 
 def cert_from_der(der: bytes) -> CertInfo:
-    """One DER certificate; ValueError when it cannot be decoded."""
-    with private_file(ssl.DER_cert_to_PEM_cert(der).encode("ascii")) as path:
+    """One DER certificate; ValueError when it cannot be decoded. OpenSSL parses it whole
+    (hundreds of microseconds with OpenSSL 3: fine for a process's own files; a peer's
+    certificate, parsed by the handshake already, is read with :func:`peer_cert`)."""
+    pem = b"-----BEGIN CERTIFICATE-----\n%s-----END CERTIFICATE-----\n" % base64.encodebytes(der)
+    with private_file(pem) as path:
         try:
             fields: dict[str, Any] = ssl._ssl._test_decode_cert(path)  # type: ignore[attr-defined]
         except ssl.SSLError as exc:
             raise ValueError(f"not a certificate ({_why(exc)})") from None
+    return _info(der, fields)
+
+
+def peer_cert(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> CertInfo | None:
+    """The peer's certificate after a handshake that verified it (None: the peer sent none),
+    from what the handshake decoded (``getpeercert()``), without parsing it again."""
+    der = ssl_object.getpeercert(binary_form=True)
+    if not der:
+        return None
+    fields = ssl_object.getpeercert()
+    # An unverified certificate is not decoded by getpeercert(): parse it here then.
+    return _info(der, fields) if fields else cert_from_der(der)
+
+
+def _info(der: bytes, fields: dict[str, Any]) -> CertInfo:
+    """A CertInfo from the DER and OpenSSL's decoding of it (``getpeercert()``'s dict)."""
     subject = fields.get("subject", ())
     return CertInfo(
         der=der,

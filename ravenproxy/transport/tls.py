@@ -24,12 +24,12 @@ from pathlib import Path
 
 from ravenproxy.errors import PKIError
 from ravenproxy.pki.credentials import Credentials
-from ravenproxy.pki.identity import node_name_from_cert
+from ravenproxy.pki.identity import node_of
 from ravenproxy.pki.x509info import (
     KeyPairError,
-    cert_from_der,
     load_certs,
     load_pair,
+    peer_cert,
     private_file,
     read_file,
 )
@@ -233,26 +233,21 @@ def follow_current(listening: ssl.SSLContext, current: Callable[[], ssl.SSLConte
 def peer_node_name(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str:
     """The node name in the peer's verified client certificate — the agent's only identity."""
     try:
-        der = ssl_object.getpeercert(binary_form=True)
-    except ValueError as exc:  # SSLSocket before the handshake completed
+        cert = peer_cert(ssl_object)
+    except ValueError as exc:  # SSLSocket before the handshake completed; undecodable
         raise PKIError(f"no peer certificate: {exc}") from exc
-    if not der:
+    if cert is None:
         raise PKIError("peer presented no certificate")
-    return node_name_from_cert(der)
+    return node_of(cert)
 
 
 def peer_serial(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str:
     """The serial of the peer's certificate in hex (``-`` without one), for logs."""
     try:
-        der = ssl_object.getpeercert(binary_form=True)
+        cert = peer_cert(ssl_object)
     except ValueError:
         return "-"
-    if not der:
-        return "-"
-    try:
-        return cert_from_der(der).serial_hex
-    except ValueError:
-        return "-"
+    return "-" if cert is None else cert.serial_hex
 
 
 # --------------------------------------------------------------------------------------------

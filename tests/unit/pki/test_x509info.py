@@ -4,6 +4,7 @@ handshake refuses what a peer refuses."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import ssl
@@ -37,6 +38,7 @@ from ravenproxy.pki.x509info import (
     certs_from_pem,
     load_certs,
     load_pair,
+    peer_cert,
     private_file,
     verify_problem,
 )
@@ -183,3 +185,38 @@ def test_an_encrypted_key_and_a_key_of_another_certificate_are_told_apart(ca: Is
         with pytest.raises(KeyPairError, match="does not match") as err:
             load_pair(ctx, c, k)
         assert err.value.mismatch
+
+
+def test_a_verified_peer_reads_the_same_as_its_der(ca: Issued, tmp_path: Path) -> None:
+    # What the handshake decoded (getpeercert) and a parse of the DER agree, field by field.
+    client, client_key = issue_client_cert(*ca, "edge-1")
+    server, server_key = issue_server_cert(*ca, ["localhost"])
+    for name, data in {
+        "ca.crt": cert_pem(ca[0]),
+        "c.crt": cert_pem(client),
+        "c.key": key_pem(client_key),
+        "s.crt": cert_pem(server),
+        "s.key": key_pem(server_key),
+    }.items():
+        (tmp_path / name).write_bytes(data)
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(tmp_path / "s.crt", tmp_path / "s.key")
+    server_ctx.load_verify_locations(tmp_path / "ca.crt")
+    server_ctx.verify_mode = ssl.CERT_REQUIRED
+    client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client_ctx.load_verify_locations(tmp_path / "ca.crt")
+    client_ctx.load_cert_chain(tmp_path / "c.crt", tmp_path / "c.key")
+    client_ctx.check_hostname = False
+    pipes = [ssl.MemoryBIO() for _ in range(4)]
+    theirs = server_ctx.wrap_bio(pipes[0], pipes[1], server_side=True)
+    ours = client_ctx.wrap_bio(pipes[2], pipes[3])
+    with pytest.raises(ValueError):
+        peer_cert(theirs)  # before the handshake
+    for _ in range(6):
+        for obj, out, peer_in in ((ours, pipes[3], pipes[0]), (theirs, pipes[1], pipes[2])):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                obj.do_handshake()
+            peer_in.write(out.read())
+    seen = peer_cert(theirs)
+    assert seen is not None and seen == cert_from_der(_der(client))
+    assert seen.extended_key_usage == {CLIENT_AUTH}
