@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ravenproxy.errors import ConfigError
 from ravenproxy.pki.issuance import CERT_DIR_CA, CERT_DIR_CERT, CERT_DIR_KEY
 
@@ -57,6 +55,9 @@ def load_config_file(path: str | None) -> dict[str, Any]:
     """The ``--config`` YAML as a mapping with keys normalised to ``snake_case``."""
     if not path:
         return {}
+    # PyYAML only for a process given a file (~1.8 MB resident: issue 15, an idle agent).
+    import yaml
+
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:

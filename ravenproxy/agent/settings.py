@@ -14,8 +14,9 @@ from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.flags import setting
 from ravenproxy.l3.settings import L3Settings, settings_from
-from ravenproxy.pki.authority import cert_node_name, load_cert, validate_node_name
+from ravenproxy.pki.identity import node_of, validate_node_name
 from ravenproxy.pki.issuance import CERT_DIR_CA
+from ravenproxy.pki.x509info import load_certs
 from ravenproxy.transport.session import SessionConfig
 
 
@@ -279,9 +280,9 @@ def _server_url(url: str) -> str:
 
 def cert_node(cert_file: str) -> str:
     """The node ``cert_file`` (the agent's client certificate) names: what the server will
-    register this agent as (the same rule as the server's, :func:`cert_node_name`)."""
+    register this agent as (the same rule as the server's, :func:`node_of`)."""
     try:
-        return cert_node_name(load_cert(cert_file, "--cert-file"), f"--cert-file {cert_file}")
+        return node_of(load_certs(cert_file, "--cert-file")[0], f"--cert-file {cert_file}")
     except PKIError as exc:
         raise ConfigError("--cert-file", str(exc).removeprefix("--cert-file ")) from None
 

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
+from ravenproxy.controller.settings import DEFAULT_GRACE as DEFAULT_GRACE
 from ravenproxy.model.objects import (
     ENDPOINT_PROXY,
     ENDPOINT_TUNNEL,
@@ -32,7 +33,6 @@ from ravenproxy.model.objects import (
 )
 from ravenproxy.model.snapshot import Model
 
-DEFAULT_GRACE = 30.0
 ENDPOINT_TYPES = (ENDPOINT_PROXY, ENDPOINT_TUNNEL)
 
 # Kubernetes Event reasons (CamelCase, as `kubectl describe gateway` shows them).

@@ -12,11 +12,17 @@ from typing import Any
 from ravenproxy import config as cfg
 from ravenproxy import flags
 from ravenproxy.config import Address
-from ravenproxy.controller.election import DEFAULT_GRACE
-from ravenproxy.controller.signing import DEFAULT_MAX_LIFETIME
 from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.flags import setting
-from ravenproxy.pki.authority import parse_san
+from ravenproxy.pki.identity import server_san
+
+# Defined here, where the flags are, and imported by the modules that use them: reading the
+# command line then loads neither the election (and the model) nor the signer (cryptography).
+DEFAULT_GRACE = 30.0
+"""Seconds without a server reporting an edge gateway's agent before it fails over
+(``--agent-grace``)."""
+DEFAULT_MAX_LIFETIME = dt.timedelta(days=30)
+"""The longest certificate lifetime the CSR issuer signs (``--max-cert-lifetime``)."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,7 @@ class ControllerCommand:
             raise ConfigError("--inventory", "give either --inventory or --kubeconfig, not both")
         for san in v["server_san"]:
             try:
-                parse_san(san)
+                server_san(san)
             except PKIError as exc:
                 raise ConfigError("--server-san", str(exc)) from None
         return cls(**{o.path[0]: v[o.key] for o in flags.options(cls)})

@@ -27,11 +27,11 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from ravenproxy.controller.approval import parse_request
+from ravenproxy.controller.settings import DEFAULT_MAX_LIFETIME as DEFAULT_MAX_LIFETIME
 from ravenproxy.errors import PKIError
 from ravenproxy.pki.authority import CLOCK_SKEW, cert_pem, sign_leaf
 from ravenproxy.pki.issuance import SIGNER_AGENT, SIGNER_SERVER
 
-DEFAULT_MAX_LIFETIME: Final = dt.timedelta(days=30)
 EKU: Final = {
     SIGNER_AGENT: ExtendedKeyUsageOID.CLIENT_AUTH,
     SIGNER_SERVER: ExtendedKeyUsageOID.SERVER_AUTH,

@@ -54,7 +54,6 @@ from ravenproxy.log import kv
 from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.authority import load_key, write_pem_bytes, write_pem_key
-from ravenproxy.pki.credentials import serial_hex
 from ravenproxy.pki.csr import USAGES, build_csr, check_issued, missing_sans, new_key
 from ravenproxy.pki.csr import rotation_deadline as _deadline
 from ravenproxy.pki.issuance import (
@@ -67,6 +66,7 @@ from ravenproxy.pki.issuance import (
     SIGNER_OF_ROLE,
     Role,
 )
+from ravenproxy.pki.x509info import serial_hex
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class CertificateRequester:
             log.info(
                 "certificate rotation due",
                 extra=kv(
-                    serial=serial_hex(cert),
+                    serial=serial_hex(cert.serial_number),
                     deadline=deadline.isoformat(),
                     not_after=cert.not_valid_after_utc.isoformat(),
                 ),
@@ -233,7 +233,7 @@ class CertificateRequester:
             extra=kv(
                 role=self.settings.role,
                 node=self.settings.node,
-                serial=serial_hex(cert),
+                serial=serial_hex(cert.serial_number),
                 not_after=cert.not_valid_after_utc.isoformat(),
                 rotation_at=self.deadline.isoformat(),
             ),
@@ -305,7 +305,7 @@ class CertificateRequester:
                     "certificate lacks names the node now has",
                     extra=kv(
                         role=self.settings.role,
-                        serial=serial_hex(self.current),
+                        serial=serial_hex(self.current.serial_number),
                         missing=",".join(missing),
                     ),
                 )
@@ -327,7 +327,7 @@ class CertificateRequester:
                 "certificate rotation due",
                 extra=kv(
                     role=self.settings.role,
-                    serial=serial_hex(self.current),
+                    serial=serial_hex(self.current.serial_number),
                     not_after=self.current.not_valid_after_utc.isoformat(),
                 ),
             )

@@ -4,7 +4,8 @@
 so "one model, two sources" holds everywhere: nothing downstream knows which source fed the
 store. It lives with the Kubernetes plumbing rather than in :mod:`ravenproxy.model` because its
 Kubernetes branch builds on that plumbing, which builds on the model. That branch imports the
-Kubernetes client when it runs, so importing this module costs an inventory-fed process nothing.
+Kubernetes client when it runs, so importing this module costs an inventory-fed process nothing;
+the inventory branch imports the YAML reader when it runs, likewise.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from ravenproxy.errors import InventoryError
 from ravenproxy.log import kv
-from ravenproxy.model.inventory import InventoryWatcher
 from ravenproxy.model.store import ModelStore
 
 if TYPE_CHECKING:
@@ -92,6 +92,9 @@ async def model_source(
     if api is None and not kube:
         if not inventory:
             raise InventoryError("no model source: give --inventory or --kube-model")
+        # PyYAML with it: loaded by a process given an inventory only.
+        from ravenproxy.model.inventory import InventoryWatcher
+
         watcher = InventoryWatcher(inventory, store, interval)
         await watcher.start()
         if not follow:

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ravenproxy.lab import faults, runtime
 from ravenproxy.lab import plan as p
 from ravenproxy.lab import state as st
 from ravenproxy.lab.supervisor import Supervisor
@@ -41,6 +40,8 @@ def next_steps(s: st.LabState) -> list[str]:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from ravenproxy.lab import runtime
+
     options = runtime.UpOptions(
         name=args.name,
         vpn_driver=args.vpn_driver,
@@ -56,6 +57,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def status_data(plan: p.LabPlan, s: st.LabState) -> dict[str, Any]:
+    from ravenproxy.lab import faults, runtime
+
     sup = Supervisor(s.dir)
     procs = {}
     for proc in runtime.processes(plan, s):
@@ -112,6 +115,8 @@ def _utc(t: float) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from ravenproxy.lab import runtime
+
     plan, s = runtime.loaded(args.name)
     data = status_data(plan, s)
     if args.json:
@@ -145,6 +150,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
+    from ravenproxy.lab import runtime
+
     argv = list(args.argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -154,7 +161,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     # The doctor (netlink, the L3 drivers) is loaded here, not when the CLI parser is built:
     # every ravenproxy command builds it, and an agent must not carry pyroute2 for it.
-    from ravenproxy.lab import checks
+    from ravenproxy.lab import checks, runtime
 
     plan, s = runtime.loaded(args.name)
     result = checks.rows(plan, s)
@@ -163,6 +170,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_fault(args: argparse.Namespace) -> int:
+    from ravenproxy.lab import faults, runtime
+
     plan, s = runtime.loaded(args.name)
     fault = faults.inject(plan, s, args.fault)
     s.faults.append(fault)
@@ -175,6 +184,8 @@ def cmd_fault(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from ravenproxy.lab import runtime
+
     removed = runtime.down(args.name)
     if not removed:
         print(f"lab {args.name!r}: nothing to remove")
@@ -213,10 +224,10 @@ def add_parser(sub: Any) -> None:
     up.add_argument(
         "--reconcile-period",
         type=float,
-        default=runtime.DEFAULT_PERIOD,
+        default=p.DEFAULT_PERIOD,
         metavar="S",
         help="the agents' --reconcile-period and the keeper's restart delay: how soon a fault "
-        f"is repaired (default {runtime.DEFAULT_PERIOD:g})",
+        f"is repaired (default {p.DEFAULT_PERIOD:g})",
     )
     up.set_defaults(func=cmd_up)
     status = actions.add_parser("status", help="hosts, addresses, pods, processes, tunnel, L3")
@@ -231,10 +242,10 @@ def add_parser(sub: Any) -> None:
     check = actions.add_parser("check", help="every check with its evidence; exit 0 iff all pass")
     _name(check)
     check.set_defaults(func=cmd_check)
-    fault = actions.add_parser("fault", help="inject a seed failure: " + ", ".join(faults.FAULTS))
+    fault = actions.add_parser("fault", help="inject a seed failure: " + ", ".join(p.FAULTS))
     _name(fault)
-    fault.add_argument("fault", metavar="FAULT", choices=faults.FAULTS,
-                       help=", ".join(faults.FAULTS))  # fmt: skip
+    fault.add_argument("fault", metavar="FAULT", choices=p.FAULTS,
+                       help=", ".join(p.FAULTS))  # fmt: skip
     fault.set_defaults(func=cmd_fault)
     down = actions.add_parser("down", help="remove everything of the lab (idempotent)")
     _name(down)

@@ -28,7 +28,7 @@ from ravenproxy.lab import state as st
 from ravenproxy.lab.runtime import driver_name
 from ravenproxy.lab.supervisor import Supervisor
 
-FAULTS = ("skip-snat", "rp-filter", "route", "agent")
+FAULTS = p.FAULTS
 HOST = {
     "skip-snat": "cloud-gw",
     "rp-filter": "edge-node",

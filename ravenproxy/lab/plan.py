@@ -32,6 +32,10 @@ from ravenproxy.errors import ConfigError
 
 HOSTS = ("cloud-node", "cloud-gw", "nat-router", "edge-gw", "edge-node")
 DEFAULT_NAME = "lab"
+DEFAULT_PERIOD = 60.0
+"""Seconds between two reconciles of the lab's route drivers (``lab up --reconcile-period``)."""
+FAULTS = ("skip-snat", "rp-filter", "route", "agent")
+"""The seed failures ``lab fault`` injects (:mod:`ravenproxy.lab.faults`)."""
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 
 FLANNEL_SUPERNET = "10.16.0.0/16"

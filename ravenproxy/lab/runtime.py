@@ -55,7 +55,6 @@ VPN_TOOLS: dict[str, dict[str, tuple[str, str]]] = {
         "wg": ("wg", "wireguard-tools"),
     },
 }  # fmt: skip
-DEFAULT_PERIOD = 60.0
 UP_TIMEOUT = 30.0
 
 
@@ -64,7 +63,7 @@ class UpOptions:
     name: str = p.DEFAULT_NAME
     vpn_driver: str = "strongswan"
     directory: Path | None = None
-    reconcile_period: float = DEFAULT_PERIOD
+    reconcile_period: float = p.DEFAULT_PERIOD
 
 
 #: Not under /run: charon runs with a private /run, its VICI socket must be seen outside.

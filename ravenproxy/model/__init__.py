@@ -1,6 +1,14 @@
-"""Gateway/Node/Pod model fed by the YAML inventory or the Kubernetes API."""
+"""Gateway/Node/Pod model fed by the YAML inventory or the Kubernetes API.
 
-from ravenproxy.model.inventory import InventoryWatcher, load_inventory, parse_inventory
+The inventory names are loaded on first use (PEP 562): PyYAML is imported by a process that
+reads an inventory, not by every one that imports the model (issue 15: an idle agent).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ravenproxy.model.objects import (
     GATEWAY_LABEL,
     Endpoint,
@@ -14,6 +22,9 @@ from ravenproxy.model.objects import (
 )
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
+
+if TYPE_CHECKING:
+    from ravenproxy.model.inventory import InventoryWatcher, load_inventory, parse_inventory
 
 __all__ = [
     "GATEWAY_LABEL",
@@ -31,3 +42,12 @@ __all__ = [
     "load_inventory",
     "parse_inventory",
 ]
+
+
+_LAZY = frozenset({"InventoryWatcher", "load_inventory", "parse_inventory"})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module("ravenproxy.model.inventory"), name)

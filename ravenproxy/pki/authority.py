@@ -4,18 +4,16 @@ ECDSA P-256 with SHA-256 throughout: small keys, fast handshakes, and accepted b
 stack we talk to (OpenSSL, Go's crypto/tls in kube-apiserver and kubelets).
 
 The agent's identity is the node name in its client certificate (see ARCHITECTURE.md, "Identity
-and authorization"); :func:`node_name_from_cert` is the one place that turns a certificate into
-that name.
+and authorization"); :mod:`ravenproxy.pki.identity` is the one place that turns a certificate
+into that name (re-exported here).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import ipaddress
 import logging
 import os
-import re
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +26,17 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ravenproxy.errors import PKIError
 from ravenproxy.log import kv
+from ravenproxy.pki.identity import (
+    node_name_from_cert as node_name_from_cert,
+)
+from ravenproxy.pki.identity import (
+    node_of,
+    server_san,
+)
+from ravenproxy.pki.identity import (
+    validate_node_name as validate_node_name,
+)
+from ravenproxy.pki.x509info import cert_from_der
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +49,6 @@ CLOCK_SKEW = dt.timedelta(minutes=5)
 _CURVE = ec.SECP256R1()
 _HASH = hashes.SHA256()
 
-# Kubernetes' IsDNS1123Subdomain: node names must match this, and so must ours, or the certificate
-# would name a node that can never exist.
-_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
-_DNS1123_MAX = 253
-# Server SANs may use upper case and a leading wildcard label, as any DNS name in a certificate.
-_SAN_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?"
-_SAN_DNS = re.compile(rf"(\*\.)?{_SAN_LABEL}(\.{_SAN_LABEL})*")
-
 KEY_MODE = 0o600
 CERT_MODE = 0o644
 
@@ -57,30 +57,13 @@ CERT_MODE = 0o644
 # validation
 
 
-def validate_node_name(name: str) -> str:
-    """Return ``name`` if it is a valid Kubernetes node name (RFC 1123 subdomain), else raise."""
-    if not isinstance(name, str) or not name:
-        raise PKIError(f"invalid node name {name!r}: must be a non-empty RFC 1123 subdomain")
-    if len(name) > _DNS1123_MAX:
-        raise PKIError(f"invalid node name {name!r}: longer than {_DNS1123_MAX} characters")
-    if not _DNS1123_SUBDOMAIN.fullmatch(name):
-        raise PKIError(
-            f"invalid node name {name!r}: must be an RFC 1123 subdomain "
-            "(lower-case letters, digits, '-' and '.', starting and ending with a letter or digit)"
-        )
-    return name
-
-
 def parse_san(value: str) -> x509.GeneralName:
-    """One ``--server-san`` value: an IP address becomes an IPAddress SAN, anything else DNS."""
-    text = value.strip()
-    try:
-        return x509.IPAddress(ipaddress.ip_address(text))
-    except ValueError:
-        pass
-    if len(text) > _DNS1123_MAX or not _SAN_DNS.fullmatch(text):
-        raise PKIError(f"invalid server SAN {value!r}: neither an IP address nor a DNS name")
-    return x509.DNSName(text.lower())
+    """One ``--server-san`` value: an IP address becomes an IPAddress SAN, anything else DNS
+    (the rule: :func:`~ravenproxy.pki.identity.server_san`)."""
+    san = server_san(value)
+    if isinstance(san, str):
+        return x509.DNSName(san)
+    return x509.IPAddress(san)
 
 
 def absent_sans(cert: x509.Certificate, wanted: Sequence[x509.GeneralName]) -> list[str]:
@@ -378,49 +361,10 @@ def issue_client_cert(
 # identity
 
 
-def node_name_from_cert(der: bytes) -> str:
-    """The node an agent's (already chain-verified) DER client certificate speaks for."""
-    try:
-        cert = x509.load_der_x509_certificate(der)
-    except ValueError as exc:
-        raise PKIError(f"peer certificate is not valid DER: {exc}") from exc
-    return cert_node_name(cert)
-
-
 def cert_node_name(cert: x509.Certificate, what: str = "peer certificate") -> str:
-    """The node an agent's client certificate speaks for: the server's rule (on the peer's
-    certificate) and the agent's (on its own, so it never runs as another node than the one
-    the server will register it as). ``what`` names the certificate in errors.
-
-    Strict on purpose: exactly one CN, every DNS SAN equal to it, clientAuth usage, and a valid
-    node name — an ambiguous certificate must not be mapped to some node by guesswork.
-    """
-    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    if len(cns) != 1:
-        raise PKIError(f"{what} must have exactly one CN, has {len(cns)}")
-    cn = cns[0].value
-    if not isinstance(cn, str):
-        raise PKIError(f"{what} CN is not a string")
-    try:
-        validate_node_name(cn)
-    except PKIError as exc:
-        raise PKIError(f"{what} CN is not a node name: {exc}") from exc
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        dns_names: list[str] = []
-    else:
-        dns_names = san.get_values_for_type(x509.DNSName)
-    mismatched = [n for n in dns_names if n != cn]
-    if mismatched:
-        raise PKIError(f"{what} CN {cn!r} does not match its DNS SANs {dns_names!r}")
-    try:
-        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    except x509.ExtensionNotFound as exc:
-        raise PKIError(f"{what} for {cn!r} has no extended key usage") from exc
-    if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
-        raise PKIError(f"{what} for {cn!r} is not a client certificate (no clientAuth)")
-    return cn
+    """:func:`~ravenproxy.pki.identity.node_of` for a certificate ``cryptography`` holds (the
+    rule itself reads the certificate with :mod:`ssl`: one parser on every side)."""
+    return node_of(cert_from_der(cert.public_bytes(serialization.Encoding.DER)), what)
 
 
 def is_issued_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:

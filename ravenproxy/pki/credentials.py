@@ -1,15 +1,20 @@
 """A process's TLS credentials as one checked value: from the bytes of its CA file, certificate
 file and key file to an immutable :class:`Credentials`, or a :class:`CredentialsError` saying
-which file is wrong and why. Pure: no file is read here (the reload watcher in
-:mod:`ravenproxy.transport.credentials` reads them and builds ssl contexts).
+which file is wrong and why. No file is read here (the reload watcher in
+:mod:`ravenproxy.transport.credentials` reads them and builds ssl contexts); the bytes are read
+and checked with :mod:`ssl` (:mod:`ravenproxy.pki.x509info`, through in-memory files), so a
+process that only uses its credentials never loads ``cryptography``.
 
 Two levels of checks, because start-up and reload want different things:
 
 - :func:`parse_credentials` — the set can be used at all: every file is whole PEM (a half-written
   file — a BEGIN line without its END — is refused as such), the key belongs to the first
-  certificate of the certificate file. Failing this is fatal at start-up.
+  certificate of the certificate file (OpenSSL loads them together, as the TLS contexts will).
+  Failing this is fatal at start-up.
 - :meth:`Credentials.trust_problem` — the set is one a peer will accept: the leaf chains (through
-  any intermediates in the certificate file) to a CA of the bundle, and it is valid now. At
+  any intermediates in the certificate file) to a CA of the bundle, as a peer holding that CA
+  verifies it in a handshake (:func:`~ravenproxy.pki.x509info.verify_problem`), and it is
+  valid now. At
   start-up a problem is only warned about (the peer refuses and says so, as it always did); a
   *reload* takes a new set only when it has none (:func:`load_credentials`), so a renewal written
   half-way or against the wrong CA never replaces a set that works.
@@ -22,22 +27,23 @@ look (a key written just before its certificate is not worth a warning).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import re
+import ssl
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
-from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
-
 from ravenproxy.errors import PKIError
-from ravenproxy.pki.authority import is_issued_by
-
-MAX_CHAIN = 8
-"""Intermediates followed from the leaf to a CA of the bundle, at most."""
+from ravenproxy.pki.x509info import (
+    CertInfo,
+    KeyPairError,
+    certs_from_pem,
+    load_pair,
+    private_file,
+    verify_problem,
+)
 
 _BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
 _END = re.compile(rb"-----END ([A-Z0-9 ]+)-----")
@@ -65,44 +71,53 @@ class CredentialsError(PKIError):
 class Credentials:
     """A consistent CA bundle, certificate chain and key, and what logs and metrics say of it."""
 
-    ca_certs: tuple[x509.Certificate, ...]
-    chain: tuple[x509.Certificate, ...]
+    ca_certs: tuple[CertInfo, ...]
+    chain: tuple[CertInfo, ...]
     """The certificate file: the leaf first, then any intermediates."""
-    key: PrivateKeyTypes = field(repr=False)
     ca_pem: bytes = field(repr=False)
     chain_pem: bytes = field(repr=False)
     key_pem: bytes = field(repr=False)
     sources: tuple[PemSource, PemSource, PemSource] = field(repr=False)
     """Where each part came from (ca, cert, key), for messages about the set."""
     fingerprint: str
-    """SHA-256 over the CA certificates, the chain and the public key: equal sets, equal
-    fingerprints, whatever the files' formatting."""
+    """SHA-256 over the CA certificates and the chain: equal sets, equal fingerprints, whatever
+    the files' formatting (the key is the one of the leaf's public key: checked, not hashed)."""
     leaf_fingerprint: str
-    """SHA-256 over the chain and the public key only: what the peer sees of *us* (a changed CA
-    bundle alone leaves it unchanged)."""
+    """SHA-256 over the chain only: what the peer sees of *us* (a changed CA bundle alone leaves
+    it unchanged)."""
 
     @property
-    def leaf(self) -> x509.Certificate:
+    def leaf(self) -> CertInfo:
         return self.chain[0]
 
     @property
     def serial(self) -> str:
         """The leaf's serial number in lower-case hex (as ``openssl x509 -serial`` prints it)."""
-        return serial_hex(self.leaf)
+        return self.leaf.serial_hex
 
     @property
     def not_after(self) -> dt.datetime:
-        return self.leaf.not_valid_after_utc
+        return self.leaf.not_after
 
     @property
     def subject(self) -> str:
-        return self.leaf.subject.rfc4514_string()
+        return self.leaf.subject
+
+    @functools.cached_property
+    def _verification(self) -> tuple[CertInfo | None, str]:
+        """The first CA of the bundle the chain verifies against, else None and why not."""
+        why = ""
+        for ca in self.ca_certs:
+            problem = verify_problem(self.chain_pem, self.key_pem, ca)
+            if problem is None:
+                return ca, ""
+            why = why or problem
+        return None, why
 
     @property
-    def issuer_ca(self) -> x509.Certificate | None:
+    def issuer_ca(self) -> CertInfo | None:
         """The CA of the bundle the leaf chains to (None: it chains to none)."""
-        found = _chain_to_bundle(self.chain, self.ca_certs)
-        return found
+        return self._verification[0]
 
     @property
     def ca_not_after(self) -> dt.datetime:
@@ -110,32 +125,29 @@ class Credentials:
         the earliest expiry in the bundle."""
         ca = self.issuer_ca
         if ca is not None:
-            return ca.not_valid_after_utc
-        return min(c.not_valid_after_utc for c in self.ca_certs)
+            return ca.not_after
+        return min(c.not_after for c in self.ca_certs)
 
     def trust_problem(self, now: dt.datetime) -> CredentialsError | None:
         """Why a peer holding the same CA bundle would refuse this set now, or None."""
         _, cert_src, _ = self.sources
-        if _chain_to_bundle(self.chain, self.ca_certs) is None:
-            cas = ", ".join(c.subject.rfc4514_string() for c in self.ca_certs)
+        ca, why = self._verification
+        if ca is None:
+            cas = ", ".join(c.subject for c in self.ca_certs)
             return CredentialsError(
                 cert_src,
-                f"certificate {self.subject} does not verify against the CA bundle ({cas})",
+                f"certificate {self.subject} does not verify against the CA bundle ({cas}): {why}",
             )
         leaf = self.leaf
-        if now >= leaf.not_valid_after_utc:
+        if now >= leaf.not_after:
             return CredentialsError(
-                cert_src, f"certificate expired at {leaf.not_valid_after_utc.isoformat()}"
+                cert_src, f"certificate expired at {leaf.not_after.isoformat()}"
             )
-        if now < leaf.not_valid_before_utc:
+        if now < leaf.not_before:
             return CredentialsError(
-                cert_src, f"certificate not valid before {leaf.not_valid_before_utc.isoformat()}"
+                cert_src, f"certificate not valid before {leaf.not_before.isoformat()}"
             )
         return None
-
-
-def serial_hex(cert: x509.Certificate) -> str:
-    return format(cert.serial_number, "x")
 
 
 def parse_credentials(ca: PemSource, cert: PemSource, key: PemSource) -> Credentials:
@@ -143,28 +155,18 @@ def parse_credentials(ca: PemSource, cert: PemSource, key: PemSource) -> Credent
     all (see the module docstring); trust and validity are :meth:`Credentials.trust_problem`."""
     ca_certs = _certificates(ca)
     chain = _certificates(cert)
-    private = _private_key(key)
-    leaf_public = chain[0].public_key()
-    if _public_der(private.public_key()) != _public_der(leaf_public):
-        raise CredentialsError(
-            key,
-            f"the key does not match the certificate in {cert.field} {cert.path}"
-            f" ({chain[0].subject.rfc4514_string()})",
-        )
-    der = serialization.Encoding.DER
-    public = _public_der(leaf_public)
+    _whole_pem(key)
+    _check_key(cert, key, chain[0])
     leaf_digest = hashlib.sha256()
     for c in chain:
-        leaf_digest.update(c.public_bytes(der))
-    leaf_digest.update(public)
+        leaf_digest.update(c.der)
     whole = hashlib.sha256()
     for c in ca_certs:
-        whole.update(c.public_bytes(der))
+        whole.update(c.der)
     whole.update(leaf_digest.digest())
     return Credentials(
         ca_certs=ca_certs,
         chain=chain,
-        key=private,
         ca_pem=ca.data,
         chain_pem=cert.data,
         key_pem=key.data,
@@ -257,48 +259,29 @@ def _whole_pem(source: PemSource) -> None:
         )
 
 
-def _certificates(source: PemSource) -> tuple[x509.Certificate, ...]:
+def _certificates(source: PemSource) -> tuple[CertInfo, ...]:
     _whole_pem(source)
     try:
-        certs = x509.load_pem_x509_certificates(source.data)
+        certs = certs_from_pem(source.data)
     except ValueError as exc:
         raise CredentialsError(source, f"not a PEM certificate ({exc})") from exc
     if not certs:
         raise CredentialsError(source, "no certificate in file")
-    return tuple(certs)
+    return certs
 
 
-def _private_key(source: PemSource) -> PrivateKeyTypes:
-    _whole_pem(source)
-    try:
-        return serialization.load_pem_private_key(source.data, password=None)
-    except TypeError as exc:
-        raise CredentialsError(source, "key is encrypted; an unencrypted key is needed") from exc
-    except (ValueError, UnsupportedAlgorithm) as exc:
-        raise CredentialsError(source, f"no usable PEM private key ({exc})") from exc
-
-
-def _public_der(public: object) -> bytes:
-    encode = getattr(public, "public_bytes", None)
-    if encode is None:  # pragma: no cover - every key type cryptography loads has it
-        return b""
-    der: bytes = encode(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return der
-
-
-def _chain_to_bundle(
-    chain: tuple[x509.Certificate, ...], bundle: tuple[x509.Certificate, ...]
-) -> x509.Certificate | None:
-    """The CA of ``bundle`` that ``chain[0]`` chains to, through intermediates of ``chain``."""
-    current = chain[0]
-    intermediates = list(chain[1:])
-    for _ in range(MAX_CHAIN + 1):
-        for ca in bundle:
-            if is_issued_by(current, ca):
-                return ca
-        step = next((c for c in intermediates if is_issued_by(current, c)), None)
-        if step is None:
-            return None
-        intermediates.remove(step)
-        current = step
-    return None
+def _check_key(cert: PemSource, key: PemSource, leaf: CertInfo) -> None:
+    """The key is an unencrypted private key and belongs to the leaf: OpenSSL loads the pair
+    as a TLS context does, and refuses a key that does not match."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    with private_file(cert.data) as cert_path, private_file(key.data) as key_path:
+        try:
+            load_pair(ctx, cert_path, key_path)
+        except KeyPairError as exc:
+            if exc.mismatch:
+                raise CredentialsError(
+                    key,
+                    f"the key does not match the certificate in {cert.field} {cert.path}"
+                    f" ({leaf.subject})",
+                ) from None
+            raise CredentialsError(key, exc.reason) from None

@@ -457,7 +457,7 @@ class ProxyServer:
 
 
 def _subjects(creds: Credentials) -> str:
-    return ";".join(c.subject.rfc4514_string() for c in creds.ca_certs)
+    return ";".join(c.subject for c in creds.ca_certs)
 
 
 def _closed_as_duplicate(ws: ServerConnection) -> bool:

@@ -21,7 +21,7 @@ from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.flags import setting
 from ravenproxy.model.allowlist import Allowlist
-from ravenproxy.pki.authority import parse_san
+from ravenproxy.pki.identity import server_san
 from ravenproxy.pki.issuance import CERT_DIR_CA
 from ravenproxy.server import limits
 from ravenproxy.transport.session import SessionConfig
@@ -312,7 +312,7 @@ class ServerSettings:
             )
         for san in v["server_san"]:
             try:
-                parse_san(san)
+                server_san(san)
             except PKIError as exc:
                 raise ConfigError("--server-san", str(exc)) from None
         return cls(

@@ -17,21 +17,22 @@ may have been replaced since (see :func:`_load_chain_bytes`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import ssl
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-
 from ravenproxy.errors import PKIError
-from ravenproxy.pki.authority import load_certs, node_name_from_cert
-from ravenproxy.pki.credentials import Credentials, serial_hex
+from ravenproxy.pki.credentials import Credentials
+from ravenproxy.pki.identity import node_of
+from ravenproxy.pki.x509info import (
+    KeyPairError,
+    load_certs,
+    load_pair,
+    peer_cert,
+    private_file,
+    read_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -232,23 +233,21 @@ def follow_current(listening: ssl.SSLContext, current: Callable[[], ssl.SSLConte
 def peer_node_name(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str:
     """The node name in the peer's verified client certificate — the agent's only identity."""
     try:
-        der = ssl_object.getpeercert(binary_form=True)
-    except ValueError as exc:  # SSLSocket before the handshake completed
+        cert = peer_cert(ssl_object)
+    except ValueError as exc:  # SSLSocket before the handshake completed; undecodable
         raise PKIError(f"no peer certificate: {exc}") from exc
-    if not der:
+    if cert is None:
         raise PKIError("peer presented no certificate")
-    return node_name_from_cert(der)
+    return node_of(cert)
 
 
 def peer_serial(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str:
     """The serial of the peer's certificate in hex (``-`` without one), for logs."""
     try:
-        der = ssl_object.getpeercert(binary_form=True)
+        cert = peer_cert(ssl_object)
     except ValueError:
         return "-"
-    if not der:
-        return "-"
-    return serial_hex(x509.load_der_x509_certificate(der))
+    return "-" if cert is None else cert.serial_hex
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,77 +276,29 @@ def _load_chain_bytes(ctx: ssl.SSLContext, creds: Credentials) -> None:
     anonymous in-memory files (memfd), so the key never touches a disk and the context holds
     exactly the bytes that were checked."""
     _, cert_src, key_src = creds.sources
-    with _private_file(creds.chain_pem) as cert_path, _private_file(creds.key_pem) as key_path:
+    with private_file(creds.chain_pem) as cert_path, private_file(creds.key_pem) as key_path:
         try:
-            ctx.load_cert_chain(cert_path, key_path, password=_no_password)
-        except (ssl.SSLError, OSError) as exc:
+            load_pair(ctx, cert_path, key_path)
+        except (KeyPairError, OSError) as exc:
             raise PKIError(
                 f"cert-file {cert_src.path} / key-file {key_src.path}: cannot be loaded ({exc})"
             ) from exc
 
 
-@contextlib.contextmanager
-def _private_file(data: bytes) -> Iterator[str]:
-    """A path that reads ``data``, readable by this process only, gone afterwards."""
-    memfd_create = getattr(os, "memfd_create", None)
-    if memfd_create is not None:
-        fd = memfd_create("ravenproxy-pem", getattr(os, "MFD_CLOEXEC", 0))
-        try:
-            _write_all(fd, data)
-            yield f"/proc/self/fd/{fd}"
-        finally:
-            os.close(fd)
-        return
-    with tempfile.TemporaryDirectory(prefix="ravenproxy-pem-") as tmp:  # pragma: no cover
-        path = os.path.join(tmp, "pem")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            _write_all(fd, data)
-        finally:
-            os.close(fd)
-        yield path
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def _load_chain(ctx: ssl.SSLContext, cert_file: PathLike, key_file: PathLike | None) -> None:
     load_certs(cert_file, "cert-file")
-    # Without a key-file, ssl expects the key inside cert-file; check that file for it.
+    # Without a key-file, ssl expects the key inside cert-file; errors name that file then.
     key_path = key_file if key_file is not None else cert_file
-    _check_key(key_path, "key-file" if key_file is not None else "cert-file")
+    flag = "key-file" if key_file is not None else "cert-file"
+    read_file(key_path, flag)
     try:
-        ctx.load_cert_chain(
-            str(cert_file), None if key_file is None else str(key_file), password=_no_password
-        )
-    except (ssl.SSLError, OSError) as exc:
-        raise PKIError(
-            f"cert-file {cert_file} / key-file {key_path}: the key does not match the "
-            f"certificate ({exc})"
-        ) from exc
-
-
-def _no_password() -> bytes:
-    # ssl would otherwise prompt on the terminal for an encrypted key; _check_key refuses those
-    # first, so this only guards against a prompt hanging a daemon.
-    raise PKIError("encrypted keys are not supported")
-
-
-def _check_key(path: PathLike, flag: str) -> None:
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError as exc:
-        raise PKIError(f"{flag} {p}: No such file") from exc
+        load_pair(ctx, str(cert_file), None if key_file is None else str(key_file))
+    except KeyPairError as exc:
+        if exc.mismatch:
+            raise PKIError(
+                f"cert-file {cert_file} / key-file {key_path}: the key does not match the "
+                "certificate"
+            ) from exc
+        raise PKIError(f"{flag} {key_path}: {exc.reason}") from exc
     except OSError as exc:
-        raise PKIError(f"{flag} {p}: cannot read: {exc.strerror or exc}") from exc
-    # Any key type: kubelet client keys are often RSA.
-    try:
-        serialization.load_pem_private_key(data, password=None)
-    except TypeError as exc:
-        raise PKIError(f"{flag} {p}: key is encrypted; an unencrypted key is needed") from exc
-    except (ValueError, UnsupportedAlgorithm) as exc:
-        raise PKIError(f"{flag} {p}: no usable PEM private key ({exc})") from exc
+        raise PKIError(f"{flag} {key_path}: cannot read: {exc.strerror or exc}") from exc

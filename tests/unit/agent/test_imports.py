@@ -25,6 +25,10 @@ HEAVY = {
     "ravenproxy.kube.client": "the Kubernetes plumbing",
     "ravenproxy.controller.issuer": "the controller's CSR issuer",
     "ravenproxy.server.app": "the server",
+    "cryptography": "x509 parsing (the agent reads and checks its certificates with ssl: "
+    "ravenproxy.pki.x509info; issuing, CSRs and certs commands keep cryptography)",
+    "ravenproxy.pki.authority": "the CA (issuing)",
+    "yaml": "PyYAML (--inventory, --config)",
 }
 
 # Runs the real entry point; the dump happens from a log handler, on the agent's own event.
@@ -94,3 +98,16 @@ def test_metrics_flag_loads_the_http_server(tmp_path: Path) -> None:
     assert present(modules, "aiohttp.web")
     assert "ravenproxy.metrics_http" in modules
     assert not present(modules, "kubernetes_asyncio")
+
+
+def test_inventory_flag_loads_yaml_and_nothing_else_heavy(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "apiVersion: v1\nkind: Node\nmetadata: {name: edge-1, labels: "
+        "{raven.openyurt.io/gateway: gw-edge}}\n"
+        "status:\n  addresses: [{type: InternalIP, address: 127.0.0.1}]\n"
+    )
+    modules = loaded_modules(tmp_path, "--inventory", str(inventory))
+    assert present(modules, "yaml")
+    loaded = {name for name in HEAVY if name != "yaml" and present(modules, name)}
+    assert not loaded, f"an agent with --inventory loaded {loaded}"

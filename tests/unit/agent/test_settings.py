@@ -83,7 +83,7 @@ def test_an_invalid_name_is_refused_before_the_comparison(certs: Path) -> None:
     ("cert", "says"),
     [
         ("server.crt", "not a client certificate"),  # the server's: no clientAuth
-        ("ca.key", "not a PEM certificate"),
+        ("ca.key", "no certificate"),  # a key file: no CERTIFICATE block in it
     ],
 )
 def test_a_certificate_that_names_no_node_is_refused(certs: Path, cert: str, says: str) -> None:

@@ -8,6 +8,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
 from ravenproxy.pki.authority import (
@@ -38,6 +39,11 @@ def now() -> dt.datetime:
 Issued = tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
 
 
+def der(cert: x509.Certificate) -> bytes:
+    """The credentials hold what ssl reads of a certificate; compared by DER."""
+    return cert.public_bytes(Encoding.DER)
+
+
 @pytest.fixture(scope="module")
 def ca() -> Issued:
     return generate_ca("ca-one")
@@ -61,12 +67,13 @@ def sources(
 def test_a_consistent_set_says_what_it_holds(ca: Issued) -> None:
     cert, key = issue_client_cert(*ca, "edge-1")
     creds = load_credentials(*sources([ca[0]], cert_pem(cert), key_pem(key)), now=now())
-    assert creds.leaf == cert
+    assert creds.leaf.der == der(cert)
     assert creds.serial == format(cert.serial_number, "x")
     assert creds.not_after == cert.not_valid_after_utc
+    assert creds.leaf.not_before == cert.not_valid_before_utc
     assert creds.subject == "CN=edge-1"
-    assert creds.ca_certs == (ca[0],)
-    assert creds.issuer_ca == ca[0]
+    assert [c.der for c in creds.ca_certs] == [der(ca[0])]
+    assert creds.issuer_ca is not None and creds.issuer_ca.der == der(ca[0])
     assert creds.ca_not_after == ca[0].not_valid_after_utc
     # The same set re-encoded (a trailing newline) has the same fingerprint; another cert not.
     again = load_credentials(*sources([ca[0]], cert_pem(cert) + b"\n", key_pem(key)), now=now())
@@ -105,7 +112,7 @@ def test_a_bundle_with_two_cas_trusts_a_certificate_of_either(ca: Issued, other_
     for issuer in (ca, other_ca):
         cert, key = issue_server_cert(*issuer, ["localhost"])
         creds = load_credentials(*sources(bundle, cert_pem(cert), key_pem(key)), now=now())
-        assert creds.issuer_ca == issuer[0]
+        assert creds.issuer_ca is not None and creds.issuer_ca.der == der(issuer[0])
         assert creds.ca_not_after == issuer[0].not_valid_after_utc
         assert len(creds.ca_certs) == 2
 
@@ -157,9 +164,25 @@ def test_an_expired_certificate_is_refused_on_reload(ca: Issued) -> None:
         load_credentials(*sources([ca[0]], cert_pem(cert), key_pem(key)), now=now())
 
 
-def test_an_intermediate_in_the_certificate_file_completes_the_chain(ca: Issued) -> None:
-    # An intermediate CA, signed by the root, signs the leaf; the cert file carries both.
-    root, root_key = ca
+def test_an_intermediate_in_the_certificate_file_completes_the_chain() -> None:
+    # An intermediate CA, signed by the root, signs the leaf; the cert file carries both. The
+    # root allows an intermediate (ours, generate_ca, does not: path length 0) and every
+    # certificate carries the key identifiers a strict verifier (our TLS contexts) requires.
+    root_key = ec.generate_private_key(ec.SECP256R1())
+    root_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "root")])
+    root = (
+        x509.CertificateBuilder()
+        .subject_name(root_name)
+        .issuer_name(root_name)
+        .public_key(root_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now() - dt.timedelta(minutes=1))
+        .not_valid_after(now() + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=1), critical=True)
+        .add_extension(_cert_sign, critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(root_key.public_key()), False)
+        .sign(root_key, hashes.SHA256())
+    )
     mid_key = ec.generate_private_key(ec.SECP256R1())
     mid_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mid")])
     mid = (
@@ -171,6 +194,9 @@ def test_an_intermediate_in_the_certificate_file_completes_the_chain(ca: Issued)
         .not_valid_before(now() - dt.timedelta(minutes=1))
         .not_valid_after(now() + dt.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_cert_sign, critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(mid_key.public_key()), False)
+        .add_extension(_aki(root_key.public_key()), critical=False)
         .sign(root_key, hashes.SHA256())
     )
     leaf_key = ec.generate_private_key(ec.SECP256R1())
@@ -182,14 +208,33 @@ def test_an_intermediate_in_the_certificate_file_completes_the_chain(ca: Issued)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now() - dt.timedelta(minutes=1))
         .not_valid_after(now() + dt.timedelta(hours=1))
+        .add_extension(_aki(mid_key.public_key()), critical=False)
         .sign(mid_key, hashes.SHA256())
     )
     alone = sources([root], cert_pem(leaf), key_pem(leaf_key))
     assert parse_credentials(*alone).trust_problem(now()) is not None
     chained = sources([root], cert_pem(leaf) + cert_pem(mid), key_pem(leaf_key))
     creds = load_credentials(*chained, now=now())
-    assert creds.issuer_ca == root
-    assert creds.chain == (leaf, mid)
+    assert creds.issuer_ca is not None and creds.issuer_ca.der == der(root)
+    assert [c.der for c in creds.chain] == [der(leaf), der(mid)]
+    assert [c.subject for c in creds.chain] == ["CN=edge-1", "CN=mid"]
+
+
+_cert_sign = x509.KeyUsage(
+    digital_signature=False,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    key_cert_sign=True,
+    crl_sign=True,
+    encipher_only=False,
+    decipher_only=False,
+)
+
+
+def _aki(issuer_public: ec.EllipticCurvePublicKey) -> x509.AuthorityKeyIdentifier:
+    return x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_public)
 
 
 # -- the reload decision --------------------------------------------------------------------

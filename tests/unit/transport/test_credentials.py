@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from ravenproxy.errors import PKIError
 from ravenproxy.pki.authority import (
@@ -32,6 +33,12 @@ from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
 from tests.helpers import eventually
 
 Issued = tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
+
+
+def der(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(Encoding.DER)
+
+
 LOGGER = "ravenproxy.transport.credentials"
 
 
@@ -91,7 +98,7 @@ def test_a_new_consistent_set_is_taken(certdir: Dir, ca: Issued) -> None:
     cert, key = issue_server_cert(*ca, ["localhost"])
     certdir.write(None, (cert, key))
     assert w.poll() is Verdict.TAKE
-    assert w.current.leaf == cert
+    assert w.current.leaf.der == der(cert)
     assert w.current.serial != first.serial
     assert changes == [(first, w.current)]
     assert w.reloads == 1
@@ -120,7 +127,7 @@ def test_a_half_written_file_is_ignored_with_one_warning_then_taken_when_whole(
     assert w.current is old  # the old set stays in use
     write_pem_cert(certdir.files.cert, cert)
     assert w.poll() is Verdict.TAKE
-    assert w.current.leaf == cert
+    assert w.current.leaf.der == der(cert)
     assert len(warnings(caplog)) == 1
 
 
@@ -150,7 +157,7 @@ def test_a_certificate_from_a_ca_not_in_the_bundle_is_not_taken(
     # The bundle gains the other CA (a CA rotation): now the set is consistent.
     write_pem_cert(certdir.files.ca, other_ca[0])
     assert w.poll() is Verdict.TAKE
-    assert w.current.ca_certs == (other_ca[0],)
+    assert [c.der for c in w.current.ca_certs] == [der(other_ca[0])]
 
 
 def test_a_vanished_file_is_reported_and_the_set_in_use_kept(certdir: Dir) -> None:
@@ -188,7 +195,9 @@ async def test_the_running_watcher_takes_a_change(certdir: Dir, ca: Issued) -> N
     try:
         cert, key = issue_server_cert(*ca, ["localhost"])
         certdir.write(None, (cert, key))
-        await eventually(lambda: w.current.leaf == cert, 5, what="the new certificate taken")
+        await eventually(
+            lambda: w.current.leaf.der == der(cert), 5, what="the new certificate taken"
+        )
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
