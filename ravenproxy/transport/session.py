@@ -1,9 +1,14 @@
 """One tunnel: a WebSocket carrying a :class:`ravenproxy.wire.Connection`, and its streams
 (:class:`~ravenproxy.transport.tunnel_stream.TunnelStream`, driven from here).
 
-This is the only place that turns the sans-I/O protocol into asyncio calls. A session owns three
-tasks (reader, writer, keepalive) plus one task per stream the peer opens; :meth:`run` returns
-when the WebSocket is gone, after every stream has been failed and every task collected.
+This is the only place that turns the sans-I/O protocol into asyncio calls. A session owns two
+tasks (reader, writer) and a keepalive timer, plus one task per stream the peer opens; :meth:`run`
+returns when the WebSocket is gone, after every stream has been failed and every task collected.
+
+A server holds one session per connected agent, mostly idle: what a session keeps is kept a
+thousand times. Hence :class:`_Flag` instead of :class:`asyncio.Event` (no deque of waiters per
+event), a timer instead of a keepalive task, and the WebSocket's handshake request and response
+let go once the session runs.
 """
 
 from __future__ import annotations
@@ -105,6 +110,38 @@ def websocket_options(wire: WireConfig, *, server_side: bool) -> dict[str, Any]:
 StreamHandler = Callable[[TunnelStream], Awaitable[None]]
 
 
+class _Flag:
+    """:class:`asyncio.Event`'s set/clear/wait, holding nothing while nobody waits (an Event
+    keeps a deque of waiters, ~0.8 KiB, for each of a session's five flags). Waiters share one
+    future, each behind a shield: one waiter cancelled cancels no other."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        waiter = self._waiter
+        if waiter is None:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(waiter)
+
+
 class Session:
     """Runs the protocol over one WebSocket. ``on_open`` serves streams the peer opens."""
 
@@ -130,15 +167,16 @@ class Session:
         self.fields = fields or {}
         self.streams: dict[int, TunnelStream] = {}
         self._window_waiters: set[TunnelStream] = set()
-        self._wake = asyncio.Event()
-        self._drain_event = asyncio.Event()
+        self._wake = _Flag()
+        self._drain_event = _Flag()
         # Set whenever the writer has taken the connection's queue (or stopped for good): what
         # a reader paused on unsent control output waits for.
-        self._taken = asyncio.Event()
+        self._taken = _Flag()
         self._writer_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._ready = asyncio.Event()
-        self._closed = asyncio.Event()
+        self._keepalive_timer: asyncio.TimerHandle | None = None
+        self._ready = _Flag()
+        self._closed = _Flag()
         self.close_reason = ""
         self.error: ErrorCode | None = None
         """The connection error this side closed the tunnel with; None for any other end."""
@@ -149,17 +187,21 @@ class Session:
 
     # -- lifecycle --------------------------------------------------------------------------
     async def run(self) -> None:
+        if isinstance(self.ws, TunnelConnectionMixin):
+            self.ws.forget_handshake()
         self._flush()
         writer = asyncio.create_task(self._writer(), name=f"tunnel-writer:{self.name}")
         self._writer_task = writer
-        keepalive = asyncio.create_task(self._keepalive(), name=f"tunnel-keepalive:{self.name}")
+        self._schedule_keepalive()
         try:
             await self._reader()
         finally:
             self._closed.set()
             self._drain_event.set()
             writer.cancel()
-            keepalive.cancel()
+            if self._keepalive_timer is not None:
+                self._keepalive_timer.cancel()
+                self._keepalive_timer = None
             lost = StreamClosedError(ErrorCode.CONNECTION_LOST, self.close_reason or "tunnel lost")
             for sid, stream in list(self.streams.items()):
                 stream._fail(lost)
@@ -167,7 +209,7 @@ class Session:
             tasks = list(self._tasks)
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(writer, keepalive, *tasks, return_exceptions=True)
+            await asyncio.gather(writer, *tasks, return_exceptions=True)
             await self._close_ws()
 
     async def wait_ready(self) -> None:
@@ -287,18 +329,26 @@ class Session:
             self._drain_event.set()
             self._taken.set()
 
-    async def _keepalive(self) -> None:
-        interval = self.config.ping_interval
-        while True:
-            await asyncio.sleep(interval)
-            silent = time.monotonic() - self.conn.last_received
-            if silent > self.config.dead_after:
-                self.close_reason = f"peer silent for {silent:.0f}s"
-                log.warning("tunnel peer is dead, closing", extra=kv(**self.fields, silent=silent))
-                self.ws.transport.abort()
-                return
-            self.conn.ping()
-            self._flush()
+    def _schedule_keepalive(self) -> None:
+        # A timer, not a task: an idle tunnel holds a timer handle, not a task, its coroutine
+        # and the future of its sleep. Cancelled by run() when the session ends.
+        self._keepalive_timer = asyncio.get_running_loop().call_later(
+            self.config.ping_interval, self._keepalive
+        )
+
+    def _keepalive(self) -> None:
+        self._keepalive_timer = None
+        if self.closed:
+            return
+        silent = time.monotonic() - self.conn.last_received
+        if silent > self.config.dead_after:
+            self.close_reason = f"peer silent for {silent:.0f}s"
+            log.warning("tunnel peer is dead, closing", extra=kv(**self.fields, silent=silent))
+            self.ws.transport.abort()
+            return
+        self._schedule_keepalive()
+        self.conn.ping()
+        self._flush()
 
     async def _reader(self) -> None:
         try:

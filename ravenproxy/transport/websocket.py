@@ -21,6 +21,11 @@ when it gets bytes):
 - the server side takes over only when nothing followed the request (a real client waits for
   the 101): otherwise ``websockets`` reads that connection to the end.
 
+An idle tunnel holds no read buffer: once the read size is back at :data:`MIN_READ` and
+everything received was parsed, the buffer is let go, and the next read goes into the thread's
+shared scratch buffer; only bytes that read leaves unparsed (a frame's beginning) are copied
+into a buffer of the connection's own. A thousand idle agents then hold no 4 KiB each.
+
 Binary messages are queued for :meth:`TunnelConnectionMixin.next_messages` (the session's
 reader), at most ``max_queue`` of them before reading pauses, as ``websockets`` does. Once that
 returns None, the rest of the connection is read through ``websockets`` (``async for``).
@@ -29,13 +34,14 @@ returns None, the rest of the connection is read through ``websockets`` (``async
 from __future__ import annotations
 
 import asyncio
-import collections
 import enum
+import threading
 from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
 from websockets.protocol import Side, State
 
 from ravenproxy.transport.wsframes import Control, Failure, FrameParser, Handover
@@ -50,6 +56,17 @@ SHRINK_AFTER = 4
 """A drained buffer larger than this many times the current read size is given back."""
 
 _HEAD_END = b"\r\n\r\n"
+
+
+class _Scratch(threading.local):
+    """The thread's read buffer for connections that hold none (idle ones). Used only from a
+    ``get_buffer`` to the ``buffer_updated`` that follows it, which nothing interleaves."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(MIN_READ)
+
+
+_scratch = _Scratch()
 
 
 class _Mode(enum.Enum):
@@ -73,15 +90,17 @@ class TunnelConnectionMixin(_Base):
         # Adaptive, as asyncio's own reads are: the read offered doubles while reads fill it
         # (bulk) and halves while they use less than a quarter of it; a drained buffer much
         # larger than the read size goes back to that size. A thousand idle tunnels then hold
-        # a few KiB each, not the megabyte a bulk transfer grew theirs to.
-        self._buf = bytearray(MIN_READ)
+        # a few KiB each, not the megabyte a bulk transfer grew theirs to. None: no buffer of
+        # its own (drained and idle); the next read goes into the shared scratch.
+        self._buf: bytearray | None = bytearray(MIN_READ)
+        self._in_scratch = False
         self._read_size = MIN_READ
         self._start = 0
         self._end = 0
         self._fed = 0
         self._mode = _Mode.HANDSHAKE
         self._parser: FrameParser | None = None
-        self._messages: collections.deque[bytes] = collections.deque()
+        self._messages: list[bytes] = []
         self._waiter: asyncio.Future[None] | None = None
         self._reading_paused = False
         self._lost = False
@@ -91,6 +110,11 @@ class TunnelConnectionMixin(_Base):
     def frames_handled(self) -> bool:
         """Whether our reader took the connection over (it is OPEN and was read by us)."""
         return self._parser is not None
+
+    @property
+    def read_buffer_size(self) -> int:
+        """Bytes of read buffer this connection holds of its own (0 while idle)."""
+        return len(self._buf) if self._buf is not None and not self._in_scratch else 0
 
     async def next_messages(self) -> list[bytes] | None:
         """The binary messages received, at least one, in order; None once the reader has
@@ -103,12 +127,19 @@ class TunnelConnectionMixin(_Base):
                 await self._waiter
             finally:
                 self._waiter = None
-        batch = list(self._messages)
-        self._messages.clear()
+        batch, self._messages = self._messages, []
         if self._reading_paused:
             self._reading_paused = False
             self.transport.resume_reading()
         return batch
+
+    def forget_handshake(self) -> None:
+        """Let go of the opening handshake's headers (~3 KiB), once they have been looked at:
+        an idle tunnel keeps them for nothing. The request and response themselves stay
+        (``websockets`` takes a connection without them for one still in its handshake)."""
+        for message in (self.request, self.response):
+            if message is not None:
+                message.headers = Headers()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -122,10 +153,16 @@ class TunnelConnectionMixin(_Base):
         parser = self._parser
         wanted = parser.wanted if parser is not None and self._mode is _Mode.FRAMES else 0
         room = self._read_size
-        if self._start + wanted > len(self._buf) or len(self._buf) - self._end < room:
-            self._make_room(wanted)
+        buf = self._buf
+        if buf is None:  # nothing pending (see _release)
+            if self._mode is _Mode.FRAMES and wanted <= room <= MIN_READ:
+                self._in_scratch = True
+                return memoryview(_scratch.buf)[:room]
+            buf = self._buf = bytearray(max(room, wanted))
+        if self._start + wanted > len(buf) or len(buf) - self._end < room:
+            buf = self._make_room(wanted)
         stop = max(self._start + wanted, self._end + room)
-        return memoryview(self._buf)[self._end : stop]
+        return memoryview(buf)[self._end : stop]
 
     def buffer_updated(self, nbytes: int) -> None:
         size = self._read_size
@@ -133,9 +170,14 @@ class TunnelConnectionMixin(_Base):
             self._read_size = min(MAX_READ, size * 2)
         elif nbytes * 4 < size:
             self._read_size = max(MIN_READ, size // 2)
+        if self._in_scratch:
+            self._in_scratch = False
+            self._buf = _scratch.buf
         self._end += nbytes
         if self._mode is _Mode.FRAMES:
             self._read_frames()
+            if self._buf is _scratch.buf:  # bytes left unparsed: a buffer of our own for them
+                self._keep_pending()
         elif self._mode is _Mode.HANDSHAKE:
             self._read_head()
         elif self._mode is _Mode.AWAIT_OPEN:
@@ -164,6 +206,7 @@ class TunnelConnectionMixin(_Base):
     # -- the modes --------------------------------------------------------------------------
     def _read_head(self) -> None:
         buf = self._buf
+        assert buf is not None
         found = buf.find(_HEAD_END, max(0, self._fed - 3), self._end)
         if found < 0:
             self._feed_websockets(self._fed, self._end)
@@ -207,7 +250,7 @@ class TunnelConnectionMixin(_Base):
 
     def _read_frames(self) -> None:
         parser = self._parser
-        assert parser is not None
+        assert parser is not None and self._buf is not None
         events, used = parser.parse(memoryview(self._buf)[self._start : self._end])
         self._start += used
         messages = self._messages
@@ -230,7 +273,10 @@ class TunnelConnectionMixin(_Base):
             self._to_websockets()
         if self._start == self._end:
             self._start = self._end = 0
-            if len(self._buf) > SHRINK_AFTER * self._read_size:
+            self._fed = 0
+            if self._read_size <= MIN_READ and self._mode is _Mode.FRAMES:
+                self._buf = None  # idle: hold no buffer (the next read goes to the scratch)
+            elif len(self._buf) > SHRINK_AFTER * self._read_size:
                 self._buf = bytearray(self._read_size)
         if messages:
             high = self.max_queue_high
@@ -241,6 +287,18 @@ class TunnelConnectionMixin(_Base):
         elif self._mode is not _Mode.FRAMES:
             self._wake()
 
+    def _keep_pending(self) -> None:
+        """Copy what a read into the shared scratch left unparsed into a buffer of our own
+        (room for the frame it begins, and a read beyond)."""
+        assert self._buf is not None
+        pending = self._end - self._start
+        wanted = self._parser.wanted if self._parser is not None else 0
+        own = bytearray(max(wanted, pending) + self._read_size)
+        own[:pending] = memoryview(self._buf)[self._start : self._end]
+        self._buf = own
+        self._fed -= self._start
+        self._start, self._end = 0, pending
+
     def _to_websockets(self) -> None:
         if self._end > self._start:
             self._feed_websockets(self._start, self._end)
@@ -250,15 +308,17 @@ class TunnelConnectionMixin(_Base):
     # -- helpers ----------------------------------------------------------------------------
     def _feed_websockets(self, start: int, end: int) -> None:
         if end > start:
+            assert self._buf is not None
             self._websockets_receive(bytes(self._buf[start:end]))
         self._fed = end
 
     def _websockets_receive(self, data: bytes) -> None:
         Connection.data_received(self, data)
 
-    def _make_room(self, wanted: int = 0) -> None:
+    def _make_room(self, wanted: int = 0) -> bytearray:
         """Move the unparsed bytes to the front; a bigger buffer when they and ``wanted`` (the
         frame being received) do not fit, or too little room would be left to read into."""
+        assert self._buf is not None
         pending = self._end - self._start
         size = len(self._buf)
         need = max(wanted, pending) + self._read_size
@@ -273,6 +333,7 @@ class TunnelConnectionMixin(_Base):
             view.release()
         self._fed -= self._start
         self._start, self._end = 0, pending
+        return self._buf
 
 
 class _Feeder(asyncio.BufferedProtocol):

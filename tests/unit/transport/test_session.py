@@ -20,6 +20,7 @@ from ravenproxy.transport.session import (
     StreamClosedError,
     StreamHandler,
     TunnelStream,
+    _Flag,
 )
 from ravenproxy.transport.websocket import TunnelClientConnection, TunnelServerConnection
 from ravenproxy.wire.codes import ErrorCode
@@ -443,3 +444,31 @@ def test_session_config_validation() -> None:
         SessionConfig(open_timeout=0)
     with pytest.raises(ValueError):
         SessionConfig(flood_grace=0)
+
+
+async def test_a_flag_wakes_every_waiter_but_a_cancelled_one() -> None:
+    """The session's flags (asyncio.Event's set/clear/wait, no waiter deque held): one waiter
+    cancelled leaves the others waiting, a set wakes them all, a set flag does not block."""
+    flag = _Flag()
+    waiters = [asyncio.create_task(flag.wait(), name=f"flag-waiter:{i}") for i in range(3)]
+    try:
+        await asyncio.sleep(0)
+        waiters[0].cancel()
+        await asyncio.sleep(0)
+        assert waiters[0].cancelled()
+        assert not any(w.done() for w in waiters[1:])
+        flag.set()
+        await asyncio.wait_for(asyncio.gather(*waiters[1:]), 1)
+        assert flag.is_set()
+        await asyncio.wait_for(flag.wait(), 1)  # set: returns at once
+        flag.clear()
+        late = asyncio.create_task(flag.wait(), name="flag-waiter:late")
+        waiters.append(late)
+        await asyncio.sleep(0.01)
+        assert not late.done()
+        flag.set()
+        await asyncio.wait_for(late, 1)
+    finally:
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)

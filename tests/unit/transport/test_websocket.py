@@ -221,3 +221,39 @@ async def test_a_reader_that_does_not_read_pauses_the_socket() -> None:
             await client.send(bytes(MAX))
             sent += 1
     assert len(got) == 64
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "mtls"])
+async def test_an_idle_connection_holds_no_read_buffer_and_no_handshake_headers(
+    pki: Path, tls: bool
+) -> None:
+    """Idle (small reads, all parsed): the reader lets its buffer go and reads into the shared
+    scratch; a frame that read only begins is kept in a buffer of its own and arrives whole.
+    The handshake's headers, let go, leave PING and the closing handshake working."""
+    idle: list[int] = []
+    got: list[bytes | str] = []
+    sizes = [10, 10_000, 3, 300_000, 5]
+
+    async def on_server(ws: ServerConnection) -> None:
+        assert isinstance(ws, TunnelConnectionMixin)
+        ws.forget_handshake()
+        assert ws.request is not None and not ws.request.headers
+        got.extend(await receive(ws, 1))
+        idle.append(ws.read_buffer_size)
+        got.extend(await receive(ws, len(sizes)))
+        with contextlib.suppress(ConnectionClosedOK):
+            await ws.recv()
+
+    async with pair(on_server, pki=pki if tls else None) as client:
+        assert isinstance(client, TunnelConnectionMixin)
+        client.forget_handshake()
+        await client.send(b"small")
+        while not idle:
+            await asyncio.sleep(0.01)
+        for i, size in enumerate(sizes):
+            await client.send(bytes([i]) * size)
+            await asyncio.sleep(0.05)  # each message on an idle connection
+        await asyncio.wait_for(await client.ping(b"still there"), WAIT)
+        await client.close(1001, "bye")
+    assert idle == [0]
+    assert got == [b"small"] + [bytes([i]) * size for i, size in enumerate(sizes)]
