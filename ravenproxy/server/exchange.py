@@ -114,6 +114,7 @@ class _Parsed:
 
     __slots__ = (
         "_fields",
+        "_last",
         "_start",
         "_trailers",
         "bodiless",
@@ -142,6 +143,10 @@ class _Parsed:
         self._start = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._trailers: list[tuple[bytes, bytes]] = []
+        self._last: tuple[bytes, list[tuple[bytes, bytes]], object, str, Head] | None = None
+        """The last head as parsed (start, fields, method or status, version) and its
+        :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
+        same answer) is the same object, and what was derived from it can be reused."""
 
     def feed(self, data: bytes) -> bytes | None:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
@@ -179,6 +184,34 @@ class _Parsed:
     def on_headers_complete(self) -> None:
         self.in_head, self.in_body, self.fed = False, True, 0
         parser = self.parser
+        version = parser.get_http_version()
+        kind: object = (
+            parser.get_status_code()
+            if isinstance(parser, HttpResponseParser)
+            else parser.get_method()
+        )
+        last = self._last
+        if (
+            last is not None
+            and last[0] == self._start
+            and last[2] == kind
+            and last[3] == version
+            and last[1] == self._fields
+        ):
+            head = last[4]
+        else:
+            head = self._head(version)
+            self._last = (self._start, self._fields, kind, version, head)
+        self.events.append((_HEAD, head))
+        if self.bodiless and head.status >= 200:
+            # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
+            # connection is not used again.
+            self.in_body = False
+            self.events.append((_END, []))
+            raise _Stop
+
+    def _head(self, version: str) -> Head:
+        parser = self.parser
         headers: Headers = []
         lower: dict[str, str] = {}
         size = len(self._start) + 2
@@ -190,20 +223,11 @@ class _Parsed:
             seen = lower.get(key)
             lower[key] = value if seen is None else f"{seen}, {value}"
         start = self._start.decode("latin-1")
-        version = parser.get_http_version()
         if isinstance(parser, HttpResponseParser):
             status = parser.get_status_code()
-            head = Head(start, "", status, version, headers, lower, size + 15)
-        else:
-            method = parser.get_method().decode("ascii", "replace")
-            head = Head(method, start, 0, version, headers, lower, size + len(method) + 12)
-        self.events.append((_HEAD, head))
-        if self.bodiless and head.status >= 200:
-            # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
-            # connection is not used again.
-            self.in_body = False
-            self.events.append((_END, []))
-            raise _Stop
+            return Head(start, "", status, version, headers, lower, size + 15)
+        method = parser.get_method().decode("ascii", "replace")
+        return Head(method, start, 0, version, headers, lower, size + len(method) + 12)
 
     def on_body(self, body: bytes) -> None:
         self.events.append((_DATA, body))
@@ -288,6 +312,11 @@ class Exchange:
         self._body_error: Refuse | None = None
         self.started = False
         """Part of a response went to the client: a refusal can no longer be answered."""
+        # What the last request and response heads led to, reused while the next ones are
+        # the same objects (:attr:`_Parsed._last`) and what else it depends on is unchanged.
+        self._seen: tuple[Head, bool, RouteRequest] | None = None
+        self._built: tuple[Head, Route, bytes, bool, bool] | None = None
+        self._answered: tuple[tuple[object, ...], bytes, str, bool, bool, bool] | None = None
 
     # -- the client side ----------------------------------------------------------------------
     @property
@@ -337,6 +366,12 @@ class Exchange:
         return []  # bytes of a next request wait until this exchange is done
 
     def _on_request(self, request: Head) -> list[Action]:
+        seen = self._seen
+        if seen is not None and seen[0] is request:  # as the last one: it went on
+            self._client_keep = seen[1]
+            self._request, self._dest = request, seen[2].dest
+            self.phase = "routing"
+            return [seen[2]]
         if request.size > self.max_head:
             return self._refuse(431, "", f"request head larger than {self.max_head} bytes")
         headers, lower = request.headers, request.lower
@@ -366,7 +401,9 @@ class Exchange:
             self.phase = "closed"
             return [*self._drop_upstream(), Tunnel(dest, self._client_raw or b"")]
         self.phase = "routing"
-        return [RouteRequest(dest)]
+        action = RouteRequest(dest)
+        self._seen = (request, self._client_keep, action)
+        return [action]
 
     # -- routing and the target connection ----------------------------------------------------
     def routed(self, route: Route) -> list[Action]:
@@ -406,6 +443,14 @@ class Exchange:
         return [CloseUpstream()]
 
     def _build_outbound(self, request: Head, dest: Destination, route: Route) -> None:
+        self.body_done = False
+        self._body_error = None
+        self.started = False
+        built = self._built
+        if built is not None and built[0] is request and built[1] is route:
+            self._outbound = [built[2]]
+            self._upgrade, self._chunked_up = built[3], built[4]
+            return
         headers, lower = request.headers, request.lower
         upgrade = wants_upgrade(headers) if "connection" in lower else None
         self._upgrade = upgrade is not None
@@ -421,10 +466,9 @@ class Exchange:
         # RFC 9110 §7.6.3; also how a request that comes back here is recognised.
         out.append(("Via", f"{request.version} {self.via}"))
         head = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-        self._outbound = [head + _fields(out) + b"\r\n"]
-        self.body_done = False
-        self._body_error = None
-        self.started = False
+        head += _fields(out) + b"\r\n"
+        self._outbound = [head]
+        self._built = (request, route, head, self._upgrade, self._chunked_up)
 
     def _send(self) -> list[Action]:
         """The request (and the body bytes at hand) to the target connection."""
@@ -556,6 +600,23 @@ class Exchange:
 
     def _response_head(self, response: Head, *, bodiless: bool) -> bytes:
         """The head for the client, and how the body after it is framed."""
+        key = (response, bodiless, self._request, self._client_keep, self._up is not None)
+        answered = self._answered
+        if answered is not None and answered[0] == key:
+            _, head, self._body_out, self._until_close, self._up_keep, self._client_keep = answered
+            return head
+        head = self._new_response_head(response, bodiless=bodiless)
+        self._answered = (
+            key,
+            head,
+            self._body_out,
+            self._until_close,
+            self._up_keep,
+            self._client_keep,
+        )
+        return head
+
+    def _new_response_head(self, response: Head, *, bodiless: bool) -> bytes:
         headers, lower = response.headers, response.lower
         kept = forwardable(headers, names=lower)
         te = lower.get("transfer-encoding", "").lower()

@@ -54,7 +54,8 @@ _IO_ERRORS = (ConnectionError, StreamClosedError, OSError)
 
 KEEPALIVE_TIMEOUT = 300.0
 """A kept-alive client connection with no byte of a next request for this long is closed (once
-a head has begun, --header-timeout bounds it)."""
+a head has begun, --header-timeout bounds it). Checked as :class:`IdleWatch` checks: while other
+connections are busy, up to an eighth of it later."""
 
 
 class HttpProxy:
@@ -124,6 +125,7 @@ class _Connection:
         "authenticated",
         "ctx",
         "ex",
+        "keepalive",
         "lease",
         "peer",
         "proxy",
@@ -156,6 +158,8 @@ class _Connection:
         self.watch = IdleWatch(self.ctx.limits.idle_timeout)
         """Guards each wait for the target's answer (--idle-timeout); one per connection,
         entered once per read: entering stamps the activity of the last event."""
+        self.keepalive: IdleWatch | None = None
+        """Guards the wait for a next request (KEEPALIVE_TIMEOUT), from the second one on."""
 
     async def run(self) -> None:
         front = self.proxy.front
@@ -214,13 +218,13 @@ class _Connection:
             if drain.draining:  # the server drains: no next request on this connection
                 raise _Done
             drain.idle(self.writer)
+            if self.keepalive is None:
+                self.keepalive = IdleWatch(KEEPALIVE_TIMEOUT)
             try:
-                async with asyncio.timeout(KEEPALIVE_TIMEOUT) as idle:
+                async with self.keepalive:
                     data = await self.reader.read(READ_LIMIT)
-            except TimeoutError:
-                if idle.expired():
-                    raise _Done from None
-                raise
+            except IdleTimeout:
+                raise _Done from None
             finally:
                 drain.busy(self.writer)
             actions = self.ex.receive_client(data)

@@ -16,6 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from ravenproxy.errors import RavenProxyError
+from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
 from ravenproxy.wire.codes import ErrorCode
 
@@ -23,27 +24,13 @@ READ_LIMIT = 1024 * 1024
 """Largest single read from a socket; also the StreamReader buffer limit we open sockets with."""
 
 
-class LeanStreamProtocol(asyncio.StreamReaderProtocol):
-    """asyncio's :class:`~asyncio.StreamReaderProtocol` with its drain waiters in a list:
-    asyncio keeps them in a deque, whose first 64-slot block (~700 bytes) every connection
-    holds from the start, idle or not; an empty list is 56 bytes. The waiters are only
-    appended, removed and iterated, which a list does alike."""
-
-    def __init__(self, reader: asyncio.StreamReader) -> None:
-        super().__init__(reader)
-        self._drain_waiters: list[asyncio.Future[None]] = []
-
-
-async def open_connection(
-    host: str, port: int
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """:func:`asyncio.open_connection` with :class:`LeanStreamProtocol` and a READ_LIMIT
-    buffer limit."""
+async def open_connection(host: str, port: int) -> tuple[SocketStream, SocketStream]:
+    """Connect to ``host:port``: the connection's reader and writer, one :class:`SocketStream`
+    (READ_LIMIT its buffer limit) rather than asyncio's reader, writer and protocol — fewer
+    objects per dialled connection and less work per read and write."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=READ_LIMIT)
-    protocol = LeanStreamProtocol(reader)
-    transport, _ = await loop.create_connection(lambda: protocol, host, port)
-    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+    _, stream = await loop.create_connection(lambda: SocketStream(READ_LIMIT), host, port)
+    return stream, stream
 
 
 class ByteStream(Protocol):
@@ -105,7 +92,7 @@ class SocketByteStream:
 
     __slots__ = ("reader", "writer")
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: SocketReader, writer: SocketWriter) -> None:
         self.reader = reader
         self.writer = writer
 

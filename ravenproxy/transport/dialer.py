@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ravenproxy.model.allowlist import Allowlist, IPAddress, denied_always
 from ravenproxy.transport.bytestream import open_connection
+from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.errors import WireError
 
@@ -20,8 +21,8 @@ class DialError(WireError):
 
 @dataclass(frozen=True)
 class Dialed:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    reader: SocketReader
+    writer: SocketWriter
     address: str
 
 

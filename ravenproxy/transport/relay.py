@@ -50,31 +50,39 @@ class IdleWatch:
     per connection: an idle connection's own timer was a large part of what it held.
     """
 
-    __slots__ = ("_cm", "_loop", "_sweep", "last", "timeout")
+    __slots__ = ("_cancelling", "_expired", "_loop", "_sweep", "_task", "last", "timeout")
 
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
         self._loop = asyncio.get_running_loop()
         self.last = self._loop.time()
-        self._cm: asyncio.Timeout | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._expired = False
+        self._cancelling = 0
         self._sweep: _Sweep | None = None
 
     def touch(self) -> None:
         """A byte moved: the connection is not idle."""
         self.last = self._loop.time()
 
+    # Entered once per read on a keep-alive connection: the guard is the watch itself (the
+    # task it cancels, a flag), not an asyncio.timeout made and torn down each time.
     async def __aenter__(self) -> IdleWatch:
-        self.touch()
-        self._cm = asyncio.timeout(None)
-        await self._cm.__aenter__()
+        self.last = self._loop.time()
         if self.timeout is not None:
+            self._task = task = asyncio.current_task(self._loop)
+            assert task is not None
+            self._expired = False
+            self._cancelling = task.cancelling()
             self._sweep = _Sweep.of(self._loop, self.timeout)
             self._sweep.add(self)
         return self
 
     def _expire(self, now: float) -> None:
-        assert self._cm is not None
-        self._cm.reschedule(now)  # cancels the guarded block at once
+        """Cancel the guarded block at once (its exit turns that into :class:`IdleTimeout`)."""
+        if self._task is not None:
+            self._expired = True
+            self._task.cancel()
 
     async def __aexit__(
         self,
@@ -85,14 +93,14 @@ class IdleWatch:
         if self._sweep is not None:
             self._sweep.remove(self)
             self._sweep = None
-        assert self._cm is not None
-        try:
-            await self._cm.__aexit__(exc_type, exc, tb)  # never swallows: returns None
-        except TimeoutError:  # raised by the timeout itself: only when it expired
-            assert self.timeout is not None
-            raise IdleTimeout(self.timeout) from None
-        finally:
-            self._cm = None
+        task, self._task = self._task, None
+        if self._expired:
+            self._expired = False
+            assert task is not None and self.timeout is not None
+            # Ours alone (no other cancellation pending): the block was idle. As
+            # asyncio.timeout does it.
+            if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+                raise IdleTimeout(self.timeout) from None
 
 
 class _Sweep:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,7 @@ from typing import Any
 from websockets.asyncio.connection import Connection as WebSocket
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
+from websockets.speedups import apply_mask
 
 from ravenproxy.log import kv
 from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
@@ -300,28 +302,27 @@ class Session:
             await self._drain_event.wait()
 
     async def _writer(self) -> None:
-        # The server side sends unmasked frames, so it can put each message's pieces on the
-        # transport as they are: no join, no frame-serialisation copy (RFC 6455 §5.2 header,
-        # FIN + binary opcode). The client side must mask, which websockets does.
-        raw = self.conn.server_side
+        # One batch is what every stream queued since the writer last ran (a loop
+        # iteration's worth under load). It goes to the transport as a few large writes, not
+        # one per message: over TLS each piece written is a record of its own (and its own
+        # encryption call), and small messages (a GET and its answer) are mostly overhead.
+        # The frames are made here (RFC 6455 §5.2: FIN + binary opcode), masked on the client
+        # side (§5.3) with websockets' C masking; bulk payloads go on as they are, uncopied.
+        mask = not self.conn.server_side
         try:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                if raw:
-                    batch = self.conn.pieces_to_send()
-                    self._taken.set()
-                    for pieces in batch:
+                batch = self.conn.pieces_to_send()
+                self._taken.set()
+                out = _Frames(mask=mask, messages=len(batch))
+                for pieces in batch:
+                    out.add(pieces)
+                    if out.size >= WRITE_CHUNK or pieces is batch[-1]:
                         if self.ws.protocol.state is not WsState.OPEN:
                             return
-                        size = sum(len(p) for p in pieces)
-                        self.ws.transport.writelines([_binary_frame_header(size), *pieces])
+                        self.ws.transport.writelines(out.take())
                         await self.ws.drain()
-                else:
-                    messages = self.conn.data_to_send()
-                    self._taken.set()
-                    for message in messages:
-                        await self.ws.send(message)
                 self._drain_event.set()
         except ConnectionClosed:
             pass
@@ -530,13 +531,73 @@ class Session:
             stream.close()
 
 
-def _binary_frame_header(size: int) -> bytes:
-    """Header of an unmasked, final, binary WebSocket frame of ``size`` payload bytes."""
+WRITE_CHUNK = 256 * 1024
+"""Bytes of frames the writer hands the transport at once, at most (beyond one message) before
+it waits for the transport to drain."""
+
+COALESCE = 16 * 1024
+"""Pieces smaller than this (a TLS record's payload) are gathered into one buffer; larger ones
+are written as they are."""
+
+
+class _Frames:
+    """WebSocket frames of binary messages, gathered for one write: small pieces joined into
+    runs of at most :data:`COALESCE` bytes, larger pieces (bulk payloads) left alone."""
+
+    __slots__ = ("key_at", "keys", "mask", "out", "run", "size")
+
+    def __init__(self, *, mask: bool, messages: int) -> None:
+        self.mask = mask
+        self.keys = os.urandom(4 * messages) if mask else b""
+        """The masking keys of the batch, drawn at once (RFC 6455 §5.3: unpredictable)."""
+        self.key_at = 0
+        self.out: list[bytes | bytearray | memoryview] = []
+        self.run = bytearray()
+        self.size = 0
+
+    def add(self, pieces: list[bytes | memoryview]) -> None:
+        size = sum(len(p) for p in pieces)
+        self.size += size
+        if self.mask:
+            key = self.keys[self.key_at : self.key_at + 4]
+            self.key_at += 4
+            payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            self._piece(_binary_frame_header(size, masked=True) + key)
+            self._piece(apply_mask(payload, key))
+        else:
+            self._piece(_binary_frame_header(size))
+            for piece in pieces:
+                self._piece(piece)
+
+    def _piece(self, piece: bytes | memoryview) -> None:
+        if len(piece) < COALESCE:
+            self.run += piece
+            if len(self.run) >= COALESCE:
+                self.out.append(self.run)
+                self.run = bytearray()
+            return
+        if self.run:
+            self.out.append(self.run)
+            self.run = bytearray()
+        self.out.append(piece)
+
+    def take(self) -> list[bytes | bytearray | memoryview]:
+        out = self.out
+        if self.run:
+            out.append(self.run)
+        self.out, self.run, self.size = [], bytearray(), 0
+        return out
+
+
+def _binary_frame_header(size: int, *, masked: bool = False) -> bytes:
+    """Header of a final, binary WebSocket frame of ``size`` payload bytes (the masking key,
+    if ``masked``, follows it)."""
+    bit = 0x80 if masked else 0
     if size < 126:
-        return bytes((0x82, size))
+        return bytes((0x82, bit | size))
     if size < 1 << 16:
-        return struct.pack("!BBH", 0x82, 126, size)
-    return struct.pack("!BBQ", 0x82, 127, size)
+        return struct.pack("!BBH", 0x82, bit | 126, size)
+    return struct.pack("!BBQ", 0x82, bit | 127, size)
 
 
 def _close_text(exc: ConnectionClosed | None) -> str:

@@ -3,9 +3,10 @@
 What the fronts and the relay use of asyncio's streams — ``read(n)`` on the reader; ``write``,
 ``drain``, ``write_eof``, ``close`` … on the writer — typed as :class:`SocketReader` and
 :class:`SocketWriter`, which asyncio's :class:`~asyncio.StreamReader` and
-:class:`~asyncio.StreamWriter` also satisfy (the agent's dialled sockets keep them).
+:class:`~asyncio.StreamWriter` also satisfy.
 
-:class:`SocketStream` is both, for the server's accepted front sockets: idle connections are the
+:class:`SocketStream` is both, for the server's accepted front sockets and every dialled target
+connection (:func:`ravenproxy.transport.bytestream.open_connection`): idle connections are the
 common case at scale, and asyncio's trio (reader, writer, protocol: three objects with a
 ``__dict__`` each, a buffer, two futures, a weak reference) costs ~1 KiB more per connection than
 one object with ``__slots__`` whose futures are made only while someone waits. Same semantics
@@ -168,6 +169,14 @@ class SocketStream(asyncio.Protocol):
             if not self._write_paused:
                 return
             waiter = self._drain_waiter
+            if waiter is None or waiter.done():
+                waiter = self._drain_waiter = asyncio.get_running_loop().create_future()
+            await waiter
+
+    async def wait_closed(self) -> None:
+        """Until the connection is gone (after :meth:`close`)."""
+        while not self._lost:
+            waiter = self._drain_waiter  # connection_lost wakes the drainer
             if waiter is None or waiter.done():
                 waiter = self._drain_waiter = asyncio.get_running_loop().create_future()
             await waiter

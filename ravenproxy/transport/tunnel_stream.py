@@ -177,6 +177,15 @@ class TunnelStream:
 
     async def write(self, data: bytes | memoryview) -> None:
         """Send all of ``data``, waiting for credit as needed."""
+        session = self.session
+        if self._error is None and 0 < len(data) <= session.conn.send_window(self.id):
+            # The common small write: credit at hand, one frame, no waiting.
+            session.conn.send_data(self.id, data)
+            self.bytes_out += len(data)
+            session._flush()
+            if session.conn.pending_bytes > session.config.wire.max_message_size:
+                await session._drained()
+            return
         view = memoryview(data)
         while view:
             room = await self.writable()

@@ -193,6 +193,11 @@ class Connection:
         self._conn_send.consume(n)
         # Never build a message larger than our own message limit, whatever the peer allows.
         step = min(self.peer_max_frame_size, self.config.max_message_size - 12)
+        if 0 < n <= step and type(data) is bytes:  # one frame, nothing to copy (small writes)
+            self._out.data(encode_data_header(stream_id, n, fin), data)
+            if fin:
+                self._transition(stream, Input.SEND_FIN)
+            return
         view = memoryview(data)
         if not view.readonly:
             # Queued payloads are referenced, not copied, until data_to_send() joins them into

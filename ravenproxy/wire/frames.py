@@ -213,21 +213,27 @@ def _need_conn(type_: FrameType, stream_id: int) -> None:
         raise ProtocolError(f"{type_.name} on stream {stream_id}, must be stream 0")
 
 
+# Per frame decoded: a dict lookup and plain ints, not an enum constructor call and an IntFlag
+# operation (both Python-level code in the enum module).
+_FRAME_TYPES = {int(t): t for t in FrameType}
+_FIN = int(Flag.FIN)
+_ACK = int(Flag.ACK)
+
+
 def _decode_one(
     type_byte: int, flags: int, stream_id: int, payload: memoryview, message_size: int
 ) -> Frame | None:
     """``message_size``: of the immutable message ``payload`` is part of, 0 for one that may
     change (DATA payloads are then copied)."""
-    try:
-        type_ = FrameType(type_byte)
-    except ValueError:
+    type_ = _FRAME_TYPES.get(type_byte)
+    if type_ is None:
         return None  # unknown frame types are ignored, so later versions can add some
     size = len(payload)
     if type_ is FrameType.DATA:
         _need_stream(type_, stream_id)
         in_place = 0 < message_size <= size * IN_PLACE_SHARE
         data = payload if in_place else bytes(payload)
-        return Data(stream_id, data, bool(flags & Flag.FIN))
+        return Data(stream_id, data, bool(flags & _FIN))
     if type_ is FrameType.WINDOW_UPDATE:
         if size != 4:
             raise FrameSizeError(f"WINDOW_UPDATE payload is {size} bytes, must be 4")
@@ -273,7 +279,7 @@ def _decode_one(
         _need_conn(type_, stream_id)
         if size != 8:
             raise FrameSizeError(f"PING payload is {size} bytes, must be 8")
-        return Ping(bytes(payload), bool(flags & Flag.ACK))
+        return Ping(bytes(payload), bool(flags & _ACK))
     if type_ is FrameType.GOAWAY:
         _need_conn(type_, stream_id)
         if size < _GOAWAY_HEAD.size:

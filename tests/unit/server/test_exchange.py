@@ -337,3 +337,38 @@ def test_pipelined_requests_are_answered_in_order() -> None:
     assert ex.head_begun
     assert only(ex.poll(), RouteRequest).dest.target == "/b"  # type: ignore[attr-defined]
     assert to_upstream(ex.routed(route("edge-1"))).startswith(b"get /b ")
+
+
+def test_the_same_head_again_is_answered_the_same_and_a_changed_one_anew() -> None:
+    """A keep-alive client polling one URL: the second identical request and the target's
+    identical answer reuse what the first ones led to (same bytes out), while a request or an
+    answer that differs in one field is worked out again."""
+    ex = Exchange(via=VIA, max_head=4096)
+    edge1 = route("edge-1")
+    ex.receive_client(get("/ping", "edge-1:9100"))
+    ex.routed(edge1)
+    first_up = to_upstream(ex.upstream_opened())
+    first_down = to_client(ex.receive_upstream(OK))
+
+    ex.receive_client(get("/ping", "edge-1:9100"))
+    assert to_upstream(ex.routed(edge1)) == first_up
+    actions = ex.receive_upstream(OK)
+    assert to_client(actions) == first_down and Count(200) in actions
+    assert ex.phase == "head"
+
+    # One field more on the request: a new head for the target, carrying it.
+    ex.receive_client(b"GET /ping HTTP/1.1\r\nHost: edge-1:9100\r\nX-Scrape: 2\r\n\r\n")
+    sent = to_upstream(ex.routed(edge1))
+    assert sent != first_up and b"x-scrape: 2\r\n" in sent
+    # The target answers differently (it closes): the client still gets it whole, and the
+    # kept connection is dropped.
+    closing = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+    actions = ex.receive_upstream(closing)
+    assert to_client(actions).endswith(b"\r\n\r\nok") and CloseUpstream() in actions
+    # A request the client marks as its last: answered with Connection: close, then closed.
+    ex.receive_client(b"GET /ping HTTP/1.1\r\nHost: edge-1:9100\r\nConnection: close\r\n\r\n")
+    assert kinds(ex.routed(edge1)) == [OpenUpstream]
+    ex.upstream_opened()
+    actions = ex.receive_upstream(OK)
+    assert b"connection: close" in to_client(actions).lower()
+    assert isinstance(actions[-1], Close)

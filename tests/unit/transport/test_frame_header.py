@@ -1,11 +1,15 @@
-"""The server writes tunnel messages as raw WebSocket frames: byte-identical to websockets'."""
+"""The session writes tunnel messages as raw WebSocket frames (both sides: the agent's masked):
+what websockets' parser reads back as the same messages, small ones gathered into one write."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from websockets.frames import Frame, Opcode
+from websockets.streams import StreamReader
 
-from ravenproxy.transport.session import _binary_frame_header
+from ravenproxy.transport.session import COALESCE, _binary_frame_header, _Frames
 
 
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 1 << 20, (1 << 20) + 1036])
@@ -13,3 +17,43 @@ def test_header_matches_websockets_serialisation(size: int) -> None:
     data = bytes(size)
     expected = Frame(Opcode.BINARY, data).serialize(mask=False, extensions=[])
     assert _binary_frame_header(size) + data == expected
+
+
+def parse(wire: bytes, *, masked: bool) -> list[bytes]:
+    """The binary messages websockets' own frame parser reads from ``wire``."""
+    reader = StreamReader()
+    reader.feed_data(wire)
+    reader.feed_eof()
+    messages = []
+    while reader.buffer:
+        parser = Frame.parse(reader.read_exact, mask=masked, max_size=None, extensions=[])
+        try:
+            while True:
+                next(parser)
+        except StopIteration as done:
+            frame = done.value
+        assert frame.opcode is Opcode.BINARY and frame.fin
+        messages.append(bytes(frame.data))
+    return messages
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_batch_is_few_writes_that_parse_back_to_its_messages(masked: bool) -> None:
+    big = os.urandom(3 * COALESCE)
+    batch: list[list[bytes | memoryview]] = [
+        [b"\x00\x01head", b"ok"],  # a small DATA frame: header and payload
+        [b"ping"],
+        [b"\x00\x02head", memoryview(big)],  # bulk: the payload goes on uncopied (unmasked)
+        [b"pong"],
+    ]
+    frames = _Frames(mask=masked, messages=len(batch))
+    for pieces in batch:
+        frames.add(pieces)
+    out = frames.take()
+    # The small messages and the bulk one's header in one run; its payload; the last one.
+    assert len(out) == 3
+    if not masked:
+        assert out[1] is batch[2][1]
+    wire = b"".join(bytes(p) for p in out)
+    assert parse(wire, masked=masked) == [b"".join(bytes(p) for p in m) for m in batch]
+    assert frames.take() == [] and frames.size == 0

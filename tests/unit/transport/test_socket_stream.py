@@ -82,3 +82,13 @@ async def test_drain_after_the_connection_is_lost_raises() -> None:
         with pytest.raises(ConnectionError):
             await stream.drain()
         assert stream.is_closing()
+
+
+async def test_wait_closed_returns_once_the_connection_is_gone() -> None:
+    async with accepted() as (stream, peer):
+        stream.write(b"bye")
+        stream.close()
+        await asyncio.wait_for(stream.wait_closed(), 5)
+        assert stream.is_closing()
+        assert peer.recv(16) == b"bye"
+        await asyncio.wait_for(stream.wait_closed(), 5)  # again: at once
