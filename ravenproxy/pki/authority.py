@@ -36,7 +36,7 @@ from ravenproxy.pki.identity import (
 from ravenproxy.pki.identity import (
     validate_node_name as validate_node_name,
 )
-from ravenproxy.pki.x509info import cert_from_der
+from ravenproxy.pki.x509info import cert_from_der, read_file
 
 log = logging.getLogger(__name__)
 
@@ -473,21 +473,10 @@ def write_pem_bytes(path: Path | str, pem: bytes) -> None:
     _atomic_write(Path(path), pem, CERT_MODE, overwrite=True)
 
 
-def _read(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError as exc:
-        raise PKIError(f"{what} {path}: No such file") from exc
-    except IsADirectoryError as exc:
-        raise PKIError(f"{what} {path}: is a directory") from exc
-    except OSError as exc:
-        raise PKIError(f"{what} {path}: cannot read: {exc.strerror or exc}") from exc
-
-
 def load_certs(path: Path | str, what: str = "certificate") -> list[x509.Certificate]:
     """Every certificate in a PEM file (a bundle or a chain), at least one."""
     p = Path(path)
-    return parse_certs_pem(_read(p, what), f"{what} {p}")
+    return parse_certs_pem(read_file(p, what), f"{what} {p}")
 
 
 def load_cert(path: Path | str, what: str = "certificate") -> x509.Certificate:
@@ -498,7 +487,7 @@ def load_cert(path: Path | str, what: str = "certificate") -> x509.Certificate:
 def load_key(path: Path | str, what: str = "key") -> ec.EllipticCurvePrivateKey:
     """An unencrypted ECDSA private key from a PEM file."""
     p = Path(path)
-    key = parse_key_pem(_read(p, what), f"{what} {p}")
+    key = parse_key_pem(read_file(p, what), f"{what} {p}")
     log.debug("loaded key", extra=kv(path=str(p)))
     return key
 

@@ -39,6 +39,7 @@ from ravenproxy.pki.credentials import (
     load_credentials,
     parse_credentials,
 )
+from ravenproxy.pki.x509info import read_file
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +70,7 @@ def read_sources(files: CredentialFiles) -> tuple[PemSource, PemSource, PemSourc
     """The three files' bytes; a file that cannot be read is a :class:`PKIError` naming it."""
     out: list[PemSource] = []
     for name, path in files.named():
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError as exc:
-            raise PKIError(f"{name} {path}: No such file") from exc
-        except IsADirectoryError as exc:
-            raise PKIError(f"{name} {path}: is a directory") from exc
-        except OSError as exc:
-            raise PKIError(f"{name} {path}: cannot read: {exc.strerror or exc}") from exc
-        out.append(PemSource(name, str(path), data))
+        out.append(PemSource(name, str(path), read_file(path, name)))
     return out[0], out[1], out[2]
 
 
