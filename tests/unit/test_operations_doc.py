@@ -59,6 +59,10 @@ ITEM_LINES = {
         "dns: full, closed the longest-idle TCP connection",
         "dns: TCP client idle, closed",
     ],
+    "12 gateway key": [
+        "published the WireGuard public key",
+        "cannot publish the WireGuard key",
+    ],
 }
 
 
