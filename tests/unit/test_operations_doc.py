@@ -1,7 +1,8 @@
 """docs/operations.md stays true to the code (issue 8, "Done when"): every metric the server and
 the controller register is listed under its exposed name, every ``--flag`` it names is a flag of
-some ravenproxy command, and the log lines and answers of the hardening items it quotes are
-the ones the source writes."""
+some ravenproxy command, the numeric defaults it and the README's "What is refused" give are the
+ones ``--help`` shows, and the log lines and answers of the hardening items it quotes are the
+ones the source writes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from ravenproxy.metrics import ControllerMetrics, ServerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "operations.md").read_text()
+README = (ROOT / "README.md").read_text()
+REFUSED = README[README.index("### What is refused") :]
+REFUSED = REFUSED[: REFUSED.index("\n### ", 1)]
 FLAT_DOC = " ".join(DOC.split())  # the doc wraps quoted lines anywhere
 
 FOREIGN_FLAGS = {"--kubelet-client-certificate"}  # kube-apiserver's, named in the text
@@ -71,14 +75,19 @@ def _exposed_names(registry: CollectorRegistry) -> list[str]:
     return [m.name + "_total" if m.type == "counter" else m.name for m in registry.collect()]
 
 
-def _flags(parser: argparse.ArgumentParser, found: set[str]) -> set[str]:
+def _flags(parser: argparse.ArgumentParser, found: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Every option string of every (sub)command, with the help texts it has."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 _flags(sub, found)
         else:
-            found.update(action.option_strings)
+            for option in action.option_strings:
+                found.setdefault(option, []).append(action.help or "")
     return found
+
+
+FLAGS = _flags(build_parser(), {})
 
 
 def _source_strings() -> list[str]:
@@ -107,9 +116,33 @@ def test_every_registered_metric_is_listed(registry: CollectorRegistry) -> None:
 
 
 def test_every_flag_named_is_a_flag_of_a_command() -> None:
-    flags = _flags(build_parser(), set())
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", DOC)) - FOREIGN_FLAGS
-    assert named - flags == set()
+    assert named - set(FLAGS) == set()
+
+
+def _stated_defaults() -> list[tuple[str, float]]:
+    """(flag, value) wherever the docs give a flag's default as a number: a table row
+    ``| `--flag N` | 10 |``, ``(default 3)`` after a flag, or the README's ``(10 s)``,
+    ``(4 h)`` (hours as seconds)."""
+    flag = r"`(--[a-z0-9-]+)(?: [A-Z]+)?`"
+    number = r"([0-9][0-9.]*)\b( h\b)?"
+    found = [
+        *re.findall(rf"^\|\s*(?:\w+\s+)?{flag}\s*\|\s*{number}", DOC, re.M),
+        *re.findall(rf"{flag}\s*\(default {number}", DOC),
+        *re.findall(rf"{flag}\s*\({number}", REFUSED),
+    ]
+    return [(f, float(n) * (3600 if hours else 1)) for f, n, hours in found]
+
+
+def test_the_defaults_stated_are_the_ones_help_shows() -> None:
+    stated = _stated_defaults()
+    assert len(stated) >= 12, stated  # the limits tables and the README's refusals
+    wrong = []
+    for flag, value in stated:
+        shown = [re.search(r"\(default ([0-9.]+)", h) for h in FLAGS[flag]]
+        if not any(m is not None and float(m.group(1)) == value for m in shown):
+            wrong.append((flag, value, FLAGS[flag]))
+    assert not wrong
 
 
 @pytest.mark.parametrize("item", sorted(ITEM_LINES))
