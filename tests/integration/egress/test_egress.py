@@ -21,6 +21,7 @@ from websockets.uri import parse_uri
 
 from tests.helpers import close_writer
 from tests.integration.egress.env import (
+    CLOUD_IP,
     CLOUD_POD,
     EDGE2_POD,
     EDGE3_POD,
@@ -199,6 +200,29 @@ async def test_pod_ip_refused_by_an_agent_without_allow_pods(
             await dial(egress, f"{EDGE3_POD}:{port}", transport)
     assert refused.value.status == 403
     assert b"edge-3: refused by the agent's allowlist" in refused.value.body
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_service_of_the_servers_own_node_outside_its_policy_is_403(
+    egress: Egress, transport: str
+) -> None:
+    """The egress listeners dial under the same policy as the other fronts (issue 8, item 2):
+    a service on cloud-1 (the server's own node) on a port the policy does not admit is refused
+    naming the address, and nothing connects to it."""
+    connected = asyncio.Event()
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()
+
+    async with tcp_server(record, host=CLOUD_IP) as port:
+        with pytest.raises(ConnectRefused) as refused:
+            await dial(egress, f"{CLOUD_IP}:{port}", transport)
+    assert refused.value.status == 403
+    assert (
+        refused.value.body
+        == f"cloud-1: {CLOUD_IP}:{port} is not in the server's allowlist\n".encode()
+    )
+    assert not connected.is_set()
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

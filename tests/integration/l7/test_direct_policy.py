@@ -115,3 +115,34 @@ async def test_the_kubelet_and_metrics_ports_of_the_gateway_are_dialled(cluster:
         assert (status, body) == (200, "secret")
     finally:
         await exporter.stop()
+
+
+async def test_own_listeners_are_refused_even_where_the_policy_admits_them(
+    cluster: Cluster, loopback_only: _Target
+) -> None:
+    # --allow admits every port of 127.0.0.1 (cloud-1's InternalIP): a loopback service is
+    # reached, yet the server's own metrics, health and tunnel listeners are not (403), and its
+    # fronts are loops (508).
+    await loopback_only.start()
+    try:
+        server = cluster.start_server("--allow", "127.0.0.1:*")
+        await cluster.wait_up()
+        http = server.ports["http"]
+        status, body = await curl(
+            "-H", f"Host: cloud-1:{loopback_only.port}", f"http://127.0.0.1:{http}/"
+        )
+        assert (status, body) == (200, "secret")
+        for name in ("metrics", "health", "tunnel"):
+            port = server.ports[name]
+            status, body = await curl("-H", f"Host: cloud-1:{port}", f"http://127.0.0.1:{http}/")
+            assert status == 403, (name, body)
+            assert body == f"cloud-1: 127.0.0.1:{port} is not in the server's allowlist\n", body
+        for name in ("http", "https"):
+            port = server.ports[name]
+            status, body = await curl("-H", f"Host: cloud-1:{port}", f"http://127.0.0.1:{http}/")
+            assert status == 508, (name, body)
+        m = await cluster.metrics()
+        assert m['ravenproxy_server_direct_dials_total{result="refused"}'] == 5
+        assert m['ravenproxy_server_direct_dials_total{result="ok"}'] == 1
+    finally:
+        await loopback_only.stop()

@@ -23,6 +23,8 @@ from ravenproxy.server.app import ProxyServer
 from ravenproxy.server.http_proxy import HttpProxy
 from ravenproxy.server.settings import ServerSettings
 
+pytestmark = pytest.mark.timeout(120)  # 400 examples take a few seconds; a hang fails here
+
 INVENTORY = """\
 apiVersion: v1
 kind: Node
