@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -31,6 +32,7 @@ from ravenproxy.log import kv
 from ravenproxy.server.accept import FrontListener, streams
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http_proxy import HttpProxy
+from ravenproxy.server.limits import ClientStreams
 from ravenproxy.transport.bytestream import READ_LIMIT
 from ravenproxy.transport.socket_stream import SocketStream
 
@@ -122,6 +124,12 @@ class EgressFront:
     name is ``egress-<transport>``)."""
 
     def __init__(self, ctx: FrontContext, transport: str) -> None:
+        # Its one client is kube-apiserver, authenticated (the socket file's mode and owner, or
+        # a client certificate), holding every kubectl logs/exec/port-forward of the cluster at
+        # once: --max-streams-per-client, a guard against an unauthenticated client of the
+        # fronts holding an agent's stream slots, does not apply (konnectivity-server has no
+        # such cap either); its streams still count against --max-front-connections.
+        ctx = dataclasses.replace(ctx, client_streams=ClientStreams(None))
         self.transport = transport
         self.name = f"egress-{transport}"
         self.kit = ctx

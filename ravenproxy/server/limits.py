@@ -90,10 +90,11 @@ class StreamLease:
 
 class ClientStreams:
     """Concurrent streams (CONNECT tunnels, upgraded streams, SNI passthroughs, connections to
-    targets carrying requests) per client address, capped at ``limit`` each."""
+    targets carrying requests) per client address, capped at ``limit`` each (None: counted,
+    never refused — the egress listeners, whose one client is an authenticated kube-apiserver)."""
 
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
+    def __init__(self, limit: int | None) -> None:
+        if limit is not None and limit < 1:
             raise ValueError("the per-client stream cap must be at least 1")
         self.limit = limit
         self._open: dict[str, int] = {}
@@ -101,7 +102,7 @@ class ClientStreams:
     def acquire(self, client: str) -> StreamLease | None:
         """A slot for ``client``, or None when it holds ``limit`` already."""
         count = self._open.get(client, 0)
-        if count >= self.limit:
+        if self.limit is not None and count >= self.limit:
             return None
         self._open[client] = count + 1
         return StreamLease(self, client)

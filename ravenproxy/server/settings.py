@@ -234,7 +234,8 @@ class ServerSettings:
         limits.DEFAULT_MAX_STREAMS_PER_CLIENT,
         "--max-streams-per-client",
         "N",
-        "concurrent streams of one client address; beyond it 429, or closed on SNI passthrough",
+        "concurrent streams of one client address on the HTTP and HTTPS fronts (not the egress "
+        "listeners); beyond it 429, or closed on SNI passthrough",
     )
     """Concurrent streams of one client address; beyond it 429 (SNI passthrough: closed)."""
     agent_leases: bool = setting(

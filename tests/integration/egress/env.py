@@ -180,6 +180,11 @@ async def egress_dial(
     return reader, writer
 
 
+STREAM_CAP = 4
+"""--max-streams-per-client of the server: the HTTP front refuses a fifth stream of one client,
+the egress listeners (kube-apiserver's) do not."""
+
+
 def start_egress(base: Path) -> Egress:
     cluster = Cluster(base)
     kpki = kubelet_pki(base, EDGE_IP, "kube-apiserver-kubelet-client")
@@ -212,6 +217,7 @@ def start_egress(base: Path) -> Egress:
             "--egress-client-ca-file", str(apiserver / "ca.crt"),
             "--allow-pods",
             "--dial-timeout", "2",
+            "--max-streams-per-client", str(STREAM_CAP),
             ports=ports,
         )  # fmt: skip
         inventory = ("--inventory", str(cluster.inventory))

@@ -19,6 +19,7 @@ from websockets.http11 import Response
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
+from ravenproxy.client import ConnectRefused as FrontRefused
 from tests.helpers import close_writer
 from tests.integration.egress.env import (
     CLOUD_IP,
@@ -28,6 +29,7 @@ from tests.integration.egress.env import (
     EDGE_IP,
     EDGE_POD,
     NOWHERE,
+    STREAM_CAP,
     ConnectRefused,
     Egress,
     egress_dial,
@@ -295,3 +297,32 @@ async def test_http_front_connect_routes_pod_ips_too(egress: Egress) -> None:
     async with tcp_server(echo, host=EDGE_POD) as port:
         reader, writer = await egress.cluster.connect(f"{EDGE_POD}:{port}")
         assert await echoes(reader, writer) == b"ping through egress\n"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_the_per_client_stream_cap_does_not_apply_to_kube_apiserver(
+    egress: Egress, transport: str
+) -> None:
+    """kube-apiserver is the one client of the egress listeners and holds every kubectl
+    logs/exec/port-forward of the cluster at once: more streams than --max-streams-per-client
+    are served there, while the HTTP front refuses the stream past the cap from one address."""
+    held: list[asyncio.StreamWriter] = []
+    try:
+        async with tcp_server(echo, host=EDGE_POD) as port:
+            for _ in range(STREAM_CAP + 2):
+                reader, writer = await dial(egress, f"{EDGE_POD}:{port}", transport)
+                held.append(writer)
+            writer.write(b"still served\n")
+            assert await asyncio.wait_for(reader.readline(), 10) == b"still served\n"
+            for _ in range(STREAM_CAP):
+                _, writer = await egress.cluster.connect(f"{EDGE_POD}:{port}")
+                held.append(writer)
+            with pytest.raises(FrontRefused) as refused:
+                await egress.cluster.connect(f"{EDGE_POD}:{port}")
+            assert refused.value.status == 429
+            assert f"too many concurrent streams from 127.0.0.1 (limit {STREAM_CAP})" in (
+                refused.value.body
+            )
+    finally:
+        for writer in held:
+            await close_writer(writer)
