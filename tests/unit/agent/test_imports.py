@@ -48,7 +48,7 @@ class Dump(logging.Handler):
                 f.write("\\n".join(sorted(sys.modules)))
             os.kill(os.getpid(), signal.SIGTERM)
 
-logging.getLogger("ravenproxy.agent.app").addHandler(Dump())
+logging.getLogger("ravenproxy.agent").addHandler(Dump())
 sys.exit(cli.main(sys.argv[2:]))
 """
 
