@@ -62,10 +62,17 @@ log = logging.getLogger(__name__)
 
 
 class Agent:
-    def __init__(self, settings: AgentSettings, store: ModelStore | None = None) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        store: ModelStore | None = None,
+        metrics: AgentMetrics | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store or ModelStore()
-        self.metrics = AgentMetrics()
+        # Kept only when served (--metrics-addr): nothing else reads them. A library agent
+        # that reads them itself passes its own.
+        self.metrics = metrics or AgentMetrics(served=settings.metrics_addr is not None)
         self._runners: list[web.AppRunner] = []
         self._stopping = False
         self._extra_allow = Allowlist.parse(settings.allow)
@@ -234,9 +241,11 @@ class Agent:
 
         addr = s.metrics_addr
         if addr is not None:
+            registry = self.metrics.registry
+            assert registry is not None, "an agent with --metrics-addr keeps its metrics"
             async with listening("--metrics-addr", addr):
                 runner, port = await start_app(
-                    metrics_app(self.metrics.registry, self._ready), addr.host, addr.port
+                    metrics_app(registry, self._ready), addr.host, addr.port
                 )
             self._runners.append(runner)
             self.ports["metrics"] = port

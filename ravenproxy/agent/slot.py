@@ -8,13 +8,13 @@ import logging
 import ssl
 from dataclasses import dataclass
 
-from websockets.asyncio.client import ClientConnection
-from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatus
 
 from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.log import kv
 from ravenproxy.transport.session import Session, websocket_options
+from ravenproxy.transport.websocket import TunnelClientConnection
+from ravenproxy.transport.websocket import connect as ws_connect
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +49,14 @@ def describe_connect_error(exc: BaseException) -> str:
     return repr(exc)
 
 
-async def connect(address: str, settings: AgentSettings, tls: ssl.SSLContext) -> ClientConnection:
+async def connect(
+    address: str, settings: AgentSettings, tls: ssl.SSLContext
+) -> TunnelClientConnection:
     """One WebSocket dial of ``address`` with ``tls`` (the current certificate)."""
     return await ws_connect(
         address,
         ssl=tls,
         open_timeout=10,
-        proxy=None,
         user_agent_header=f"ravenproxy-agent/{settings.node_name}",
         logger=logging.getLogger("ravenproxy.agent.websocket"),
         **websocket_options(settings.session.wire, server_side=False),

@@ -17,8 +17,6 @@ import logging
 import ssl
 from collections.abc import Callable
 
-from websockets.asyncio.client import ClientConnection
-
 from ravenproxy.agent.servers import (
     HEALTHY_AFTER,
     QUICK_REDIAL_WINDOW,
@@ -34,6 +32,7 @@ from ravenproxy.metrics import AgentMetrics
 from ravenproxy.model.store import ModelStore
 from ravenproxy.transport.credentials import CredentialsWatcher
 from ravenproxy.transport.session import Session, StreamClosedError, StreamHandler, TunnelStream
+from ravenproxy.transport.websocket import TunnelClientConnection
 from ravenproxy.wire.codes import DUPLICATE_CLOSE_CODE
 
 log = logging.getLogger(__name__)
@@ -227,7 +226,7 @@ class TunnelSlots:
             ),
         )
 
-    async def _connect(self, address: str) -> ClientConnection:
+    async def _connect(self, address: str) -> TunnelClientConnection:
         """One WebSocket dial with the current certificate."""
         return await connect(address, self.settings, self.credentials.contexts)
 
@@ -286,7 +285,9 @@ class TunnelSlots:
             self._set_state(tunnel, "down")
         self._forget(tunnel)
 
-    def _session(self, tunnel: Tunnel, ws: ClientConnection) -> tuple[Session, asyncio.Task[None]]:
+    def _session(
+        self, tunnel: Tunnel, ws: TunnelClientConnection
+    ) -> tuple[Session, asyncio.Task[None]]:
         s = self.settings
         session = Session(
             ws,
@@ -301,7 +302,7 @@ class TunnelSlots:
         return session, runner
 
     async def _hold(
-        self, tunnel: Tunnel, ws: ClientConnection, generation: int
+        self, tunnel: Tunnel, ws: TunnelClientConnection, generation: int
     ) -> tuple[str, float]:
         """Run one tunnel until it ends: ``("up", seconds up)``, ``("duplicate", 0)``, or
         (it ended before the server's SETTINGS) ``(why, 0)``. While it is up, a new
