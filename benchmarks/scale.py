@@ -134,6 +134,7 @@ async def _fleet_main(args: argparse.Namespace) -> None:
     ``DIR/fleet-FIRST.events`` as ``node up|down unix-time``."""
     from ravenproxy.agent.app import Agent
     from ravenproxy.agent.settings import AgentSettings
+    from ravenproxy.metrics import AgentMetrics
 
     logging.basicConfig(level=logging.ERROR)  # 1 000 agents retrying would flood the log
     base = Path(args.fleet)
@@ -149,7 +150,8 @@ async def _fleet_main(args: argparse.Namespace) -> None:
                 "key_file": str(base / "fleet" / f"{node}.key"),
             }
         )
-        agents.append(Agent(settings))
+        # Their metrics are read below (dump_dials), not served: kept all the same.
+        agents.append(Agent(settings, metrics=AgentMetrics()))
     tasks = [asyncio.create_task(a.run(), name=a.settings.node_name) for a in agents]
     state = [False] * len(agents)
     stop = asyncio.Event()
@@ -161,7 +163,9 @@ async def _fleet_main(args: argparse.Namespace) -> None:
         totals = [0.0, 0.0]
         for agent in agents:
             for k, result in enumerate(("ok", "failed")):
-                value = agent.metrics.registry.get_sample_value(
+                registry = agent.metrics.registry
+                assert registry is not None
+                value = registry.get_sample_value(
                     "ravenproxy_agent_connect_attempts_total", {"result": result}
                 )
                 totals[k] += value or 0.0

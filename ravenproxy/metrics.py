@@ -3,20 +3,54 @@
 Each process component owns a :class:`CollectorRegistry`, so several servers or agents in one
 test process never share counters. The HTTP app that serves them with health is
 :mod:`ravenproxy.metrics_http` (aiohttp's server, loaded only by a process that serves it).
+
+prometheus_client is imported by the component that builds its metrics, not with this module:
+an agent without ``--metrics-addr`` has nothing to read its metrics, so it keeps none
+(:class:`Unread` takes every update and drops it) and never loads prometheus_client, whose
+package brings http.server, wsgiref, urllib.request and more.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Counter, Gauge
 
 NS = "ravenproxy"
 
 
+class Unread:
+    """A metric nothing will read: labels, increments and sets are accepted and dropped."""
+
+    __slots__ = ()
+
+    def labels(self, *values: object, **labels: object) -> Unread:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+    def set_function(self, f: Callable[[], float]) -> None:
+        pass
+
+    def remove(self, *values: object) -> None:
+        pass
+
+
+UNREAD = Unread()
+
+
 def _task_gauge(registry: CollectorRegistry, component: str) -> None:
     """Live asyncio tasks: flat in a healthy process, so a leak shows as a slope."""
+    from prometheus_client import Gauge
+
     gauge = Gauge(f"{NS}_{component}_asyncio_tasks", "asyncio tasks alive", registry=registry)
 
     def count() -> float:
@@ -32,6 +66,8 @@ def _expiry_gauge(registry: CollectorRegistry) -> Gauge:
     """Certificate expiry by role, the same name on server and agent (one alert rule for both):
     ``server``/``agent`` is the process's own certificate, ``ca`` the CA it chains to. It moves
     at every reload."""
+    from prometheus_client import Gauge
+
     return Gauge(
         f"{NS}_certificate_expiry_timestamp_seconds",
         "When the certificate in use expires (Unix time), by role: this process's own "
@@ -43,6 +79,8 @@ def _expiry_gauge(registry: CollectorRegistry) -> Gauge:
 
 class ServerMetrics:
     def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
         r = self.registry = CollectorRegistry()
         _task_gauge(r, "server")
         self.cert_expiry = _expiry_gauge(r)
@@ -161,7 +199,32 @@ class ServerMetrics:
 
 
 class AgentMetrics:
-    def __init__(self) -> None:
+    """The agent's metrics; with ``served=False`` (no ``--metrics-addr``: nothing would read
+    them) every one is :data:`UNREAD`, there is no registry, and prometheus_client is not
+    imported."""
+
+    registry: CollectorRegistry | None
+    cert_expiry: Gauge | Unread
+    connected: Gauge | Unread
+    tunnels_up: Gauge | Unread
+    tunnels_wanted: Gauge | Unread
+    server_tunnel: Gauge | Unread
+    reconnects: Counter | Unread
+    duplicates: Counter | Unread
+    connects: Counter | Unread
+    streams: Gauge | Unread
+    dials: Counter | Unread
+    bytes: Counter | Unread
+
+    def __init__(self, served: bool = True) -> None:
+        if not served:
+            self.registry = None
+            for name in AgentMetrics.__annotations__:
+                if name != "registry":
+                    setattr(self, name, UNREAD)
+            return
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
         r = self.registry = CollectorRegistry()
         _task_gauge(r, "agent")
         self.cert_expiry = _expiry_gauge(r)
@@ -218,6 +281,8 @@ class ControllerMetrics:
     whether its model has synced."""
 
     def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
         r = self.registry = CollectorRegistry()
         _task_gauge(r, "controller")
         self.leader = Gauge(

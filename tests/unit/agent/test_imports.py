@@ -29,6 +29,13 @@ HEAVY = {
     "ravenproxy.pki.x509info; issuing, CSRs and certs commands keep cryptography)",
     "ravenproxy.pki.authority": "the CA (issuing)",
     "yaml": "PyYAML (--inventory, --config)",
+    "prometheus_client": "the metrics themselves (--metrics-addr: nothing else reads them; "
+    "without it ravenproxy.metrics.AgentMetrics keeps none)",
+    "websockets.asyncio.client": "websockets' asyncio client (the agent dials with "
+    "ravenproxy.transport.websocket.connect, on websockets' sans-I/O client protocol)",
+    "urllib.request": "proxy detection (websockets.asyncio.client) and prometheus_client's "
+    "exposition: with http.client and email's parser, ~2 MB of an idle agent",
+    "http.server": "prometheus_client's exposition",
 }
 
 # Runs the real entry point; the dump happens from a log handler, on the agent's own event.
@@ -48,7 +55,7 @@ class Dump(logging.Handler):
                 f.write("\\n".join(sorted(sys.modules)))
             os.kill(os.getpid(), signal.SIGTERM)
 
-logging.getLogger("ravenproxy.agent.app").addHandler(Dump())
+logging.getLogger("ravenproxy.agent").addHandler(Dump())
 sys.exit(cli.main(sys.argv[2:]))
 """
 
@@ -97,6 +104,7 @@ def test_metrics_flag_loads_the_http_server(tmp_path: Path) -> None:
     modules = loaded_modules(tmp_path, "--metrics-addr", f"127.0.0.1:{free_port()}")
     assert present(modules, "aiohttp.web")
     assert "ravenproxy.metrics_http" in modules
+    assert present(modules, "prometheus_client")
     assert not present(modules, "kubernetes_asyncio")
 
 
