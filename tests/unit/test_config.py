@@ -12,7 +12,8 @@ from ravenproxy import flags
 from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.config import Address, parse_address
 from ravenproxy.errors import ConfigError
-from ravenproxy.pki.authority import generate_ca, issue_client_cert, write_pem_cert
+from ravenproxy.pki.authority import generate_ca, issue_client_cert
+from ravenproxy.pki.pemfiles import write_pem_cert
 from ravenproxy.server.settings import ServerSettings
 
 AGENT_FIELDS = {o.key for o in flags.options(AgentSettings)}

@@ -30,13 +30,8 @@ import dns.exception
 import dns.message
 
 from ravenproxy.client import ConnectRefused, open_tunnel
-from ravenproxy.pki.authority import (
-    generate_ca,
-    issue_client_cert,
-    issue_server_cert,
-    write_pem_cert,
-    write_pem_key,
-)
+from ravenproxy.pki.authority import generate_ca, issue_client_cert, issue_server_cert
+from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_key
 from tests.helpers import eventually, free_port
 from tests.integration.cluster import Cluster, Proc
 from tests.integration.l7.env import Kubelet, start_kubelet
