@@ -112,7 +112,7 @@ def cmd_routes(args: argparse.Namespace) -> int:
     from ravenproxy.l3.driver import routes_command
     from ravenproxy.l3.settings import settings_from
 
-    values = vars(args)  # no --config: a one-shot command
+    values = flags.gather(args, NodeSettings)
     inventory, node = _node(values)
     if args.action != "cleanup":
         if not inventory:
@@ -312,8 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         "some ops could not be applied.",
     )
     routes.add_argument("action", choices=("plan", "apply", "run", "cleanup"))
+    _add_common(routes)
     flags.add_flags(routes, NodeSettings)
-    routes.add_argument("--log-level", default="INFO")
     routes.set_defaults(func=cmd_routes)
 
     doctor = sub.add_parser(
