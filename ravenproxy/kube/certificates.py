@@ -60,6 +60,7 @@ from ravenproxy.pki.issuance import (
     CERT_DIR_CA,
     CERT_DIR_CERT,
     CERT_DIR_KEY,
+    CERT_LIFETIME,
     Role,
 )
 from ravenproxy.pki.pemfiles import load_key, write_pem_bytes, write_pem_key
@@ -75,7 +76,7 @@ class RequestSettings:
     role: Role
     node: str
     cert_dir: Path
-    lifetime: float = 86400.0
+    lifetime: float = CERT_LIFETIME
     """``expirationSeconds``; the signer may cap it (the certificate's own validity counts)."""
     follow_ca_bundle: bool = True
     """Write ``ca.crt`` from the bundle ConfigMap (False: ``--ca-file`` wins)."""
