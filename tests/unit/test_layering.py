@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -163,3 +164,23 @@ def test_the_checker_sees_function_level_and_type_checking_imports() -> None:
     }
     found = {target for target, _ in _imports("ravenproxy.wire.probe", source, known)}
     assert found == known
+
+
+def _readme_layout() -> str:
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## How it is built\n", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_readme_shows_the_layout() -> None:
+    # README "How it is built": every package and top-level module is named, and every module
+    # it names exists.
+    layout = _readme_layout()
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    unnamed = [f"{p}/" for p in packages if not re.search(rf"^\s*{p}/", layout, re.M)]
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if not p.name.startswith("__"))
+    unnamed += [m for m in top if not re.search(rf"(?<![\w/]){re.escape(m)}\b", layout)]
+    assert not unnamed, f"README 'How it is built' does not name: {unnamed}"
+    existing = {p.name for p in PACKAGE.rglob("*.py")}
+    named = set(re.findall(r"[\w/]*?(\w+\.py)\b", layout))
+    assert named <= existing, f"README names modules that do not exist: {named - existing}"
