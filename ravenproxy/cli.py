@@ -164,8 +164,13 @@ def cmd_controller(args: argparse.Namespace) -> int:
     )
     if cmd.inventory:
         if cmd.dry_run:
-            print(dryrun.dry_run_inventory(cmd.inventory), end="")
-            return 0
+            inventory = cmd.inventory
+
+            async def show_inventory() -> int:
+                print(await dryrun.dry_run_inventory(inventory), end="")
+                return 0
+
+            return run_async(show_inventory())
         return run_async(
             serve_until_signalled(
                 dryrun.run_inventory_controller(
