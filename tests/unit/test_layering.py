@@ -184,3 +184,17 @@ def test_readme_shows_the_layout() -> None:
     existing = {p.name for p in PACKAGE.rglob("*.py")}
     named = set(re.findall(r"[\w/]*?(\w+\.py)\b", layout))
     assert named <= existing, f"README names modules that do not exist: {named - existing}"
+
+
+MAX_LINES = 500
+
+
+def test_no_module_over_500_lines() -> None:
+    # One module per concept (STYLE.md): a module past 500 lines holds more than one; split it
+    # by concept, not by cutting functions in half.
+    long = {
+        str(path.relative_to(PACKAGE.parent)): lines
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
