@@ -57,13 +57,8 @@ from typing import Any, cast
 import uvloop
 
 from ravenproxy.pki import init_pki
-from ravenproxy.pki.authority import (
-    issue_client_cert,
-    load_cert,
-    load_key,
-    write_pem_cert,
-    write_pem_key,
-)
+from ravenproxy.pki.authority import issue_client_cert
+from ravenproxy.pki.pemfiles import load_cert, load_key, write_pem_cert, write_pem_key
 
 SCRIPT = Path(__file__).resolve()
 HERE = SCRIPT.parent

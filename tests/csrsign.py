@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from ravenproxy.pki.authority import cert_pem
+from ravenproxy.pki.pemfiles import cert_pem
 
 
 def sign_csr(

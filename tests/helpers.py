@@ -1,6 +1,6 @@
-"""Helpers shared by the test suite: waiting for a condition, free ports, child processes that
-are stopped by PID, one raw HTTP exchange, a process's Prometheus metrics, and a generated test
-file run by a real pytest (for the suite's own guards).
+"""Helpers shared by the test suite: waiting for a condition, free and taken ports, child
+processes that are stopped by PID, one raw HTTP exchange, a process's Prometheus metrics, and a
+generated test file run by a real pytest (for the suite's own guards).
 
 Look here before writing a helper in a test file; the harnesses (``tests/integration/cluster.py``,
 ``tests/integration/l7/env.py``) are built on these.
@@ -9,6 +9,7 @@ Look here before writing a helper in a test file; the harnesses (``tests/integra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import re
@@ -17,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,34 @@ def free_port(host: str = "127.0.0.1") -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in {_PORTS} on {host}")
+
+
+def is_free(port: int, host: str = "127.0.0.1", *, udp: bool = False) -> bool:
+    """Nothing holds ``host:port``: a TCP socket (``udp``: and a UDP one) may bind it. A port
+    in TIME_WAIT counts as free, as it does for a listener (SO_REUSEADDR)."""
+    kinds = (socket.SOCK_STREAM, socket.SOCK_DGRAM) if udp else (socket.SOCK_STREAM,)
+    for kind in kinds:
+        with socket.socket(socket.AF_INET, kind) as s:
+            if kind == socket.SOCK_STREAM:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
+@contextlib.contextmanager
+def taken_port(*, udp: bool = False) -> Iterator[int]:
+    """A loopback port another program holds while the block runs: a listening TCP socket
+    (``udp``: and a UDP socket bound to the same port)."""
+    with contextlib.ExitStack() as stack:
+        tcp = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+        port = int(tcp.getsockname()[1])
+        if udp:
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+            sock.bind(("127.0.0.1", port))
+        yield port
 
 
 # -- child processes ----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.flags import setting
 from ravenproxy.l3.settings import L3Settings, settings_from
 from ravenproxy.pki.identity import node_of, validate_node_name
-from ravenproxy.pki.issuance import CERT_DIR_CA
+from ravenproxy.pki.issuance import CERT_DIR_CA, CERT_LIFETIME, CERT_LIFETIME_OPTION
 from ravenproxy.pki.x509info import load_certs
 from ravenproxy.transport.session import SessionConfig
 
@@ -50,13 +50,7 @@ class AgentSettings:
     )
     """Kept by :mod:`ravenproxy.kube.certificates`; then ``ca_file``/``cert_file``/``key_file``
     are the files in it (``ca_file``: unless ``--ca-file`` was given)."""
-    cert_lifetime: float = setting(
-        86400.0,
-        "--cert-lifetime",
-        "S",
-        "with --cert-dir: the lifetime asked for (expirationSeconds, at least 600; the signer "
-        "may cap it); rotation starts at 70-90 % of it",
-    )
+    cert_lifetime: float = field(default=CERT_LIFETIME, metadata=CERT_LIFETIME_OPTION)
     server_urls: tuple[str, ...] = setting(
         (),
         "--server-addr",

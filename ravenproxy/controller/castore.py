@@ -27,14 +27,9 @@ from ravenproxy.controller.writer import KubeWriter
 from ravenproxy.errors import PKIError
 from ravenproxy.kube.labels import LABEL_MANAGED_BY, MANAGED_BY
 from ravenproxy.log import kv
-from ravenproxy.pki.authority import (
-    cert_pem,
-    generate_ca,
-    key_pem,
-    parse_certs_pem,
-    parse_key_pem,
-)
+from ravenproxy.pki.authority import generate_ca
 from ravenproxy.pki.issuance import CA_BUNDLE, CA_BUNDLE_KEY, CA_NAMESPACE, CA_SECRET
+from ravenproxy.pki.pemfiles import cert_pem, key_pem, parse_certs_pem, parse_key_pem
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,7 @@ write, as YAML.
 
 Without a cluster the controller writes nothing: ``--inventory`` prints what it would write, at
 start and on every change, from a model that ``model_source`` keeps current as for every other
-command. A one-shot dry run of an inventory needs no store to keep current; it reads the file
-once with the same loader (:func:`~ravenproxy.model.inventory.load_inventory`).
+command. A one-shot dry run of an inventory reads it once (``model_once``).
 """
 
 from __future__ import annotations
@@ -24,9 +23,8 @@ import yaml
 from ravenproxy.controller.agents import AgentPoller
 from ravenproxy.controller.desired import Desired, desired_state
 from ravenproxy.controller.election import DEFAULT_GRACE, Health
-from ravenproxy.kube.sources import model_source
+from ravenproxy.kube.sources import model_once, model_source
 from ravenproxy.log import kv
-from ravenproxy.model.inventory import load_inventory
 from ravenproxy.model.objects import Gateway
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
@@ -87,12 +85,12 @@ def render_documents(docs: list[dict[str, Any]]) -> str:
     return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, explicit_start=True)
 
 
-def dry_run_inventory(
+async def dry_run_inventory(
     path: str | os.PathLike[str], now: float | None = None, cluster_ip: str | None = None
 ) -> str:
     """``ravenproxy controller --inventory FILE --dry-run``. No server reports agents to a dry
     run, so Ready alone decides the election (as in Raven). Raises InventoryError."""
-    model = load_inventory(path)
+    model = await model_once(path)
     return render_dry_run(
         model, Health.ready_only(), time.time() if now is None else now, cluster_ip
     )

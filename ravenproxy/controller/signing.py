@@ -29,8 +29,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from ravenproxy.controller.approval import parse_request
 from ravenproxy.controller.settings import DEFAULT_MAX_LIFETIME as DEFAULT_MAX_LIFETIME
 from ravenproxy.errors import PKIError
-from ravenproxy.pki.authority import CLOCK_SKEW, cert_pem, sign_leaf
+from ravenproxy.pki.authority import CLOCK_SKEW, sign_leaf
 from ravenproxy.pki.issuance import SIGNER_AGENT, SIGNER_SERVER
+from ravenproxy.pki.pemfiles import cert_pem
 
 EKU: Final = {
     SIGNER_AGENT: ExtendedKeyUsageOID.CLIENT_AUTH,

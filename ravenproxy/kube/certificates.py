@@ -8,12 +8,10 @@ accept). What it does, in order:
    yet past its rotation deadline is used as it is: a restart does not make a new CSR (a
    crash-looping pod must not flood the API with them). Otherwise it requests one.
 2. **Request.** A fresh P-256 key, a CSR ``CN=<node>`` (server: SANs from
-   :func:`~ravenproxy.model.server_names.server_names`), created with ``generateName``
-   ``ravenproxy-<role>-<node>-``, our signer name, the role's usages and ``expirationSeconds``;
-   then watched (by ``fieldSelector=metadata.name``) until ``status.certificate`` appears, a
-   ``Denied`` or ``Failed`` condition is set, or ``request_timeout`` passes. Anything but a
-   certificate is retried with a new CSR after a backoff (capped): a denied request is never
-   repeated at once.
+   :func:`~ravenproxy.model.server_names.server_names`), created and watched until it is
+   issued, denied or failed, or ``request_timeout`` passes (:mod:`ravenproxy.kube.csr`).
+   Anything but a certificate is retried with a new CSR after a backoff (capped): a denied
+   request is never repeated at once.
 3. **Write.** ``tls.key`` (0600) first, then ``tls.crt``, then ``ca.crt`` from the CA bundle
    ConfigMap, each atomically (temp file, fsync, rename). A reader that sees the new key with
    the old certificate sees an inconsistent set and keeps the one it has until the certificate
@@ -31,7 +29,6 @@ accept). What it does, in order:
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import datetime as dt
 import logging
@@ -39,7 +36,6 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from cryptography import x509
@@ -47,14 +43,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.backoff import backoff
-from ravenproxy.errors import PKIError, RavenProxyError
+from ravenproxy.errors import PKIError
+from ravenproxy.kube import csr
 from ravenproxy.kube.client import KubeError, new_api_client, raw_call
+from ravenproxy.kube.csr import RequestFailed
 from ravenproxy.kube.reflector import Reflector, WatchSettings
 from ravenproxy.log import kv
 from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
 from ravenproxy.model.store import ModelStore
-from ravenproxy.pki.authority import load_key, write_pem_bytes, write_pem_key
-from ravenproxy.pki.csr import USAGES, build_csr, check_issued, missing_sans, new_key
+from ravenproxy.pki.csr import build_csr, check_issued, missing_sans, new_key
 from ravenproxy.pki.csr import rotation_deadline as _deadline
 from ravenproxy.pki.issuance import (
     CA_BUNDLE,
@@ -63,25 +60,13 @@ from ravenproxy.pki.issuance import (
     CERT_DIR_CA,
     CERT_DIR_CERT,
     CERT_DIR_KEY,
-    SIGNER_OF_ROLE,
+    CERT_LIFETIME,
     Role,
 )
+from ravenproxy.pki.pemfiles import load_key, write_pem_bytes, write_pem_key
 from ravenproxy.pki.x509info import serial_hex
 
 log = logging.getLogger(__name__)
-
-MIN_LIFETIME = 600
-"""The API refuses ``expirationSeconds`` below 10 minutes."""
-
-
-class RequestFailed(RavenProxyError):
-    """One certificate request did not end in a usable certificate; ``reason`` says why."""
-
-    def __init__(self, csr: str, outcome: str, reason: str) -> None:
-        super().__init__(f"{csr}: {outcome}: {reason}")
-        self.csr = csr
-        self.outcome = outcome
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -91,7 +76,7 @@ class RequestSettings:
     role: Role
     node: str
     cert_dir: Path
-    lifetime: float = 86400.0
+    lifetime: float = CERT_LIFETIME
     """``expirationSeconds``; the signer may cap it (the certificate's own validity counts)."""
     follow_ca_bundle: bool = True
     """Write ``ca.crt`` from the bundle ConfigMap (False: ``--ca-file`` wins)."""
@@ -386,82 +371,19 @@ class CertificateRequester:
             csr_pem = build_csr(key, s.node, sans)
         except PKIError as exc:
             raise RequestFailed("-", "refused", str(exc)) from None
-        body = {
-            "apiVersion": "certificates.k8s.io/v1",
-            "kind": "CertificateSigningRequest",
-            "metadata": {"generateName": f"ravenproxy-{s.role}-{s.node}-"[:200]},
-            "spec": {
-                "request": base64.b64encode(csr_pem).decode(),
-                "signerName": SIGNER_OF_ROLE[s.role],
-                "usages": list(USAGES[s.role]),
-                "expirationSeconds": int(s.lifetime),
-            },
-        }
-        status, obj = await raw_call(self._certs.create_certificate_signing_request, body)
-        if status >= 300:
-            raise RequestFailed("-", "refused", f"HTTP {status}: {obj.get('message', '')}")
-        name = str((obj.get("metadata") or {}).get("name", ""))
+        name = await csr.create(self._certs, s.role, s.node, csr_pem, s.lifetime)
         self.requests += 1
         log.info(
             "certificate requested",
             extra=kv(csr=name, role=s.role, node=s.node, why=why, sans=len(sans)),
         )
-        pem = await self._wait_issued(name)
+        pem = await csr.wait_issued(self._certs, name, s.watch, s.request_timeout)
         try:
             chain = check_issued(pem, key, s.node, s.role)
         except PKIError as exc:
             raise RequestFailed(name, "failed", str(exc)) from None
         self._write(key, pem)
         self._use(chain[0], "issued")
-
-    async def _wait_issued(self, name: str) -> bytes:
-        """``status.certificate`` of CSR ``name``, watched; RequestFailed on a Denied or
-        Failed condition, or when it is still pending after ``request_timeout``."""
-        changed = asyncio.Event()
-        reflector = Reflector(
-            f"certificatesigningrequest {name}",
-            self._certs.list_certificate_signing_request,
-            changed.set,
-            self.settings.watch,
-            field_selector=f"metadata.name={name}",
-        )
-        task = asyncio.create_task(reflector.run(), name=f"cert-csr-watch:{name}")
-        try:
-            async with asyncio.timeout(self.settings.request_timeout):
-                while True:
-                    changed.clear()
-                    obj = reflector.objects.get(name)
-                    if obj is not None:
-                        outcome = _outcome(obj)
-                        if isinstance(outcome, bytes):
-                            return outcome
-                        if outcome is not None:
-                            raise RequestFailed(name, *outcome)
-                    await changed.wait()
-        except TimeoutError:
-            raise RequestFailed(
-                name, "timeout", f"pending for {self.settings.request_timeout:g}s"
-            ) from None
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-
-def _outcome(csr: dict[str, Any]) -> bytes | tuple[str, str] | None:
-    """The certificate, ``(outcome, reason)`` for Denied/Failed, or None while pending."""
-    status = csr.get("status") or {}
-    for cond in status.get("conditions") or []:
-        kind = cond.get("type")
-        if kind in ("Denied", "Failed") and cond.get("status", "True") == "True":
-            reason = cond.get("message") or cond.get("reason") or kind
-            return kind.lower(), str(reason)
-    cert = status.get("certificate")
-    if cert:
-        try:
-            return base64.b64decode(cert, validate=True)
-        except ValueError:
-            return "failed", "status.certificate is not base64"
-    return None
 
 
 async def server_sans(
@@ -534,7 +456,6 @@ def _describe(exc: BaseException) -> str:
 
 
 __all__ = [
-    "MIN_LIFETIME",
     "CertificateRequester",
     "RequestFailed",
     "RequestSettings",

@@ -1,7 +1,8 @@
 """Feeding a process's model: from the YAML inventory, or from the Kubernetes API.
 
-:func:`model_source` is the one entry point every command uses (server, agent, controller, dns),
-so "one model, two sources" holds everywhere: nothing downstream knows which source fed the
+:func:`model_source` is the one entry point every command uses (server, agent, controller, dns,
+routes; a one-shot command reads it once through :func:`model_once`), so "one model, two
+sources" holds everywhere: nothing downstream knows which source fed the
 store. It lives with the Kubernetes plumbing rather than in :mod:`ravenproxy.model` because its
 Kubernetes branch builds on that plumbing, which builds on the model. That branch imports the
 Kubernetes client when it runs, so importing this module costs an inventory-fed process nothing;
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ravenproxy.errors import InventoryError
 from ravenproxy.log import kv
+from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
 
 if TYPE_CHECKING:
@@ -123,6 +125,15 @@ async def model_source(
     finally:
         if owned:
             await api.close()
+
+
+async def model_once(inventory: str | os.PathLike[str]) -> Model:
+    """The model of the inventory as it is now, for a one-shot command (a route plan, a doctor
+    run, a dry run): :func:`model_source` read once, followed no further, parsed off the event
+    loop."""
+    store = ModelStore()
+    async with model_source(store, inventory=inventory, follow=False):
+        return store.model
 
 
 @contextlib.asynccontextmanager

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
+from ravenproxy.kube.sources import model_once
 from ravenproxy.l3 import (
     apply_iptables,
     apply_netlink,
@@ -47,7 +48,6 @@ from ravenproxy.l3.state import (
     Rule,
     VpnConnection,
 )
-from ravenproxy.model.inventory import load_inventory
 from ravenproxy.model.snapshot import Model
 
 XFRM_COUNTERS = ("XfrmInNoPols", "XfrmOutNoStates")
@@ -321,7 +321,7 @@ async def doctor_command(
     out: TextIO = sys.stdout,
 ) -> int:
     """``ravenproxy doctor``: print findings with their evidence; exit 1 when any."""
-    model = load_inventory(inventory)
+    model = await model_once(inventory)
     ev = await collect(model, node_name, settings, netns, interval)
     findings = diagnose(ev)
     print(report(ev, findings), file=out)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from ravenproxy.errors import RavenProxyError
+from ravenproxy.kube.sources import model_once, model_source
 from ravenproxy.l3 import (
     apply_iptables,
     apply_netlink,
@@ -40,7 +41,6 @@ from ravenproxy.l3.state import (
 )
 from ravenproxy.l3.topology import topology
 from ravenproxy.log import kv
-from ravenproxy.model.inventory import load_inventory
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
 
@@ -230,10 +230,6 @@ async def run_routes(inventory: str, node_name: str, settings: L3Settings) -> No
     """``ravenproxy routes run``: the route driver alone, for a node that runs no agent (as
     ``agent --l3`` embeds it): reconcile on every inventory change and every
     ``reconcile_period``, until cancelled."""
-    # Here, not at the top: only this action reads the inventory through the model feed (and
-    # its Kubernetes client imports); plan/apply/cleanup stay quick to start.
-    from ravenproxy.kube.sources import model_source
-
     store = ModelStore()
     async with model_source(store, inventory=inventory):
         await Reconciler(store, node_name, settings).run()
@@ -259,7 +255,7 @@ async def routes_command(
         report = await cleanup(settings, netns)
         _print_ops(report.applied, out)
         return _print_skipped(report, out)
-    model = load_inventory(inventory)
+    model = await model_once(inventory)
     _print_public_key(model, node_name, settings, out)
     if action == "plan":
         desired = desired_state(model, node_name, settings)

@@ -29,13 +29,8 @@ from ravenproxy.lab import plan as p
 from ravenproxy.lab import state as st
 from ravenproxy.lab.supervisor import Proc, Supervisor
 from ravenproxy.pki import init_pki
-from ravenproxy.pki.authority import (
-    issue_server_cert,
-    load_cert,
-    load_key,
-    write_pem_cert,
-    write_pem_key,
-)
+from ravenproxy.pki.authority import issue_server_cert
+from ravenproxy.pki.pemfiles import load_cert, load_key, write_pem_cert, write_pem_key
 
 #: Tools a lab needs, with the Debian packages that bring them.
 TOOLS: dict[str, tuple[str, str]] = {

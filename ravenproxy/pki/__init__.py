@@ -1,4 +1,5 @@
-"""ravenproxy.pki — the embedded CA, its certificates, and ``certs init|status|renew``.
+"""ravenproxy.pki — the embedded CA, its certificates and their PEM files, and
+``certs init|status|renew``.
 
 The names below are loaded on first use (PEP 562): importing a submodule that needs no
 ``cryptography`` (``x509info``, ``identity``, ``credentials``, ``issuance``) does not load it
@@ -16,16 +17,18 @@ if TYPE_CHECKING:
         is_issued_by,
         issue_client_cert,
         issue_server_cert,
-        load_cert,
-        load_certs,
-        load_key,
         node_name_from_cert,
         parse_san,
         validate_node_name,
+    )
+    from ravenproxy.pki.init import InitReport, init_pki
+    from ravenproxy.pki.pemfiles import (
+        load_cert,
+        load_certs,
+        load_key,
         write_pem_cert,
         write_pem_key,
     )
-    from ravenproxy.pki.init import InitReport, init_pki
 
 _FROM = {
     "InitReport": "ravenproxy.pki.init",
@@ -37,15 +40,14 @@ _FROM = {
             "is_issued_by",
             "issue_client_cert",
             "issue_server_cert",
-            "load_cert",
-            "load_certs",
-            "load_key",
             "node_name_from_cert",
             "parse_san",
             "validate_node_name",
-            "write_pem_cert",
-            "write_pem_key",
         )
+    },
+    **{
+        name: "ravenproxy.pki.pemfiles"
+        for name in ("load_cert", "load_certs", "load_key", "write_pem_cert", "write_pem_key")
     },
 }
 

@@ -10,22 +10,17 @@ into that name (re-exported here).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
-import os
-import secrets
 from collections.abc import Sequence
-from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ravenproxy.errors import PKIError
-from ravenproxy.log import kv
 from ravenproxy.pki.identity import (
     node_name_from_cert as node_name_from_cert,
 )
@@ -36,7 +31,7 @@ from ravenproxy.pki.identity import (
 from ravenproxy.pki.identity import (
     validate_node_name as validate_node_name,
 )
-from ravenproxy.pki.x509info import cert_from_der, read_file
+from ravenproxy.pki.x509info import cert_from_der
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +43,6 @@ CLOCK_SKEW = dt.timedelta(minutes=5)
 
 _CURVE = ec.SECP256R1()
 _HASH = hashes.SHA256()
-
-KEY_MODE = 0o600
-CERT_MODE = 0o644
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,143 +366,3 @@ def is_issued_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
-
-
-# --------------------------------------------------------------------------------------------
-# files
-
-
-def _atomic_write(path: Path, data: bytes, mode: int, *, overwrite: bool) -> None:
-    """Write via a temp file in the same directory, created with ``mode`` from the first byte.
-
-    The temp file is opened with its final mode (and O_EXCL/O_NOFOLLOW), so a key is never
-    readable by others, not even between create and chmod. ``overwrite=False`` publishes with
-    link(2), which fails instead of replacing a file someone else created meanwhile.
-    """
-    directory = path.parent
-    tmp = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(tmp, flags, mode)
-    except OSError as exc:
-        raise PKIError(f"{path}: cannot create: {exc.strerror or exc}") from exc
-    try:
-        try:
-            # umask may have narrowed a certificate's mode; a key must be exactly 0600.
-            if mode == KEY_MODE:
-                os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError as exc:
-                raise PKIError(f"{path}: already exists, not overwriting") from exc
-            os.unlink(tmp)
-    except OSError as exc:
-        raise PKIError(f"{path}: cannot write: {exc.strerror or exc}") from exc
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Durability of the rename; best effort, not every filesystem allows opening a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def cert_pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    # Unencrypted PKCS#8: the processes read it unattended; the file mode is the protection.
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def write_pem_cert(path: Path | str, cert: x509.Certificate, *, overwrite: bool = True) -> None:
-    """Write ``cert`` as PEM, atomically (mode 0644 less the umask)."""
-    _atomic_write(Path(path), cert_pem(cert), CERT_MODE, overwrite=overwrite)
-
-
-def write_pem_certs(path: Path | str, certs: Sequence[x509.Certificate]) -> None:
-    """Write a bundle of certificates as PEM, in order, atomically (mode 0644 less the umask)."""
-    if not certs:
-        raise PKIError(f"{path}: no certificate to write")
-    _atomic_write(Path(path), b"".join(cert_pem(c) for c in certs), CERT_MODE, overwrite=True)
-
-
-def write_pem_key(
-    path: Path | str, key: ec.EllipticCurvePrivateKey, *, overwrite: bool = True
-) -> None:
-    """Write ``key`` as unencrypted PKCS#8 PEM, atomically, mode 0600 from creation on."""
-    _atomic_write(Path(path), key_pem(key), KEY_MODE, overwrite=overwrite)
-
-
-def write_pem_bytes(path: Path | str, pem: bytes) -> None:
-    """Write PEM certificate(s) as given (a chain, a CA bundle), atomically (mode 0644 less the
-    umask)."""
-    _atomic_write(Path(path), pem, CERT_MODE, overwrite=True)
-
-
-def load_certs(path: Path | str, what: str = "certificate") -> list[x509.Certificate]:
-    """Every certificate in a PEM file (a bundle or a chain), at least one."""
-    p = Path(path)
-    return parse_certs_pem(read_file(p, what), f"{what} {p}")
-
-
-def load_cert(path: Path | str, what: str = "certificate") -> x509.Certificate:
-    """The first certificate of a PEM file; ``what`` names the file's role in errors."""
-    return load_certs(path, what)[0]
-
-
-def load_key(path: Path | str, what: str = "key") -> ec.EllipticCurvePrivateKey:
-    """An unencrypted ECDSA private key from a PEM file."""
-    p = Path(path)
-    key = parse_key_pem(read_file(p, what), f"{what} {p}")
-    log.debug("loaded key", extra=kv(path=str(p)))
-    return key
-
-
-def parse_key_pem(data: bytes, what: str = "key") -> ec.EllipticCurvePrivateKey:
-    """An unencrypted ECDSA private key from PEM bytes; ``what`` names their source."""
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except TypeError as exc:
-        raise PKIError(f"{what}: key is encrypted; an unencrypted key is needed") from exc
-    except (ValueError, UnsupportedAlgorithm) as exc:
-        raise PKIError(f"{what}: not a PEM private key ({exc})") from exc
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise PKIError(f"{what}: not an ECDSA key ({type(key).__name__})")
-    return key
-
-
-def parse_certs_pem(data: bytes, what: str = "certificate") -> list[x509.Certificate]:
-    """Every certificate in PEM bytes, at least one; ``what`` names their source."""
-    try:
-        certs = x509.load_pem_x509_certificates(data)
-    except ValueError as exc:
-        raise PKIError(f"{what}: not a PEM certificate ({exc})") from exc
-    if not certs:
-        raise PKIError(f"{what}: no certificate")
-    return certs

@@ -28,13 +28,10 @@ from ravenproxy.pki.authority import (
     issue_client_cert,
     issue_server_cert,
     key_matches,
-    load_cert,
-    load_key,
     parse_san,
     validate_node_name,
-    write_pem_cert,
-    write_pem_key,
 )
+from ravenproxy.pki.pemfiles import load_cert, load_key, write_pem_cert, write_pem_key
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ publishes the CA certificate(s) every requester trusts in the ConfigMap ``CA_BUN
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 SIGNER_AGENT: Final = "raven.openyurt.io/tunnel-agent"
 SIGNER_SERVER: Final = "raven.openyurt.io/tunnel-server"
@@ -22,6 +22,17 @@ CA_NAMESPACE: Final = "kube-system"
 CA_SECRET: Final = "ravenproxy-ca"  # type kubernetes.io/tls: tls.crt, tls.key (the CA's key)
 CA_BUNDLE: Final = "ravenproxy-ca-bundle"  # ConfigMap, key CA_BUNDLE_KEY: PEM CA certificate(s)
 CA_BUNDLE_KEY: Final = "ca.crt"
+
+CERT_LIFETIME: Final = 86400.0
+"""The ``expirationSeconds`` a ``--cert-dir`` requester asks for (``--cert-lifetime``)."""
+CERT_LIFETIME_OPTION: Final[dict[str, Any]] = {
+    "flag": "--cert-lifetime",
+    "metavar": "S",
+    "help": "with --cert-dir: the lifetime asked for (expirationSeconds, at least 600; the "
+    "signer may cap it); rotation starts at 70-90 % of it",
+}
+"""The flag (:mod:`ravenproxy.flags` metadata) of the agent's and the server's ``cert_lifetime``:
+declared here once for both."""
 
 CERT_DIR_CA: Final = "ca.crt"
 CERT_DIR_CERT: Final = "tls.crt"

@@ -47,11 +47,9 @@ from ravenproxy.pki.authority import (
     issue_client_cert,
     issue_server_cert,
     key_matches,
-    write_pem_cert,
-    write_pem_certs,
-    write_pem_key,
 )
 from ravenproxy.pki.init import CA_CERT, CA_KEY
+from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_certs, write_pem_key
 from ravenproxy.pki.status import (
     DAY,
     CertFile,

@@ -26,8 +26,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ravenproxy.errors import PKIError
-from ravenproxy.pki.authority import is_issued_by, key_matches, load_certs, load_key
+from ravenproxy.pki.authority import is_issued_by, key_matches
 from ravenproxy.pki.init import CA_CERT, CA_KEY, readable_by_others
+from ravenproxy.pki.pemfiles import load_certs, load_key
 
 Role = Literal["ca", "server", "agent", "unknown"]
 DAY = dt.timedelta(days=1)
@@ -101,7 +102,7 @@ def scan(directory: Path) -> list[CertFile]:
     if not directory.is_dir():
         raise PKIError(f"certificate directory {directory}: not a directory")
     try:
-        # Hidden files are the temp files of an atomic write in progress (authority._atomic_write).
+        # Hidden files are the temp files of an atomic write in progress (pemfiles._atomic_write).
         paths = [p for p in directory.glob("*.crt") if not p.name.startswith(".")]
     except OSError as exc:
         raise PKIError(f"certificate directory {directory}: cannot read: {exc}") from exc

@@ -1,5 +1,6 @@
-"""The cloud proxy server's lifecycle: it builds the agent registry, the router, the connector
-and the fronts (which get those, never the server), binds the listeners, accepts agents, stops.
+"""The cloud proxy server's lifecycle: it builds the agent registry, the router, the connector,
+the fronts (which get those, never the server) and the agents' tunnel handler
+(:mod:`ravenproxy.server.tunnels`), binds the listeners, stops.
 
 :meth:`ProxyServer.start` binds every listener in order (port 0 allowed; the bound ports are then
 in :attr:`ProxyServer.ports`); a listener that fails closes the ones bound before it and is one
@@ -22,11 +23,11 @@ from typing import Any, NamedTuple, TypeVar
 
 from aiohttp import web
 from websockets.asyncio.server import Server as WsServer
-from websockets.asyncio.server import ServerConnection, serve
+from websockets.asyncio.server import serve
 
 from ravenproxy.config import Address
-from ravenproxy.errors import ConfigError, PKIError
-from ravenproxy.log import kv, peer_text
+from ravenproxy.errors import ConfigError
+from ravenproxy.log import kv
 from ravenproxy.metrics import ServerMetrics
 from ravenproxy.metrics_http import health_app, metrics_app, start_app
 from ravenproxy.model.store import ModelStore
@@ -43,10 +44,10 @@ from ravenproxy.server.loops import OwnListeners, via_token
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import Router
 from ravenproxy.server.settings import ServerSettings, owner_ids
+from ravenproxy.server.tunnels import Tunnels
 from ravenproxy.transport import tls
 from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
-from ravenproxy.transport.session import Session, TunnelStream, websocket_options
-from ravenproxy.wire.codes import DUPLICATE_CLOSE_CODE, SUBPROTOCOL, ErrorCode
+from ravenproxy.transport.session import websocket_options
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class ProxyServer:
             )
         )
         self._stopping = False
+        self.tunnels = Tunnels(settings, store, self.registry, self.metrics, lambda: self._stopping)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -151,7 +153,7 @@ class ProxyServer:
                 "--tunnel-addr",
                 s.tunnel_addr,
                 serve(
-                    self._agent_connected,
+                    self.tunnels.accept,
                     s.tunnel_addr.bind_host,
                     s.tunnel_addr.port,
                     ssl=ssl_ctx,
@@ -383,87 +385,9 @@ class ProxyServer:
         self._conn_tasks.add(task)
         task.add_done_callback(self._conn_tasks.discard)
 
-    # -- agents -----------------------------------------------------------------------------
-    async def _agent_connected(self, ws: ServerConnection) -> None:
-        peer = ws.remote_address
-        ssl_object = ws.transport.get_extra_info("ssl_object")
-        try:
-            node = tls.peer_node_name(ssl_object)
-        except PKIError as exc:
-            log.warning("agent refused: bad certificate", extra=kv(peer=peer, error=exc))
-            self.metrics.agent_sessions.labels(outcome="bad_certificate").inc()
-            await ws.close(1008, "certificate does not name a node")
-            return
-        if ws.subprotocol != SUBPROTOCOL:
-            log.warning(
-                "agent refused: protocol version",
-                extra=kv(
-                    node=node,
-                    peer=peer,
-                    offered=ws.request.headers.get("Sec-WebSocket-Protocol", "")
-                    if ws.request
-                    else "",
-                ),
-            )
-            self.metrics.agent_sessions.labels(outcome="bad_protocol").inc()
-            await ws.close(1002, f"subprotocol {SUBPROTOCOL} required")
-            return
-        if self._stopping:
-            await ws.close(1001, "server shutting down")
-            return
-        if self.store.model.node(node) is None:
-            log.warning(
-                "agent for a node not in the model: it can serve nothing yet",
-                extra=kv(node=node, peer=peer),
-            )
-        session = Session(
-            ws,
-            server_side=True,
-            config=self.settings.session,
-            name=node,
-            fields={"node": node, "peer": peer_text(peer)},
-            server_id=self.settings.identity,
-        )
-        session.on_stream_closed = self._stream_closed
-        self.registry.add(node, session)
-        self.metrics.agents.set(len(self.registry))
-        self.metrics.agent_sessions.labels(outcome="connected").inc()
-        log.info(
-            "agent connected",
-            extra=kv(node=node, peer=peer_text(peer), serial=tls.peer_serial(ssl_object)),
-        )
-        try:
-            await session.run()
-        finally:
-            if session.error is not None:  # closed by us for a connection error
-                flood = session.error is ErrorCode.ENHANCE_YOUR_CALM
-                outcome = "flood_closed" if flood else "protocol_error"
-                self.metrics.agent_sessions.labels(outcome=outcome).inc()
-            duplicate = _closed_as_duplicate(ws)
-            if duplicate:
-                # The agent already holds a tunnel to us (dialled again through a load
-                # balancer): it closed this one and dials for another server.
-                self.metrics.agent_sessions.labels(outcome="duplicate").inc()
-            self.registry.remove(node, session)
-            self.metrics.agents.set(len(self.registry))
-            log.info(
-                "agent closed a duplicate tunnel" if duplicate else "agent disconnected",
-                extra=kv(node=node, peer=peer_text(peer), reason=session.close_reason),
-            )
-
-    def _stream_closed(self, stream: TunnelStream) -> None:
-        self.metrics.bytes.labels(direction="up").inc(stream.bytes_out)
-        self.metrics.bytes.labels(direction="down").inc(stream.bytes_in)
-
 
 def _subjects(creds: Credentials) -> str:
     return ";".join(c.subject for c in creds.ca_certs)
-
-
-def _closed_as_duplicate(ws: ServerConnection) -> bool:
-    """Whether the agent closed this tunnel as a duplicate (docs/protocol.md 10.1)."""
-    rcvd = ws.protocol.close_rcvd
-    return rcvd is not None and rcvd.code == DUPLICATE_CLOSE_CODE
 
 
 def _fd_limit() -> int | None:

@@ -22,7 +22,7 @@ from ravenproxy.errors import ConfigError, PKIError
 from ravenproxy.flags import setting
 from ravenproxy.model.allowlist import Allowlist
 from ravenproxy.pki.identity import server_san
-from ravenproxy.pki.issuance import CERT_DIR_CA
+from ravenproxy.pki.issuance import CERT_DIR_CA, CERT_LIFETIME, CERT_LIFETIME_OPTION
 from ravenproxy.server import limits
 from ravenproxy.transport.session import SessionConfig
 from ravenproxy.wire.config import WireConfig
@@ -61,13 +61,7 @@ class ServerSettings:
     )
     """Kept by :mod:`ravenproxy.kube.certificates`; then ``ca_file``/``cert_file``/``key_file``
     are the files in it (``ca_file``: unless ``--ca-file`` was given)."""
-    cert_lifetime: float = setting(
-        86400.0,
-        "--cert-lifetime",
-        "S",
-        "with --cert-dir: the lifetime asked for (expirationSeconds, at least 600; the signer "
-        "may cap it); rotation starts at 70-90 % of it",
-    )
+    cert_lifetime: float = field(default=CERT_LIFETIME, metadata=CERT_LIFETIME_OPTION)
     server_sans: tuple[str, ...] = setting(
         (),
         "--server-san",

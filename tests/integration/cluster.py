@@ -20,14 +20,8 @@ import pytest
 
 from ravenproxy.client import ConnectRefused, open_tunnel
 from ravenproxy.pki import init_pki
-from ravenproxy.pki.authority import (
-    generate_ca,
-    issue_client_cert,
-    load_cert,
-    load_key,
-    write_pem_cert,
-    write_pem_key,
-)
+from ravenproxy.pki.authority import generate_ca, issue_client_cert
+from ravenproxy.pki.pemfiles import load_cert, load_key, write_pem_cert, write_pem_key
 from tests.helpers import eventually, free_port, scrape, spawn_python, stop
 
 INVENTORY = """\

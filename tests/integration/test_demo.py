@@ -8,7 +8,6 @@ import asyncio
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 
 from ravenproxy.config import Address
 from ravenproxy.demo import curl_commands
-from tests.helpers import eventually, free_port, run, spawn_python, stop
+from tests.helpers import eventually, free_port, run, spawn_python, stop, taken_port
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -190,10 +189,7 @@ async def test_a_given_directory_is_kept(ports: dict[str, int], tmp_path: Path) 
 
 
 async def test_a_taken_front_port_is_one_line_naming_the_flag(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         code, out, err = await run(
             sys.executable, "-m", "ravenproxy", "demo", "--http-addr", f"127.0.0.1:{port}"
         )

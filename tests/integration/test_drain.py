@@ -18,13 +18,8 @@ from pathlib import Path
 import h11
 import pytest
 
-from ravenproxy.pki.authority import (
-    issue_server_cert,
-    load_cert,
-    load_key,
-    write_pem_cert,
-    write_pem_key,
-)
+from ravenproxy.pki.authority import issue_server_cert
+from ravenproxy.pki.pemfiles import load_cert, load_key, write_pem_cert, write_pem_key
 from tests.helpers import http_get
 from tests.integration.cluster import Cluster, Proc
 from tests.integration.l7.env import Kubelet, start_kubelet

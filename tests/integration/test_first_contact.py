@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import yaml
 
 from ravenproxy import __version__
 from ravenproxy.pki import init_pki
-from tests.helpers import eventually, free_port, http_get, run, spawn_python, stop
+from tests.helpers import eventually, free_port, http_get, run, spawn_python, stop, taken_port
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 COMMANDS = ("server", "agent", "controller", "dns")
@@ -119,11 +118,7 @@ def cannot(command: str) -> str:
 @pytest.fixture
 def taken() -> Iterator[int]:
     """A loopback TCP and UDP port another program holds."""
-    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-        tcp.bind(("127.0.0.1", 0))
-        tcp.listen()
-        port = int(tcp.getsockname()[1])
-        udp.bind(("127.0.0.1", port))
+    with taken_port(udp=True) as port:
         yield port
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from ravenproxy.agent.app import Agent
 from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.errors import ConfigError
+from tests.helpers import taken_port
 from tests.integration.cluster import Cluster, Proc
 
 pytestmark = pytest.mark.timeout(90)
@@ -23,10 +23,8 @@ LEFTOVERS = ("Traceback", "Task was destroyed", "never retrieved", "Unclosed")
 @pytest.fixture
 def taken() -> Iterator[int]:
     """A loopback TCP port some other program listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield int(sock.getsockname()[1])
+    with taken_port() as port:
+        yield port
 
 
 def one_error_line(out: str, command: str) -> str:

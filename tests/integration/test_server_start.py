@@ -3,23 +3,19 @@ and the address (no traceback), and leaves nothing listening."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from ravenproxy.pki import init_pki
-from tests.unit.server.test_start import bindable
+from tests.helpers import free_port, is_free, taken_port
 
 
 def test_a_taken_port_is_one_line_and_nothing_listens(tmp_path: Path) -> None:
     init_pki(tmp_path, ("localhost",), ())
     (tmp_path / "inv.yaml").write_text("")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        tunnel = probe.getsockname()[1]
-    with socket.create_server(("127.0.0.1", 0)) as taken:
-        http = taken.getsockname()[1]
+    tunnel = free_port()
+    with taken_port() as http:
         done = subprocess.run(
             [
                 sys.executable, "-m", "ravenproxy", "server",
@@ -42,4 +38,4 @@ def test_a_taken_port_is_one_line_and_nothing_listens(tmp_path: Path) -> None:
     assert errors == [f"ravenproxy server: error: --http-addr: cannot listen on 127.0.0.1:{http}: "
                       "Address already in use"], done.stderr  # fmt: skip
     assert "Traceback" not in done.stderr
-    assert bindable(tunnel)
+    assert is_free(tunnel)

@@ -12,7 +12,8 @@ from ravenproxy import flags
 from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.config import Address, parse_address
 from ravenproxy.errors import ConfigError
-from ravenproxy.pki.authority import generate_ca, issue_client_cert, write_pem_cert
+from ravenproxy.pki.authority import generate_ca, issue_client_cert
+from ravenproxy.pki.pemfiles import write_pem_cert
 from ravenproxy.server.settings import ServerSettings
 
 AGENT_FIELDS = {o.key for o in flags.options(AgentSettings)}
@@ -457,3 +458,25 @@ def test_doctor_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         settings_from(flags.gather(_parse("doctor", "--config", str(path)), DoctorSettings))
     assert info.value.field == "--vpn-driver"
+
+
+def test_routes_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `routes run` is long-running (the driver of a node without an agent): --config as the
+    # other long-running commands, flags winning, unknown keys refused.
+    from ravenproxy.cli import main
+    from ravenproxy.l3.settings import NodeSettings, settings_from
+
+    path = tmp_path / "routes.yaml"
+    path.write_text("node-name: edge-1\nreconcile-period: 30\ncni-interface: cni0\n", "utf-8")
+    values = flags.gather(
+        _parse("routes", "run", "--config", str(path), "--cni-interface", "eth9"), NodeSettings
+    )
+    assert values["node_name"] == "edge-1"
+    l3 = settings_from(values)
+    assert (l3.reconcile_period, l3.cni_interface) == (30.0, "eth9")
+    # The file's node and no inventory: refused before anything touches the kernel.
+    assert main(["routes", "plan", "--config", str(path)]) == 2
+    assert "ravenproxy routes: error: --inventory: is required" in capsys.readouterr().err
+    path.write_text("bogus: 1\n", "utf-8")
+    assert main(["routes", "plan", "--config", str(path)]) == 2
+    assert "--config" in capsys.readouterr().err

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +29,9 @@ import dns.exception
 import dns.message
 
 from ravenproxy.client import ConnectRefused, open_tunnel
-from ravenproxy.pki.authority import (
-    generate_ca,
-    issue_client_cert,
-    issue_server_cert,
-    write_pem_cert,
-    write_pem_key,
-)
-from tests.helpers import eventually, free_port
+from ravenproxy.pki.authority import generate_ca, issue_client_cert, issue_server_cert
+from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_key
+from tests.helpers import eventually, free_port, is_free
 from tests.integration.cluster import Cluster, Proc
 from tests.integration.l7.env import Kubelet, start_kubelet
 
@@ -206,20 +200,9 @@ class Env:
 def _port_free_on_both(*hosts: str) -> int:
     for _ in range(50):
         port = free_port(hosts[0])
-        if all(free_port_is(host, port) for host in hosts[1:]):
+        if all(is_free(port, host) for host in hosts[1:]):
             return port
     raise RuntimeError(f"no port free on all of {hosts}")
-
-
-def free_port_is(host: str, port: int, *, udp: bool = False) -> bool:
-    kinds = (socket.SOCK_STREAM, socket.SOCK_DGRAM) if udp else (socket.SOCK_STREAM,)
-    for kind in kinds:
-        with socket.socket(socket.AF_INET, kind) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                return False
-    return True
 
 
 def dns_args(inventory: Path, listen: str) -> list[str]:
@@ -249,7 +232,7 @@ def start_env(base: Path) -> Env:
     )  # fmt: skip
     cluster = Cluster(base)
     # Port 53 lets a program's own resolver (resolv.conf has no port) use it: root only.
-    root53 = os.geteuid() == 0 and free_port_is(DNS_IP, 53, udp=True)
+    root53 = os.geteuid() == 0 and is_free(53, DNS_IP, udp=True)
     dns_port = 53 if root53 else free_port(DNS_IP)
     dns = Proc("dns", [], base / "dns.log")
     env = Env(base, cluster, kubelet, pki, dns, dns_port)

@@ -20,12 +20,8 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from ravenproxy.pki.authority import (
-    generate_ca,
-    issue_client_cert,
-    write_pem_cert,
-    write_pem_key,
-)
+from ravenproxy.pki.authority import generate_ca, issue_client_cert
+from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_key
 from tests.helpers import free_port
 from tests.integration.cluster import Cluster
 from tests.integration.l7.env import Kubelet, kubelet_pki, start_kubelet

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from ravenproxy.pki import authority
-from ravenproxy.pki.authority import load_cert
 from ravenproxy.pki.issuance import CA_NAMESPACE, CA_SECRET
+from ravenproxy.pki.pemfiles import load_cert
 from tests.helpers import spawn_python, stop
 from tests.integration.cluster import Cluster, Proc
 from tests.integration.kube.apiserver import APIServer

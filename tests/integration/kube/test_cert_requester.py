@@ -28,15 +28,9 @@ from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.kube.certificates import CertificateRequester, RequestSettings
 from ravenproxy.kube.client import new_api_client
-from ravenproxy.pki.authority import (
-    cert_pem,
-    generate_ca,
-    is_issued_by,
-    key_matches,
-    load_cert,
-    load_key,
-)
+from ravenproxy.pki.authority import generate_ca, is_issued_by, key_matches
 from ravenproxy.pki.issuance import CA_BUNDLE, CA_BUNDLE_KEY, CA_NAMESPACE, SIGNER_AGENT
+from ravenproxy.pki.pemfiles import cert_pem, load_cert, load_key
 from tests.csrsign import sign_csr
 from tests.helpers import eventually, free_port
 from tests.integration.cluster import Cluster

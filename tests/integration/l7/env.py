@@ -22,13 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ravenproxy.pki.authority import (
-    generate_ca,
-    issue_client_cert,
-    issue_server_cert,
-    write_pem_cert,
-    write_pem_key,
-)
+from ravenproxy.pki.authority import generate_ca, issue_client_cert, issue_server_cert
+from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_key
 from tests.helpers import free_port, run, spawn, stop
 from tests.integration.cluster import Cluster
 

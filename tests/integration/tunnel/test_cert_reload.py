@@ -24,16 +24,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from ravenproxy.pki.authority import (
-    cert_pem,
-    generate_ca,
-    issue_client_cert,
-    issue_server_cert,
-    load_cert,
-    load_key,
-    write_pem_cert,
-    write_pem_key,
-)
+from ravenproxy.pki.authority import generate_ca, issue_client_cert, issue_server_cert
+from ravenproxy.pki.pemfiles import cert_pem, load_cert, load_key, write_pem_cert, write_pem_key
 from tests.helpers import eventually, run
 from tests.integration.cluster import Cluster, Proc
 from tests.integration.targets import Pump, echo, tcp_server

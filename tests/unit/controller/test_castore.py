@@ -7,14 +7,14 @@ from cryptography import x509
 
 from ravenproxy.controller.castore import bundle_with, ca_from_secret, secret_for
 from ravenproxy.errors import PKIError
-from ravenproxy.pki import authority
+from ravenproxy.pki import authority, pemfiles
 
 CA = authority.generate_ca()
 OTHER = authority.generate_ca("next-ca")
 
 
 def pem(cert: x509.Certificate) -> str:
-    return authority.cert_pem(cert).decode()
+    return pemfiles.cert_pem(cert).decode()
 
 
 def test_the_secret_round_trips() -> None:

@@ -58,11 +58,13 @@ def test_dry_run_without_cluster_ip_uses_internal_ips_and_shows_agent_health() -
     ]
 
 
-def test_dry_run_inventory_reads_the_file() -> None:
+async def test_dry_run_inventory_reads_the_file() -> None:
     from ravenproxy.controller.dryrun import dry_run_inventory
 
     model = load_inventory(EXAMPLE)
-    assert dry_run_inventory(EXAMPLE, now=0.0) == render_dry_run(model, Health.ready_only(), 0.0)
+    assert await dry_run_inventory(EXAMPLE, now=0.0) == render_dry_run(
+        model, Health.ready_only(), 0.0
+    )
 
 
 async def test_inventory_controller_prints_on_change_only(tmp_path: Path) -> None:

@@ -11,13 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
-from ravenproxy.pki.authority import (
-    cert_pem,
-    generate_ca,
-    issue_client_cert,
-    issue_server_cert,
-    key_pem,
-)
+from ravenproxy.pki.authority import generate_ca, issue_client_cert, issue_server_cert
 from ravenproxy.pki.credentials import (
     CredentialsError,
     PemSource,
@@ -27,6 +21,7 @@ from ravenproxy.pki.credentials import (
     load_credentials,
     parse_credentials,
 )
+from ravenproxy.pki.pemfiles import cert_pem, key_pem
 
 
 def now() -> dt.datetime:

@@ -10,8 +10,9 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from ravenproxy.errors import PKIError
-from ravenproxy.pki.authority import cert_pem, generate_ca, issue_client_cert
+from ravenproxy.pki.authority import generate_ca, issue_client_cert
 from ravenproxy.pki.csr import USAGES, build_csr, check_issued, new_key, rotation_deadline
+from ravenproxy.pki.pemfiles import cert_pem
 from tests.csrsign import sign_csr
 
 CA = generate_ca()

@@ -18,7 +18,8 @@ from ravenproxy.pki import (
     load_key,
     write_pem_key,
 )
-from ravenproxy.pki.authority import extend_ca, write_pem_certs
+from ravenproxy.pki.authority import extend_ca
+from ravenproxy.pki.pemfiles import write_pem_certs
 from ravenproxy.pki.renew import plan_renewal, renew
 from ravenproxy.pki.status import sans_of, status
 from tests.unit.pki.pkidir import days, reissue, serial, short_ca, snapshot

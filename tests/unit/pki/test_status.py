@@ -9,7 +9,7 @@ import pytest
 
 from ravenproxy.errors import PKIError
 from ravenproxy.pki import generate_ca, init_pki, issue_server_cert, load_cert, write_pem_key
-from ravenproxy.pki.authority import write_pem_certs
+from ravenproxy.pki.pemfiles import write_pem_certs
 from ravenproxy.pki.status import render_json, render_text, serial_hex, status, warnings_of
 from tests.unit.pki.pkidir import days, reissue, write_pair
 

@@ -23,13 +23,8 @@ from cryptography.hazmat.primitives.serialization import (
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ravenproxy.errors import PKIError
-from ravenproxy.pki.authority import (
-    cert_pem,
-    generate_ca,
-    issue_client_cert,
-    issue_server_cert,
-    key_pem,
-)
+from ravenproxy.pki.authority import generate_ca, issue_client_cert, issue_server_cert
+from ravenproxy.pki.pemfiles import cert_pem, key_pem
 from ravenproxy.pki.x509info import (
     CLIENT_AUTH,
     SERVER_AUTH,

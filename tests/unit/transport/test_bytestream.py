@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ravenproxy.pki.authority import generate_ca, issue_server_cert, write_pem_cert, write_pem_key
+from ravenproxy.pki.authority import generate_ca, issue_server_cert
+from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_key
 from ravenproxy.transport.bytestream import SocketByteStream, TlsByteStream, TlsError
 from ravenproxy.transport.relay import relay
 

@@ -18,16 +18,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from ravenproxy.errors import PKIError
-from ravenproxy.pki.authority import (
-    cert_pem,
-    generate_ca,
-    issue_client_cert,
-    issue_server_cert,
-    key_pem,
-    write_pem_cert,
-    write_pem_key,
-)
+from ravenproxy.pki.authority import generate_ca, issue_client_cert, issue_server_cert
 from ravenproxy.pki.credentials import Credentials, PemSource, Verdict, load_credentials
+from ravenproxy.pki.pemfiles import cert_pem, key_pem, write_pem_cert, write_pem_key
 from ravenproxy.transport import tls
 from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
 from tests.helpers import eventually

@@ -13,6 +13,7 @@ from ravenproxy.model.allowlist import Allowlist
 from ravenproxy.transport import dialer
 from ravenproxy.transport.dialer import DialError, dial, resolve
 from ravenproxy.wire.codes import ErrorCode
+from tests.helpers import free_port
 
 
 @pytest.fixture
@@ -33,12 +34,6 @@ async def listener() -> AsyncIterator[int]:
     finally:
         server.close()
         await server.wait_closed()
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_allowed_target_connects(listener: int) -> None:
@@ -66,7 +61,7 @@ async def test_target_not_in_allowlist_is_refused(listener: int) -> None:
 
 
 async def test_closed_port_is_dial_failed() -> None:
-    port = closed_port()
+    port = free_port()  # nothing listens on it
     with pytest.raises(DialError) as info:
         await dial("127.0.0.1", port, Allowlist.parse([f"127.0.0.1:{port}"]), timeout=2)
     assert info.value.code is ErrorCode.DIAL_FAILED

@@ -64,10 +64,8 @@
 {{- end -}}
 {{- end -}}
 
-{{/* NODE_NAME and NODE_IP from the downward API. */}}
+{{/* NODE_NAME from the downward API. */}}
 {{- define "ravenproxy.nodeEnv" -}}
 - name: NODE_NAME
   valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
-- name: NODE_IP
-  valueFrom: {fieldRef: {fieldPath: status.hostIP}}
 {{- end -}}

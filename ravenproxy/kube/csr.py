@@ -1,0 +1,105 @@
+"""One ``certificates.k8s.io/v1`` CertificateSigningRequest through the API: created with
+``generateName`` ``ravenproxy-<role>-<node>-``, our signer name, the role's usages and
+``expirationSeconds``; then watched (by ``fieldSelector=metadata.name``) until
+``status.certificate`` appears, a ``Denied`` or ``Failed`` condition is set, or the timeout
+passes. :mod:`ravenproxy.kube.certificates` decides when to ask and what to accept."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+from kubernetes_asyncio import client as k8s_client
+
+from ravenproxy.errors import RavenProxyError
+from ravenproxy.kube.client import raw_call
+from ravenproxy.kube.reflector import Reflector, WatchSettings
+from ravenproxy.pki.csr import USAGES
+from ravenproxy.pki.issuance import SIGNER_OF_ROLE, Role
+
+
+class RequestFailed(RavenProxyError):
+    """One certificate request did not end in a usable certificate; ``reason`` says why."""
+
+    def __init__(self, csr: str, outcome: str, reason: str) -> None:
+        super().__init__(f"{csr}: {outcome}: {reason}")
+        self.csr = csr
+        self.outcome = outcome
+        self.reason = reason
+
+
+async def create(
+    certs: k8s_client.CertificatesV1Api,
+    role: Role,
+    node: str,
+    csr_pem: bytes,
+    lifetime: float,
+) -> str:
+    """Create the request; its name (``generateName``). RequestFailed ``refused`` when the API
+    does not take it."""
+    body = {
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"generateName": f"ravenproxy-{role}-{node}-"[:200]},
+        "spec": {
+            "request": base64.b64encode(csr_pem).decode(),
+            "signerName": SIGNER_OF_ROLE[role],
+            "usages": list(USAGES[role]),
+            "expirationSeconds": int(lifetime),
+        },
+    }
+    status, obj = await raw_call(certs.create_certificate_signing_request, body)
+    if status >= 300:
+        raise RequestFailed("-", "refused", f"HTTP {status}: {obj.get('message', '')}")
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+async def wait_issued(
+    certs: k8s_client.CertificatesV1Api, name: str, watch: WatchSettings, timeout: float
+) -> bytes:
+    """``status.certificate`` of CSR ``name``, watched; RequestFailed on a Denied or Failed
+    condition, or when it is still pending after ``timeout`` seconds."""
+    changed = asyncio.Event()
+    reflector = Reflector(
+        f"certificatesigningrequest {name}",
+        certs.list_certificate_signing_request,
+        changed.set,
+        watch,
+        field_selector=f"metadata.name={name}",
+    )
+    task = asyncio.create_task(reflector.run(), name=f"cert-csr-watch:{name}")
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                changed.clear()
+                obj = reflector.objects.get(name)
+                if obj is not None:
+                    result = outcome(obj)
+                    if isinstance(result, bytes):
+                        return result
+                    if result is not None:
+                        raise RequestFailed(name, *result)
+                await changed.wait()
+    except TimeoutError:
+        raise RequestFailed(name, "timeout", f"pending for {timeout:g}s") from None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def outcome(csr: dict[str, Any]) -> bytes | tuple[str, str] | None:
+    """The certificate, ``(outcome, reason)`` for Denied/Failed, or None while pending."""
+    status = csr.get("status") or {}
+    for cond in status.get("conditions") or []:
+        kind = cond.get("type")
+        if kind in ("Denied", "Failed") and cond.get("status", "True") == "True":
+            reason = cond.get("message") or cond.get("reason") or kind
+            return kind.lower(), str(reason)
+    cert = status.get("certificate")
+    if cert:
+        try:
+            return base64.b64decode(cert, validate=True)
+        except ValueError:
+            return "failed", "status.certificate is not base64"
+    return None
