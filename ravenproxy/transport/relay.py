@@ -125,6 +125,9 @@ class _Sweep:
     def of(cls, loop: asyncio.AbstractEventLoop, timeout: float) -> _Sweep:
         sweep = cls._all.get((loop, timeout))
         if sweep is None:
+            # Sweeps of closed loops (whose timers will never fire) are dropped here.
+            for key in [key for key in cls._all if key[0].is_closed()]:
+                del cls._all[key]
             sweep = cls._all[(loop, timeout)] = cls(loop, timeout)
         return sweep
 
@@ -135,9 +138,10 @@ class _Sweep:
             self.timer = self.loop.call_at(watch.last + self.timeout, self._check)
 
     def remove(self, watch: IdleWatch) -> None:
+        # Emptied, the sweep stays (its timer armed) until the timer finds it empty: a
+        # keep-alive connection enters and leaves its watch once per request, and a timer made
+        # and cancelled each time was a good part of what a small request cost.
         self.watches.pop(watch, None)
-        if not self.watches:
-            self._close()
 
     def _close(self) -> None:
         if self.timer is not None:
