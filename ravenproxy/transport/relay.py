@@ -1,7 +1,8 @@
 """The one relay: socket ⇄ any :class:`~ravenproxy.transport.bytestream.ByteStream` (a tunnel
 stream, a dialled socket, TLS on either), with backpressure both ways and half-close carried
-through. The agent relays its dialled target to the tunnel with it; the server's fronts relay
-their clients (CONNECT, upgrades, SNI passthrough) to the route's target.
+through. The server's fronts relay their clients (CONNECT, upgrades, SNI passthrough) to the
+route's target with it; the agent splices its streams to their dialled targets by callbacks
+under the same rules (:mod:`ravenproxy.transport.splice`).
 
 Socket → stream: read only as much as the stream accepts now (:meth:`ByteStream.writable`, a
 tunnel stream's credit), so a slow tunnel stops reading the socket (TCP pushes back on the

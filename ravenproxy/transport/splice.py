@@ -11,8 +11,8 @@ rules as the relay's hold:
 
 - stream → socket: the next chunk is taken (and its credit returned) only while the socket's
   write buffer is under its high mark (``pause_writing`` stops, ``resume_writing`` goes on);
-- socket → stream: what has credit at hand (and room in the session's output) goes at once;
-  anything else pauses reading the socket (TCP pushes back) while one task sends it with
+- socket → stream: as much as has credit at hand (and room in the session's output) goes at
+  once; the rest pauses reading the socket (TCP pushes back) while one task sends it with
   :meth:`TunnelStream.write` (waiting for credit), then reading resumes;
 - half-close is carried both ways; the splice ends once both sides finished, or either failed
   (a failed socket resets the stream, a failed stream aborts the socket).
@@ -57,7 +57,7 @@ class Splice(asyncio.Protocol):
         self.stream: TunnelStream | None = None
         self.result = RelayResult()
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | memoryview] = []
         """Socket bytes the stream did not take at once: :attr:`_sender` sends them."""
         self._sender: asyncio.Task[None] | None = None
         self._write_paused = False
@@ -84,10 +84,11 @@ class Splice(asyncio.Protocol):
         stream = self.stream
         if stream is None or self._pending or self._sender is not None:
             self._queue(data)
-        elif stream.try_write(data):
-            self.result.bytes_up += len(data)
-        else:
-            self._queue(data)
+            return
+        sent = stream.try_write(data)
+        self.result.bytes_up += sent
+        if sent < len(data):
+            self._queue(memoryview(data)[sent:])
 
     def eof_received(self) -> bool:
         self._up_eof = True
@@ -149,7 +150,7 @@ class Splice(asyncio.Protocol):
             self._fail_socket(exc)
 
     # -- socket → stream -----------------------------------------------------------------------
-    def _queue(self, data: bytes) -> None:
+    def _queue(self, data: bytes | memoryview) -> None:
         self._pending.append(data)
         if self.stream is None or self._sender is not None or self._done.done():
             return

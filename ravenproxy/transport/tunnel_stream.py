@@ -199,21 +199,22 @@ class TunnelStream:
         self.session._consumed(self.id, len(chunk))
         return chunk
 
-    def try_write(self, data: bytes | memoryview) -> bool:
-        """:meth:`write`'s common case without waiting: all of ``data`` goes now if the credit
-        is at hand and the session's output is under its bound (True); else nothing is sent
-        and :meth:`write` must be awaited."""
+    def try_write(self, data: bytes | memoryview) -> int:
+        """:meth:`write` without waiting: as much of ``data`` as the credit at hand and the
+        room in the session's output allow goes now; returns how much (the rest is for
+        :meth:`write`)."""
+        if self._error is not None:
+            return 0
         session = self.session
-        if (
-            self._error is None
-            and 0 < len(data) <= session.conn.send_window(self.id)
-            and session.conn.pending_bytes + len(data) <= session.config.wire.max_message_size
-        ):
-            session.conn.send_data(self.id, data)
-            self.bytes_out += len(data)
-            session._flush()
-            return True
-        return False
+        conn = session.conn
+        room = session.config.wire.max_message_size - conn.pending_bytes
+        n = min(len(data), conn.send_window(self.id), room)
+        if n <= 0:
+            return 0
+        conn.send_data(self.id, data if n == len(data) else memoryview(data)[:n])
+        self.bytes_out += n
+        session._flush()
+        return n
 
     async def write(self, data: bytes | memoryview) -> None:
         """Send all of ``data``, waiting for credit as needed."""
