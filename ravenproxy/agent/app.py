@@ -46,11 +46,10 @@ from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.credentials import Credentials
 from ravenproxy.transport import tls
-from ravenproxy.transport.bytestream import TunnelByteStream
 from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
-from ravenproxy.transport.dialer import DialError, dial
-from ravenproxy.transport.relay import relay
+from ravenproxy.transport.dialer import DialError, dial_protocol
 from ravenproxy.transport.session import Session, TunnelStream
+from ravenproxy.transport.splice import Splice
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -263,8 +262,10 @@ class Agent:
     async def _serve(self, stream: TunnelStream) -> None:
         target = stream.target
         try:
-            dialed = await dial(
-                target.host, target.port, self.allowlist, self.settings.dial_timeout
+            # Spliced by callbacks, not relayed by two tasks: a small request and its answer
+            # cost no task wake-up of their own on the agent.
+            splice, _ = await dial_protocol(
+                target.host, target.port, self.allowlist, self.settings.dial_timeout, Splice
             )
         except DialError as exc:
             self.metrics.dials.labels(result=exc.code.name.lower()).inc()
@@ -282,7 +283,8 @@ class Agent:
             return
         self.metrics.dials.labels(result="ok").inc()
         stream.accept()
-        await relay(TunnelByteStream(stream), dialed.reader, dialed.writer, label=str(stream.id))
+        splice.start(stream)
+        await splice.wait()
 
 
 async def run_agent(settings: AgentSettings) -> None:

@@ -1,5 +1,5 @@
-"""One client connection's HTTP/1.1 exchanges with their targets, sans-I/O (llhttp, through
-``httptools``, parses both ends; the heads sent on are written here).
+"""One client connection's HTTP/1.1 exchanges with their targets, sans-I/O (the messages are
+parsed and the heads sent on written by :mod:`ravenproxy.server.http_messages`).
 
 :class:`Exchange` is fed what happened — client bytes, target bytes, the route it asked for,
 a target connection opened or lost — and answers with *actions* for the driver
@@ -20,23 +20,13 @@ this process's token, and one that already does is a loop (508). A kept target c
 turns out closed before answering an idempotent request is retried once on a new one
 (RFC 9110 §9.2.2).
 
-The parsers run ahead of the exchange (a pipelined request is parsed while the one before it is
-answered): what they parse is queued as events (:class:`_Parsed`) and taken when the exchange
-is ready for it. The client's bytes are read only when the exchange wants them, which bounds
-that queue.
+The parsers run ahead of the exchange (:class:`~ravenproxy.server.http_messages.Parsed`); the
+client's bytes are read only when the exchange wants them, which bounds their queue.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-
-from httptools import (
-    HttpParserError,
-    HttpParserUpgrade,
-    HttpRequestParser,
-    HttpResponseParser,
-)
 
 from ravenproxy.server.exchange_actions import (
     Action,
@@ -54,21 +44,29 @@ from ravenproxy.server.exchange_actions import (
     WriteUpstream,
 )
 from ravenproxy.server.http1 import BadRequest
-from ravenproxy.server.loops import via_received_by
-from ravenproxy.server.podroutes import (
-    Destination,
-    find_destination,
-    forwardable,
-    wants_upgrade,
+from ravenproxy.server.http_messages import (
+    DATA,
+    END,
+    EOF,
+    ERROR,
+    HEAD,
+    Framing,
+    Head,
+    Outbound,
+    Parsed,
+    chunk,
+    fields,
+    header,
+    keeps_alive,
+    last_chunk,
+    request_head,
+    response_framing,
 )
+from ravenproxy.server.loops import via_received_by
+from ravenproxy.server.podroutes import Destination, find_destination, forwardable
 from ravenproxy.server.router import Route
 
-Headers = list[tuple[str, str]]
-
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
-
-# Event kinds of :class:`_Parsed`.
-_HEAD, _DATA, _END, _ERROR, _EOF = range(5)
 
 
 @dataclass(frozen=True)
@@ -87,189 +85,6 @@ class UpstreamKey:
         return cls(session, route.target.host, route.target.port, route.tls)
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
-    """A parsed request or response head. ``start``: the method (request) or the reason phrase
-    (response); ``target``: the request-target; ``status``: 0 for a request."""
-
-    start: str
-    target: str
-    status: int
-    version: str
-    headers: Headers
-    lower: dict[str, str]
-    """The fields by lower-cased name (repeated ones joined with ", ")."""
-    size: int
-    """Bytes of the head on the wire."""
-
-
-class _Stop(Exception):
-    """Raised from a parser callback to end the parse (a response that has no body)."""
-
-
-class _Parsed:
-    """The callbacks of one llhttp parser, turning what it parses into queued events:
-    ``(_HEAD, Head)``, ``(_DATA, bytes)``, ``(_END, trailers)``, ``(_ERROR, message)``,
-    ``(_EOF, None)``."""
-
-    __slots__ = (
-        "_fields",
-        "_last",
-        "_start",
-        "_trailers",
-        "bodiless",
-        "events",
-        "fed",
-        "in_body",
-        "in_head",
-        "parser",
-    )
-
-    def __init__(self, *, response: bool) -> None:
-        self.events: deque[tuple[int, object]] = deque()
-        self.parser: HttpRequestParser | HttpResponseParser = (
-            HttpResponseParser(self) if response else HttpRequestParser(self)
-        )
-        if response:
-            # RFC 9112 §6.3: a response with both framings is read by its Transfer-Encoding
-            # (a request with both is refused).
-            self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
-        self.fed = 0
-        """Bytes fed while no head was complete: what an unfinished head may have taken."""
-        self.in_head = False
-        self.in_body = False
-        self.bodiless = False
-        """The response to come has no body whatever its fields say (it answers a HEAD)."""
-        self._start = b""
-        self._fields: list[tuple[bytes, bytes]] = []
-        self._trailers: list[tuple[bytes, bytes]] = []
-        self._last: tuple[bytes, list[tuple[bytes, bytes]], object, str, Head] | None = None
-        """The last head as parsed (start, fields, method or status, version) and its
-        :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
-        same answer) is the same object, and what was derived from it can be reused."""
-
-    def feed(self, data: bytes) -> bytes | None:
-        """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
-        ended the HTTP part of the connection. An error is queued after what came before it."""
-        if not self.in_body:
-            self.fed += len(data)
-        try:
-            self.parser.feed_data(data)
-        except HttpParserUpgrade as exc:
-            return data[exc.args[0] :]
-        except HttpParserError as exc:
-            if not isinstance(exc.__context__, _Stop):
-                self.events.append((_ERROR, str(exc) or type(exc).__name__))
-        return None
-
-    # -- llhttp's callbacks ---------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self.in_head = True
-        self._start = b""
-        self._fields = []
-        self._trailers = []
-
-    def on_url(self, url: bytes) -> None:
-        self._start += url
-
-    def on_status(self, reason: bytes) -> None:
-        self._start += reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self.in_head:
-            self._fields.append((name, value))
-        else:
-            self._trailers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self.in_head, self.in_body, self.fed = False, True, 0
-        parser = self.parser
-        version = parser.get_http_version()
-        kind: object = (
-            parser.get_status_code()
-            if isinstance(parser, HttpResponseParser)
-            else parser.get_method()
-        )
-        last = self._last
-        if (
-            last is not None
-            and last[0] == self._start
-            and last[2] == kind
-            and last[3] == version
-            and last[1] == self._fields
-        ):
-            head = last[4]
-        else:
-            head = self._head(version)
-            self._last = (self._start, self._fields, kind, version, head)
-        self.events.append((_HEAD, head))
-        if self.bodiless and head.status >= 200:
-            # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
-            # connection is not used again.
-            self.in_body = False
-            self.events.append((_END, []))
-            raise _Stop
-
-    def _head(self, version: str) -> Head:
-        parser = self.parser
-        headers: Headers = []
-        lower: dict[str, str] = {}
-        size = len(self._start) + 2
-        for k, v in self._fields:
-            size += len(k) + len(v) + 4
-            name, value = k.decode("latin-1"), v.decode("latin-1")
-            headers.append((name, value))
-            key = name.lower()
-            seen = lower.get(key)
-            lower[key] = value if seen is None else f"{seen}, {value}"
-        start = self._start.decode("latin-1")
-        if isinstance(parser, HttpResponseParser):
-            status = parser.get_status_code()
-            return Head(start, "", status, version, headers, lower, size + 15)
-        method = parser.get_method().decode("ascii", "replace")
-        return Head(method, start, 0, version, headers, lower, size + len(method) + 12)
-
-    def on_body(self, body: bytes) -> None:
-        self.events.append((_DATA, body))
-
-    def on_message_complete(self) -> None:
-        self.in_body = False
-        trailers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._trailers]
-        self.events.append((_END, trailers))
-
-
-def _header(headers: Headers, name: str) -> str | None:
-    for key, value in headers:
-        if key.lower() == name:
-            return value
-    return None
-
-
-def _fields(headers: Headers) -> bytes:
-    return "".join(f"{k}: {v}\r\n" for k, v in headers).encode("latin-1")
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
-def _last_chunk(trailers: Headers) -> bytes:
-    return b"0\r\n" + _fields(trailers) + b"\r\n"
-
-
-def _tokens(value: str) -> set[str]:
-    return {t.strip().lower() for t in value.split(",")}
-
-
-def _keeps_alive(head: Head) -> bool:
-    """The sender keeps the connection open after this message (RFC 9112 §9.3)."""
-    connection = head.lower.get("connection")
-    tokens = _tokens(connection) if connection else ()
-    if head.version == "1.1":
-        return "close" not in tokens
-    return head.version == "1.0" and "keep-alive" in tokens
-
-
 class Exchange:
     """See the module docstring. ``phase``: ``head`` (waiting for a request head), ``routing``,
     ``opening``, ``forwarding`` (request sent, response being read), ``switching``,
@@ -278,7 +93,7 @@ class Exchange:
     def __init__(self, *, via: str, max_head: int) -> None:
         self.via = via
         self.max_head = max_head
-        self.client = _Parsed(response=False)
+        self.client = Parsed(response=False)
         self.phase = "head"
         self.first = True
         """No request has begun on this connection yet."""
@@ -293,7 +108,7 @@ class Exchange:
         """The request body goes to the target chunked."""
         self._outbound: list[bytes] | None = None
         """What went to the target: replayed on a retry (only kept when it is whole)."""
-        self._up: _Parsed | None = None
+        self._up: Parsed | None = None
         self._up_key: UpstreamKey | None = None
         self._up_used = False
         self._up_keep = False
@@ -313,10 +128,10 @@ class Exchange:
         self.started = False
         """Part of a response went to the client: a refusal can no longer be answered."""
         # What the last request and response heads led to, reused while the next ones are
-        # the same objects (:attr:`_Parsed._last`) and what else it depends on is unchanged.
+        # the same objects (:attr:`Parsed._last`) and what else it depends on is unchanged.
         self._seen: tuple[Head, bool, RouteRequest] | None = None
-        self._built: tuple[Head, Route, bytes, bool, bool] | None = None
-        self._answered: tuple[tuple[object, ...], bytes, str, bool, bool, bool] | None = None
+        self._built: tuple[Head, Route, Outbound] | None = None
+        self._answered: tuple[tuple[object, ...], Framing] | None = None
 
     # -- the client side ----------------------------------------------------------------------
     @property
@@ -333,7 +148,7 @@ class Exchange:
         if self.phase == "closed":
             return []
         if not data:
-            self.client.events.append((_EOF, None))
+            self.client.events.append((EOF, None))
         elif self._client_raw is not None:
             self._client_raw += data
         else:
@@ -348,11 +163,11 @@ class Exchange:
                     return self._refuse(431, "", f"request head larger than {self.max_head} bytes")
                 return []
             kind, value = events.popleft()
-            if kind == _HEAD:
+            if kind == HEAD:
                 self.first = False
                 assert isinstance(value, Head)
                 return self._on_request(value)
-            if kind == _ERROR:
+            if kind == ERROR:
                 if "Content-Length" in str(value) and "Transfer-Encoding" in str(value):
                     # RFC 9112 §6.1: a proxy must not forward both (how requests are smuggled
                     # past one parser into another); refusing, then closing, is allowed.
@@ -378,7 +193,7 @@ class Exchange:
         host = lower.get("host")
         if (host is None and request.version == "1.1") or (host is not None and "," in host):
             return self._refuse(400, "", "bad request: an HTTP/1.1 request needs one Host field")
-        self._client_keep = _keeps_alive(request)
+        self._client_keep = keeps_alive(request)
         node = ""
         try:
             dest = find_destination(request.start, request.target, headers, lower)
@@ -431,7 +246,7 @@ class Exchange:
     def upstream_opened(self) -> list[Action]:
         """The target connection :class:`OpenUpstream` asked for is open."""
         assert self.phase == "opening"
-        self._up = _Parsed(response=True)
+        self._up = Parsed(response=True)
         self._up_used = False
         return self._send()
 
@@ -447,28 +262,11 @@ class Exchange:
         self._body_error = None
         self.started = False
         built = self._built
-        if built is not None and built[0] is request and built[1] is route:
-            self._outbound = [built[2]]
-            self._upgrade, self._chunked_up = built[3], built[4]
-            return
-        headers, lower = request.headers, request.lower
-        upgrade = wants_upgrade(headers) if "connection" in lower else None
-        self._upgrade = upgrade is not None
-        out = forwardable(headers, upgrade=upgrade, names=lower)
-        if dest.authority is not None:
-            out = [(k, v) for k, v in out if k.lower() != "host"]
-            out.insert(0, ("Host", dest.authority))
-        elif "host" not in lower:
-            out.insert(0, ("Host", f"{dest.host or route.node.name}:{route.target.port}"))
-        self._chunked_up = "chunked" in lower.get("transfer-encoding", "").lower()
-        if self._chunked_up:
-            out.append(("Transfer-Encoding", "chunked"))
-        # RFC 9110 §7.6.3; also how a request that comes back here is recognised.
-        out.append(("Via", f"{request.version} {self.via}"))
-        head = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-        head += _fields(out) + b"\r\n"
-        self._outbound = [head]
-        self._built = (request, route, head, self._upgrade, self._chunked_up)
+        if built is None or built[0] is not request or built[1] is not route:
+            built = self._built = (request, route, request_head(request, dest, route, self.via))
+        out = built[2]
+        self._outbound = [out.head]
+        self._upgrade, self._chunked_up = out.upgrade, out.chunked
 
     def _send(self) -> list[Action]:
         """The request (and the body bytes at hand) to the target connection."""
@@ -495,16 +293,16 @@ class Exchange:
         kept = self._outbound if not first else None
         while events:
             kind, value = events[0]
-            if kind == _DATA:
+            if kind == DATA:
                 events.popleft()
                 assert isinstance(value, bytes)
-                piece = _chunk(value) if self._chunked_up else value
-            elif kind == _END:
+                piece = chunk(value) if self._chunked_up else value
+            elif kind == END:
                 events.popleft()
                 assert isinstance(value, list)
-                piece = _last_chunk(value) if self._chunked_up else b""
+                piece = last_chunk(value) if self._chunked_up else b""
                 self.body_done = True
-            elif kind == _ERROR:
+            elif kind == ERROR:
                 events.popleft()
                 assert self.route is not None
                 refusal = Refuse(400, self.route.node.name, f"bad request body: {value}")
@@ -532,7 +330,7 @@ class Exchange:
         if self.phase != "forwarding" or up is None:
             return []
         if not data:
-            up.events.append((_EOF, None))
+            up.events.append((EOF, None))
         else:
             rest = up.feed(data)
             if rest is not None:
@@ -544,10 +342,10 @@ class Exchange:
         events = up.events
         while events:
             kind, value = events.popleft()
-            if kind == _DATA:
+            if kind == DATA:
                 assert isinstance(value, bytes)
-                out.append(_chunk(value) if self._body_out == "chunked" else value)
-            elif kind == _HEAD:
+                out.append(chunk(value) if self._body_out == "chunked" else value)
+            elif kind == HEAD:
                 assert isinstance(value, Head)
                 if value.size > self.max_head:
                     return self._flushed(out, actions, self._bad_response("head too large"))
@@ -563,23 +361,23 @@ class Exchange:
                 if value.status < 200:
                     self._info = True
                     head = f"HTTP/1.1 {value.status} {value.start}\r\n".encode("latin-1")
-                    out.append(head + _fields(value.headers) + b"\r\n")
+                    out.append(head + fields(value.headers) + b"\r\n")
                 else:
                     actions.append(Count(value.status))
                     out.append(self._response_head(value, bodiless=up.bodiless))
-            elif kind == _END:
+            elif kind == END:
                 if self._info:
                     self._info = False
                     continue
                 assert isinstance(value, list)
                 if self._body_out == "chunked":
-                    out.append(_last_chunk(value))
+                    out.append(last_chunk(value))
                 return self._flushed(out, actions, self._finished())
-            elif kind == _ERROR:
+            elif kind == ERROR:
                 return self._flushed(out, actions, self._bad_response(str(value)))
-            elif self._until_close and self.started:  # _EOF ends a body framed by the close
+            elif self._until_close and self.started:  # EOF ends a body framed by the close
                 if self._body_out == "chunked":
-                    out.append(_last_chunk([]))
+                    out.append(last_chunk([]))
                 self._up_keep = False
                 return self._flushed(out, actions, self._finished())
             else:
@@ -603,51 +401,20 @@ class Exchange:
         key = (response, bodiless, self._request, self._client_keep, self._up is not None)
         answered = self._answered
         if answered is not None and answered[0] == key:
-            _, head, self._body_out, self._until_close, self._up_keep, self._client_keep = answered
-            return head
-        head = self._new_response_head(response, bodiless=bodiless)
-        self._answered = (
-            key,
-            head,
-            self._body_out,
-            self._until_close,
-            self._up_keep,
-            self._client_keep,
-        )
-        return head
-
-    def _new_response_head(self, response: Head, *, bodiless: bool) -> bytes:
-        headers, lower = response.headers, response.lower
-        kept = forwardable(headers, names=lower)
-        te = lower.get("transfer-encoding", "").lower()
-        if te:
-            # RFC 9112 §6.3: Transfer-Encoding wins, and a proxy drops the length.
-            kept = [(k, v) for k, v in kept if k.lower() != "content-length"]
-        self._up_keep = _keeps_alive(response) and self._up is not None and not bodiless
-        self._until_close = False
-        if bodiless or response.status in (204, 304):
-            self._body_out = "none"
-            if te.endswith("chunked"):
-                kept.append(("Transfer-Encoding", "chunked"))
-        elif te.endswith("chunked"):
-            self._body_out = "chunked"
-            kept.append(("Transfer-Encoding", "chunked"))
-        elif te or "content-length" not in lower:
-            self._until_close = True
-            self._up_keep = False
-            assert self._request is not None
-            if self._request.version == "1.1":
-                self._body_out = "chunked"
-                kept.append(("Transfer-Encoding", "chunked"))
-            else:
-                self._body_out = "length"
-                self._client_keep = False
+            framing = answered[1]
         else:
-            self._body_out = "length"
-        if not self._client_keep:
-            kept.append(("Connection", "close"))
-        head = f"HTTP/1.1 {response.status} {response.start}\r\n".encode("latin-1")
-        return head + _fields(kept) + b"\r\n"
+            assert self._request is not None
+            framing = response_framing(
+                response,
+                bodiless=bodiless,
+                request_version=self._request.version,
+                client_keep=self._client_keep,
+                upstream=self._up is not None,
+            )
+            self._answered = (key, framing)
+        self._body_out, self._until_close = framing.body_out, framing.until_close
+        self._up_keep, self._client_keep = framing.up_keep, framing.client_keep
+        return framing.head
 
     def upstream_lost(self) -> list[Action]:
         """Reading from, or writing to, the target connection failed."""
@@ -672,8 +439,8 @@ class Exchange:
         event = self._switched
         assert event is not None
         headers = event.headers
-        kept = forwardable(headers, upgrade=_header(headers, "upgrade") or "websocket")
-        head = f"HTTP/1.1 101 {event.start}\r\n".encode("latin-1") + _fields(kept) + b"\r\n"
+        kept = forwardable(headers, upgrade=header(headers, "upgrade") or "websocket")
+        head = f"HTTP/1.1 101 {event.start}\r\n".encode("latin-1") + fields(kept) + b"\r\n"
         return head, self._client_raw or b"", self._up_rest
 
     def _failed(self, what: str, *, status: int | None = None) -> list[Action]:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ravenproxy.model.allowlist import Allowlist, IPAddress, denied_always
-from ravenproxy.transport.bytestream import open_connection
-from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
+from ravenproxy.transport.bytestream import READ_LIMIT
+from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.errors import WireError
 
@@ -39,11 +41,31 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
     return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0])) for info in infos))
 
 
+P = TypeVar("P", bound=asyncio.Protocol)
+
+
 async def dial(
     host: str, port: int, allowlist: Allowlist, timeout: float, *, owner: str = "the agent"
 ) -> Dialed:
     """Connect to the first permitted address of ``host``; ``owner`` names whose allowlist it is
     in refusals."""
+    stream, address = await dial_protocol(
+        host, port, allowlist, timeout, lambda: SocketStream(READ_LIMIT), owner=owner
+    )
+    return Dialed(stream, stream, address)
+
+
+async def dial_protocol(
+    host: str,
+    port: int,
+    allowlist: Allowlist,
+    timeout: float,
+    factory: Callable[[], P],
+    *,
+    owner: str = "the agent",
+) -> tuple[P, str]:
+    """:func:`dial` with the connection served by ``factory()``'s protocol: (it, the address
+    dialled)."""
     addresses = await resolve(host, port)
     permitted = [ip for ip in addresses if allowlist.permits(ip, port)]
     if not permitted:
@@ -54,15 +76,16 @@ async def dial(
             why = f"{host}:{port} is not in {owner}'s allowlist"
         raise DialError(why, ErrorCode.REFUSED)
     errors: list[str] = []
+    loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout):
             for ip in permitted:
                 try:
-                    reader, writer = await open_connection(str(ip), port)
+                    _, protocol = await loop.create_connection(factory, str(ip), port)
                 except OSError as exc:
                     errors.append(f"{ip}:{port}: {exc.strerror or exc}")
                     continue
-                return Dialed(reader, writer, f"{ip}:{port}")
+                return protocol, f"{ip}:{port}"
     except TimeoutError:
         raise DialError(
             f"dial {host}:{port} timed out after {timeout:g}s", ErrorCode.DIAL_TIMEOUT

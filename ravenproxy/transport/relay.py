@@ -1,7 +1,8 @@
 """The one relay: socket ⇄ any :class:`~ravenproxy.transport.bytestream.ByteStream` (a tunnel
 stream, a dialled socket, TLS on either), with backpressure both ways and half-close carried
-through. The agent relays its dialled target to the tunnel with it; the server's fronts relay
-their clients (CONNECT, upgrades, SNI passthrough) to the route's target.
+through. The server's fronts relay their clients (CONNECT, upgrades, SNI passthrough) to the
+route's target with it; the agent splices its streams to their dialled targets by callbacks
+under the same rules (:mod:`ravenproxy.transport.splice`).
 
 Socket → stream: read only as much as the stream accepts now (:meth:`ByteStream.writable`, a
 tunnel stream's credit), so a slow tunnel stops reading the socket (TCP pushes back on the
@@ -125,6 +126,9 @@ class _Sweep:
     def of(cls, loop: asyncio.AbstractEventLoop, timeout: float) -> _Sweep:
         sweep = cls._all.get((loop, timeout))
         if sweep is None:
+            # Sweeps of closed loops (whose timers will never fire) are dropped here.
+            for key in [key for key in cls._all if key[0].is_closed()]:
+                del cls._all[key]
             sweep = cls._all[(loop, timeout)] = cls(loop, timeout)
         return sweep
 
@@ -135,9 +139,10 @@ class _Sweep:
             self.timer = self.loop.call_at(watch.last + self.timeout, self._check)
 
     def remove(self, watch: IdleWatch) -> None:
+        # Emptied, the sweep stays (its timer armed) until the timer finds it empty: a
+        # keep-alive connection enters and leaves its watch once per request, and a timer made
+        # and cancelled each time was a good part of what a small request cost.
         self.watches.pop(watch, None)
-        if not self.watches:
-            self._close()
 
     def _close(self) -> None:
         if self.timer is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+from collections.abc import Callable
 from typing import Protocol
 
 from ravenproxy.errors import RavenProxyError
@@ -75,6 +76,7 @@ class TunnelStream:
         "_chunks",
         "_eof",
         "_error",
+        "_on_readable",
         "_opened",
         "_read_waiters",
         "_write_waiters",
@@ -97,6 +99,9 @@ class TunnelStream:
         self._error: StreamClosedError | None = None
         self._opened: asyncio.Future[None] | None = None
         """The OPEN_RESULT, while this side waits for it (:meth:`_opening`)."""
+        self._on_readable: Callable[[], None] | None = None
+        """Called, instead of waking a waiting :meth:`read`, when a chunk, the end or an error
+        arrives (:meth:`on_readable`)."""
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -138,6 +143,8 @@ class TunnelStream:
     def _wake_readers(self) -> None:
         waiters, self._read_waiters = self._read_waiters, None
         _wake(waiters)
+        if self._on_readable is not None:
+            self._on_readable()
 
     def _wake_writer(self) -> None:
         waiters, self._write_waiters = self._write_waiters, None
@@ -174,6 +181,40 @@ class TunnelStream:
         self.bytes_in += len(chunk)
         self.session._consumed(self.id, len(chunk))
         return chunk
+
+    def on_readable(self, callback: Callable[[], None] | None) -> None:
+        """Serve the stream by callbacks (a relay without a task per direction): ``callback``
+        runs, from the session's reader, when a chunk, the end or an error arrives; it takes
+        them with :meth:`read_nowait`. None: stop."""
+        self._on_readable = callback
+
+    def read_nowait(self) -> bytes | memoryview | None:
+        """:meth:`read` without waiting: None while nothing has arrived."""
+        if not self._chunks:
+            if self._error is not None:
+                raise self._error.fresh()
+            return b"" if self._eof else None
+        chunk = self._chunks.popleft()
+        self.bytes_in += len(chunk)
+        self.session._consumed(self.id, len(chunk))
+        return chunk
+
+    def try_write(self, data: bytes | memoryview) -> int:
+        """:meth:`write` without waiting: as much of ``data`` as the credit at hand and the
+        room in the session's output allow goes now; returns how much (the rest is for
+        :meth:`write`)."""
+        if self._error is not None:
+            return 0
+        session = self.session
+        conn = session.conn
+        room = session.config.wire.max_message_size - conn.pending_bytes
+        n = min(len(data), conn.send_window(self.id), room)
+        if n <= 0:
+            return 0
+        conn.send_data(self.id, data if n == len(data) else memoryview(data)[:n])
+        self.bytes_out += n
+        session._flush()
+        return n
 
     async def write(self, data: bytes | memoryview) -> None:
         """Send all of ``data``, waiting for credit as needed."""

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 import pytest
 
 from ravenproxy.model.allowlist import Allowlist
-from ravenproxy.transport import dialer
 from ravenproxy.transport.dialer import DialError, dial, resolve
 from ravenproxy.wire.codes import ErrorCode
 from tests.helpers import free_port
@@ -151,8 +150,8 @@ async def test_slow_connect_is_dial_timeout(monkeypatch: pytest.MonkeyPatch) -> 
     async def hang(*args: object, **kwargs: object) -> None:
         await asyncio.sleep(10)
 
-    monkeypatch.setattr(dialer, "open_connection", hang)
     loop = asyncio.get_running_loop()
+    monkeypatch.setattr(loop, "create_connection", hang)
     started = loop.time()
     with pytest.raises(DialError) as info:
         await dial("127.0.0.1", 9, Allowlist.parse(["127.0.0.1:9"]), timeout=0.1)

@@ -1,0 +1,294 @@
+"""HTTP/1.1 messages as :class:`~ravenproxy.server.exchange.Exchange` sees them: parsed by
+llhttp (through ``httptools``) into queued events (:class:`Parsed`, :class:`Head`), and written
+back for the other side (the heads sent on, chunks), as pure functions of what was parsed.
+
+The parsers run ahead of the exchange (a pipelined request is parsed while the one before it is
+answered): what they parse is queued as events and taken when the exchange is ready for it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from httptools import (
+    HttpParserError,
+    HttpParserUpgrade,
+    HttpRequestParser,
+    HttpResponseParser,
+)
+
+from ravenproxy.server.podroutes import Destination, forwardable, wants_upgrade
+from ravenproxy.server.router import Route
+
+Headers = list[tuple[str, str]]
+
+# Event kinds of :class:`Parsed`.
+HEAD, DATA, END, ERROR, EOF = range(5)
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A parsed request or response head. ``start``: the method (request) or the reason phrase
+    (response); ``target``: the request-target; ``status``: 0 for a request."""
+
+    start: str
+    target: str
+    status: int
+    version: str
+    headers: Headers
+    lower: dict[str, str]
+    """The fields by lower-cased name (repeated ones joined with ", ")."""
+    size: int
+    """Bytes of the head on the wire."""
+
+
+class _Stop(Exception):
+    """Raised from a parser callback to end the parse (a response that has no body)."""
+
+
+class Parsed:
+    """The callbacks of one llhttp parser, turning what it parses into queued events:
+    ``(HEAD, Head)``, ``(DATA, bytes)``, ``(END, trailers)``, ``(ERROR, message)``,
+    ``(EOF, None)``."""
+
+    __slots__ = (
+        "_fields",
+        "_last",
+        "_start",
+        "_trailers",
+        "bodiless",
+        "events",
+        "fed",
+        "in_body",
+        "in_head",
+        "parser",
+    )
+
+    def __init__(self, *, response: bool) -> None:
+        self.events: deque[tuple[int, object]] = deque()
+        self.parser: HttpRequestParser | HttpResponseParser = (
+            HttpResponseParser(self) if response else HttpRequestParser(self)
+        )
+        if response:
+            # RFC 9112 §6.3: a response with both framings is read by its Transfer-Encoding
+            # (a request with both is refused).
+            self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
+        self.fed = 0
+        """Bytes fed while no head was complete: what an unfinished head may have taken."""
+        self.in_head = False
+        self.in_body = False
+        self.bodiless = False
+        """The response to come has no body whatever its fields say (it answers a HEAD)."""
+        self._start = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._trailers: list[tuple[bytes, bytes]] = []
+        self._last: tuple[bytes, list[tuple[bytes, bytes]], object, str, Head] | None = None
+        """The last head as parsed (start, fields, method or status, version) and its
+        :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
+        same answer) is the same object, and what was derived from it can be reused."""
+
+    def feed(self, data: bytes) -> bytes | None:
+        """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
+        ended the HTTP part of the connection. An error is queued after what came before it."""
+        if not self.in_body:
+            self.fed += len(data)
+        try:
+            self.parser.feed_data(data)
+        except HttpParserUpgrade as exc:
+            return data[exc.args[0] :]
+        except HttpParserError as exc:
+            if not isinstance(exc.__context__, _Stop):
+                self.events.append((ERROR, str(exc) or type(exc).__name__))
+        return None
+
+    # -- llhttp's callbacks ---------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.in_head = True
+        self._start = b""
+        self._fields = []
+        self._trailers = []
+
+    def on_url(self, url: bytes) -> None:
+        self._start += url
+
+    def on_status(self, reason: bytes) -> None:
+        self._start += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.in_head:
+            self._fields.append((name, value))
+        else:
+            self._trailers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.in_head, self.in_body, self.fed = False, True, 0
+        parser = self.parser
+        version = parser.get_http_version()
+        kind: object = (
+            parser.get_status_code()
+            if isinstance(parser, HttpResponseParser)
+            else parser.get_method()
+        )
+        last = self._last
+        if (
+            last is not None
+            and last[0] == self._start
+            and last[2] == kind
+            and last[3] == version
+            and last[1] == self._fields
+        ):
+            head = last[4]
+        else:
+            head = self._head(version)
+            self._last = (self._start, self._fields, kind, version, head)
+        self.events.append((HEAD, head))
+        if self.bodiless and head.status >= 200:
+            # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
+            # connection is not used again.
+            self.in_body = False
+            self.events.append((END, []))
+            raise _Stop
+
+    def _head(self, version: str) -> Head:
+        parser = self.parser
+        headers: Headers = []
+        lower: dict[str, str] = {}
+        size = len(self._start) + 2
+        for k, v in self._fields:
+            size += len(k) + len(v) + 4
+            name, value = k.decode("latin-1"), v.decode("latin-1")
+            headers.append((name, value))
+            key = name.lower()
+            seen = lower.get(key)
+            lower[key] = value if seen is None else f"{seen}, {value}"
+        start = self._start.decode("latin-1")
+        if isinstance(parser, HttpResponseParser):
+            status = parser.get_status_code()
+            return Head(start, "", status, version, headers, lower, size + 15)
+        method = parser.get_method().decode("ascii", "replace")
+        return Head(method, start, 0, version, headers, lower, size + len(method) + 12)
+
+    def on_body(self, body: bytes) -> None:
+        self.events.append((DATA, body))
+
+    def on_message_complete(self) -> None:
+        self.in_body = False
+        trailers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._trailers]
+        self.events.append((END, trailers))
+
+
+def header(headers: Headers, name: str) -> str | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
+def fields(headers: Headers) -> bytes:
+    return "".join(f"{k}: {v}\r\n" for k, v in headers).encode("latin-1")
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def last_chunk(trailers: Headers) -> bytes:
+    return b"0\r\n" + fields(trailers) + b"\r\n"
+
+
+def _tokens(value: str) -> set[str]:
+    return {t.strip().lower() for t in value.split(",")}
+
+
+def keeps_alive(head: Head) -> bool:
+    """The sender keeps the connection open after this message (RFC 9112 §9.3)."""
+    connection = head.lower.get("connection")
+    tokens = _tokens(connection) if connection else ()
+    if head.version == "1.1":
+        return "close" not in tokens
+    return head.version == "1.0" and "keep-alive" in tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """A request head as it goes to the target."""
+
+    head: bytes
+    upgrade: bool
+    """The client asked for a protocol upgrade (``Connection: Upgrade``)."""
+    chunked: bool
+    """The body goes to the target chunked."""
+
+
+def request_head(request: Head, dest: Destination, route: Route, via: str) -> Outbound:
+    """The head to send on: hop-by-hop fields dropped (RFC 9110 §7.6.1), ``Host`` set for the
+    destination, the body's chunking kept, ``Via`` added."""
+    headers, lower = request.headers, request.lower
+    upgrade = wants_upgrade(headers) if "connection" in lower else None
+    out = forwardable(headers, upgrade=upgrade, names=lower)
+    if dest.authority is not None:
+        out = [(k, v) for k, v in out if k.lower() != "host"]
+        out.insert(0, ("Host", dest.authority))
+    elif "host" not in lower:
+        out.insert(0, ("Host", f"{dest.host or route.node.name}:{route.target.port}"))
+    chunked = "chunked" in lower.get("transfer-encoding", "").lower()
+    if chunked:
+        out.append(("Transfer-Encoding", "chunked"))
+    # RFC 9110 §7.6.3; also how a request that comes back here is recognised.
+    out.append(("Via", f"{request.version} {via}"))
+    head = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
+    return Outbound(head + fields(out) + b"\r\n", upgrade is not None, chunked)
+
+
+@dataclass(frozen=True, slots=True)
+class Framing:
+    """A response head as it goes to the client, and how its body and both connections go on."""
+
+    head: bytes
+    body_out: str
+    """How the body goes to the client: ``length`` (as it comes), ``chunked`` (each piece a
+    chunk), ``none``."""
+    until_close: bool
+    """The body ends when the target closes the connection."""
+    up_keep: bool
+    """The target connection can carry another request afterwards."""
+    client_keep: bool
+    """The client connection can carry another request afterwards."""
+
+
+def response_framing(
+    response: Head, *, bodiless: bool, request_version: str, client_keep: bool, upstream: bool
+) -> Framing:
+    """The head for the client of a final response and its body's framing. ``bodiless``: it
+    answers a HEAD; ``client_keep``: the client asked to keep its connection; ``upstream``:
+    the target connection is still held."""
+    headers, lower = response.headers, response.lower
+    kept = forwardable(headers, names=lower)
+    te = lower.get("transfer-encoding", "").lower()
+    if te:
+        # RFC 9112 §6.3: Transfer-Encoding wins, and a proxy drops the length.
+        kept = [(k, v) for k, v in kept if k.lower() != "content-length"]
+    up_keep = keeps_alive(response) and upstream and not bodiless
+    until_close = False
+    if bodiless or response.status in (204, 304):
+        body_out = "none"
+        if te.endswith("chunked"):
+            kept.append(("Transfer-Encoding", "chunked"))
+    elif te.endswith("chunked"):
+        body_out = "chunked"
+        kept.append(("Transfer-Encoding", "chunked"))
+    elif te or "content-length" not in lower:
+        until_close, up_keep = True, False
+        if request_version == "1.1":
+            body_out = "chunked"
+            kept.append(("Transfer-Encoding", "chunked"))
+        else:
+            body_out = "length"
+            client_keep = False
+    else:
+        body_out = "length"
+    if not client_keep:
+        kept.append(("Connection", "close"))
+    head = f"HTTP/1.1 {response.status} {response.start}\r\n".encode("latin-1")
+    return Framing(head + fields(kept) + b"\r\n", body_out, until_close, up_keep, client_keep)

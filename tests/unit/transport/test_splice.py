@@ -1,0 +1,149 @@
+"""The agent's splice of a tunnel stream to a dialled socket (real sessions over a loopback
+WebSocket, real target sockets): data both ways past the flow-control window, half-close
+carried both ways, what the target sent before the stream was accepted, and how a reset on
+either side ends the other."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from ravenproxy.transport.relay import RelayResult
+from ravenproxy.transport.session import StreamClosedError, TunnelStream
+from ravenproxy.transport.splice import Splice
+from ravenproxy.wire.frames import Target
+from tests.unit.transport.test_session import WAIT, tunnel
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def spliced(handler: Handler) -> AsyncIterator[tuple[TunnelStream, list[RelayResult]]]:
+    """A cloud-side stream whose edge end is spliced to a connection to ``handler``'s server
+    (as the agent serves one); the splice's results once it ended."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    results: list[RelayResult] = []
+
+    async def on_open(stream: TunnelStream) -> None:
+        loop = asyncio.get_running_loop()
+        _, splice = await loop.create_connection(Splice, "127.0.0.1", port)
+        stream.accept()
+        splice.start(stream)
+        results.append(await splice.wait())
+
+    try:
+        async with tunnel(on_open) as pair:
+            stream = await pair.cloud.open_stream(Target("edge-1", "127.0.0.1", port))
+            try:
+                yield stream, results
+            finally:
+                stream.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def read_all(stream: TunnelStream) -> bytes:
+    out = bytearray()
+    while chunk := await asyncio.wait_for(stream.read(), WAIT):
+        out += chunk
+    return bytes(out)
+
+
+async def ended(results: list[RelayResult]) -> RelayResult:
+    for _ in range(250):
+        if results:
+            return results[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError("the splice did not end")
+
+
+async def test_bulk_both_ways_past_the_window_with_half_close() -> None:
+    """8 MiB up to the target and its digest plus 8 MiB back (more than a stream window each
+    way): every byte arrives in order, the client's EOF reaches the target, whose answer after
+    it still comes back, and the splice ends cleanly."""
+    payload = os.urandom(8 << 20)
+
+    async def digest_then_send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        h = hashlib.sha256()
+        while data := await reader.read(1 << 16):
+            h.update(data)
+        writer.write(h.digest() + payload)
+        await writer.drain()
+        writer.close()
+
+    async with spliced(digest_then_send) as (stream, results):
+        await stream.write(payload)
+        stream.write_eof()
+        answer = await read_all(stream)
+        assert answer[:32] == hashlib.sha256(payload).digest()
+        assert answer[32:] == payload
+        result = await ended(results)
+        assert result.error == ""
+        assert (result.bytes_up, result.bytes_down) == (len(payload) + 32, len(payload))
+
+
+async def test_small_requests_on_a_kept_stream() -> None:
+    """Many small request/answer turns on one stream (the keep-alive GET case)."""
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            writer.write(data.upper())
+        writer.close()
+
+    async with spliced(echo) as (stream, _):
+        for i in range(200):
+            await stream.write(b"ping %d" % i)
+            assert await asyncio.wait_for(stream.read(), WAIT) == b"PING %d" % i
+
+
+async def test_what_the_target_sends_first_arrives() -> None:
+    """A target that speaks first (a banner, sent before the stream is accepted) and closes."""
+
+    async def banner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"SSH-2.0-banner\r\n")
+        writer.close()
+
+    async with spliced(banner) as (stream, results):
+        assert await read_all(stream) == b"SSH-2.0-banner\r\n"
+        stream.write_eof()
+        assert (await ended(results)).error == ""
+
+
+async def test_target_reset_resets_the_stream() -> None:
+    async def resetting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(1)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # RST
+
+    async with spliced(resetting) as (stream, results):
+        await stream.write(b"x")
+        with pytest.raises(StreamClosedError):
+            await read_all(stream)
+        assert (await ended(results)).error.startswith("socket: ")
+
+
+async def test_stream_reset_closes_the_target_connection() -> None:
+    closed = asyncio.get_running_loop().create_future()
+
+    async def waiting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            closed.set_result(await reader.read())
+        except ConnectionError as exc:
+            closed.set_result(exc)
+        writer.close()
+
+    async with spliced(waiting) as (stream, results):
+        await stream.write(b"")  # nothing: the target waits
+        stream.reset()
+        assert await asyncio.wait_for(closed, WAIT) in (b"", ConnectionResetError())
+        assert (await ended(results)).error != ""
