@@ -7,15 +7,12 @@ import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ravenproxy import __version__, flags
 from ravenproxy import config as cfg
 from ravenproxy import log as logsetup
-from ravenproxy.agent.settings import AgentSettings
-from ravenproxy.controller.settings import ControllerCommand, DnsCommand
 from ravenproxy.errors import ConfigError
-from ravenproxy.l3.settings import DoctorSettings, NodeSettings
 from ravenproxy.lifecycle import (
     check_listen,
     run_async,
@@ -24,8 +21,6 @@ from ravenproxy.lifecycle import (
     until_signalled,
 )
 from ravenproxy.log import kv
-from ravenproxy.pki.command import add_parser as add_certs
-from ravenproxy.server.settings import ServerSettings
 
 log = logging.getLogger("ravenproxy")
 
@@ -55,6 +50,10 @@ def starting(
     log.info(f"ravenproxy {command} starting", extra=kv(version=__version__, **values))
 
 
+if TYPE_CHECKING:
+    from ravenproxy.server.settings import ServerSettings
+
+
 def _shown(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
@@ -65,6 +64,8 @@ def _shown(value: object) -> str:
 
 # -- server ---------------------------------------------------------------------------------
 def cmd_server(args: argparse.Namespace) -> int:
+    from ravenproxy.server.settings import ServerSettings
+
     settings = ServerSettings.from_mapping(flags.gather(args, ServerSettings))
     starting("server", ServerSettings, settings)
     return run_async(_server_main(settings))
@@ -95,6 +96,7 @@ async def _server_main(settings: ServerSettings) -> int:
 # -- agent ----------------------------------------------------------------------------------
 def cmd_agent(args: argparse.Namespace) -> int:
     from ravenproxy.agent.app import Agent
+    from ravenproxy.agent.settings import AgentSettings
 
     settings = AgentSettings.from_mapping(flags.gather(args, AgentSettings))
     starting("agent", AgentSettings, settings)
@@ -110,7 +112,7 @@ def _node(values: dict[str, Any]) -> tuple[str | None, str | None]:
 
 def cmd_routes(args: argparse.Namespace) -> int:
     from ravenproxy.l3.driver import routes_command
-    from ravenproxy.l3.settings import settings_from
+    from ravenproxy.l3.settings import NodeSettings, settings_from
 
     values = flags.gather(args, NodeSettings)
     inventory, node = _node(values)
@@ -132,7 +134,7 @@ def cmd_routes(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ravenproxy.l3.doctor import doctor_command
-    from ravenproxy.l3.settings import settings_from
+    from ravenproxy.l3.settings import DoctorSettings, settings_from
 
     values = flags.gather(args, DoctorSettings)
     inventory, node = _node(values)
@@ -150,6 +152,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- controller and dns ---------------------------------------------------------------------
 def cmd_controller(args: argparse.Namespace) -> int:
     from ravenproxy.controller import agents, dryrun, runtime
+    from ravenproxy.controller.settings import ControllerCommand
 
     cmd = ControllerCommand.from_mapping(flags.gather(args, ControllerCommand))
     if not cmd.dry_run:
@@ -191,6 +194,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 def cmd_dns(args: argparse.Namespace) -> int:
     from ravenproxy.controller import dnsfeed
+    from ravenproxy.controller.settings import DnsCommand
 
     cmd = DnsCommand.from_mapping(flags.gather(args, DnsCommand))
     starting("dns", DnsCommand, cmd, udp=("--listen",))
@@ -245,7 +249,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser. With ``command`` (a command's name) only that command is built: a
+    process imports the settings of the command it runs and no other (``ravenproxy agent``
+    loads neither the server's, the controller's nor the lab's)."""
     parser = argparse.ArgumentParser(
         prog="ravenproxy",
         description="Cloud-edge networking for Kubernetes clusters whose edge nodes sit "
@@ -253,7 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ravenproxy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, add in COMMANDS.items():
+        if command is None or command == name:
+            add(sub)
+    return parser
 
+
+def _add_demo(sub: Any) -> None:
     demo = sub.add_parser(
         "demo",
         help="run PKI, server, agent and a sample target locally and send real requests",
@@ -294,17 +307,33 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--log-level", default="WARNING")
     demo.set_defaults(func=cmd_demo)
 
-    add_certs(sub)
+
+def _add_certs(sub: Any) -> None:
+    from ravenproxy.pki.command import add_parser
+
+    add_parser(sub)
+
+
+def _add_server(sub: Any) -> None:
+    from ravenproxy.server.settings import ServerSettings
 
     server = sub.add_parser("server", help="run the cloud proxy server")
     _add_common(server)
     flags.add_flags(server, ServerSettings)
     server.set_defaults(func=cmd_server)
 
+
+def _add_agent(sub: Any) -> None:
+    from ravenproxy.agent.settings import AgentSettings
+
     agent = sub.add_parser("agent", help="run the edge agent")
     _add_common(agent)
     flags.add_flags(agent, AgentSettings)
     agent.set_defaults(func=cmd_agent)
+
+
+def _add_routes(sub: Any) -> None:
+    from ravenproxy.l3.settings import NodeSettings
 
     routes = sub.add_parser(
         "routes",
@@ -321,6 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_flags(routes, NodeSettings)
     routes.set_defaults(func=cmd_routes)
 
+
+def _add_doctor(sub: Any) -> None:
+    from ravenproxy.l3.settings import DoctorSettings
+
     doctor = sub.add_parser(
         "doctor",
         help="find known L3 failures on this node and show the evidence",
@@ -336,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--log-level", default="WARNING")
     doctor.set_defaults(func=cmd_doctor)
 
+
+def _add_controller(sub: Any) -> None:
+    from ravenproxy.controller.settings import ControllerCommand
+
     controller = sub.add_parser(
         "controller",
         help="elect gateway endpoints, keep the Services and the DNS map, sign certificates",
@@ -350,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_flags(controller, ControllerCommand)
     controller.set_defaults(func=cmd_controller)
 
+
+def _add_dns(sub: Any) -> None:
+    from ravenproxy.controller.settings import DnsCommand
+
     dns = sub.add_parser(
         "dns",
         help="embedded DNS server answering node names from the tunnel DNS map",
@@ -360,14 +401,32 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_flags(dns, DnsCommand)
     dns.set_defaults(func=cmd_dns)
 
-    from ravenproxy.lab.command import add_parser as add_lab
 
-    add_lab(sub)
-    return parser
+def _add_lab(sub: Any) -> None:
+    from ravenproxy.lab.command import add_parser
+
+    add_parser(sub)
+
+
+COMMANDS: dict[str, Callable[[Any], None]] = {
+    "demo": _add_demo,
+    "certs": _add_certs,
+    "server": _add_server,
+    "agent": _add_agent,
+    "routes": _add_routes,
+    "doctor": _add_doctor,
+    "controller": _add_controller,
+    "dns": _add_dns,
+    "lab": _add_lab,
+}
+"""Each command and what adds its parser, in the order ``--help`` lists them."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `ravenproxy COMMAND ...` builds that command's parser only; anything else (no command,
+    # --help, --version, a misspelt command) gets the whole CLI and its message.
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

@@ -36,6 +36,11 @@ HEAVY = {
     "urllib.request": "proxy detection (websockets.asyncio.client) and prometheus_client's "
     "exposition: with http.client and email's parser, ~2 MB of an idle agent",
     "http.server": "prometheus_client's exposition",
+    "ravenproxy.server.settings": "the server's settings (the CLI builds the parser of the "
+    "command it runs only)",
+    "ravenproxy.controller.settings": "the controller's and dns's settings",
+    "ravenproxy.pki.command": "the certs command",
+    "ravenproxy.lab": "the lab command",
 }
 
 # Runs the real entry point; the dump happens from a log handler, on the agent's own event.
