@@ -53,7 +53,10 @@ MAX_READ = 256 * 1024
 """The largest read offered beyond the frame being received."""
 
 SHRINK_AFTER = 4
-"""A drained buffer larger than this many times the current read size is given back."""
+"""A drained buffer larger than this many times the current read size and the last frame's
+size is given back, once reads no longer fill :data:`MAX_READ`: a bulk transfer's buffer fits
+its frames (up to a message each), and giving it back after each message meant allocating it
+again (zeroed) and copying the next frame's first read into it, per message."""
 
 _HEAD_END = b"\r\n\r\n"
 
@@ -89,7 +92,8 @@ class TunnelConnectionMixin(_Base):
     def _init_reader(self) -> None:
         # Adaptive, as asyncio's own reads are: the read offered doubles while reads fill it
         # (bulk) and halves while they use less than a quarter of it; a drained buffer much
-        # larger than the read size goes back to that size. A thousand idle tunnels then hold
+        # larger than the read size and the frames received goes back to that size (see
+        # SHRINK_AFTER). A thousand idle tunnels then hold
         # a few KiB each, not the megabyte a bulk transfer grew theirs to. None: no buffer of
         # its own (drained and idle); the next read goes into the shared scratch.
         self._buf: bytearray | None = bytearray(MIN_READ)
@@ -276,7 +280,9 @@ class TunnelConnectionMixin(_Base):
             self._fed = 0
             if self._read_size <= MIN_READ and self._mode is _Mode.FRAMES:
                 self._buf = None  # idle: hold no buffer (the next read goes to the scratch)
-            elif len(self._buf) > SHRINK_AFTER * self._read_size:
+            elif self._read_size < MAX_READ and len(self._buf) > SHRINK_AFTER * max(
+                self._read_size, parser.last_frame
+            ):
                 self._buf = bytearray(self._read_size)
         if messages:
             high = self.max_queue_high

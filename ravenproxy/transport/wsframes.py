@@ -77,6 +77,8 @@ class FrameParser:
         self.wanted = 2
         """Bytes the frame at the head of the unparsed input needs in total (header included):
         the smallest input the next call can make progress with."""
+        self.last_frame = 0
+        """Size of the last whole frame parsed (header included)."""
 
     def parse(self, data: memoryview) -> tuple[list[Event], int]:
         """Events for the whole frames at the start of ``data``, and how many bytes they took.
@@ -118,6 +120,7 @@ class FrameParser:
             if end > total:
                 self.wanted = head + length
                 break
+            self.last_frame = head + length
             if opcode in _CONTROL:
                 events.append(Control(bytes(data[pos:end]), opcode))
                 if opcode == OP_CLOSE:

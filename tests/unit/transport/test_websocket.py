@@ -257,3 +257,32 @@ async def test_an_idle_connection_holds_no_read_buffer_and_no_handshake_headers(
         await client.close(1001, "bye")
     assert idle == [0]
     assert got == [b"small"] + [bytes([i]) * size for i, size in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "mtls"])
+async def test_a_bulk_transfer_keeps_its_buffer_between_messages_and_gives_it_back_after(
+    pki: Path, tls: bool
+) -> None:
+    """A drained buffer that fits the frames being received is kept while they keep coming:
+    given back after each large message, it was allocated again (zeroed) for the next and its
+    first read copied into it. Once messages are small again, the buffer shrinks."""
+    sizes: list[int] = []
+    bulk, small = 6, 3
+
+    async def on_server(ws: ServerConnection) -> None:
+        assert isinstance(ws, TunnelConnectionMixin)
+        for _ in range(bulk + small):
+            [message] = await receive(ws, 1)
+            sizes.append(ws.read_buffer_size)  # drained: the sender waits for our answer
+            await ws.send(len(message).to_bytes(4, "big"))
+        with contextlib.suppress(ConnectionClosedOK):
+            await ws.recv()
+
+    async with pair(on_server, pki=pki if tls else None) as client:
+        for size in [MAX] * bulk + [100] * small:
+            await client.send(bytes(size))
+            [answer] = await asyncio.wait_for(receive(client, 1), WAIT)
+            assert answer == size.to_bytes(4, "big")
+        await client.close()
+    assert all(size > MAX for size in sizes[:bulk]), sizes
+    assert all(size <= MAX // 4 for size in sizes[bulk:]), sizes
