@@ -344,7 +344,7 @@ class Session:
                 f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"
             )
 
-    async def _received(self, message: str | bytes) -> None:
+    async def _received(self, message: str | bytes | memoryview) -> None:
         if isinstance(message, str):
             raise ProtocolError("text message on the tunnel")
         if not self.conn.should_read:  # e.g. a keepalive PING queued while we yielded

@@ -286,3 +286,27 @@ async def test_a_bulk_transfer_keeps_its_buffer_between_messages_and_gives_it_ba
         await client.close()
     assert all(size > MAX for size in sizes[:bulk]), sizes
     assert all(size <= MAX // 4 for size in sizes[bulk:]), sizes
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "mtls"])
+async def test_lent_messages_stay_intact_while_held(pki: Path, tls: bool) -> None:
+    """The client side receives large messages as views of its read buffer (no copy): a buffer
+    is read into again only once no view of it is held, so messages kept while many more
+    arrive are all intact; once let go, their buffers are read into again."""
+    count = 24
+    payloads = [bytes([i]) * (MAX if i % 2 else 300_000) for i in range(count)]
+
+    async def on_server(ws: ServerConnection) -> None:
+        for message in payloads:
+            await ws.send(message)
+        with contextlib.suppress(ConnectionClosedOK):
+            await ws.recv()
+
+    async with pair(on_server, pki=pki if tls else None) as client:
+        assert isinstance(client, TunnelConnectionMixin)
+        got = await asyncio.wait_for(receive(client, count), WAIT)
+        assert any(isinstance(m, memoryview) and m.readonly for m in got)
+        assert got == payloads
+        buffers = {id(m.obj) for m in got if isinstance(m, memoryview)}
+        assert len(buffers) > 1  # held views made the reader move on to other buffers
+        await client.close()
