@@ -13,8 +13,8 @@ from websockets.exceptions import InvalidHandshake, InvalidMessage, InvalidStatu
 from ravenproxy.agent.settings import AgentSettings
 from ravenproxy.log import kv
 from ravenproxy.transport.session import Session, websocket_options
-from ravenproxy.transport.websocket import TunnelClientConnection
-from ravenproxy.transport.websocket import connect as ws_connect
+from ravenproxy.transport.ws_client import TunnelClientConnection
+from ravenproxy.transport.ws_client import connect as ws_connect
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from ravenproxy.metrics import AgentMetrics
 from ravenproxy.model.store import ModelStore
 from ravenproxy.transport.credentials import CredentialsWatcher
 from ravenproxy.transport.session import Session, StreamClosedError, StreamHandler, TunnelStream
-from ravenproxy.transport.websocket import TunnelClientConnection
+from ravenproxy.transport.ws_client import TunnelClientConnection
 from ravenproxy.wire.codes import DUPLICATE_CLOSE_CODE
 
 log = logging.getLogger(__name__)

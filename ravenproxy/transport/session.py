@@ -6,17 +6,15 @@ tasks (reader, writer) and a keepalive timer, plus one task per stream the peer 
 returns when the WebSocket is gone, after every stream has been failed and every task collected.
 
 A server holds one session per connected agent, mostly idle: what a session keeps is kept a
-thousand times. Hence :class:`_Flag` instead of :class:`asyncio.Event` (no deque of waiters per
-event), a timer instead of a keepalive task, and the WebSocket's handshake request and response
-let go once the session runs.
+thousand times. Hence :class:`~ravenproxy.transport.flag.Flag`, not :class:`asyncio.Event`, a
+timer instead of a keepalive task, and the handshake request and response let go once it runs.
+What the writer sends is framed by :mod:`ravenproxy.transport.frame_batch`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,15 +23,13 @@ from typing import Any
 from websockets.asyncio.connection import Connection as WebSocket
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
-from websockets.speedups import apply_mask
 
 from ravenproxy.log import kv
+from ravenproxy.transport.flag import Flag
+from ravenproxy.transport.frame_batch import WRITE_CHUNK, FrameBatch
 from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
-from ravenproxy.transport.websocket import (
-    TunnelClientConnection,
-    TunnelConnectionMixin,
-    TunnelServerConnection,
-)
+from ravenproxy.transport.websocket import TunnelConnectionMixin, TunnelServerConnection
+from ravenproxy.transport.ws_client import TunnelClientConnection
 from ravenproxy.wire import events as ev
 from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode
 from ravenproxy.wire.config import WireConfig
@@ -112,38 +108,6 @@ def websocket_options(wire: WireConfig, *, server_side: bool) -> dict[str, Any]:
 StreamHandler = Callable[[TunnelStream], Awaitable[None]]
 
 
-class _Flag:
-    """:class:`asyncio.Event`'s set/clear/wait, holding nothing while nobody waits (an Event
-    keeps a deque of waiters, ~0.8 KiB, for each of a session's five flags). Waiters share one
-    future, each behind a shield: one waiter cancelled cancels no other."""
-
-    __slots__ = ("_set", "_waiter")
-
-    def __init__(self) -> None:
-        self._set = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        self._set = True
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def clear(self) -> None:
-        self._set = False
-
-    async def wait(self) -> None:
-        if self._set:
-            return
-        waiter = self._waiter
-        if waiter is None:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-        await asyncio.shield(waiter)
-
-
 class Session:
     """Runs the protocol over one WebSocket. ``on_open`` serves streams the peer opens."""
 
@@ -169,16 +133,16 @@ class Session:
         self.fields = fields or {}
         self.streams: dict[int, TunnelStream] = {}
         self._window_waiters: set[TunnelStream] = set()
-        self._wake = _Flag()
-        self._drain_event = _Flag()
+        self._wake = Flag()
+        self._drain_event = Flag()
         # Set whenever the writer has taken the connection's queue (or stopped for good): what
         # a reader paused on unsent control output waits for.
-        self._taken = _Flag()
+        self._taken = Flag()
         self._writer_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._keepalive_timer: asyncio.TimerHandle | None = None
-        self._ready = _Flag()
-        self._closed = _Flag()
+        self._ready = Flag()
+        self._closed = Flag()
         self.close_reason = ""
         self.error: ErrorCode | None = None
         """The connection error this side closed the tunnel with; None for any other end."""
@@ -303,11 +267,7 @@ class Session:
 
     async def _writer(self) -> None:
         # One batch is what every stream queued since the writer last ran (a loop
-        # iteration's worth under load). It goes to the transport as a few large writes, not
-        # one per message: over TLS each piece written is a record of its own (and its own
-        # encryption call), and small messages (a GET and its answer) are mostly overhead.
-        # The frames are made here (RFC 6455 §5.2: FIN + binary opcode), masked on the client
-        # side (§5.3) with websockets' C masking; bulk payloads go on as they are, uncopied.
+        # iteration's worth under load), written as a few large writes (frame_batch).
         mask = not self.conn.server_side
         try:
             while True:
@@ -315,7 +275,7 @@ class Session:
                 self._wake.clear()
                 batch = self.conn.pieces_to_send()
                 self._taken.set()
-                out = _Frames(mask=mask, messages=len(batch))
+                out = FrameBatch(mask=mask, messages=len(batch))
                 for pieces in batch:
                     out.add(pieces)
                     if out.size >= WRITE_CHUNK or pieces is batch[-1]:
@@ -381,7 +341,7 @@ class Session:
                 f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"
             )
 
-    async def _received(self, message: str | bytes) -> None:
+    async def _received(self, message: str | bytes | memoryview) -> None:
         if isinstance(message, str):
             raise ProtocolError("text message on the tunnel")
         if not self.conn.should_read:  # e.g. a keepalive PING queued while we yielded
@@ -531,79 +491,6 @@ class Session:
             stream.close()
 
 
-WRITE_CHUNK = 256 * 1024
-"""Bytes of frames the writer hands the transport at once, at most (beyond one message) before
-it waits for the transport to drain."""
-
-COALESCE = 16 * 1024
-"""Pieces smaller than this (a TLS record's payload) are gathered into one buffer; larger ones
-are written as they are."""
-
-
-class _Frames:
-    """WebSocket frames of binary messages, gathered for one write: small pieces joined into
-    runs of at most :data:`COALESCE` bytes, larger pieces (bulk payloads) left alone."""
-
-    __slots__ = ("key_at", "keys", "mask", "out", "run", "size")
-
-    def __init__(self, *, mask: bool, messages: int) -> None:
-        self.mask = mask
-        self.keys = os.urandom(4 * messages) if mask else b""
-        """The masking keys of the batch, drawn at once (RFC 6455 §5.3: unpredictable)."""
-        self.key_at = 0
-        self.out: list[bytes | bytearray | memoryview] = []
-        self.run = bytearray()
-        self.size = 0
-
-    def add(self, pieces: list[bytes | memoryview]) -> None:
-        size = sum(len(p) for p in pieces)
-        self.size += size
-        if self.mask:
-            key = self.keys[self.key_at : self.key_at + 4]
-            self.key_at += 4
-            payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            self._piece(_binary_frame_header(size, masked=True) + key)
-            self._piece(apply_mask(payload, key))
-        else:
-            self._piece(_binary_frame_header(size))
-            for piece in pieces:
-                self._piece(piece)
-
-    def _piece(self, piece: bytes | memoryview) -> None:
-        if len(piece) < COALESCE:
-            self.run += piece
-            if len(self.run) >= COALESCE:
-                self.out.append(self.run)
-                self.run = bytearray()
-            return
-        if self.run:
-            self.out.append(self.run)
-            self.run = bytearray()
-        self.out.append(piece)
-
-    def take(self) -> list[bytes | bytearray | memoryview]:
-        out = self.out
-        if self.run:
-            out.append(self.run)
-        self.out, self.run, self.size = [], bytearray(), 0
-        return out
-
-
-def _binary_frame_header(size: int, *, masked: bool = False) -> bytes:
-    """Header of a final, binary WebSocket frame of ``size`` payload bytes (the masking key,
-    if ``masked``, follows it)."""
-    bit = 0x80 if masked else 0
-    if size < 126:
-        return bytes((0x82, bit | size))
-    if size < 1 << 16:
-        return struct.pack("!BBH", 0x82, bit | 126, size)
-    return struct.pack("!BBQ", 0x82, bit | 127, size)
-
-
-def _close_text(exc: ConnectionClosed | None) -> str:
-    if exc is None:
-        return "closed"
+def _close_text(exc: ConnectionClosed) -> str:
     rcvd = exc.rcvd
-    if rcvd is not None:
-        return f"closed by peer: {rcvd.code} {rcvd.reason}".strip()
-    return "connection lost"
+    return f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"

@@ -26,6 +26,13 @@ everything received was parsed, the buffer is let go, and the next read goes int
 shared scratch buffer; only bytes that read leaves unparsed (a frame's beginning) are copied
 into a buffer of the connection's own. A thousand idle agents then hold no 4 KiB each.
 
+Large messages to the client side (the agent: unmasked frames) are not copied out of the
+buffer but lent, as read-only views of it (``FrameParser(lend=True)``): the wire codec copies
+the DATA it does not keep in place, and the buffer is read into again once no view of it is
+left; while one is, reading goes on in a spare buffer (:meth:`TunnelConnectionMixin._swap_lent`).
+A bulk transfer then allocates no ~1 MiB ``bytes`` per message, whose pages glibc handed back
+and faulted in again (~100 page faults per MiB received).
+
 Binary messages are queued for :meth:`TunnelConnectionMixin.next_messages` (the session's
 reader), at most ``max_queue`` of them before reading pauses, as ``websockets`` does. Once that
 returns None, the rest of the connection is read through ``websockets`` (``async for``).
@@ -35,20 +42,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
-import ssl as ssl_module
+import sys
 import threading
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection
-from websockets.client import ClientProtocol
 from websockets.datastructures import Headers
-from websockets.http11 import Response
-from websockets.protocol import Event, Side, State
-from websockets.typing import Subprotocol
-from websockets.uri import parse_uri
+from websockets.protocol import Side, State
 
 from ravenproxy.transport.wsframes import Control, Failure, FrameParser, Handover
 
@@ -59,9 +60,26 @@ MAX_READ = 256 * 1024
 """The largest read offered beyond the frame being received."""
 
 SHRINK_AFTER = 4
-"""A drained buffer larger than this many times the current read size is given back."""
+"""A drained buffer larger than this many times the current read size and the last frame's
+size is given back, once reads no longer fill :data:`MAX_READ`: a bulk transfer's buffer fits
+its frames (up to a message each), and giving it back after each message meant allocating it
+again (zeroed) and copying the next frame's first read into it, per message."""
+
+SPARE_BYTES = 16 * 1024 * 1024
+"""Lent buffers a connection keeps, in bytes at most, to read into again once the messages lent
+from them are let go (see :meth:`TunnelConnectionMixin._swap_lent`)."""
 
 _HEAD_END = b"\r\n\r\n"
+
+
+def _unshared_refs() -> int:
+    buf = bytearray()
+    return sys.getrefcount(buf)
+
+
+_UNSHARED = _unshared_refs()
+"""What ``sys.getrefcount`` says of a buffer with one reference (an attribute, a list slot):
+more means a message lent from it (a view) is still held by whoever received it."""
 
 
 class _Scratch(threading.local):
@@ -95,10 +113,13 @@ class TunnelConnectionMixin(_Base):
     def _init_reader(self) -> None:
         # Adaptive, as asyncio's own reads are: the read offered doubles while reads fill it
         # (bulk) and halves while they use less than a quarter of it; a drained buffer much
-        # larger than the read size goes back to that size. A thousand idle tunnels then hold
+        # larger than the read size and the frames received goes back to that size (see
+        # SHRINK_AFTER). A thousand idle tunnels then hold
         # a few KiB each, not the megabyte a bulk transfer grew theirs to. None: no buffer of
         # its own (drained and idle); the next read goes into the shared scratch.
         self._buf: bytearray | None = bytearray(MIN_READ)
+        self._lent = False  # messages were handed on as views of _buf (wsframes.LEND_MIN)
+        self._spares: list[bytearray] = []  # lent buffers, to read into again once free
         self._in_scratch = False
         self._read_size = MIN_READ
         self._start = 0
@@ -106,7 +127,7 @@ class TunnelConnectionMixin(_Base):
         self._fed = 0
         self._mode = _Mode.HANDSHAKE
         self._parser: FrameParser | None = None
-        self._messages: list[bytes] = []
+        self._messages: list[bytes | memoryview] = []
         self._waiter: asyncio.Future[None] | None = None
         self._reading_paused = False
         self._lost = False
@@ -122,7 +143,7 @@ class TunnelConnectionMixin(_Base):
         """Bytes of read buffer this connection holds of its own (0 while idle)."""
         return len(self._buf) if self._buf is not None and not self._in_scratch else 0
 
-    async def next_messages(self) -> list[bytes] | None:
+    async def next_messages(self) -> list[bytes | memoryview] | None:
         """The binary messages received, at least one, in order; None once the reader has
         nothing more and every further message is ``websockets``' (read it there)."""
         while not self._messages:
@@ -159,6 +180,10 @@ class TunnelConnectionMixin(_Base):
         parser = self._parser
         wanted = parser.wanted if parser is not None and self._mode is _Mode.FRAMES else 0
         room = self._read_size
+        if self._lent:
+            self._lent = False
+            if self._buf is not None and sys.getrefcount(self._buf) > _UNSHARED:
+                self._swap_lent()
         buf = self._buf
         if buf is None:  # nothing pending (see _release)
             if self._mode is _Mode.FRAMES and wanted <= room <= MIN_READ:
@@ -257,11 +282,14 @@ class TunnelConnectionMixin(_Base):
     def _read_frames(self) -> None:
         parser = self._parser
         assert parser is not None and self._buf is not None
-        events, used = parser.parse(memoryview(self._buf)[self._start : self._end])
+        lend = self._buf is not _scratch.buf
+        events, used = parser.parse(memoryview(self._buf)[self._start : self._end], lend=lend)
+        if parser.lent:
+            parser.lent, self._lent = False, True
         self._start += used
         messages = self._messages
         for event in events:
-            if isinstance(event, bytes):
+            if isinstance(event, bytes | memoryview):
                 messages.append(event)
             elif isinstance(event, Control):
                 self._websockets_receive(event.raw)
@@ -282,8 +310,12 @@ class TunnelConnectionMixin(_Base):
             self._fed = 0
             if self._read_size <= MIN_READ and self._mode is _Mode.FRAMES:
                 self._buf = None  # idle: hold no buffer (the next read goes to the scratch)
-            elif len(self._buf) > SHRINK_AFTER * self._read_size:
+                self._spares, self._lent = [], False
+            elif self._read_size < MAX_READ and len(self._buf) > SHRINK_AFTER * max(
+                self._read_size, parser.last_frame
+            ):
                 self._buf = bytearray(self._read_size)
+                self._spares, self._lent = [], False
         if messages:
             high = self.max_queue_high
             if high is not None and len(messages) >= high and not self._reading_paused:
@@ -292,6 +324,32 @@ class TunnelConnectionMixin(_Base):
             self._wake()
         elif self._mode is not _Mode.FRAMES:
             self._wake()
+
+    def _swap_lent(self) -> None:
+        """The buffer is lent (a message received as a view of it is still held): read on in a
+        spare that is free again and large enough, else in a new one; the lent buffer becomes a
+        spare. A bulk transfer's messages are then received in place, no copy and no new
+        buffer, while the messages in flight fit :data:`SPARE_BYTES`; beyond, each costs a new
+        buffer, as each cost a new ``bytes`` when messages were copied."""
+        lent = self._buf
+        assert lent is not None
+        spares = self._spares
+        fresh = None
+        for i in range(len(spares)):
+            if len(spares[i]) >= len(lent) and sys.getrefcount(spares[i]) <= _UNSHARED:
+                fresh = spares.pop(i)
+                break
+        if fresh is None:
+            fresh = bytearray(len(lent))
+        pending = self._end - self._start
+        fresh[:pending] = memoryview(lent)[self._start : self._end]
+        self._buf = fresh
+        spares.append(lent)
+        kept = sum(len(spare) for spare in spares)
+        while spares and kept > SPARE_BYTES:
+            kept -= len(spares.pop(0))
+        self._fed -= self._start
+        self._start, self._end = 0, pending
 
     def _keep_pending(self) -> None:
         """Copy what a read into the shared scratch left unparsed into a buffer of our own
@@ -362,100 +420,3 @@ class TunnelServerConnection(TunnelConnectionMixin, ServerConnection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         ServerConnection.__init__(self, *args, **kwargs)
         self._init_reader()
-
-
-class TunnelClientConnection(TunnelConnectionMixin, Connection):
-    """The client side, with our frame reader. ``websockets``' sans-I/O
-    :class:`~websockets.client.ClientProtocol` makes and checks the opening handshake (key and
-    Sec-WebSocket-Accept, subprotocol, status); its asyncio connection runs the closing
-    handshake and the control frames. Not ``websockets.asyncio.client``'s connection: that
-    module imports ``urllib.request`` (proxy detection) and with it ``http.client`` and more,
-    for an agent that dials no proxy. :meth:`handshake` and :meth:`process_event` are that
-    class's, so ``websockets.asyncio.client.connect`` takes this one too
-    (``create_connection=``, as tests do)."""
-
-    protocol: ClientProtocol
-
-    def __init__(self, protocol: ClientProtocol, **kwargs: Any) -> None:
-        Connection.__init__(self, protocol, **kwargs)
-        self.response_rcvd: asyncio.Future[None] = self.loop.create_future()
-        self._init_reader()
-
-    async def handshake(
-        self, additional_headers: Any = None, user_agent_header: str | None = None
-    ) -> None:
-        """Send the request, wait for the response (or the connection lost), raise what the
-        protocol found wrong (InvalidStatus, InvalidMessage, InvalidHandshake...)."""
-        self.request = self.protocol.connect()
-        if additional_headers is not None:
-            self.request.headers.update(additional_headers)
-        if user_agent_header is not None:
-            self.request.headers.setdefault("User-Agent", user_agent_header)
-        async with self.send_context(expected_state=State.CONNECTING):
-            self.protocol.send_request(self.request)
-        await asyncio.wait(
-            [self.response_rcvd, self.connection_lost_waiter],
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        if self.protocol.handshake_exc is not None:
-            raise self.protocol.handshake_exc
-
-    def process_event(self, event: Event) -> None:
-        if self.response is None:  # the first event: the handshake's response
-            assert isinstance(event, Response)
-            self.response = event
-            self.response_rcvd.set_result(None)
-        else:
-            super().process_event(event)
-
-
-async def connect(
-    uri: str,
-    *,
-    ssl: ssl_module.SSLContext | None,
-    open_timeout: float,
-    user_agent_header: str,
-    logger: logging.Logger,
-    subprotocols: Sequence[Subprotocol],
-    max_size: int,
-    max_queue: int,
-    write_limit: int,
-    create_connection: type[TunnelClientConnection] = TunnelClientConnection,
-    compression: None = None,
-    ping_interval: float | None = None,
-) -> TunnelClientConnection:
-    """A client WebSocket to ``uri`` (``wss://`` with ``ssl``, ``ws://`` without), as
-    ``websockets.asyncio.client.connect`` opens one with the same arguments, but with no
-    proxy and no redirect followed: TCP, TLS and the opening handshake within
-    ``open_timeout`` (else :class:`TimeoutError`); the connection is aborted on any failure."""
-    ws_uri = parse_uri(uri)
-    if ws_uri.secure != (ssl is not None):
-        raise ValueError(f"{uri}: wss:// needs an ssl context, ws:// takes none")
-
-    def factory() -> TunnelClientConnection:
-        protocol = ClientProtocol(
-            ws_uri, subprotocols=subprotocols, max_size=max_size, logger=logger
-        )
-        return create_connection(
-            protocol, ping_interval=ping_interval, max_queue=max_queue, write_limit=write_limit
-        )
-
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(open_timeout):
-            _, connection = await loop.create_connection(
-                factory,
-                ws_uri.host,
-                ws_uri.port,
-                ssl=ssl,
-                server_hostname=ws_uri.host if ssl is not None else None,
-            )
-            try:
-                await connection.handshake(user_agent_header=user_agent_header)
-            except BaseException:
-                connection.transport.abort()
-                raise
-    except TimeoutError as exc:
-        raise TimeoutError("timed out during opening handshake") from exc
-    connection.start_keepalive()
-    return connection

@@ -2,9 +2,10 @@
 
 :class:`FrameParser` turns received bytes into whole binary messages, unmasked, with one copy
 per payload (the unmasking ``websockets.speedups.apply_mask`` does, or the copy out of the
-reader's reusable buffer). It handles only what a tunnel carries in bulk: binary messages,
-fragmented or not. Everything else is ``websockets``' business, and the parser says so instead of
-half-handling it:
+reader's reusable buffer), or none: a large unmasked message may be lent, a read-only view of
+the reader's buffer (:data:`LEND_MIN`). It handles only what a tunnel carries in bulk: binary
+messages, fragmented or not. Everything else is ``websockets``' business, and the parser says
+so instead of half-handling it:
 
 - a control frame (PING, PONG, CLOSE) comes out whole as :class:`Control`, its raw bytes, for
   ``websockets`` to answer (it keeps the closing handshake and its state);
@@ -36,6 +37,11 @@ _CONTROL = (OP_CLOSE, OP_PING, OP_PONG)
 MAX_HEADER = 14
 """Longest frame header: 2 bytes, 8 of extended length, 4 of mask."""
 
+LEND_MIN = 64 * 1024
+"""An unmasked message at least this long may be lent (``parse(lend=True)``): handed on as a
+read-only view of the caller's buffer instead of a copy. Smaller ones are copied: a short
+message is cheap to copy, and a view of it would pin the whole buffer."""
+
 
 @dataclass(frozen=True, slots=True)
 class Control:
@@ -58,8 +64,8 @@ class Failure:
     reason: str
 
 
-Event = bytes | Control | Handover | Failure
-"""A whole binary message's payload, or one of the above."""
+Event = bytes | memoryview | Control | Handover | Failure
+"""A whole binary message's payload (a view only if lent), or one of the above."""
 
 
 class FrameParser:
@@ -77,11 +83,17 @@ class FrameParser:
         self.wanted = 2
         """Bytes the frame at the head of the unparsed input needs in total (header included):
         the smallest input the next call can make progress with."""
+        self.last_frame = 0
+        """Size of the last whole frame parsed (header included)."""
+        self.lent = False
+        """Whether a call with ``lend`` returned a view of its ``data`` (the caller resets it)."""
 
-    def parse(self, data: memoryview) -> tuple[list[Event], int]:
+    def parse(self, data: memoryview, *, lend: bool = False) -> tuple[list[Event], int]:
         """Events for the whole frames at the start of ``data``, and how many bytes they took.
         The caller keeps the rest and calls again with it and what follows. Payloads are copied:
-        nothing returned refers to ``data``."""
+        nothing returned refers to ``data``, except, with ``lend``, an unfragmented unmasked
+        message of at least :data:`LEND_MIN` bytes, which is a read-only view of ``data`` (and
+        :attr:`lent` is set): the caller must not change those bytes while the view is held."""
         events: list[Event] = []
         pos = 0
         total = len(data)
@@ -118,18 +130,23 @@ class FrameParser:
             if end > total:
                 self.wanted = head + length
                 break
+            self.last_frame = head + length
             if opcode in _CONTROL:
                 events.append(Control(bytes(data[pos:end]), opcode))
                 if opcode == OP_CLOSE:
                     self.stopped = True
                 pos = end
                 continue
-            payload = data[pos + head : end]
+            start, pos = pos + head, end
+            payload = data[start:end]
             if masked:
-                part = apply_mask(payload, data[pos + head - 4 : pos + head])  # type: ignore[arg-type]
+                part = apply_mask(payload, data[start - 4 : start])  # type: ignore[arg-type]
+            elif lend and fin and length >= LEND_MIN and not self._in_message:
+                self.lent = True
+                events.append(payload.toreadonly())
+                continue
             else:
                 part = bytes(payload)
-            pos = end
             if fin and not self._in_message:
                 events.append(part)
                 continue

@@ -300,8 +300,15 @@ def decode_message(message: bytes | bytearray | memoryview, max_frame_size: int)
     ``max_frame_size`` (the receiver's own setting) is a connection error."""
     view = memoryview(message)
     total = len(view)
-    # Views of an immutable message stay valid; a caller's mutable buffer may be reused.
-    message_size = total if isinstance(message, bytes) else 0
+    # Views of an immutable message stay valid; a caller's mutable buffer may be reused. A
+    # read-only view counts as immutable: the tunnel reader's lent messages (wsframes), whose
+    # buffer is not reused while a view of it is held; such views keep that whole buffer alive.
+    if isinstance(message, bytes):
+        message_size = total
+    elif isinstance(message, memoryview) and message.readonly and message.obj is not None:
+        message_size = memoryview(message.obj).nbytes
+    else:
+        message_size = 0
     pos = 0
     frames: list[Frame] = []
     while pos < total:

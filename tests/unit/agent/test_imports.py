@@ -32,7 +32,7 @@ HEAVY = {
     "prometheus_client": "the metrics themselves (--metrics-addr: nothing else reads them; "
     "without it ravenproxy.metrics.AgentMetrics keeps none)",
     "websockets.asyncio.client": "websockets' asyncio client (the agent dials with "
-    "ravenproxy.transport.websocket.connect, on websockets' sans-I/O client protocol)",
+    "ravenproxy.transport.ws_client.connect, on websockets' sans-I/O client protocol)",
     "urllib.request": "proxy detection (websockets.asyncio.client) and prometheus_client's "
     "exposition: with http.client and email's parser, ~2 MB of an idle agent",
     "http.server": "prometheus_client's exposition",

@@ -9,14 +9,14 @@ import pytest
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from ravenproxy.transport.session import COALESCE, _binary_frame_header, _Frames
+from ravenproxy.transport.frame_batch import COALESCE, FrameBatch, binary_frame_header
 
 
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 1 << 20, (1 << 20) + 1036])
 def test_header_matches_websockets_serialisation(size: int) -> None:
     data = bytes(size)
     expected = Frame(Opcode.BINARY, data).serialize(mask=False, extensions=[])
-    assert _binary_frame_header(size) + data == expected
+    assert binary_frame_header(size) + data == expected
 
 
 def parse(wire: bytes, *, masked: bool) -> list[bytes]:
@@ -46,7 +46,7 @@ def test_a_batch_is_few_writes_that_parse_back_to_its_messages(masked: bool) -> 
         [b"\x00\x02head", memoryview(big)],  # bulk: the payload goes on uncopied (unmasked)
         [b"pong"],
     ]
-    frames = _Frames(mask=masked, messages=len(batch))
+    frames = FrameBatch(mask=masked, messages=len(batch))
     for pieces in batch:
         frames.add(pieces)
     out = frames.take()

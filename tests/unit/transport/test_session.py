@@ -13,6 +13,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from ravenproxy.transport.flag import Flag
 from ravenproxy.transport.session import (
     OpenError,
     Session,
@@ -20,9 +21,9 @@ from ravenproxy.transport.session import (
     StreamClosedError,
     StreamHandler,
     TunnelStream,
-    _Flag,
 )
-from ravenproxy.transport.websocket import TunnelClientConnection, TunnelServerConnection
+from ravenproxy.transport.websocket import TunnelServerConnection
+from ravenproxy.transport.ws_client import TunnelClientConnection
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.frames import Frame, GoAway, Ping, Settings, Target, decode_message, encode
@@ -449,7 +450,7 @@ def test_session_config_validation() -> None:
 async def test_a_flag_wakes_every_waiter_but_a_cancelled_one() -> None:
     """The session's flags (asyncio.Event's set/clear/wait, no waiter deque held): one waiter
     cancelled leaves the others waiting, a set wakes them all, a set flag does not block."""
-    flag = _Flag()
+    flag = Flag()
     waiters = [asyncio.create_task(flag.wait(), name=f"flag-waiter:{i}") for i in range(3)]
     try:
         await asyncio.sleep(0)

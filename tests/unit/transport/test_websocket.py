@@ -18,11 +18,8 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
 from ravenproxy.pki import init_pki
 from ravenproxy.transport.tls import client_context, server_context
-from ravenproxy.transport.websocket import (
-    TunnelClientConnection,
-    TunnelConnectionMixin,
-    TunnelServerConnection,
-)
+from ravenproxy.transport.websocket import TunnelConnectionMixin, TunnelServerConnection
+from ravenproxy.transport.ws_client import TunnelClientConnection
 
 WAIT = 10.0
 MAX = 1 << 20
@@ -257,3 +254,56 @@ async def test_an_idle_connection_holds_no_read_buffer_and_no_handshake_headers(
         await client.close(1001, "bye")
     assert idle == [0]
     assert got == [b"small"] + [bytes([i]) * size for i, size in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "mtls"])
+async def test_a_bulk_transfer_keeps_its_buffer_between_messages_and_gives_it_back_after(
+    pki: Path, tls: bool
+) -> None:
+    """A drained buffer that fits the frames being received is kept while they keep coming:
+    given back after each large message, it was allocated again (zeroed) for the next and its
+    first read copied into it. Once messages are small again, the buffer shrinks."""
+    sizes: list[int] = []
+    bulk, small = 6, 3
+
+    async def on_server(ws: ServerConnection) -> None:
+        assert isinstance(ws, TunnelConnectionMixin)
+        for _ in range(bulk + small):
+            [message] = await receive(ws, 1)
+            sizes.append(ws.read_buffer_size)  # drained: the sender waits for our answer
+            await ws.send(len(message).to_bytes(4, "big"))
+        with contextlib.suppress(ConnectionClosedOK):
+            await ws.recv()
+
+    async with pair(on_server, pki=pki if tls else None) as client:
+        for size in [MAX] * bulk + [100] * small:
+            await client.send(bytes(size))
+            [answer] = await asyncio.wait_for(receive(client, 1), WAIT)
+            assert answer == size.to_bytes(4, "big")
+        await client.close()
+    assert all(size > MAX for size in sizes[:bulk]), sizes
+    assert all(size <= MAX // 4 for size in sizes[bulk:]), sizes
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "mtls"])
+async def test_lent_messages_stay_intact_while_held(pki: Path, tls: bool) -> None:
+    """The client side receives large messages as views of its read buffer (no copy): a buffer
+    is read into again only once no view of it is held, so messages kept while many more
+    arrive are all intact; once let go, their buffers are read into again."""
+    count = 24
+    payloads = [bytes([i]) * (MAX if i % 2 else 300_000) for i in range(count)]
+
+    async def on_server(ws: ServerConnection) -> None:
+        for message in payloads:
+            await ws.send(message)
+        with contextlib.suppress(ConnectionClosedOK):
+            await ws.recv()
+
+    async with pair(on_server, pki=pki if tls else None) as client:
+        assert isinstance(client, TunnelConnectionMixin)
+        got = await asyncio.wait_for(receive(client, count), WAIT)
+        assert any(isinstance(m, memoryview) and m.readonly for m in got)
+        assert got == payloads
+        buffers = {id(m.obj) for m in got if isinstance(m, memoryview)}
+        assert len(buffers) > 1  # held views made the reader move on to other buffers
+        await client.close()

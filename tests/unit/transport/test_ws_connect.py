@@ -1,4 +1,4 @@
-"""The agent's WebSocket dial (:func:`ravenproxy.transport.websocket.connect`, websockets'
+"""The agent's WebSocket dial (:func:`ravenproxy.transport.ws_client.connect`, websockets'
 sans-I/O client protocol without its asyncio client module), on real sockets: the tunnel's
 mutual TLS against the server's connection class, and raw servers that answer the opening
 handshake wrongly, late or not at all. Each failure is the error websockets' own client
@@ -25,7 +25,7 @@ from ravenproxy.agent.slot import describe_connect_error
 from ravenproxy.pki import init_pki
 from ravenproxy.transport.session import websocket_options
 from ravenproxy.transport.tls import client_context, server_context
-from ravenproxy.transport.websocket import TunnelClientConnection, connect
+from ravenproxy.transport.ws_client import TunnelClientConnection, connect
 from ravenproxy.wire.codes import SUBPROTOCOL
 from ravenproxy.wire.config import WireConfig
 

@@ -14,6 +14,7 @@ from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
 from ravenproxy.transport.wsframes import (
+    LEND_MIN,
     OP_CLOSE,
     OP_PING,
     OP_PONG,
@@ -182,3 +183,32 @@ def test_wanted_says_how_much_the_next_frame_needs(size: int) -> None:
 
 def test_control_opcodes_are_websockets_names() -> None:
     assert (OP_CLOSE, OP_PING, OP_PONG) == (Opcode.CLOSE, Opcode.PING, Opcode.PONG)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_large_unmasked_message_is_lent_as_a_read_only_view_and_nothing_else_is(
+    masked: bool,
+) -> None:
+    """With ``lend``, an unfragmented unmasked message of LEND_MIN bytes or more comes out as a
+    read-only view of the input (no copy), and ``lent`` says so; a smaller one, a fragmented
+    one or a masked one is copied."""
+    big, small = bytes(range(256)) * (LEND_MIN // 256), b"s" * 100
+    fragments = [
+        Frame(Opcode.BINARY, big, fin=False),
+        Frame(Opcode.CONT, big, fin=True),
+    ]
+    frames = [Frame(Opcode.BINARY, big), Frame(Opcode.BINARY, small), *fragments]
+    data = bytearray(b"".join(encode(f, masked) for f in frames))
+    parser = FrameParser(masked=masked, max_size=1 << 20)
+    events, used = parser.parse(memoryview(data), lend=True)
+    assert used == len(data)
+    assert events == [big, small, big + big]
+    lent = [e for e in events if isinstance(e, memoryview)]
+    assert parser.lent is (not masked)
+    if masked:
+        assert not lent
+    else:
+        assert len(lent) == 1 and lent[0].readonly and lent[0].obj is data
+    copied = FrameParser(masked=masked, max_size=1 << 20)
+    events, _ = copied.parse(memoryview(data))
+    assert all(isinstance(e, bytes) for e in events) and not copied.lent

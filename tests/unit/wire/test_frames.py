@@ -309,3 +309,21 @@ def test_mutated_frames_only_raise_protocol_errors(
         decode_message(bytes(raw), LIMIT)
     except ProtocolError:
         pass
+
+
+def test_a_read_only_view_is_decoded_in_place_against_its_whole_buffer() -> None:
+    """A read-only view (the tunnel reader's lent message) counts as immutable: a DATA payload
+    stays a view of it when it is at least a quarter of the buffer the view keeps alive, not of
+    the message; a writable view (a buffer its owner may reuse) is always copied."""
+    payload = b"d" * 1000
+    message = encode(Data(1, payload))
+    small = bytearray(message)  # the buffer is the message
+    large = bytearray(message + bytes(4 * len(message)))  # the message, then more of a buffer
+    [kept] = decode_message(memoryview(small).toreadonly(), LIMIT)
+    [copied] = decode_message(memoryview(large)[: len(message)].toreadonly(), LIMIT)
+    [writable] = decode_message(memoryview(small), LIMIT)
+    assert isinstance(kept, Data) and isinstance(kept.data, memoryview)
+    assert kept.data.obj is small and bytes(kept.data) == payload
+    for frame in (copied, writable):
+        assert isinstance(frame, Data) and isinstance(frame.data, bytes)
+        assert frame.data == payload

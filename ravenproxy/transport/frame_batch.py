@@ -1,0 +1,83 @@
+"""The WebSocket frames (RFC 6455 section 5.2) a tunnel sends, gathered for few large writes.
+
+The session's writer takes what every stream queued since it last ran and hands it to the
+transport as a few large writes, not one per message: over TLS each piece written is a record of
+its own (and its own encryption call), and small messages (a GET and its answer) are mostly
+overhead. Frames are made here (FIN + binary opcode), masked on the client side (section 5.3)
+with ``websockets``' C masking; bulk payloads go on as they are, uncopied.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from websockets.speedups import apply_mask
+
+WRITE_CHUNK = 256 * 1024
+"""Bytes of frames the writer hands the transport at once, at most (beyond one message) before
+it waits for the transport to drain."""
+
+COALESCE = 16 * 1024
+"""Pieces smaller than this (a TLS record's payload) are gathered into one buffer; larger ones
+are written as they are."""
+
+
+class FrameBatch:
+    """WebSocket frames of binary messages, gathered for one write: small pieces joined into
+    runs of at most :data:`COALESCE` bytes, larger pieces (bulk payloads) left alone."""
+
+    __slots__ = ("key_at", "keys", "mask", "out", "run", "size")
+
+    def __init__(self, *, mask: bool, messages: int) -> None:
+        self.mask = mask
+        self.keys = os.urandom(4 * messages) if mask else b""
+        """The masking keys of the batch, drawn at once (RFC 6455 §5.3: unpredictable)."""
+        self.key_at = 0
+        self.out: list[bytes | bytearray | memoryview] = []
+        self.run = bytearray()
+        self.size = 0
+
+    def add(self, pieces: list[bytes | memoryview]) -> None:
+        size = sum(len(p) for p in pieces)
+        self.size += size
+        if self.mask:
+            key = self.keys[self.key_at : self.key_at + 4]
+            self.key_at += 4
+            payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            self._piece(binary_frame_header(size, masked=True) + key)
+            self._piece(apply_mask(payload, key))
+        else:
+            self._piece(binary_frame_header(size))
+            for piece in pieces:
+                self._piece(piece)
+
+    def _piece(self, piece: bytes | memoryview) -> None:
+        if len(piece) < COALESCE:
+            self.run += piece
+            if len(self.run) >= COALESCE:
+                self.out.append(self.run)
+                self.run = bytearray()
+            return
+        if self.run:
+            self.out.append(self.run)
+            self.run = bytearray()
+        self.out.append(piece)
+
+    def take(self) -> list[bytes | bytearray | memoryview]:
+        out = self.out
+        if self.run:
+            out.append(self.run)
+        self.out, self.run, self.size = [], bytearray(), 0
+        return out
+
+
+def binary_frame_header(size: int, *, masked: bool = False) -> bytes:
+    """Header of a final, binary WebSocket frame of ``size`` payload bytes (the masking key,
+    if ``masked``, follows it)."""
+    bit = 0x80 if masked else 0
+    if size < 126:
+        return bytes((0x82, bit | size))
+    if size < 1 << 16:
+        return struct.pack("!BBH", 0x82, bit | 126, size)
+    return struct.pack("!BBQ", 0x82, bit | 127, size)
