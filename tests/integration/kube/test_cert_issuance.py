@@ -20,7 +20,7 @@ import pytest
 from ravenproxy.pki import authority
 from ravenproxy.pki.issuance import CA_NAMESPACE, CA_SECRET
 from ravenproxy.pki.pemfiles import load_cert
-from tests.helpers import spawn_python, stop
+from tests.helpers import free_port, spawn_python, stop
 from tests.integration.cluster import Cluster, Proc
 from tests.integration.kube.apiserver import APIServer
 from tests.integration.kube.conftest import kubeconfig
@@ -63,6 +63,9 @@ async def controller_process(apiserver: APIServer, tmp_path: Path) -> AsyncItera
         [
             "-m", "ravenproxy", "controller", "--kubeconfig", str(config),
             "--max-cert-lifetime", "60s", "--log-level", "DEBUG",
+            # Not the default ports: a process of another test or of the machine may hold them.
+            "--metrics-addr", f"127.0.0.1:{free_port()}",
+            "--health-addr", f"127.0.0.1:{free_port()}",
         ],
         log,
     )  # fmt: skip

@@ -28,7 +28,7 @@ from ravenproxy.pki.issuance import (
     SIGNER_AGENT,
     SIGNER_SERVER,
 )
-from tests.helpers import eventually, spawn_python, stop
+from tests.helpers import eventually, free_port, spawn_python, stop
 from tests.integration.kube.apiserver import APIServer
 from tests.integration.kube.conftest import csr_request, kubeconfig
 from tests.integration.kube.test_controller import FAST, gateway_obj, node_obj
@@ -339,6 +339,11 @@ async def test_the_controller_command_signs_with_its_flags(
             "90s",
             "--server-san",
             "tunnel.example.com",
+            # Not the default ports: a process of another test or of the machine may hold them.
+            "--metrics-addr",
+            f"127.0.0.1:{free_port()}",
+            "--health-addr",
+            f"127.0.0.1:{free_port()}",
         ],
         log,
     )
