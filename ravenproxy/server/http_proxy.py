@@ -6,7 +6,9 @@ carries its actions out — it reads the client and the target, routes with the
 :class:`~ravenproxy.server.router.Router`, opens target connections with the
 :class:`~ravenproxy.server.connector.Connector`, relays after a 101 or a CONNECT — and keeps the
 clocks: --header-timeout for request heads, :data:`KEEPALIVE_TIMEOUT` between requests,
---idle-timeout while a response is awaited.
+--idle-timeout while a response is awaited. Once a connection is answered and kept alive over a
+tunnel stream, its next requests are served by callbacks
+(:class:`~ravenproxy.server.http_callbacks.CallbackPath`) until one needs the task again.
 
 Every refusal answers with its status and a one-line body that names the node and the reason,
 logs a line and counts ``ravenproxy_server_front_requests_total{front,status}``.
@@ -41,8 +43,9 @@ from ravenproxy.server.exchange_actions import (
 )
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http1 import error_response
+from ravenproxy.server.http_callbacks import KEEPALIVE_TIMEOUT, CallbackPath
 from ravenproxy.server.limits import StreamLease
-from ravenproxy.server.router import Route, RouteMemo
+from ravenproxy.server.router import Route
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult, relay
 from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
@@ -52,10 +55,7 @@ log = logging.getLogger(__name__)
 
 _IO_ERRORS = (ConnectionError, StreamClosedError, OSError)
 
-KEEPALIVE_TIMEOUT = 300.0
-"""A kept-alive client connection with no byte of a next request for this long is closed (once
-a head has begun, --header-timeout bounds it). Checked as :class:`IdleWatch` checks: while other
-connections are busy, up to an eighth of it later."""
+__all__ = ["KEEPALIVE_TIMEOUT", "HttpProxy"]
 
 
 class HttpProxy:
@@ -117,7 +117,7 @@ class _Raw(Exception):
         self.relay = relay
 
 
-class _Connection:
+class _Connection(CallbackPath):
     """One client connection: its exchange, and the target connection it holds."""
 
     # Slots: one of these lives as long as its connection, idle ones included.
@@ -131,13 +131,13 @@ class _Connection:
         "proxy",
         "pump",
         "reader",
-        "routed",
         "upstream",
         "watch",
         "writer",
     )
 
     def __init__(self, proxy: HttpProxy, reader: SocketReader, writer: SocketWriter) -> None:
+        super().__init__()
         self.proxy = proxy
         self.ctx = proxy.ctx
         self.reader = reader
@@ -152,9 +152,6 @@ class _Connection:
         self.lease: StreamLease | None = None
         """The client's stream slot (--max-streams-per-client), held with the upstream."""
         self.pump: asyncio.Task[None] | None = None
-        self.routed: RouteMemo | None = None
-        """The last request's route, reused for the next one when nothing it depends on
-        changed."""
         self.watch = IdleWatch(self.ctx.limits.idle_timeout)
         """Guards each wait for the target's answer (--idle-timeout); one per connection,
         entered once per read: entering stamps the activity of the last event."""
@@ -201,7 +198,10 @@ class _Connection:
         after this frame is gone) or the connection ends (:class:`_Done`)."""
         try:
             while True:
-                await self._request()
+                if self._callbacks_fit():
+                    await self._act(await self._by_callbacks())
+                else:
+                    await self._request()
                 await self._response()
         except _Raw as raw:
             return raw.relay

@@ -66,15 +66,30 @@ class IdleWatch:
         """A byte moved: the connection is not idle."""
         self.last = self._loop.time()
 
+    def retime(self, timeout: float | None) -> None:
+        """Guard the block being guarded with another ``timeout`` from now on (its clock
+        restarts): one watch for a connection that waits by turns for different things.
+        An expired watch keeps the timeout it expired with."""
+        self.last = self._loop.time()
+        if timeout == self.timeout or self._expired:
+            return
+        self.timeout = timeout
+        if self._sweep is not None:
+            self._sweep.remove(self)
+            self._sweep = None
+        if self._task is not None and timeout is not None:
+            self._sweep = _Sweep.of(self._loop, timeout)
+            self._sweep.add(self)
+
     # Entered once per read on a keep-alive connection: the guard is the watch itself (the
     # task it cancels, a flag), not an asyncio.timeout made and torn down each time.
     async def __aenter__(self) -> IdleWatch:
         self.last = self._loop.time()
+        self._task = task = asyncio.current_task(self._loop)
+        assert task is not None
+        self._expired = False
+        self._cancelling = task.cancelling()
         if self.timeout is not None:
-            self._task = task = asyncio.current_task(self._loop)
-            assert task is not None
-            self._expired = False
-            self._cancelling = task.cancelling()
             self._sweep = _Sweep.of(self._loop, self.timeout)
             self._sweep.add(self)
         return self

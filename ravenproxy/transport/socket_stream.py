@@ -19,6 +19,7 @@ is lost; an EOF keeps the transport open for writing (half-close), except over T
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 
@@ -53,6 +54,7 @@ class SocketStream(asyncio.Protocol):
         "_error",
         "_limit",
         "_lost",
+        "_on_data",
         "_over_ssl",
         "_read_paused",
         "_read_waiter",
@@ -72,6 +74,7 @@ class SocketStream(asyncio.Protocol):
         self._over_ssl = False
         self._read_waiter: asyncio.Future[None] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
+        self._on_data: Callable[[], None] | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -93,10 +96,14 @@ class SocketStream(asyncio.Protocol):
             except NotImplementedError:
                 pass
         self._wake_reader()
+        if self._on_data is not None:
+            self._on_data()
 
     def eof_received(self) -> bool:
         self._eof = True
         self._wake_reader()
+        if self._on_data is not None:
+            self._on_data()
         return not self._over_ssl  # keep the transport open for our half of the stream
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -106,6 +113,8 @@ class SocketStream(asyncio.Protocol):
         self._eof = True
         self._wake_reader()
         self._wake_drainer()  # it sees the loss itself: no future ever holds an exception
+        if self._on_data is not None:
+            self._on_data()
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -138,6 +147,29 @@ class SocketStream(asyncio.Protocol):
                 await self._read_waiter
             finally:
                 self._read_waiter = None
+        return self._take(n)
+
+    def on_data(self, callback: Callable[[], None] | None) -> None:
+        """Serve the reading side by callbacks: ``callback`` runs when bytes, the EOF or the
+        loss of the connection arrive (after they are buffered); it takes them with
+        :meth:`read_nowait`. None: stop."""
+        self._on_data = callback
+
+    def read_nowait(self, n: int = -1) -> bytes | None:
+        """:meth:`read` without waiting: None while nothing is buffered."""
+        if not self._buffer:
+            if self._error is not None:
+                raise self._error
+            return b"" if self._eof else None
+        return self._take(n)
+
+    @property
+    def write_paused(self) -> bool:
+        """The transport's write buffer is over its high mark (what :meth:`drain` waits
+        out)."""
+        return self._write_paused
+
+    def _take(self, n: int) -> bytes:
         buffer = self._buffer
         if n < 0 or n >= len(buffer):
             data, self._buffer = bytes(buffer), b""

@@ -49,6 +49,14 @@ async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
     await reader.read()
 
 
+async def answers_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A target that answers its connection's first request, then none."""
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nhello\n")
+    await writer.drain()
+    await reader.read()
+
+
 @contextlib.asynccontextmanager
 async def bed(
     cluster: Cluster, *flags: str, allow: tuple[int, ...] = ()
@@ -127,6 +135,20 @@ async def test_slow_heads_are_closed_after_the_header_timeout(cluster: Cluster) 
             writer.close()
         assert data.startswith(b"HTTP/1.1 200 OK"), data
         assert b"HTTP/1.1 408 " in data, data
+        # So is one whose second head comes in pieces after the first was answered (served by
+        # the connection's callbacks until then).
+        reader, writer = await asyncio.open_connection("127.0.0.1", front)
+        try:
+            writer.write(f"GET / HTTP/1.1\r\nHost: edge-1:{http_port}\r\n\r\n".encode())
+            async with asyncio.timeout(10):
+                assert (await reader.readuntil(b"hello\n")).startswith(b"HTTP/1.1 200 OK")
+            writer.write(b"GET / HTTP/1.1\r\nHo")
+            started = time.monotonic()
+            data = await closed_within(reader, 10)
+        finally:
+            writer.close()
+        assert time.monotonic() - started >= 1.0
+        assert data.startswith(b"HTTP/1.1 408 "), data
 
 
 async def test_front_connection_cap_keeps_health_answering(cluster: Cluster) -> None:
@@ -347,3 +369,30 @@ async def test_request_without_an_answer_ends_after_the_idle_timeout(cluster: Cl
             key = 'ravenproxy_server_idle_timeouts_total{front="http",relay="request"}'
             assert m[key] == 1
             assert m['ravenproxy_server_front_requests_total{front="http",status="504"}'] == 1
+
+
+async def test_a_later_request_without_an_answer_ends_after_the_idle_timeout(
+    cluster: Cluster,
+) -> None:
+    # The second request of a kept-alive connection, served by the connection's callbacks.
+    async with tcp_server(answers_once) as port:
+        async with bed(cluster, "--idle-timeout", "1", allow=(port,)):
+            assert cluster.server is not None
+            reader, writer = await asyncio.open_connection("127.0.0.1", cluster.http_port)
+            try:
+                request = f"GET / HTTP/1.1\r\nHost: edge-1:{port}\r\n\r\n".encode()
+                writer.write(request)
+                async with asyncio.timeout(10):
+                    assert (await reader.readuntil(b"hello\n")).startswith(b"HTTP/1.1 200 OK")
+                await asyncio.sleep(1.5)  # idle between requests: no --idle-timeout then
+                writer.write(request)
+                started = time.monotonic()
+                data = await closed_within(reader, 10)
+            finally:
+                writer.close()
+            assert time.monotonic() - started >= 0.8
+            assert data.startswith(b"HTTP/1.1 504 "), data
+            assert data.endswith(b"edge-1: no byte either way for 1s (--idle-timeout)\n"), data
+            m = await cluster.metrics()
+            key = 'ravenproxy_server_idle_timeouts_total{front="http",relay="request"}'
+            assert m[key] == 1

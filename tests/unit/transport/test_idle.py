@@ -142,3 +142,27 @@ async def test_relay_closes_an_idle_connection_not_a_busy_one() -> None:
         target_server.close()
         await front_server.wait_closed()
         await target_server.wait_closed()
+
+
+async def test_retime_switches_the_timeout_of_the_guarded_block() -> None:
+    # One watch for a connection that waits by turns: a long timeout between requests, a short
+    # one while an answer is awaited (the HTTP fronts' callback path).
+    watch = IdleWatch(5)
+    started = time.monotonic()
+    with pytest.raises(IdleTimeout) as info:
+        async with watch:
+            await asyncio.sleep(0.3)  # under 5 s: nothing happens
+            watch.retime(0.2)  # the clock restarts now, with the short timeout
+            await asyncio.sleep(10)
+    assert 0.45 <= time.monotonic() - started < 2.5
+    assert info.value.timeout == 0.2
+    # Back to the long one: the short one no longer applies.
+    async with watch:
+        watch.retime(5)
+        await asyncio.sleep(0.5)
+    # A watch made without a timeout can be given one while it guards.
+    watch = IdleWatch(None)
+    with pytest.raises(IdleTimeout):
+        async with watch:
+            watch.retime(0.1)
+            await asyncio.sleep(5)

@@ -92,3 +92,22 @@ async def test_wait_closed_returns_once_the_connection_is_gone() -> None:
         assert stream.is_closing()
         assert peer.recv(16) == b"bye"
         await asyncio.wait_for(stream.wait_closed(), 5)  # again: at once
+
+
+async def test_served_by_callbacks_with_read_nowait() -> None:
+    loop = asyncio.get_running_loop()
+    async with accepted() as (stream, peer):
+        calls: list[bytes | None] = []
+        assert stream.read_nowait(100) is None  # nothing yet
+        stream.on_data(lambda: calls.append(stream.read_nowait(3)))
+        await loop.sock_sendall(peer, b"hello")
+        while not calls:
+            await asyncio.sleep(0.01)
+        assert calls == [b"hel"]
+        assert stream.read_nowait(100) == b"lo"  # the rest stays buffered until taken
+        peer.shutdown(socket.SHUT_WR)
+        while len(calls) < 2:
+            await asyncio.sleep(0.01)
+        assert calls[1] == b""  # the EOF calls back too
+        stream.on_data(None)
+        assert not stream.write_paused

@@ -1,0 +1,263 @@
+"""The HTTP fronts' keep-alive request path served by callbacks (as uvicorn's httptools
+protocol serves its requests): a small request and its answer wake no task of their own.
+
+A client connection is read, routed and given its target connection by its task
+(:mod:`ravenproxy.server.http_proxy`) for its first request. Once it is answered and the
+connection waits for a next request over a tunnel stream (or none yet), the task parks and
+:class:`CallbackPath` drives the connection by callbacks: the client's socket
+(:meth:`~ravenproxy.transport.socket_stream.SocketStream.on_data`) and the target's tunnel
+stream (:meth:`~ravenproxy.transport.tunnel_stream.TunnelStream.on_readable`) call back when
+bytes arrive; they go into the same sans-I/O :class:`~ravenproxy.server.exchange.Exchange`,
+whose actions are carried out at once as long as none has to wait — write to the client, write
+to the stream as far as its credit and the session's output reach
+(:meth:`~ravenproxy.transport.tunnel_stream.TunnelStream.try_write`), count, route again (the
+router's memo is synchronous), close the stream.
+
+The first action that has to wait — open a target connection, the rest of a write past the
+credit, read a request body alongside the answer, refuse, close, switch protocols, tunnel — ends
+the callback mode: the task wakes and carries it (and those after it) out as before. So do a
+request head that arrives in pieces (--header-timeout is the task's to keep), a server drain, a
+client gone, and a client that reads slower than the answer comes: the task waits on the
+socket's drain and reads the rest of that answer itself (the stream keeps its credit meanwhile,
+so the agent stops sending). Client bytes are taken from the socket only while the exchange
+waits for a request head; past a bound buffered, the socket stops reading (TCP pushes back).
+
+The clocks: one :class:`~ravenproxy.transport.relay.IdleWatch`, retimed by turns —
+:data:`KEEPALIVE_TIMEOUT` while waiting for a next request, --idle-timeout while the target's
+answer is awaited (each chunk of it pushes that back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from ravenproxy.errors import RoutingError
+from ravenproxy.server.exchange import Exchange
+from ravenproxy.server.exchange_actions import (
+    Action,
+    Close,
+    CloseUpstream,
+    Count,
+    Looped,
+    RouteRequest,
+    WriteClient,
+    WriteUpstream,
+)
+from ravenproxy.server.front import FrontContext
+from ravenproxy.server.router import RouteMemo
+from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream, TunnelByteStream
+from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult
+from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
+from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
+
+KEEPALIVE_TIMEOUT = 300.0
+"""A kept-alive client connection with no byte of a next request for this long is closed (once
+a head has begun, --header-timeout bounds it). Checked as :class:`IdleWatch` checks: while other
+connections are busy, up to an eighth of it later."""
+
+
+class Front(Protocol):
+    """What the callback path uses of its front's proxy."""
+
+    front: str
+    over_tls: bool
+    egress: str | None
+
+    def count(self, status: int) -> None: ...
+
+
+class CallbackPath:
+    """The callback mode of one client connection (a base of the connection, whose slots hold
+    what it names below); :meth:`_by_callbacks` is the task's side of it."""
+
+    __slots__ = ("_busy", "_calls", "_exit", "_hooked", "routed")
+
+    # The connection's own (see http_proxy._Connection).
+    ex: Exchange
+    ctx: FrontContext
+    proxy: Front
+    reader: SocketReader
+    writer: SocketWriter
+    upstream: ByteStream | None
+    pump: asyncio.Task[None] | None
+
+    def __init__(self) -> None:
+        self.routed: RouteMemo | None = None
+        """The last request's route, reused for the next one when nothing it depends on
+        changed."""
+        self._exit: asyncio.Future[list[Action]] | None = None
+        """Set while in callback mode: its result, what is left for the task to carry out."""
+        self._hooked: TunnelStream | None = None
+        """The target's tunnel stream, while it calls back."""
+        self._calls: IdleWatch | None = None
+        self._busy = False
+
+    def _close_upstream(self) -> None:
+        raise NotImplementedError
+
+    def _callbacks_fit(self) -> bool:
+        """Between requests, nothing of the next one at hand, a tunnel stream (or none) as the
+        target connection: the next request can be served by callbacks."""
+        ex, upstream = self.ex, self.upstream
+        return (
+            ex.phase == "head"
+            and not ex.first
+            and not ex.head_begun
+            and self.pump is None
+            and (upstream is None or type(upstream) is TunnelByteStream)
+            and type(self.reader) is SocketStream
+            and self.reader is self.writer
+            and not self.ctx.drain.draining
+        )
+
+    async def _by_callbacks(self) -> list[Action]:
+        """Serve requests by callbacks until an action has to wait (returned, with those after
+        it, for the task to carry out) or the connection needs its task."""
+        sock = self.reader
+        assert isinstance(sock, SocketStream)
+        watch = self._calls
+        if watch is None:
+            watch = self._calls = IdleWatch(KEEPALIVE_TIMEOUT)
+        done: asyncio.Future[list[Action]] = asyncio.get_running_loop().create_future()
+        self._exit = done
+        upstream = self.upstream
+        if isinstance(upstream, TunnelByteStream):
+            self._hooked = upstream.stream
+            upstream.stream.on_readable(self._on_upstream)
+        sock.on_data(self._on_client)
+        try:
+            try:
+                async with watch:
+                    self._advance()  # what the socket holds already
+                    rest = await done
+            except IdleTimeout as exc:
+                if self.ex.phase != "forwarding":
+                    return [Close(f"no next request for {exc.timeout:g}s")]
+                idle = RelayResult(error=IDLE_ERROR, idle=True)
+                assert self.ex.route is not None
+                node = self.ex.route.node.name
+                peer = sock.get_extra_info("peername")
+                self.ctx.relay_done(self.proxy.front, "request", idle, peer=peer, node=node)
+                return self.ex.upstream_idle(exc.timeout)
+        finally:
+            self._exit = None
+            sock.on_data(None)
+            self._unhook()
+            self.ctx.drain.busy(sock)
+        if sock.write_paused:
+            await sock.drain()  # a slow client: the task goes on once it took the bytes
+        return rest
+
+    def _unhook(self) -> None:
+        stream, self._hooked = self._hooked, None
+        if stream is not None:
+            stream.on_readable(None)
+
+    def _leave(self, rest: list[Action]) -> None:
+        done = self._exit
+        if done is not None and not done.done():
+            done.set_result(rest)
+
+    # -- callbacks ------------------------------------------------------------------------------
+    def _on_client(self) -> None:
+        if self._exit is not None and not self._exit.done():
+            self._advance()
+
+    def _on_upstream(self) -> None:
+        # Bytes (or the end) of an idle kept stream wait for the next request, as in the task.
+        if self._exit is not None and not self._exit.done() and self.ex.phase == "forwarding":
+            self._advance()
+
+    def _advance(self) -> None:
+        """Move the exchange on as far as it goes without waiting. Runs in a callback (the
+        socket's, the session reader's): nothing may escape; what fails goes to the task."""
+        if self._busy:  # called back from inside: the loop below sees what changed
+            return
+        self._busy = True
+        try:
+            self._steps()
+        except Exception as exc:
+            done = self._exit
+            if done is not None and not done.done():
+                done.set_exception(exc)
+        finally:
+            self._busy = False
+
+    def _steps(self) -> None:
+        ex, sock, done, watch = self.ex, self.reader, self._exit, self._calls
+        assert isinstance(sock, SocketStream) and done is not None and watch is not None
+        while not done.done():
+            phase = ex.phase
+            if phase == "head":
+                actions = ex.poll()
+                if not actions:
+                    if ex.head_begun:  # a head in pieces: the task reads it, under its clock
+                        return self._leave([])
+                    drain = self.ctx.drain
+                    if drain.draining:  # no next request on this connection
+                        return self._leave([])
+                    data = sock.read_nowait(READ_LIMIT)
+                    if data is None:
+                        drain.idle(sock)
+                        watch.retime(KEEPALIVE_TIMEOUT)
+                        return None
+                    drain.busy(sock)
+                    actions = ex.receive_client(data)
+                    if not actions:
+                        continue
+                self._run(actions)
+                if ex.phase == "forwarding":
+                    watch.retime(self.ctx.limits.idle_timeout)
+            elif phase == "forwarding":
+                stream = self._hooked
+                if stream is None or sock.write_paused or sock.is_closing():
+                    return self._leave([])  # the task waits for the client, or sees it gone
+                try:
+                    chunk = stream.read_nowait()
+                except StreamClosedError:
+                    actions = ex.upstream_lost()
+                else:
+                    if chunk is None:
+                        return None
+                    watch.touch()
+                    actions = ex.receive_upstream(bytes(chunk))  # a view of a tunnel message
+                self._run(actions)
+            else:
+                return self._leave([])
+        return None
+
+    def _run(self, actions: list[Action]) -> None:
+        """Carry out the actions that need no waiting, in order; from the first that does,
+        leave them to the task."""
+        queue, done = actions, 0
+        while done < len(queue):
+            action = queue[done]
+            done += 1
+            if isinstance(action, WriteClient):
+                self.writer.write(action.data)
+            elif isinstance(action, WriteUpstream):
+                stream, data = self._hooked, action.data
+                sent = stream.try_write(data) if stream is not None else 0
+                if sent < len(data):
+                    rest = WriteUpstream(data[sent:]) if sent else action
+                    return self._leave([rest, *queue[done:]])
+            elif isinstance(action, Count):
+                self.proxy.count(action.status)
+            elif isinstance(action, RouteRequest) and self.proxy.egress is None:
+                try:
+                    self.routed = self.ctx.router.route_again(
+                        action.dest, over_tls=self.proxy.over_tls, memo=self.routed
+                    )
+                except RoutingError as exc:
+                    queue.extend(self.ex.refused(exc.status, exc.node, exc.reason))
+                else:
+                    queue.extend(self.ex.routed(self.routed.route))
+            elif isinstance(action, CloseUpstream):
+                self._unhook()
+                self._close_upstream()
+            elif isinstance(action, Looped):
+                self.ctx.metrics.loops.labels(kind="via").inc()
+            else:
+                return self._leave(queue[done - 1 :])
+        return None
