@@ -303,7 +303,7 @@ class _Relay:
         self.task = task = asyncio.current_task()
         assert task is not None
         result, upstream, writer = self.result, self.upstream, self.writer
-        _tune(writer)
+        tune(writer.transport)
         down_task = asyncio.create_task(
             self.down(), name=f"relay-down:{label}" if label else "relay-down"
         )
@@ -367,11 +367,13 @@ class _Relay:
         return result
 
 
-def _tune(writer: SocketWriter) -> None:
-    sock = writer.get_extra_info("socket")
+def tune(transport: asyncio.WriteTransport) -> None:
+    """A relayed socket: TCP_NODELAY (a small answer must not wait for Nagle), and writes pause
+    the relay at :data:`READ_LIMIT` buffered (the relay and the agent's splice alike)."""
+    sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-    writer.transport.set_write_buffer_limits(high=READ_LIMIT)
+    transport.set_write_buffer_limits(high=READ_LIMIT)

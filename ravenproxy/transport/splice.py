@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from typing import cast
 
 from ravenproxy.log import kv
-from ravenproxy.transport.bytestream import READ_LIMIT
-from ravenproxy.transport.relay import RelayResult
+from ravenproxy.transport.relay import RelayResult, tune
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
 from ravenproxy.wire.codes import ErrorCode
 
@@ -72,13 +70,7 @@ class Splice(asyncio.Protocol):
     # -- the socket (asyncio.Protocol) ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
-        self.transport.set_write_buffer_limits(high=READ_LIMIT)
+        tune(self.transport)
 
     def data_received(self, data: bytes) -> None:
         stream = self.stream
