@@ -6,6 +6,8 @@ and stops itself with SIGTERM. Module names are asserted, not RSS (that is bench
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 from pathlib import Path
 
@@ -13,10 +15,12 @@ import pytest
 
 from ravenproxy.pki import init_pki
 from tests.helpers import free_port, spawn_python, stop
+from tests.integration.kube.apiserver import APIServer
 
 # The optional capabilities, each loaded in one place when its flag asks for it.
 HEAVY = {
-    "kubernetes_asyncio": "the Kubernetes client (--kube-model, --cert-dir)",
+    "kubernetes_asyncio": "kubernetes_asyncio (--cert-dir; --kube-model reads and watches the "
+    "API with ravenproxy.kube.rest, on asyncio streams and httptools)",
     "urllib3": "the Kubernetes client's dependency",
     "aiohttp": "the metrics/health HTTP server (--metrics-addr, --health-addr)",
     "ravenproxy.metrics_http": "the metrics/health HTTP server",
@@ -124,3 +128,37 @@ def test_inventory_flag_loads_yaml_and_nothing_else_heavy(tmp_path: Path) -> Non
     assert present(modules, "yaml")
     loaded = {name for name in HEAVY if name != "yaml" and present(modules, name)}
     assert not loaded, f"an agent with --inventory loaded {loaded}"
+
+
+async def test_kube_model_loads_neither_kubernetes_asyncio_nor_aiohttp(tmp_path: Path) -> None:
+    """--kube-model against the API emulator: the model is listed and watched (the agent dials
+    only once its first model is in) on ravenproxy.kube.rest, not kubernetes_asyncio/aiohttp."""
+    api = APIServer()
+    await api.start()
+    try:
+        await api.put("nodes", {"metadata": {"name": "edge-1"}})
+        # A kubeconfig is YAML or JSON: JSON keeps PyYAML out too.
+        token = api.add_node_user("edge-1")
+        config = tmp_path / "kubeconfig"
+        config.write_text(
+            json.dumps(
+                {
+                    "clusters": [{"name": "emu", "cluster": {"server": api.url}}],
+                    "users": [{"name": "emu", "user": {"token": token}}],
+                    "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
+                    "current-context": "emu",
+                }
+            )
+        )
+        # The child is waited for in a thread: the emulator serves it from this event loop.
+        modules = await asyncio.to_thread(
+            loaded_modules, tmp_path, "--kube-model", "--kubeconfig", str(config)
+        )
+        assert any(r.path == "/api/v1/nodes" for r in api.requests), "the model was not listed"
+    finally:
+        await api.close()
+    assert "ravenproxy.kube.rest" in modules and "httptools" in modules
+    # PyYAML comes with the model parsers (ravenproxy.model.parse imports model.safeyaml's
+    # message helpers), not with the kubeconfig, which is JSON here.
+    loaded = {name: why for name, why in HEAVY.items() if name != "yaml" and present(modules, name)}
+    assert not loaded, f"an agent with --kube-model loaded {loaded}"
