@@ -35,6 +35,7 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "ravenproxy"
 _READ_SIZE = 65536
+_CLOSE_WAIT = 5.0
 
 
 class KubeError(RavenProxyError):
@@ -70,6 +71,9 @@ class _Parse:
     """httptools' callbacks for one response: status, headers, body pieces, completion."""
 
     def __init__(self) -> None:
+        self.parser: httptools.HttpResponseParser | None = None
+        self.status = 0
+        self.keep_alive = False
         self.headers_done = False
         self.complete = False
         self.body: list[bytes] = []
@@ -84,6 +88,11 @@ class _Parse:
             self.length = True
 
     def on_headers_complete(self) -> None:
+        # Asked here: one feed may hold the whole answer, and llhttp forgets a message's
+        # flags once it is complete.
+        assert self.parser is not None
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
@@ -99,9 +108,16 @@ class _Connection:
         self.writer = writer
 
     async def close(self) -> None:
+        # A TLS close waits for the peer's close_notify: a peer that never sends it is cut.
         self.writer.close()
-        with contextlib.suppress(OSError, asyncio.CancelledError):
-            await self.writer.wait_closed()
+        try:
+            async with asyncio.timeout(_CLOSE_WAIT):
+                await self.writer.wait_closed()
+        except (OSError, TimeoutError):
+            self.writer.transport.abort()
+        except asyncio.CancelledError:
+            self.writer.transport.abort()
+            raise
 
 
 class Response:
@@ -113,6 +129,7 @@ class Response:
         self._read_timeout = read_timeout
         self._parse = _Parse()
         self._parser = httptools.HttpResponseParser(self._parse)
+        self._parse.parser = self._parser
         self.status = 0
         self.received = 0
 
@@ -136,11 +153,11 @@ class Response:
     async def start(self) -> None:
         while not self._parse.headers_done:
             await self._more()
-        self.status = self._parser.get_status_code()
+        self.status = self._parse.status
 
     @property
     def reusable(self) -> bool:
-        return self._parse.complete and self._parser.should_keep_alive()
+        return self._parse.complete and self._parse.keep_alive
 
     async def read(self) -> bytes:
         while not self._parse.complete:
@@ -203,6 +220,8 @@ class RestClient:
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
         self._closed = False
+        self.connects = 0
+        """Connections opened so far (kept-alive ones are reused)."""
 
     async def __aenter__(self) -> RestClient:
         return self
@@ -330,6 +349,7 @@ class RestClient:
                 server_hostname=self.host if self._ssl is not None else None,
                 limit=_READ_SIZE,
             )
+        self.connects += 1
         log.debug("kube: connected", extra=kv(host=self.host, port=self.port))
         return _Connection(reader, writer)
 
