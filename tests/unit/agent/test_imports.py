@@ -19,8 +19,8 @@ from tests.integration.kube.apiserver import APIServer
 
 # The optional capabilities, each loaded in one place when its flag asks for it.
 HEAVY = {
-    "kubernetes_asyncio": "kubernetes_asyncio (--cert-dir; --kube-model reads and watches the "
-    "API with ravenproxy.kube.rest, on asyncio streams and httptools)",
+    "kubernetes_asyncio": "kubernetes_asyncio (the controller's client: --kube-model and "
+    "--cert-dir read, watch and write with ravenproxy.kube.rest, on asyncio streams and httptools)",
     "urllib3": "the Kubernetes client's dependency",
     "aiohttp": "the metrics/health HTTP server (--metrics-addr, --health-addr)",
     "ravenproxy.metrics_http": "the metrics/health HTTP server",
@@ -69,10 +69,26 @@ sys.exit(cli.main(sys.argv[2:]))
 """
 
 
-def loaded_modules(tmp_path: Path, *extra: str) -> set[str]:
+def loaded_modules(tmp_path: Path, *extra: str, cert_dir: Path | None = None) -> set[str]:
+    """The modules of an agent run with ``extra`` flags; its certificate files, or ``cert_dir``
+    (--cert-dir, holding a usable set: the agent starts with it, as after a restart)."""
     certs = tmp_path / "certs"
     if not certs.exists():
         init_pki(certs, ("localhost",), ("edge-1",))
+    files = [
+        "--ca-file", str(certs / "ca.crt"),
+        "--cert-file", str(certs / "edge-1.crt"),
+        "--key-file", str(certs / "edge-1.key"),
+    ]  # fmt: skip
+    if cert_dir is not None:
+        cert_dir.mkdir()
+        for src, dst in (
+            ("ca.crt", "ca.crt"),
+            ("edge-1.crt", "tls.crt"),
+            ("edge-1.key", "tls.key"),
+        ):
+            (cert_dir / dst).write_bytes((certs / src).read_bytes())
+        files = ["--cert-dir", str(cert_dir)]
     out = tmp_path / f"modules{len(extra)}.txt"
     log = tmp_path / f"agent{len(extra)}.log"
     args = [
@@ -80,9 +96,7 @@ def loaded_modules(tmp_path: Path, *extra: str) -> set[str]:
         "agent",
         "--node-name", "edge-1",
         "--server-addr", f"wss://127.0.0.1:{free_port()}",  # nothing listens: the dial fails
-        "--ca-file", str(certs / "ca.crt"),
-        "--cert-file", str(certs / "edge-1.crt"),
-        "--key-file", str(certs / "edge-1.key"),
+        *files,
         "--allow", "127.0.0.1:1",
         *extra,
     ]  # fmt: skip
@@ -130,9 +144,14 @@ def test_inventory_flag_loads_yaml_and_nothing_else_heavy(tmp_path: Path) -> Non
     assert not loaded, f"an agent with --inventory loaded {loaded}"
 
 
-async def test_kube_model_loads_neither_kubernetes_asyncio_nor_aiohttp(tmp_path: Path) -> None:
-    """--kube-model against the API emulator: the model is listed and watched (the agent dials
-    only once its first model is in) on ravenproxy.kube.rest, not kubernetes_asyncio/aiohttp."""
+@pytest.mark.parametrize("cert_dir", [False, True], ids=["files", "cert-dir"])
+async def test_kube_model_loads_neither_kubernetes_asyncio_nor_aiohttp(
+    tmp_path: Path, cert_dir: bool
+) -> None:
+    """--kube-model against the API emulator (the shipped DaemonSet's flags): the model is
+    listed and watched (the agent dials only once its first model is in), and with --cert-dir
+    the CA bundle ConfigMap is watched, on ravenproxy.kube.rest, not kubernetes_asyncio and
+    aiohttp."""
     api = APIServer()
     await api.start()
     try:
@@ -152,13 +171,23 @@ async def test_kube_model_loads_neither_kubernetes_asyncio_nor_aiohttp(tmp_path:
         )
         # The child is waited for in a thread: the emulator serves it from this event loop.
         modules = await asyncio.to_thread(
-            loaded_modules, tmp_path, "--kube-model", "--kubeconfig", str(config)
+            loaded_modules,
+            tmp_path,
+            "--kube-model",
+            "--kubeconfig",
+            str(config),
+            cert_dir=tmp_path / "cert-dir" if cert_dir else None,
         )
-        assert any(r.path == "/api/v1/nodes" for r in api.requests), "the model was not listed"
+        paths = {r.path for r in api.requests}
+        assert "/api/v1/nodes" in paths, "the model was not listed"
+        if cert_dir:
+            assert "/api/v1/namespaces/kube-system/configmaps" in paths, paths
     finally:
         await api.close()
     assert "ravenproxy.kube.rest" in modules and "httptools" in modules
     # PyYAML comes with the model parsers (ravenproxy.model.parse imports model.safeyaml's
-    # message helpers), not with the kubeconfig, which is JSON here.
-    loaded = {name: why for name, why in HEAVY.items() if name != "yaml" and present(modules, name)}
+    # message helpers), not with the kubeconfig, which is JSON here. --cert-dir makes keys and
+    # CSRs with cryptography (ravenproxy.pki.csr, which imports ravenproxy.pki.authority).
+    expected = {"yaml"} | ({"cryptography", "ravenproxy.pki.authority"} if cert_dir else set())
+    loaded = {n: why for n, why in HEAVY.items() if n not in expected and present(modules, n)}
     assert not loaded, f"an agent with --kube-model loaded {loaded}"
