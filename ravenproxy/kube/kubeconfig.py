@@ -2,9 +2,10 @@
 account.
 
 A kubeconfig's current context names a cluster (``server``, ``certificate-authority`` /
-``-data``, ``insecure-skip-tls-verify``) and a user (``token``, ``tokenFile``,
-``client-certificate`` / ``-data`` with ``client-key`` / ``-data``). ``exec`` and
-``auth-provider`` users run plugins we do not carry: they are refused with a line naming the field.
+``-data``, ``insecure-skip-tls-verify``, ``tls-server-name``; ``proxy-url`` is refused) and a
+user (``token``, ``tokenFile``, ``client-certificate`` / ``-data`` with ``client-key`` /
+``-data``). ``exec`` and ``auth-provider`` users run plugins we do not carry: they are refused
+with a line naming the field.
 In a pod (no kubeconfig), ``KUBERNETES_SERVICE_HOST`` / ``_PORT`` give the server and the mounted
 service account its token and CA. Tokens read from a file are read again every minute (what
 client-go does), so a token the kubelet rotates is picked up. Relative paths in a kubeconfig are
@@ -68,6 +69,8 @@ class ClusterAccess:
     server: str
     ca_pem: bytes | None = None
     insecure: bool = False
+    tls_server_name: str | None = None
+    """The name the server's certificate is checked against, when not the URL's host."""
     token: str | None = None
     token_file: TokenFile | None = None
     cert_pem: bytes | None = None
@@ -169,6 +172,11 @@ def parse(text: str, path: Path) -> ClusterAccess:
     server = str(cluster.get("server") or "")
     if not server.startswith(("https://", "http://")):
         raise KubeConfigError(f"{where}: clusters[].cluster.server: not an http(s) URL: {server!r}")
+    if cluster.get("proxy-url"):
+        raise KubeConfigError(
+            f"{where}: clusters[].cluster.proxy-url: proxies are not supported; "
+            "give a server reachable directly"
+        )
     for refused in ("exec", "auth-provider"):
         if user.get(refused):
             raise KubeConfigError(
@@ -191,6 +199,7 @@ def parse(text: str, path: Path) -> ClusterAccess:
         server=server.rstrip("/"),
         ca_pem=_pem(cluster, "certificate-authority", base, where, section="clusters[].cluster"),
         insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
+        tls_server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
         token=str(user["token"]) if user.get("token") else None,
         token_file=token_file,
         cert_pem=cert,

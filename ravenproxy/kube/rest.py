@@ -318,6 +318,7 @@ class RestClient:
             resp = Response(conn, timeout)
             try:
                 conn.writer.write(head)
+                await conn.writer.drain()
                 await resp.start()
             except ConnectionError:
                 await conn.close()
@@ -332,6 +333,7 @@ class RestClient:
         resp = Response(conn, timeout)
         try:
             conn.writer.write(head)
+            await conn.writer.drain()
             await resp.start()
         except BaseException:
             await conn.close()
@@ -346,7 +348,9 @@ class RestClient:
                 self.host,
                 self.port,
                 ssl=self._ssl,
-                server_hostname=self.host if self._ssl is not None else None,
+                server_hostname=(self.access.tls_server_name or self.host)
+                if self._ssl is not None
+                else None,
                 limit=_READ_SIZE,
             )
         self.connects += 1

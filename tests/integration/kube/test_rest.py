@@ -5,6 +5,7 @@ over TLS with a client certificate, against a small server that checks it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import ssl
 from collections.abc import AsyncIterator
@@ -137,7 +138,7 @@ async def test_nothing_listening_is_an_oserror(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("certs")
-    init_pki(d, ("127.0.0.1",), ("edge-1",))
+    init_pki(d, ("127.0.0.1", "api.internal"), ("edge-1",))
     return d
 
 
@@ -192,6 +193,15 @@ async def test_tls_with_a_client_certificate_and_a_closed_keepalive(certs: Path)
             assert await c.request("GET", "/x") == (200, {"cn": "edge-1"})
             assert c.connects == 2, "the closed connection was replaced, the call not failed"
         assert seen == ["edge-1 Bearer tok", "edge-1 Bearer tok"]
+        # tls-server-name: the certificate is checked against that name, not the URL's host.
+        for name, ok in (("api.internal", True), ("api.other", False)):
+            named = dataclasses.replace(access, tls_server_name=name)
+            async with RestClient(named) as c:
+                if ok:
+                    assert (await c.request("GET", "/x"))[0] == 200
+                else:
+                    with pytest.raises(ssl.SSLCertVerificationError):
+                        await c.request("GET", "/x")
         # A server the CA did not sign is refused.
         wrong = ClusterAccess(
             f"https://127.0.0.1:{port}", ca_pem=(certs / "edge-1.crt").read_bytes()

@@ -98,6 +98,13 @@ def test_certificate_authority_file_and_data(tmp_path: Path, certs: Path) -> Non
     assert len(ctx.get_ca_certs()) == 1
 
 
+def test_tls_server_name(tmp_path: Path) -> None:
+    access = from_kubeconfig(
+        write(tmp_path / "kc", {"server": "https://10.0.0.1", "tls-server-name": "api.internal"})
+    )
+    assert access.tls_server_name == "api.internal"
+
+
 def test_insecure_skip_tls_verify(tmp_path: Path) -> None:
     access = from_kubeconfig(
         write(tmp_path / "kc", {"server": "https://h", "insecure-skip-tls-verify": True})
@@ -127,6 +134,7 @@ def test_client_certificate_and_key(tmp_path: Path, certs: Path, form: str) -> N
         ({"server": "https://h"}, {"exec": {"command": "aws"}}, "users[].user.exec"),
         ({"server": "https://h"}, {"auth-provider": {"name": "gcp"}}, "users[].user.auth-provider"),
         ({"server": "h:6443"}, {}, "clusters[].cluster.server"),
+        ({"server": "https://h", "proxy-url": "http://p:3128"}, {}, "clusters[].cluster.proxy-url"),
         ({}, {}, "clusters[].cluster.server"),
         ({"server": "https://h"}, {"client-certificate-data": "eA=="}, "users[].user.client-key"),
         ({"server": "https://h"}, {"client-key-data": "eA=="}, "users[].user.client-certificate"),
