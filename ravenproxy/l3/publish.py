@@ -24,7 +24,8 @@ from ravenproxy.model.store import ModelStore
 
 log = logging.getLogger(__name__)
 
-GATEWAYS = "/apis/raven.openyurt.io/v1beta1/gateways"
+GROUP, VERSION, PLURAL = "raven.openyurt.io", "v1beta1", "gateways"
+GATEWAYS = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 
 
 class PublishError(RavenProxyError):
