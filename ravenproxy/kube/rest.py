@@ -172,20 +172,26 @@ class Response:
 
     async def lines(self) -> AsyncIterator[bytes]:
         """Non-empty lines of the body as they arrive (a watch's events), until it ends."""
-        pending = b""
+        # Pieces of a line not yet ended are kept apart and joined once its end arrives: a
+        # large object in many pieces is not copied again for every piece.
+        partial: list[bytes] = []
         while True:
-            if self._parse.body:
-                pending += b"".join(self._parse.body)
-                self._parse.body.clear()
-                *whole, pending = pending.split(b"\n")
+            pieces, self._parse.body = self._parse.body, []
+            for piece in pieces:
+                if b"\n" not in piece:
+                    partial.append(piece)
+                    continue
+                *whole, rest = b"".join([*partial, piece]).split(b"\n")
+                partial = [rest] if rest else []
                 for line in whole:
                     if line.strip():
                         yield line
             if self._parse.complete:
                 break
             await self._more()
-        if pending.strip():
-            yield pending
+        tail = b"".join(partial)
+        if tail.strip():
+            yield tail
 
 
 class RestClient:

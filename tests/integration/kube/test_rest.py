@@ -212,3 +212,43 @@ async def test_tls_with_a_client_certificate_and_a_closed_keepalive(certs: Path)
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_lines_split_across_chunks_and_an_unended_last_line() -> None:
+    """A watch event cut across chunks (and TCP segments) is one line; a last line without its
+    newline still counts; a body that is not chunked and ends with the connection too."""
+    big = json.dumps({"type": "ADDED", "object": {"data": "x" * 200_000}}).encode()
+    pieces = [
+        big[:7],
+        big[7:150_000],
+        big[150_000:] + b'\n{"type": ',
+        b'"BOOKMARK"}\n\n{"a"',
+        b": 1}",
+    ]
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if b"GET /chunked" in head:
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for i in range(0, len(chunked), 4096):
+                    writer.write(chunked[i : i + 4096])
+                    await writer.drain()
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"".join(pieces))
+            await writer.drain()
+        finally:
+            await close_writer(writer, 1)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with RestClient(ClusterAccess(f"http://127.0.0.1:{port}")) as c:
+            for path in ("/chunked", "/until-close"):
+                async with c.open("GET", path) as resp:
+                    lines = [json.loads(line) async for line in resp.lines()]
+                assert lines == [json.loads(big), {"type": "BOOKMARK"}, {"a": 1}], path
+    finally:
+        server.close()
+        await server.wait_closed()
