@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 ListFn = Callable[..., Awaitable[Any]]
 """A kubernetes_asyncio list method (``CoreV1Api.list_node``...), for the callers that still
-hold that client (the controller's issuer and agent Leases, the certificate requester)."""
+hold that client (the controller's issuer and agent Leases, the dns command's feed)."""
 
 
 class Gone(Exception):
