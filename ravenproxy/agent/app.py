@@ -148,10 +148,10 @@ class Agent:
                     )
                 publisher = None
                 if s.kube_model and s.l3 is not None and s.l3.vpn_driver == "wireguard":
-                    from ravenproxy.kube.client import new_api_client
+                    from ravenproxy.kube.rest import connect
                     from ravenproxy.l3.publish import KeyPublisher
 
-                    api = await new_api_client(Path(s.kubeconfig) if s.kubeconfig else None)
+                    api = connect(s.kubeconfig)
                     stack.push_async_callback(api.close)
                     publisher = KeyPublisher(self.store, api, s.node_name, s.l3)
                 async with parts() as tg:

@@ -37,17 +37,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
-from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.backoff import backoff
 from ravenproxy.errors import PKIError
 from ravenproxy.kube import csr
-from ravenproxy.kube.client import KubeError, new_api_client, raw_call
 from ravenproxy.kube.csr import RequestFailed
-from ravenproxy.kube.reflector import Reflector, WatchSettings
+from ravenproxy.kube.reflector import Reflector, Resource, WatchSettings
+from ravenproxy.kube.rest import KubeError, RestClient, connect, status_message
 from ravenproxy.log import kv
 from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
 from ravenproxy.model.store import ModelStore
@@ -114,7 +112,7 @@ class CertificateRequester:
 
     def __init__(
         self,
-        api: k8s_client.ApiClient,
+        api: RestClient,
         settings: RequestSettings,
         *,
         sans: SansFn | None = None,
@@ -124,8 +122,6 @@ class CertificateRequester:
         self.settings = settings
         self._sans = sans
         self._rng = rng
-        self._certs = k8s_client.CertificatesV1Api(api)
-        self._core = k8s_client.CoreV1Api(api)
         self.current: x509.Certificate | None = None
         self.deadline: dt.datetime | None = None
         self.requests = 0
@@ -133,11 +129,13 @@ class CertificateRequester:
         self._bundle_changed = asyncio.Event()
         self._bundle = Reflector(
             f"configmap {CA_NAMESPACE}/{CA_BUNDLE}",
-            self._core.list_namespaced_config_map,
+            Resource(
+                api,
+                f"/api/v1/namespaces/{CA_NAMESPACE}/configmaps",
+                fieldSelector=f"metadata.name={CA_BUNDLE}",
+            ),
             self._bundle_changed.set,
             settings.watch,
-            namespace=CA_NAMESPACE,
-            field_selector=f"metadata.name={CA_BUNDLE}",
         )
         self._bundle_task: asyncio.Task[None] | None = None
         self._unattainable: set[str] = set()
@@ -328,7 +326,7 @@ class CertificateRequester:
         try:
             wanted = await self._sans()
             missing = missing_sans(self.current, wanted)
-        except (aiohttp.ClientError, TimeoutError, OSError, KubeError, PKIError) as exc:
+        except (OSError, KubeError, PKIError) as exc:
             log.debug("cannot list the server's names now", extra=kv(reason=_describe(exc)))
             return []
         return [name for name in missing if name not in self._unattainable]
@@ -353,7 +351,7 @@ class CertificateRequester:
                 log.warning(
                     message, extra=kv(csr=exc.csr, reason=exc.reason, retry_in=f"{delay:.2f}s")
                 )
-            except (aiohttp.ClientError, TimeoutError, OSError, KubeError, PKIError) as exc:
+            except (OSError, KubeError, PKIError) as exc:
                 # The API away or failing, or the directory not writable: the files in place
                 # (if any) stay in use, and the next attempt makes a new key and CSR.
                 delay = max(s.retry_base, next(delays))
@@ -371,13 +369,13 @@ class CertificateRequester:
             csr_pem = build_csr(key, s.node, sans)
         except PKIError as exc:
             raise RequestFailed("-", "refused", str(exc)) from None
-        name = await csr.create(self._certs, s.role, s.node, csr_pem, s.lifetime)
+        name = await csr.create(self.api, s.role, s.node, csr_pem, s.lifetime)
         self.requests += 1
         log.info(
             "certificate requested",
             extra=kv(csr=name, role=s.role, node=s.node, why=why, sans=len(sans)),
         )
-        pem = await csr.wait_issued(self._certs, name, s.watch, s.request_timeout)
+        pem = await csr.wait_issued(self.api, name, s.watch, s.request_timeout)
         try:
             chain = check_issued(pem, key, s.node, s.role)
         except PKIError as exc:
@@ -387,12 +385,12 @@ class CertificateRequester:
 
 
 async def server_sans(
-    api: k8s_client.ApiClient, store: ModelStore, node: str, extra: Sequence[str] = ()
+    api: RestClient, store: ModelStore, node: str, extra: Sequence[str] = ()
 ) -> list[str]:
     """The SANs of this server's next certificate: :func:`server_names` from the current model,
     with the internal Service's ClusterIP when the Service exists (logged when it does not)."""
-    status, svc = await raw_call(
-        k8s_client.CoreV1Api(api).read_namespaced_service, INTERNAL_SERVICE, NAMESPACE
+    status, svc = await api.request(
+        "GET", f"/api/v1/namespaces/{NAMESPACE}/services/{INTERNAL_SERVICE}"
     )
     service_ip: str | None = None
     if status == 200:
@@ -404,7 +402,8 @@ async def server_sans(
             extra=kv(service=f"{NAMESPACE}/{INTERNAL_SERVICE}"),
         )
     else:
-        raise KubeError(status, f"service {NAMESPACE}/{INTERNAL_SERVICE}: {svc.get('message')}")
+        why = status_message(svc, status)
+        raise KubeError(status, f"service {NAMESPACE}/{INTERNAL_SERVICE}: {why}")
     return list(server_names(store.model, node, service_ip=service_ip, extra=extra))
 
 
@@ -420,7 +419,7 @@ async def kept_certificates(
     bootstrap` has returned (the directory holds a usable set when the block starts). The
     caller runs :meth:`~CertificateRequester.run` as a named task of its own for rotation; the
     client is closed when the block ends. A server's SANs come from ``store`` (its model)."""
-    api = await new_api_client(Path(kubeconfig) if kubeconfig else None)
+    api = connect(kubeconfig)
     try:
         sans: SansFn | None = None
         if settings.role == "server":
@@ -448,10 +447,10 @@ def _now() -> dt.datetime:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"API unreachable: {exc.os_error.strerror or exc}"
     if isinstance(exc, TimeoutError):
         return "API timed out"
+    if isinstance(exc, OSError):
+        return f"API unreachable: {exc.strerror or exc}"
     return str(exc) or repr(exc)
 
 

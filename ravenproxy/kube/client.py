@@ -1,4 +1,8 @@
-"""The API client factory and raw JSON calls, shared by every component that talks to the API.
+"""The kubernetes_asyncio client factory and raw JSON calls, for the callers that still hold
+that client: the controller (writer, leader election, issuer, agent Leases, model source, the
+dns command's ConfigMap feed) and the server's agent Leases. The agent (model source, WireGuard
+key publisher, --cert-dir requester) and the server's model and certificates use :mod:`.rest`
+instead, which loads neither kubernetes_asyncio nor aiohttp (~48 MB of an idle process).
 
 Responses are read raw (``_preload_content=False``): the model parsers take Kubernetes JSON, and
 skipping the client's model classes keeps one code path for the YAML inventory and the API.
@@ -6,7 +10,8 @@ skipping the client's model classes keeps one code path for the YAML inventory a
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +19,16 @@ import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from ravenproxy.errors import RavenProxyError
+from ravenproxy.kube.rest import MERGE_PATCH, KubeError, as_object, resource_version
 
-MERGE_PATCH = "application/merge-patch+json"
-
-
-class KubeError(RavenProxyError):
-    """The Kubernetes API answered with an error we cannot recover from by relisting."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
+__all__ = [
+    "MERGE_PATCH",
+    "KubeError",
+    "MethodListWatch",
+    "new_api_client",
+    "raw_call",
+    "resource_version",
+]
 
 
 async def new_api_client(kubeconfig: Path | None) -> k8s_client.ApiClient:
@@ -52,14 +56,70 @@ async def raw_call(
     """
     resp: aiohttp.ClientResponse = await fn(*args, **kwargs, _preload_content=False)
     try:
-        body = await resp.json(content_type=None) if resp.status != 204 else {}
-    except ValueError:
-        body = {}
+        body = as_object(await resp.read()) if resp.status != 204 else {}
     finally:
         resp.release()
-    return resp.status, body if isinstance(body, dict) else {}
+    return resp.status, body
 
 
-def resource_version(obj: Any) -> str:
-    """``metadata.resourceVersion`` of an API object ("" when it has none)."""
-    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+class _Answer:
+    """An aiohttp response as a :class:`ravenproxy.kube.reflector.Answer`."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+
+    async def json(self) -> dict[str, Any]:
+        return as_object(await self._resp.read())
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        async for line in self._resp.content:
+            if line.strip():
+                yield line
+
+
+class MethodListWatch:
+    """A kubernetes_asyncio list method (with its arguments) as a reflector's list and watch;
+    aiohttp's errors come out as ``ConnectionError``, as the REST client's do."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        kwargs: Mapping[str, Any],
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self._fn = fn
+        self._kwargs = dict(kwargs)
+        self._connect_timeout = connect_timeout
+
+    async def list(self, timeout: float) -> tuple[int, dict[str, Any]]:
+        try:
+            return await raw_call(
+                self._fn, **self._kwargs, _request_timeout=(self._connect_timeout, timeout)
+            )
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+
+    @contextlib.asynccontextmanager
+    async def watch(
+        self, resource_version: str, timeout_seconds: int, read_timeout: float
+    ) -> AsyncIterator[_Answer]:
+        try:
+            resp: aiohttp.ClientResponse = await self._fn(
+                **self._kwargs,
+                watch=True,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout_seconds,
+                # sock_read: a watch with nothing to say for this long is a dead connection.
+                _request_timeout=(self._connect_timeout, read_timeout),
+                _preload_content=False,
+            )
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            yield _Answer(resp)
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            resp.release()

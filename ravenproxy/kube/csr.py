@@ -10,13 +10,13 @@ import asyncio
 import base64
 from typing import Any
 
-from kubernetes_asyncio import client as k8s_client
-
 from ravenproxy.errors import RavenProxyError
-from ravenproxy.kube.client import raw_call
-from ravenproxy.kube.reflector import Reflector, WatchSettings
+from ravenproxy.kube.reflector import Reflector, Resource, WatchSettings
+from ravenproxy.kube.rest import RestClient, status_message
 from ravenproxy.pki.csr import USAGES
 from ravenproxy.pki.issuance import SIGNER_OF_ROLE, Role
+
+CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 
 
 class RequestFailed(RavenProxyError):
@@ -30,7 +30,7 @@ class RequestFailed(RavenProxyError):
 
 
 async def create(
-    certs: k8s_client.CertificatesV1Api,
+    api: RestClient,
     role: Role,
     node: str,
     csr_pem: bytes,
@@ -49,24 +49,21 @@ async def create(
             "expirationSeconds": int(lifetime),
         },
     }
-    status, obj = await raw_call(certs.create_certificate_signing_request, body)
+    status, obj = await api.request("POST", CSRS, body=body)
     if status >= 300:
-        raise RequestFailed("-", "refused", f"HTTP {status}: {obj.get('message', '')}")
+        raise RequestFailed("-", "refused", f"HTTP {status}: {status_message(obj, status)}")
     return str((obj.get("metadata") or {}).get("name", ""))
 
 
-async def wait_issued(
-    certs: k8s_client.CertificatesV1Api, name: str, watch: WatchSettings, timeout: float
-) -> bytes:
+async def wait_issued(api: RestClient, name: str, watch: WatchSettings, timeout: float) -> bytes:
     """``status.certificate`` of CSR ``name``, watched; RequestFailed on a Denied or Failed
     condition, or when it is still pending after ``timeout`` seconds."""
     changed = asyncio.Event()
     reflector = Reflector(
         f"certificatesigningrequest {name}",
-        certs.list_certificate_signing_request,
+        Resource(api, CSRS, fieldSelector=f"metadata.name={name}"),
         changed.set,
         watch,
-        field_selector=f"metadata.name={name}",
     )
     task = asyncio.create_task(reflector.run(), name=f"cert-csr-watch:{name}")
     try:

@@ -8,19 +8,22 @@ status subnets, not the model).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
-
-from kubernetes_asyncio import client as k8s_client
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ravenproxy.errors import InventoryError
 from ravenproxy.kube import calico
-from ravenproxy.kube.reflector import Absent, Reflector, WatchSettings
+from ravenproxy.kube.reflector import Absent, ListFn, ListWatch, Reflector, Resource, WatchSettings
+from ravenproxy.kube.rest import RestClient
 from ravenproxy.log import kv
 from ravenproxy.model.parse import parse_gateway, parse_node, parse_pod
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s_client
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,37 @@ GATEWAY_VERSION = "v1beta1"
 GATEWAY_PLURAL = "gateways"
 
 _T = TypeVar("_T")
+
+NODES = "/api/v1/nodes"
+PODS = "/api/v1/pods"
+GATEWAYS = f"/apis/{GATEWAY_GROUP}/{GATEWAY_VERSION}/{GATEWAY_PLURAL}"
+BLOCK_AFFINITIES = f"/apis/{calico.GROUP}/{calico.VERSION}/{calico.PLURAL}"
+
+
+def collections(api: RestClient | k8s_client.ApiClient) -> dict[str, ListWatch | ListFn]:
+    """How to list and watch each resource the model is made of, on either client: the REST
+    client (the agent, the server), or kubernetes_asyncio's (the controller, for now)."""
+    if isinstance(api, RestClient):
+        return {
+            "nodes": Resource(api, NODES),
+            "gateways": Resource(api, GATEWAYS),
+            "pods": Resource(api, PODS),
+            "blockaffinities": Resource(api, BLOCK_AFFINITIES),
+        }
+    from kubernetes_asyncio import client as k8s_client
+
+    core = k8s_client.CoreV1Api(api)
+    custom = k8s_client.CustomObjectsApi(api).list_cluster_custom_object
+    return {
+        "nodes": core.list_node,
+        "gateways": functools.partial(
+            custom, group=GATEWAY_GROUP, version=GATEWAY_VERSION, plural=GATEWAY_PLURAL
+        ),
+        "pods": core.list_pod_for_all_namespaces,
+        "blockaffinities": functools.partial(
+            custom, group=calico.GROUP, version=calico.VERSION, plural=calico.PLURAL
+        ),
+    }
 
 
 def build_model(
@@ -57,6 +91,10 @@ def _parse_all(
     return out
 
 
+def _ignore() -> None:
+    pass
+
+
 class KubeSource:
     """Feeds a :class:`ModelStore` from the API: Nodes and Gateways (and Pods if asked).
 
@@ -66,7 +104,7 @@ class KubeSource:
 
     def __init__(
         self,
-        api: k8s_client.ApiClient,
+        api: RestClient | k8s_client.ApiClient,
         store: ModelStore,
         settings: WatchSettings | None = None,
         pods: bool = False,
@@ -74,35 +112,15 @@ class KubeSource:
     ) -> None:
         self.store = store
         self._dirty = asyncio.Event()
-        core = k8s_client.CoreV1Api(api)
-        custom = k8s_client.CustomObjectsApi(api)
+        of = collections(api)
         mark = self._dirty.set
-        self.nodes = Reflector("nodes", core.list_node, mark, settings)
-        self.gateways = Reflector(
-            "gateways",
-            custom.list_cluster_custom_object,
-            mark,
-            settings,
-            group=GATEWAY_GROUP,
-            version=GATEWAY_VERSION,
-            plural=GATEWAY_PLURAL,
-        )
-        self.pods = (
-            Reflector("pods", core.list_pod_for_all_namespaces, mark, settings) if pods else None
-        )
+        self.nodes = Reflector("nodes", of["nodes"], mark, settings)
+        self.gateways = Reflector("gateways", of["gateways"], mark, settings)
+        self.pods = Reflector("pods", of["pods"], mark, settings) if pods else None
         # Block affinities are not part of the model (they only change status subnets), so their
         # changes do not publish a model; the reconciler reads them on its next round.
         self.blocks = (
-            Reflector(
-                "blockaffinities",
-                custom.list_cluster_custom_object,
-                lambda: None,
-                settings,
-                optional=True,
-                group=calico.GROUP,
-                version=calico.VERSION,
-                plural=calico.PLURAL,
-            )
+            Reflector("blockaffinities", of["blockaffinities"], _ignore, settings, optional=True)
             if calico_blocks
             else None
         )

@@ -13,18 +13,19 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-import aiohttp
-
-from ravenproxy.kube.client import KubeError, resource_version
+from ravenproxy.kube.rest import KubeError, RestClient, resource_version, status_message
 from ravenproxy.log import kv
 
 log = logging.getLogger(__name__)
 
 ListFn = Callable[..., Awaitable[Any]]
+"""A kubernetes_asyncio list method (``CoreV1Api.list_node``...), for the callers that still
+hold that client (the controller's issuer and agent Leases, the dns command's feed)."""
 
 
 class Gone(Exception):
@@ -33,6 +34,56 @@ class Gone(Exception):
 
 class Absent(Exception):
     """An optional resource type does not exist in this cluster (its CRD is not installed)."""
+
+
+class Answer(Protocol):
+    """What a watch request answered: a status, then its error body or its event lines."""
+
+    status: int
+
+    async def json(self) -> dict[str, Any]: ...
+
+    def lines(self) -> AsyncIterator[bytes]: ...
+
+
+@runtime_checkable
+class ListWatch(Protocol):
+    """How a :class:`Reflector` lists and watches its resource."""
+
+    async def list(self, timeout: float) -> tuple[int, dict[str, Any]]: ...
+
+    def watch(
+        self, resource_version: str, timeout_seconds: int, read_timeout: float
+    ) -> AbstractAsyncContextManager[Answer]: ...
+
+
+class Resource:
+    """One collection on a :class:`RestClient`: ``path`` (``/api/v1/nodes``,
+    ``/apis/GROUP/VERSION/PLURAL``) with a fixed ``query`` (a label or field selector)."""
+
+    def __init__(self, client: RestClient, path: str, **query: Any) -> None:
+        self.client = client
+        self.path = path
+        self.query = query
+
+    async def list(self, timeout: float) -> tuple[int, dict[str, Any]]:
+        return await self.client.request("GET", self.path, query=self.query, timeout=timeout)
+
+    @asynccontextmanager
+    async def watch(
+        self, resource_version: str, timeout_seconds: int, read_timeout: float
+    ) -> AsyncIterator[Answer]:
+        query = {
+            **self.query,
+            "watch": True,
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": timeout_seconds,
+        }
+        async with self.client.open(
+            "GET", self.path, query=query, read_timeout=read_timeout
+        ) as resp:
+            yield resp
 
 
 @dataclass(frozen=True)
@@ -54,27 +105,19 @@ def _key(obj: Mapping[str, Any]) -> str:
     return f"{ns}/{name}" if ns else name
 
 
-def _status_message(body: str) -> str:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body[:200]
-    if isinstance(data, dict):
-        return str(data.get("message") or data.get("reason") or body[:200])
-    return body[:200]
-
-
 class Reflector:
     """A local cache of one resource kept by list-then-watch.
 
-    ``on_change`` is called (synchronously) after every list and every applied event; it only
-    marks work, the consumer reads :attr:`objects` when it runs.
+    ``source`` is a :class:`ListWatch` (a :class:`Resource` on the REST client), or a
+    kubernetes_asyncio list method with its ``list_kwargs``. ``on_change`` is called
+    (synchronously) after every list and every applied event; it only marks work, the consumer
+    reads :attr:`objects` when it runs.
     """
 
     def __init__(
         self,
         what: str,
-        list_fn: ListFn,
+        source: ListWatch | ListFn,
         on_change: Callable[[], None],
         settings: WatchSettings | None = None,
         optional: bool = False,
@@ -85,36 +128,33 @@ class Reflector:
         # a Flannel cluster): the reflector reports synced-and-absent and stops.
         self.optional = optional
         self.absent = False
-        self._list_fn = list_fn
-        self._list_kwargs = list_kwargs
-        self._on_change = on_change
         self.settings = settings or WatchSettings()
+        if not isinstance(source, ListWatch):
+            # The kubernetes_asyncio adapter lives with that client: only its users load it.
+            from ravenproxy.kube.client import MethodListWatch
+
+            source = MethodListWatch(source, list_kwargs, self.settings.connect_timeout)
+        self._source: ListWatch = source
+        self._on_change = on_change
         self.objects: dict[str, dict[str, Any]] = {}
         self.resource_version = ""
         self.synced = asyncio.Event()
         self.lists = 0
 
-    async def _request(self, **kwargs: Any) -> aiohttp.ClientResponse:
-        resp: aiohttp.ClientResponse = await self._list_fn(
-            **self._list_kwargs, **kwargs, _preload_content=False
-        )
-        if resp.status < 300:
-            return resp
-        body = await resp.text()
-        resp.release()
-        if resp.status == 410:
-            raise Gone(_status_message(body))
-        if resp.status == 404 and self.optional and not self.lists:
-            raise Absent(_status_message(body))
-        raise KubeError(resp.status, f"{self.what}: {_status_message(body)}")
+    def _check(self, status: int, body: Mapping[str, Any]) -> None:
+        if status < 300:
+            return
+        message = status_message(body, status)
+        if status == 410:
+            raise Gone(message)
+        if status == 404 and self.optional and not self.lists:
+            raise Absent(message)
+        raise KubeError(status, f"{self.what}: {message}")
 
     async def list(self) -> None:
         s = self.settings
-        resp = await self._request(_request_timeout=(s.connect_timeout, s.watch_timeout))
-        try:
-            data = await resp.json()
-        finally:
-            resp.release()
+        status, data = await self._source.list(s.watch_timeout)
+        self._check(status, data)
         items = data.get("items") or []
         self.objects = {_key(o): o for o in items if isinstance(o, dict)}
         self.resource_version = resource_version(data)
@@ -128,21 +168,12 @@ class Reflector:
 
     async def watch(self, timeout: int) -> None:
         """One watch request from :attr:`resource_version`, until the server ends it."""
-        s = self.settings
-        resp = await self._request(
-            watch=True,
-            resource_version=self.resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout,
-            # sock_read: a watch with nothing to say for this long is a dead connection.
-            _request_timeout=(s.connect_timeout, timeout + 30),
-        )
-        try:
-            async for line in resp.content:
-                if line.strip():
-                    self._apply(json.loads(line))
-        finally:
-            resp.release()
+        # The read timeout: a watch with nothing to say for this long is a dead connection.
+        async with self._source.watch(self.resource_version, timeout, timeout + 30) as answer:
+            if answer.status >= 300:
+                self._check(answer.status, await answer.json())
+            async for line in answer.lines():
+                self._apply(json.loads(line))
 
     def _apply(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
@@ -191,9 +222,10 @@ class Reflector:
             except Gone as exc:
                 log.info("kube: watch expired, relisting", extra=kv(what=self.what, reason=exc))
                 need_list = True
-            except (aiohttp.ClientError, TimeoutError, KubeError, ValueError) as exc:
-                # ValueError: a line that is not JSON. Resume from the last good version; if
-                # that is gone too, the next attempt gets 410 and relists.
+            except (OSError, KubeError, ValueError) as exc:
+                # OSError: the connection (timeouts included); ValueError: a line that is not
+                # JSON. Resume from the last good version; if that is gone too, the next
+                # attempt gets 410 and relists.
                 log.warning(
                     "kube: watch failed, retrying",
                     extra=kv(what=self.what, error=exc, retry_in=round(delay, 2)),

@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ravenproxy.errors import InventoryError
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
 
     from ravenproxy.kube.model import KubeSource
     from ravenproxy.kube.reflector import WatchSettings
+    from ravenproxy.kube.rest import RestClient
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ async def model_source(
     interval: float = 1.0,
     kube: bool = False,
     kubeconfig: str | os.PathLike[str] | None = None,
-    api: k8s_client.ApiClient | None = None,
+    api: RestClient | k8s_client.ApiClient | None = None,
     pods: bool = False,
     calico_blocks: bool = False,
     watch: WatchSettings | None = None,
@@ -110,14 +110,15 @@ async def model_source(
             await asyncio.gather(task, return_exceptions=True)
         return
 
-    # The Kubernetes client (tens of MB) is loaded here, for the Kubernetes branch only: a
-    # process fed by an inventory never imports it.
-    from ravenproxy.kube.client import new_api_client
+    # The Kubernetes plumbing is loaded here, for the Kubernetes branch only: a process fed by
+    # an inventory never imports it. It is our own REST client (kubernetes_asyncio and aiohttp,
+    # ~48 MB, only come with a kubernetes_asyncio ``api`` a caller passes in).
     from ravenproxy.kube.model import KubeSource
+    from ravenproxy.kube.rest import connect
 
     owned = api is None
     if api is None:
-        api = await new_api_client(Path(kubeconfig) if kubeconfig else None)
+        api = connect(kubeconfig)
     try:
         source = KubeSource(api, store, watch, pods=pods, calico_blocks=calico_blocks)
         async with _following(source, follow, sync_timeout) as feed:

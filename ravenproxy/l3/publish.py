@@ -14,10 +14,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from ravenproxy.errors import RavenProxyError
+from ravenproxy.kube.rest import KubeError, RestClient, status_message
 from ravenproxy.l3 import wireguard
 from ravenproxy.l3.settings import L3Settings
 from ravenproxy.l3.topology import topology
@@ -27,6 +25,7 @@ from ravenproxy.model.store import ModelStore
 log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "raven.openyurt.io", "v1beta1", "gateways"
+GATEWAYS = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 
 
 class PublishError(RavenProxyError):
@@ -49,21 +48,24 @@ def with_public_key(gateway: Mapping[str, Any], node: str, key: str) -> dict[str
 
 
 async def publish_public_key(
-    api: k8s_client.ApiClient, gateway: str, node: str, key: str, attempts: int = 5
+    api: RestClient, gateway: str, node: str, key: str, attempts: int = 5
 ) -> bool:
     """Write ``key`` into the Gateway; True when a write was needed."""
-    custom = k8s_client.CustomObjectsApi(api)
+    path = f"{GATEWAYS}/{gateway}"
     for _ in range(attempts):
-        try:
-            current = await custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, gateway)
-            updated = with_public_key(current, node, key)
-            if updated is None:
-                return False
-            await custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, gateway, updated)
-        except ApiException as exc:
-            if exc.status == 409:
-                continue  # edited meanwhile: read it again
-            raise PublishError(f"Gateway {gateway}: HTTP {exc.status} {exc.reason}") from None
+        status, current = await api.request("GET", path)
+        if status != 200:
+            why = status_message(current, status)
+            raise PublishError(f"Gateway {gateway}: HTTP {status} {why}")
+        updated = with_public_key(current, node, key)
+        if updated is None:
+            return False
+        status, answer = await api.request("PUT", path, body=updated)
+        if status == 409:
+            continue  # edited meanwhile: read it again
+        if status >= 300:
+            why = status_message(answer, status)
+            raise PublishError(f"Gateway {gateway}: HTTP {status} {why}")
         log.info("published the WireGuard public key", extra=kv(gateway=gateway, node=node))
         return True
     raise PublishError(f"Gateway {gateway}: still conflicting after {attempts} attempts")
@@ -73,9 +75,7 @@ class KeyPublisher:
     """On every model change: if this node is its gateway's tunnel node and the Gateway does
     not carry its current public key, publish it (so a re-keyed or new node is reachable)."""
 
-    def __init__(
-        self, store: ModelStore, api: k8s_client.ApiClient, node: str, settings: L3Settings
-    ) -> None:
+    def __init__(self, store: ModelStore, api: RestClient, node: str, settings: L3Settings) -> None:
         self.store = store
         self.api = api
         self.node = node
@@ -109,7 +109,7 @@ class KeyPublisher:
                 if want is not None:
                     try:
                         await publish_public_key(self.api, want[0], self.node, want[1])
-                    except (PublishError, OSError) as exc:
+                    except (PublishError, KubeError, OSError) as exc:
                         log.warning("cannot publish the WireGuard key", extra=kv(error=exc))
                         await asyncio.sleep(5)
                         version = -1  # try again

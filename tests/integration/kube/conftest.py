@@ -14,6 +14,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from ravenproxy.kube.kubeconfig import ClusterAccess
+from ravenproxy.kube.rest import RestClient
 from tests.integration.kube.apiserver import APIServer
 
 
@@ -44,6 +46,14 @@ def kubeconfig(path: Path, apiserver: APIServer, token: str | None = None) -> Pa
         )
     )
     return path
+
+
+def rest_client(
+    apiserver: APIServer, token: str | None = None, agent: str = "test", **kwargs: float
+) -> RestClient:
+    """Our REST client on the emulator, as ``token``'s user (anonymous if None); ``agent`` is
+    its User-Agent, which the emulator's request log shows."""
+    return RestClient(ClusterAccess(apiserver.url, token=token), user_agent=agent, **kwargs)
 
 
 def csr_request(

@@ -1,5 +1,5 @@
 """The ``--cert-dir`` requester (ravenproxy.kube.certificates) against the API emulator, through
-the real kubernetes_asyncio client, with a service-account token bound to the node.
+our REST client, with a service-account token bound to the node.
 
 The controller's approver and signer are issue 11 item 4; here a signer coroutine of the test
 stands in for it: it approves (or denies) every new CSR through the ``approval`` subresource and
@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.kube.certificates import CertificateRequester, RequestSettings
-from ravenproxy.kube.client import new_api_client
+from ravenproxy.kube.rest import connect
 from ravenproxy.pki.authority import generate_ca, is_issued_by, key_matches
 from ravenproxy.pki.issuance import CA_BUNDLE, CA_BUNDLE_KEY, CA_NAMESPACE, SIGNER_AGENT
 from ravenproxy.pki.pemfiles import cert_pem, load_cert, load_key
@@ -125,7 +125,7 @@ async def requester(
         cert_dir=cert_dir,
         **{"retry_base": 0.3, "retry_cap": 1.0, "request_timeout": 20.0, **overrides},
     )
-    api = await new_api_client(config)
+    api = connect(config)
     req = CertificateRequester(api, settings)
     task: asyncio.Task[None] | None = None
     try:
@@ -306,7 +306,7 @@ async def test_a_server_whose_node_gains_an_address_requests_a_certificate_at_on
         san_check_interval=0.1,
     )
     signer = Signer(apiserver, ca, drop=("192.0.2.99",))
-    api = await new_api_client(config)
+    api = connect(config)
     req = CertificateRequester(api, settings, sans=sans)
     task: asyncio.Task[None] | None = None
     try:

@@ -12,8 +12,8 @@ from ravenproxy.l3.publish import KeyPublisher, publish_public_key
 from ravenproxy.l3.settings import L3Settings
 from ravenproxy.model.store import ModelStore
 from tests.integration.kube.apiserver import APIServer
-from tests.integration.kube.conftest import kubeconfig
-from tests.integration.kube.test_controller import api_client, node_obj
+from tests.integration.kube.conftest import kubeconfig, rest_client
+from tests.integration.kube.test_controller import node_obj
 
 EDGE_GW = {
     "metadata": {"name": "gw-edge"},
@@ -37,7 +37,7 @@ def published(apiserver: APIServer) -> list[str]:
 
 async def test_publish_writes_once_and_keeps_the_rest(apiserver: APIServer) -> None:
     await apiserver.put("gateways", EDGE_GW)
-    async with api_client(apiserver, "agent-edge-1") as api:
+    async with rest_client(apiserver, agent="agent-edge-1") as api:
         assert await publish_public_key(api, "gw-edge", "edge-1", "KEY") is True
         assert published(apiserver) == ["KEY"]
         gw = apiserver.get("gateways", "gw-edge")
@@ -55,7 +55,7 @@ async def test_the_agents_publisher_follows_the_model(apiserver: APIServer, tmp_
     store = ModelStore()
     config = str(kubeconfig(tmp_path / "kubeconfig", apiserver))
     async with model_source(store, kube=True, kubeconfig=config):
-        async with api_client(apiserver, "agent-edge-1") as api:
+        async with rest_client(apiserver, agent="agent-edge-1") as api:
             task = asyncio.create_task(KeyPublisher(store, api, "edge-1", settings).run())
             try:
                 for _ in range(100):

@@ -1,4 +1,5 @@
-"""The real kubernetes_asyncio client against the list/watch emulator."""
+"""The model source against the list/watch emulator, on both clients it takes: our REST client
+(the agent's and the server's) and the real kubernetes_asyncio client (the controller's)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from ravenproxy.controller.dns import DNSServer
 from ravenproxy.controller.dnsfeed import serve_configmap_dns
 from ravenproxy.kube.model import KubeSource
 from ravenproxy.kube.reflector import WatchSettings
+from ravenproxy.kube.rest import RestClient
 from ravenproxy.model.store import ModelStore
 from tests.helpers import eventually
 from tests.integration.kube.apiserver import APIServer
+from tests.integration.kube.conftest import rest_client
 
 FAST = WatchSettings(watch_timeout=1, resync=3600, backoff_initial=0.05, backoff_max=0.2)
 
@@ -41,10 +44,24 @@ GATEWAY = {
 }
 
 
+Client = RestClient | k8s_client.ApiClient
+
+
 @pytest.fixture
-async def api(apiserver: APIServer) -> AsyncIterator[k8s_client.ApiClient]:
+async def k8s_api(apiserver: APIServer) -> AsyncIterator[k8s_client.ApiClient]:
     cfg = k8s_client.Configuration(host=apiserver.url)
     async with k8s_client.ApiClient(cfg) as client:
+        yield client
+
+
+@pytest.fixture(params=["rest", "kubernetes_asyncio"])
+async def api(
+    request: pytest.FixtureRequest, apiserver: APIServer, k8s_api: Client
+) -> AsyncIterator[Client]:
+    if request.param != "rest":
+        yield k8s_api
+        return
+    async with rest_client(apiserver) as client:
         yield client
 
 
@@ -60,9 +77,7 @@ async def stop(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def test_list_then_watch_feeds_the_model(
-    apiserver: APIServer, api: k8s_client.ApiClient
-) -> None:
+async def test_list_then_watch_feeds_the_model(apiserver: APIServer, api: Client) -> None:
     await apiserver.put("nodes", node_obj("edge-1", "10.0.0.1"))
     await apiserver.put("gateways", GATEWAY)
     store = ModelStore()
@@ -88,7 +103,7 @@ async def test_list_then_watch_feeds_the_model(
 
 
 async def test_a_timed_out_watch_resumes_from_the_last_version_without_relisting(
-    apiserver: APIServer, api: k8s_client.ApiClient
+    apiserver: APIServer, api: Client
 ) -> None:
     await apiserver.put("nodes", node_obj("edge-1", "10.0.0.1"))
     store = ModelStore()
@@ -106,9 +121,7 @@ async def test_a_timed_out_watch_resumes_from_the_last_version_without_relisting
 
 
 @pytest.mark.parametrize("as_http", [False, True], ids=["error-event", "http-410"])
-async def test_410_gone_relists(
-    apiserver: APIServer, api: k8s_client.ApiClient, as_http: bool
-) -> None:
+async def test_410_gone_relists(apiserver: APIServer, api: Client, as_http: bool) -> None:
     apiserver.gone_as_http = as_http
     await apiserver.put("nodes", node_obj("edge-1", "10.0.0.1"))
     store = ModelStore()
@@ -132,7 +145,7 @@ async def test_410_gone_relists(
         await stop(task)
 
 
-async def test_periodic_resync_relists(apiserver: APIServer, api: k8s_client.ApiClient) -> None:
+async def test_periodic_resync_relists(apiserver: APIServer, api: Client) -> None:
     settings = WatchSettings(watch_timeout=1, resync=1.0, backoff_initial=0.05)
     store = ModelStore()
     task = await running(KubeSource(api, store, settings))
@@ -142,9 +155,7 @@ async def test_periodic_resync_relists(apiserver: APIServer, api: k8s_client.Api
         await stop(task)
 
 
-async def test_an_invalid_object_is_skipped_not_fatal(
-    apiserver: APIServer, api: k8s_client.ApiClient
-) -> None:
+async def test_an_invalid_object_is_skipped_not_fatal(apiserver: APIServer, api: Client) -> None:
     await apiserver.put("gateways", GATEWAY)
     await apiserver.put(
         "gateways", {"metadata": {"name": "bad"}, "spec": {"exposeType": "Nonsense"}}
@@ -158,11 +169,11 @@ async def test_an_invalid_object_is_skipped_not_fatal(
 
 
 async def test_dns_answers_from_the_published_configmap(
-    apiserver: APIServer, api: k8s_client.ApiClient
+    apiserver: APIServer, k8s_api: k8s_client.ApiClient
 ) -> None:
     started: asyncio.Future[DNSServer] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(
-        serve_configmap_dns(api, ("127.0.0.1", 0), settings=FAST, started=started.set_result)
+        serve_configmap_dns(k8s_api, ("127.0.0.1", 0), settings=FAST, started=started.set_result)
     )
     try:
         port = (await asyncio.wait_for(started, 5)).port

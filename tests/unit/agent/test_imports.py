@@ -6,6 +6,8 @@ and stops itself with SIGTERM. Module names are asserted, not RSS (that is bench
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 from pathlib import Path
 
@@ -13,10 +15,12 @@ import pytest
 
 from ravenproxy.pki import init_pki
 from tests.helpers import free_port, spawn_python, stop
+from tests.integration.kube.apiserver import APIServer
 
 # The optional capabilities, each loaded in one place when its flag asks for it.
 HEAVY = {
-    "kubernetes_asyncio": "the Kubernetes client (--kube-model, --cert-dir)",
+    "kubernetes_asyncio": "kubernetes_asyncio (the controller's client: --kube-model and "
+    "--cert-dir read, watch and write with ravenproxy.kube.rest, on asyncio streams and httptools)",
     "urllib3": "the Kubernetes client's dependency",
     "aiohttp": "the metrics/health HTTP server (--metrics-addr, --health-addr)",
     "ravenproxy.metrics_http": "the metrics/health HTTP server",
@@ -65,10 +69,26 @@ sys.exit(cli.main(sys.argv[2:]))
 """
 
 
-def loaded_modules(tmp_path: Path, *extra: str) -> set[str]:
+def loaded_modules(tmp_path: Path, *extra: str, cert_dir: Path | None = None) -> set[str]:
+    """The modules of an agent run with ``extra`` flags; its certificate files, or ``cert_dir``
+    (--cert-dir, holding a usable set: the agent starts with it, as after a restart)."""
     certs = tmp_path / "certs"
     if not certs.exists():
         init_pki(certs, ("localhost",), ("edge-1",))
+    files = [
+        "--ca-file", str(certs / "ca.crt"),
+        "--cert-file", str(certs / "edge-1.crt"),
+        "--key-file", str(certs / "edge-1.key"),
+    ]  # fmt: skip
+    if cert_dir is not None:
+        cert_dir.mkdir()
+        for src, dst in (
+            ("ca.crt", "ca.crt"),
+            ("edge-1.crt", "tls.crt"),
+            ("edge-1.key", "tls.key"),
+        ):
+            (cert_dir / dst).write_bytes((certs / src).read_bytes())
+        files = ["--cert-dir", str(cert_dir)]
     out = tmp_path / f"modules{len(extra)}.txt"
     log = tmp_path / f"agent{len(extra)}.log"
     args = [
@@ -76,9 +96,7 @@ def loaded_modules(tmp_path: Path, *extra: str) -> set[str]:
         "agent",
         "--node-name", "edge-1",
         "--server-addr", f"wss://127.0.0.1:{free_port()}",  # nothing listens: the dial fails
-        "--ca-file", str(certs / "ca.crt"),
-        "--cert-file", str(certs / "edge-1.crt"),
-        "--key-file", str(certs / "edge-1.key"),
+        *files,
         "--allow", "127.0.0.1:1",
         *extra,
     ]  # fmt: skip
@@ -124,3 +142,52 @@ def test_inventory_flag_loads_yaml_and_nothing_else_heavy(tmp_path: Path) -> Non
     assert present(modules, "yaml")
     loaded = {name for name in HEAVY if name != "yaml" and present(modules, name)}
     assert not loaded, f"an agent with --inventory loaded {loaded}"
+
+
+@pytest.mark.parametrize("cert_dir", [False, True], ids=["files", "cert-dir"])
+async def test_kube_model_loads_neither_kubernetes_asyncio_nor_aiohttp(
+    tmp_path: Path, cert_dir: bool
+) -> None:
+    """--kube-model against the API emulator (the shipped DaemonSet's flags): the model is
+    listed and watched (the agent dials only once its first model is in), and with --cert-dir
+    the CA bundle ConfigMap is watched, on ravenproxy.kube.rest, not kubernetes_asyncio and
+    aiohttp."""
+    api = APIServer()
+    await api.start()
+    try:
+        await api.put("nodes", {"metadata": {"name": "edge-1"}})
+        # A kubeconfig is YAML or JSON: JSON keeps PyYAML out too.
+        token = api.add_node_user("edge-1")
+        config = tmp_path / "kubeconfig"
+        config.write_text(
+            json.dumps(
+                {
+                    "clusters": [{"name": "emu", "cluster": {"server": api.url}}],
+                    "users": [{"name": "emu", "user": {"token": token}}],
+                    "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
+                    "current-context": "emu",
+                }
+            )
+        )
+        # The child is waited for in a thread: the emulator serves it from this event loop.
+        modules = await asyncio.to_thread(
+            loaded_modules,
+            tmp_path,
+            "--kube-model",
+            "--kubeconfig",
+            str(config),
+            cert_dir=tmp_path / "cert-dir" if cert_dir else None,
+        )
+        paths = {r.path for r in api.requests}
+        assert "/api/v1/nodes" in paths, "the model was not listed"
+        if cert_dir:
+            assert "/api/v1/namespaces/kube-system/configmaps" in paths, paths
+    finally:
+        await api.close()
+    assert "ravenproxy.kube.rest" in modules and "httptools" in modules
+    # PyYAML comes with the model parsers (ravenproxy.model.parse imports model.safeyaml's
+    # message helpers), not with the kubeconfig, which is JSON here. --cert-dir makes keys and
+    # CSRs with cryptography (ravenproxy.pki.csr, which imports ravenproxy.pki.authority).
+    expected = {"yaml"} | ({"cryptography", "ravenproxy.pki.authority"} if cert_dir else set())
+    loaded = {n: why for n, why in HEAVY.items() if n not in expected and present(modules, n)}
+    assert not loaded, f"an agent with --kube-model loaded {loaded}"

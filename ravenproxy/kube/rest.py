@@ -1,0 +1,376 @@
+"""A small Kubernetes REST client: HTTP/1.1 and JSON on asyncio streams, nothing else.
+
+Everything ravenproxy asks the API reads raw JSON (the model parsers take Kubernetes JSON), so
+the client is a request → (status, JSON object) call, a streamed answer read as JSON lines (a
+watch), and a pool of kept-alive connections. Responses are parsed by httptools (llhttp, the
+parser uvicorn uses; chunked bodies are decoded there). Where it goes and who it is comes from
+:mod:`ravenproxy.kube.kubeconfig`: a bearer token (a token file is re-read as the kubelet
+rotates it) or a client certificate, and the CA to trust.
+
+Connection failures raise ``OSError`` (timeouts are ``TimeoutError``, an ``OSError``); a server
+that does not speak HTTP is a :class:`KubeError` with status 0. HTTP error statuses are not
+raised: the caller decides what a 404 or a 409 means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+import httptools
+
+from ravenproxy.errors import RavenProxyError
+from ravenproxy.kube.kubeconfig import ClusterAccess, load
+from ravenproxy.log import kv
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+USER_AGENT = "ravenproxy"
+_READ_SIZE = 65536
+_CLOSE_WAIT = 5.0
+
+
+class KubeError(RavenProxyError):
+    """The Kubernetes API answered with an error we cannot recover from by relisting."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+def resource_version(obj: Any) -> str:
+    """``metadata.resourceVersion`` of an API object ("" when it has none)."""
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def status_message(body: Mapping[str, Any], status: int) -> str:
+    """The message of a ``Status`` answer (what kube-apiserver sends with an error)."""
+    return str(body.get("message") or body.get("reason") or f"HTTP {status}")
+
+
+def as_object(raw: bytes) -> dict[str, Any]:
+    """A body as a JSON object; an empty body, or one that is not an object, reads as ``{}``."""
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class _Parse:
+    """httptools' callbacks for one response: status, headers, body pieces, completion."""
+
+    def __init__(self) -> None:
+        self.parser: httptools.HttpResponseParser | None = None
+        self.status = 0
+        self.keep_alive = False
+        self.headers_done = False
+        self.complete = False
+        self.body: list[bytes] = []
+        self.chunked = False
+        self.length = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"transfer-encoding" and b"chunked" in value.lower():
+            self.chunked = True
+        elif name == b"content-length":
+            self.length = True
+
+    def on_headers_complete(self) -> None:
+        # Asked here: one feed may hold the whole answer, and llhttp forgets a message's
+        # flags once it is complete.
+        assert self.parser is not None
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def close(self) -> None:
+        # A TLS close waits for the peer's close_notify: a peer that never sends it is cut.
+        self.writer.close()
+        try:
+            async with asyncio.timeout(_CLOSE_WAIT):
+                await self.writer.wait_closed()
+        except (OSError, TimeoutError):
+            self.writer.transport.abort()
+        except asyncio.CancelledError:
+            self.writer.transport.abort()
+            raise
+
+
+class Response:
+    """One answer: :attr:`status`, then the body whole (:meth:`read`, :meth:`json`) or as lines
+    (:meth:`lines`), each read waiting at most ``read_timeout`` seconds for the next bytes."""
+
+    def __init__(self, conn: _Connection, read_timeout: float) -> None:
+        self._conn = conn
+        self._read_timeout = read_timeout
+        self._parse = _Parse()
+        self._parser = httptools.HttpResponseParser(self._parse)
+        self._parse.parser = self._parser
+        self.status = 0
+        self.received = 0
+
+    async def _more(self) -> bool:
+        """Feed the parser the next bytes; False once the connection has ended."""
+        async with asyncio.timeout(self._read_timeout):
+            data = await self._conn.reader.read(_READ_SIZE)
+        if not data:
+            p = self._parse
+            if p.headers_done and not p.chunked and not p.length:
+                p.complete = True  # a body delimited by the end of the connection
+                return False
+            raise ConnectionResetError("the API server closed the connection mid-answer")
+        self.received += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            raise KubeError(0, f"not an HTTP answer: {exc}") from None
+        return True
+
+    async def start(self) -> None:
+        while not self._parse.headers_done:
+            await self._more()
+        self.status = self._parse.status
+
+    @property
+    def reusable(self) -> bool:
+        return self._parse.complete and self._parse.keep_alive
+
+    async def read(self) -> bytes:
+        while not self._parse.complete:
+            await self._more()
+        body = b"".join(self._parse.body)
+        self._parse.body.clear()
+        return body
+
+    async def json(self) -> dict[str, Any]:
+        """The body as a JSON object (``{}`` when empty or not an object)."""
+        return as_object(await self.read())
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        """Non-empty lines of the body as they arrive (a watch's events), until it ends."""
+        # Pieces of a line not yet ended are kept apart and joined once its end arrives: a
+        # large object in many pieces is not copied again for every piece.
+        partial: list[bytes] = []
+        while True:
+            pieces, self._parse.body = self._parse.body, []
+            for piece in pieces:
+                if b"\n" not in piece:
+                    partial.append(piece)
+                    continue
+                *whole, rest = b"".join([*partial, piece]).split(b"\n")
+                partial = [rest] if rest else []
+                for line in whole:
+                    if line.strip():
+                        yield line
+            if self._parse.complete:
+                break
+            await self._more()
+        tail = b"".join(partial)
+        if tail.strip():
+            yield tail
+
+
+class RestClient:
+    """HTTP/1.1 JSON calls to one API server, over a few kept-alive connections.
+
+    ``connect_timeout`` bounds the TCP connect and TLS handshake; ``read_timeout`` bounds every
+    wait for bytes of an answer (a watch passes its own, longer than its server-side timeout).
+    """
+
+    def __init__(
+        self,
+        access: ClusterAccess,
+        *,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        max_idle: int = 4,
+        user_agent: str = USER_AGENT,
+    ) -> None:
+        url = urlsplit(access.server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise KubeError(0, f"{access.origin}: server: not an http(s) URL: {access.server}")
+        self.access = access
+        self.host = url.hostname
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self._prefix = url.path.rstrip("/")
+        self._host_header = url.netloc.rsplit("@", 1)[-1]
+        self._ssl = access.ssl_context()
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._max_idle = max_idle
+        self._user_agent = user_agent
+        self._idle: list[_Connection] = []
+        self._busy: set[_Connection] = set()
+        self._closed = False
+        self.connects = 0
+        """Connections opened so far (kept-alive ones are reused)."""
+
+    async def __aenter__(self) -> RestClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every connection (streams still open end with a connection error)."""
+        self._closed = True
+        conns = [*self._idle, *self._busy]
+        self._idle.clear()
+        self._busy.clear()
+        for conn in conns:
+            await conn.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout: float | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """One call, answered as (status, JSON object); ``body`` is sent as JSON."""
+        async with self.open(
+            method, path, query=query, body=body, content_type=content_type, read_timeout=timeout
+        ) as resp:
+            return resp.status, await resp.json()
+
+    @contextlib.asynccontextmanager
+    async def open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        read_timeout: float | None = None,
+    ) -> AsyncIterator[Response]:
+        """Send a request and yield its :class:`Response` once the headers are in; its
+        connection goes back to the pool if the body was read to its end."""
+        head = self._head(method, path, query, body, content_type)
+        timeout = self.read_timeout if read_timeout is None else read_timeout
+        conn, resp = await self._send(head, timeout)
+        self._busy.add(conn)
+        try:
+            yield resp
+        finally:
+            self._busy.discard(conn)
+            if resp.reusable and not self._closed and len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+            else:
+                await conn.close()
+
+    def _head(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str,
+    ) -> bytes:
+        target = self._prefix + quote(path, safe="/:@")
+        if query:
+            pairs = {k: _query_value(v) for k, v in query.items() if v is not None}
+            if pairs:
+                target += "?" + urlencode(pairs)
+        lines = [
+            f"{method} {target} HTTP/1.1",
+            f"Host: {self._host_header}",
+            f"User-Agent: {self._user_agent}",
+            f"Accept: {JSON}",
+        ]
+        auth = self.access.authorization()
+        if auth is not None:
+            lines.append(f"Authorization: {auth}")
+        payload = b""
+        if body is not None:
+            payload = json.dumps(body, separators=(",", ":")).encode()
+            lines.append(f"Content-Type: {content_type}")
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(payload)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
+
+    async def _send(self, head: bytes, timeout: float) -> tuple[_Connection, Response]:
+        # A kept-alive connection the server has closed meanwhile fails before any byte of an
+        # answer: then the request goes again on a new connection, once.
+        while self._idle:
+            conn = self._idle.pop()
+            resp = Response(conn, timeout)
+            try:
+                conn.writer.write(head)
+                await conn.writer.drain()
+                await resp.start()
+            except ConnectionError:
+                await conn.close()
+                if resp.received:
+                    raise
+                continue
+            except BaseException:
+                await conn.close()
+                raise
+            return conn, resp
+        conn = await self._connect()
+        resp = Response(conn, timeout)
+        try:
+            conn.writer.write(head)
+            await conn.writer.drain()
+            await resp.start()
+        except BaseException:
+            await conn.close()
+            raise
+        return conn, resp
+
+    async def _connect(self) -> _Connection:
+        if self._closed:
+            raise ConnectionError("the Kubernetes client is closed")
+        async with asyncio.timeout(self.connect_timeout):
+            reader, writer = await asyncio.open_connection(
+                self.host,
+                self.port,
+                ssl=self._ssl,
+                server_hostname=(self.access.tls_server_name or self.host)
+                if self._ssl is not None
+                else None,
+                limit=_READ_SIZE,
+            )
+        self.connects += 1
+        log.debug("kube: connected", extra=kv(host=self.host, port=self.port))
+        return _Connection(reader, writer)
+
+
+def _query_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def connect(kubeconfig: str | os.PathLike[str] | None, **kwargs: Any) -> RestClient:
+    """A client from a kubeconfig file, or from the in-cluster service account when None
+    (connections are opened on the first call)."""
+    return RestClient(load(kubeconfig), **kwargs)

@@ -1,0 +1,254 @@
+"""Our REST client (ravenproxy.kube.rest) against the API emulator: list, get, create, patch,
+the error bodies, a watch (its events, its 410 both ways, its timeouts), keep-alive reuse; and
+over TLS with a client certificate, against a small server that checks it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ravenproxy.kube.kubeconfig import ClusterAccess
+from ravenproxy.kube.rest import MERGE_PATCH, RestClient, resource_version
+from ravenproxy.pki import init_pki
+from tests.helpers import close_writer
+from tests.integration.kube.apiserver import APIServer
+from tests.integration.kube.conftest import rest_client
+
+NODES = "/api/v1/nodes"
+
+
+def node(name: str) -> dict[str, object]:
+    return {"metadata": {"name": name, "labels": {"a": "1"}}}
+
+
+@pytest.fixture
+async def client(apiserver: APIServer) -> AsyncIterator[RestClient]:
+    async with rest_client(apiserver) as c:
+        yield c
+
+
+async def test_list_get_create_patch_on_one_connection(
+    apiserver: APIServer, client: RestClient
+) -> None:
+    await apiserver.put("nodes", node("n1"))
+    status, listed = await client.request("GET", NODES)
+    assert status == 200 and listed["kind"] == "NodeList"
+    assert [o["metadata"]["name"] for o in listed["items"]] == ["n1"]
+    assert resource_version(listed)
+    status, created = await client.request("POST", NODES, body=node("n2"))
+    assert status == 201 and created["metadata"]["name"] == "n2"
+    status, patched = await client.request(
+        "PATCH",
+        f"{NODES}/n2",
+        body={"metadata": {"labels": {"a": None, "b": "2"}}},
+        content_type=MERGE_PATCH,
+    )
+    assert status == 200 and patched["metadata"]["labels"] == {"b": "2"}
+    got = apiserver.get("nodes", "n2")
+    assert got is not None and got["metadata"]["labels"] == {"b": "2"}
+    status, _ = await client.request("GET", NODES, query={"labelSelector": "b=2"})
+    assert status == 200
+    assert apiserver.lists("nodes")[-1]["labelSelector"] == "b=2"
+    assert client.connects == 1, "keep-alive: every call on one connection"
+
+
+async def test_error_bodies_are_answers_not_exceptions(
+    apiserver: APIServer, client: RestClient
+) -> None:
+    status, body = await client.request("GET", f"{NODES}/nope")
+    assert status == 404 and body["reason"] == "NotFound" and "nope" in body["message"]
+    await apiserver.put("nodes", node("n1"))
+    status, body = await client.request("POST", NODES, body=node("n1"))
+    assert status == 409 and body["reason"] == "AlreadyExists"
+    status, body = await client.request("PATCH", f"{NODES}/n1", body={}, content_type="text/x")
+    assert status == 415 and body["code"] == 415
+    # The emulator authorizes everyone (RBAC is checked statically); an unknown token is its
+    # refusal, a Status body as a 403 would be.
+    async with rest_client(apiserver, token="stolen") as stranger:
+        status, body = await stranger.request("GET", NODES)
+    assert status == 401 and body["reason"] == "Unauthorized"
+    assert (await client.request("GET", NODES))[0] == 200
+    assert client.connects == 1, "an error answer keeps the connection"
+
+
+async def test_a_watch_streams_events_and_ends_reusably(
+    apiserver: APIServer, client: RestClient
+) -> None:
+    await apiserver.put("nodes", node("n1"))
+    _, listed = await client.request("GET", NODES)
+    query = {"watch": True, "resourceVersion": resource_version(listed), "timeoutSeconds": 1}
+    seen: list[tuple[str, str]] = []
+    async with client.open("GET", NODES, query=query) as resp:
+        assert resp.status == 200
+        await apiserver.put("nodes", node("n2"))
+        await apiserver.delete("nodes", "n1")
+        async for line in resp.lines():
+            event = json.loads(line)
+            seen.append((event["type"], event["object"]["metadata"]["name"]))
+    assert seen == [("ADDED", "n2"), ("DELETED", "n1")]
+    assert (await client.request("GET", NODES))[0] == 200
+    assert client.connects == 1, "a watch read to its end leaves its connection reusable"
+
+
+async def test_a_compacted_version_is_410_as_an_event_or_as_http(
+    apiserver: APIServer, client: RestClient
+) -> None:
+    await apiserver.put("nodes", node("n1"))
+    apiserver.compact()
+    query = {"watch": True, "resourceVersion": "1", "timeoutSeconds": 5}
+    async with client.open("GET", NODES, query=query) as resp:
+        events = [json.loads(line) async for line in resp.lines()]
+    assert resp.status == 200 and [e["type"] for e in events] == ["ERROR"]
+    assert events[0]["object"]["code"] == 410
+    apiserver.gone_as_http = True
+    async with client.open("GET", NODES, query=query) as resp:
+        assert resp.status == 410 and (await resp.json())["reason"] == "Expired"
+
+
+async def test_a_silent_watch_times_out_and_its_connection_is_dropped(
+    apiserver: APIServer, client: RestClient
+) -> None:
+    _, listed = await client.request("GET", NODES)
+    query = {"watch": True, "resourceVersion": resource_version(listed), "timeoutSeconds": 30}
+    with pytest.raises(TimeoutError):
+        async with client.open("GET", NODES, query=query, read_timeout=0.3) as resp:
+            async for _ in resp.lines():
+                pass
+    assert (await client.request("GET", NODES))[0] == 200
+    assert client.connects == 2
+
+
+async def test_nothing_listening_is_an_oserror(tmp_path: Path) -> None:
+    from tests.helpers import free_port
+
+    async with RestClient(ClusterAccess(f"http://127.0.0.1:{free_port()}")) as c:
+        with pytest.raises(OSError):
+            await c.request("GET", NODES)
+
+
+# -- TLS, client certificates, a server that closes kept-alive connections --------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("certs")
+    init_pki(d, ("127.0.0.1", "api.internal"), ("edge-1",))
+    return d
+
+
+async def serve_tls(certs: Path, answers: int, seen: list[str]) -> asyncio.Server:
+    """Answers ``answers`` requests per connection with the client certificate's CN and the
+    Authorization it saw, then closes the connection."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=certs / "ca.crt")
+    ctx.load_cert_chain(certs / "server.crt", certs / "server.key")
+    ctx.verify_mode = ssl.CERT_REQUIRED
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for _ in range(answers):
+                head = await reader.readuntil(b"\r\n\r\n")
+                auth = [
+                    line.split(b":", 1)[1].strip().decode()
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"authorization:")
+                ]
+                peer = writer.get_extra_info("peercert")
+                cn = [v for rdn in peer["subject"] for k, v in rdn if k == "commonName"]
+                seen.append(f"{cn[0]} {auth[0] if auth else '-'}")
+                body = json.dumps({"cn": cn[0]}).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            await close_writer(writer, 1)
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+
+
+async def test_tls_with_a_client_certificate_and_a_closed_keepalive(certs: Path) -> None:
+    seen: list[str] = []
+    server = await serve_tls(certs, answers=1, seen=seen)
+    port = server.sockets[0].getsockname()[1]
+    access = ClusterAccess(
+        f"https://127.0.0.1:{port}",
+        ca_pem=(certs / "ca.crt").read_bytes(),
+        cert_pem=(certs / "edge-1.crt").read_bytes(),
+        key_pem=(certs / "edge-1.key").read_bytes(),
+        token="tok",
+    )
+    try:
+        async with RestClient(access) as c:
+            assert await c.request("GET", "/x") == (200, {"cn": "edge-1"})
+            await asyncio.sleep(0.1)  # the server has closed the kept-alive connection
+            assert await c.request("GET", "/x") == (200, {"cn": "edge-1"})
+            assert c.connects == 2, "the closed connection was replaced, the call not failed"
+        assert seen == ["edge-1 Bearer tok", "edge-1 Bearer tok"]
+        # tls-server-name: the certificate is checked against that name, not the URL's host.
+        for name, ok in (("api.internal", True), ("api.other", False)):
+            named = dataclasses.replace(access, tls_server_name=name)
+            async with RestClient(named) as c:
+                if ok:
+                    assert (await c.request("GET", "/x"))[0] == 200
+                else:
+                    with pytest.raises(ssl.SSLCertVerificationError):
+                        await c.request("GET", "/x")
+        # A server the CA did not sign is refused.
+        wrong = ClusterAccess(
+            f"https://127.0.0.1:{port}", ca_pem=(certs / "edge-1.crt").read_bytes()
+        )
+        async with RestClient(wrong) as c:
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await c.request("GET", "/x")
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_lines_split_across_chunks_and_an_unended_last_line() -> None:
+    """A watch event cut across chunks (and TCP segments) is one line; a last line without its
+    newline still counts; a body that is not chunked and ends with the connection too."""
+    big = json.dumps({"type": "ADDED", "object": {"data": "x" * 200_000}}).encode()
+    pieces = [
+        big[:7],
+        big[7:150_000],
+        big[150_000:] + b'\n{"type": ',
+        b'"BOOKMARK"}\n\n{"a"',
+        b": 1}",
+    ]
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if b"GET /chunked" in head:
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for i in range(0, len(chunked), 4096):
+                    writer.write(chunked[i : i + 4096])
+                    await writer.drain()
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"".join(pieces))
+            await writer.drain()
+        finally:
+            await close_writer(writer, 1)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with RestClient(ClusterAccess(f"http://127.0.0.1:{port}")) as c:
+            for path in ("/chunked", "/until-close"):
+                async with c.open("GET", path) as resp:
+                    lines = [json.loads(line) async for line in resp.lines()]
+                assert lines == [json.loads(big), {"type": "BOOKMARK"}, {"a": 1}], path
+    finally:
+        server.close()
+        await server.wait_closed()
