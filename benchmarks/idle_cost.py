@@ -13,7 +13,9 @@ process: it accepts and holds connections), ``ravenproxy server`` and ``ravenpro
   the agent process); (after - before) / K on the server.
 - **agent process**: VmRSS of an idle ``ravenproxy agent`` (server address, certificates,
   inventory, ``--allow``: no metrics, Kubernetes or L3), tunnel up, one stream opened and
-  closed; beside it an idle ``ssh -R`` client through a private sshd (throughput.py's).
+  closed; then the same for the agent as shipped (k8s/agent.yaml: ``--kube-model --cert-dir``,
+  the model from the tests' Kubernetes API emulator, a valid certificate in the directory);
+  beside them an idle ``ssh -R`` client through a private sshd (throughput.py's).
 
 A CONNECT takes one front connection, and the server caps its front connections at 7/16 of its
 descriptor limit (an eighth kept in reserve, two descriptors per connection): with a hard limit
@@ -44,7 +46,9 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +125,15 @@ class Procs:
                 proc.wait()
         self.procs.clear()
 
+    def stop_one(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self.procs.remove(proc)
+
 
 # -- the target (its own process: ``idle_cost.py --target PORTFILE``) ------------------------
 class _Hold(asyncio.Protocol):
@@ -172,23 +185,107 @@ def start_server(base: Path, procs: Procs, nodes: list[str]) -> tuple[int, int, 
     return server.pid, http, tunnel
 
 
-def start_agent(base: Path, procs: Procs, tunnel: int, target_port: int) -> int:
+def start_agent(
+    base: Path, procs: Procs, tunnel: int, target_port: int, model: list[str] | None = None
+) -> int:
+    """``ravenproxy agent`` for edge-1; ``model``: its model and credential flags (default: the
+    inventory and the certificate files)."""
     certs = base / "certs"
+    if model is None:
+        model = [
+            "--ca-file", str(certs / "ca.crt"),
+            "--cert-file", str(certs / "edge-1.crt"),
+            "--key-file", str(certs / "edge-1.key"),
+            "--inventory", str(base / "inventory.yaml"),
+        ]  # fmt: skip
     agent = procs.start(
         "agent",
         [
             sys.executable, "-m", "ravenproxy", "agent",
             "--node-name", "edge-1",
             "--server-addr", f"wss://127.0.0.1:{tunnel}",
-            "--ca-file", str(certs / "ca.crt"),
-            "--cert-file", str(certs / "edge-1.crt"),
-            "--key-file", str(certs / "edge-1.key"),
-            "--inventory", str(base / "inventory.yaml"),
+            *model,
             "--allow", f"127.0.0.1:{target_port}",
             "--log-level", "WARNING",
         ],
     )  # fmt: skip
     return agent.pid
+
+
+@contextlib.contextmanager
+def _api_emulator() -> Iterator[tuple[Any, Callable[[Any], Any]]]:
+    """The tests' Kubernetes API emulator (tests/integration/kube/apiserver.py) on an asyncio
+    loop of its own thread (it serves on asyncio's server, this process runs uvloop), and a
+    ``call(coroutine)`` that runs a coroutine there. The repository's root goes on sys.path
+    when this file runs as a script."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.append(root)
+    emulator: Any = importlib.import_module("tests.integration.kube.apiserver")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="api-emulator", daemon=True)
+    thread.start()
+
+    def call(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
+
+    async def start() -> Any:
+        api = emulator.APIServer()
+        await api.start()
+        return api
+
+    try:
+        api = call(start())
+        try:
+            yield api, call
+        finally:
+            call(api.close())
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def kube_agent_flags(base: Path, api: Any, call: Callable[[Any], Any]) -> list[str]:
+    """The shipped DaemonSet's model and credential flags (``--kube-model --cert-dir``) against
+    the API emulator ``api``: edge-1 and its Gateway in the API, a kubeconfig with edge-1's
+    node token, a certificate directory already holding a valid key, certificate and CA."""
+    certs = base / "certs"
+    call(
+        api.put(
+            "nodes",
+            {
+                "metadata": {"name": "edge-1", "labels": {"raven.openyurt.io/gateway": "gw-edge"}},
+                "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]},
+            },
+        )
+    )
+    call(
+        api.put(
+            "gateways",
+            {"metadata": {"name": "gw-edge"}, "spec": {"endpoints": [{"nodeName": "edge-1"}]}},
+        )
+    )
+    token = api.add_node_user("edge-1")
+    kubeconfig = base / "agent.kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "emu", "cluster": {"server": api.url}}],
+                "users": [{"name": "emu", "user": {"token": token}}],
+                "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
+                "current-context": "emu",
+            }
+        )
+    )
+    cert_dir = base / "cert-dir"
+    cert_dir.mkdir()
+    for src, dst in (("ca.crt", "ca.crt"), ("edge-1.crt", "tls.crt"), ("edge-1.key", "tls.key")):
+        shutil.copy(certs / src, cert_dir / dst)
+    (cert_dir / "tls.key").chmod(0o600)
+    return ["--kube-model", "--kubeconfig", str(kubeconfig), "--cert-dir", str(cert_dir)]
 
 
 async def open_connect(http: int, dest: str) -> socket.socket | None:
@@ -304,16 +401,29 @@ async def agent_process() -> dict[str, Any]:
         target = procs.start("target", [sys.executable, str(SCRIPT), "--target", str(port_file)])
         target_port = _wait_file(port_file, target)
         _, http, tunnel = start_server(base, procs, ["edge-1"])
-        agent_pid = start_agent(base, procs, tunnel, target_port)
         dest = f"edge-1:{target_port}"
-        await _wait_routable(http, dest)
-        for s in await open_idle_streams(http, dest, 1):
-            s.close()
-        await asyncio.sleep(SETTLE)
-        row: dict[str, Any] = {"agent_rss_kib": rss_kib(agent_pid)}
+
+        async def idle_rss(model: list[str] | None) -> int:
+            agent = start_agent(base, procs, tunnel, target_port, model)
+            await _wait_routable(http, dest)
+            for s in await open_idle_streams(http, dest, 1):
+                s.close()
+            await asyncio.sleep(SETTLE)
+            rss = rss_kib(agent)
+            procs.stop_one(next(p for p in procs.procs if p.pid == agent))
+            return rss
+
+        row: dict[str, Any] = {"agent_rss_kib": await idle_rss(None)}
+        # As shipped (k8s/agent.yaml): the model from the API, credentials from --cert-dir.
+        with _api_emulator() as (api, call):
+            flags = kube_agent_flags(base, api, call)
+            row["agent_kube_cert_dir_rss_kib"] = await idle_rss(flags)
         row.update(await _ssh_client_rss(base, target_port))
         if row.get("ssh_client_rss_kib"):
             row["ratio"] = round(row["agent_rss_kib"] / row["ssh_client_rss_kib"], 1)
+            row["ratio_kube_cert_dir"] = round(
+                row["agent_kube_cert_dir_rss_kib"] / row["ssh_client_rss_kib"], 1
+            )
         print(json.dumps(row), file=sys.stderr)
         return row
     finally:
