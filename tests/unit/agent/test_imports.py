@@ -32,7 +32,9 @@ HEAVY = {
     "cryptography": "x509 parsing (the agent reads and checks its certificates with ssl: "
     "ravenproxy.pki.x509info; issuing, CSRs and certs commands keep cryptography)",
     "ravenproxy.pki.authority": "the CA (issuing)",
-    "yaml": "PyYAML (--inventory, --config)",
+    "ravenproxy.pki.csr": "keys and CSRs (--cert-dir: only when a certificate is requested; "
+    "the one held is checked with ssl, ravenproxy.pki.issued)",
+    "yaml": "PyYAML (--inventory, --config, a YAML kubeconfig; API objects are JSON)",
     "prometheus_client": "the metrics themselves (--metrics-addr: nothing else reads them; "
     "without it ravenproxy.metrics.AgentMetrics keeps none)",
     "websockets.asyncio.client": "websockets' asyncio client (the agent dials with "
@@ -145,13 +147,13 @@ def test_inventory_flag_loads_yaml_and_nothing_else_heavy(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("cert_dir", [False, True], ids=["files", "cert-dir"])
-async def test_kube_model_loads_neither_kubernetes_asyncio_nor_aiohttp(
+async def test_kube_model_loads_no_kubernetes_asyncio_aiohttp_cryptography_or_yaml(
     tmp_path: Path, cert_dir: bool
 ) -> None:
     """--kube-model against the API emulator (the shipped DaemonSet's flags): the model is
     listed and watched (the agent dials only once its first model is in), and with --cert-dir
-    the CA bundle ConfigMap is watched, on ravenproxy.kube.rest, not kubernetes_asyncio and
-    aiohttp."""
+    holding a valid certificate the CA bundle ConfigMap is watched, on ravenproxy.kube.rest, not
+    kubernetes_asyncio and aiohttp, and neither cryptography nor PyYAML is loaded."""
     api = APIServer()
     await api.start()
     try:
@@ -185,9 +187,9 @@ async def test_kube_model_loads_neither_kubernetes_asyncio_nor_aiohttp(
     finally:
         await api.close()
     assert "ravenproxy.kube.rest" in modules and "httptools" in modules
-    # PyYAML comes with the model parsers (ravenproxy.model.parse imports model.safeyaml's
-    # message helpers), not with the kubeconfig, which is JSON here. --cert-dir makes keys and
-    # CSRs with cryptography (ravenproxy.pki.csr, which imports ravenproxy.pki.authority).
-    expected = {"yaml"} | ({"cryptography", "ravenproxy.pki.authority"} if cert_dir else set())
-    loaded = {n: why for n, why in HEAVY.items() if n not in expected and present(modules, n)}
+    # Neither PyYAML (API objects are JSON, the kubeconfig is JSON here) nor, with a valid
+    # certificate in --cert-dir, cryptography: the certificate held is checked with ssl.
+    loaded = {n: why for n, why in HEAVY.items() if present(modules, n)}
     assert not loaded, f"an agent with --kube-model loaded {loaded}"
+    if cert_dir:
+        assert "ravenproxy.pki.issued" in modules, "the certificate was not checked"
