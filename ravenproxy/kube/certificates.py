@@ -2,7 +2,8 @@
 fresh through ``certificates.k8s.io/v1`` CertificateSigningRequests.
 
 The thin I/O adapter around :mod:`ravenproxy.pki.issued` (what to accept, when to ask again)
-and :mod:`ravenproxy.pki.csr` (the request: imported only when one is made). What it does, in order:
+and :mod:`ravenproxy.pki.csrprocess` (the key and CSR, made in a short-lived child).
+What it does, in order:
 
 1. **Start.** A certificate already in the directory whose key matches, for this node, and not
    yet past its rotation deadline is used as it is: a restart does not make a new CSR (a
@@ -47,6 +48,7 @@ from ravenproxy.log import kv
 from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.atomicfile import write_key_bytes, write_pem_bytes
+from ravenproxy.pki.csrprocess import new_request
 from ravenproxy.pki.issuance import (
     CA_BUNDLE,
     CA_BUNDLE_KEY,
@@ -362,14 +364,11 @@ class CertificateRequester:
             await asyncio.sleep(delay)
 
     async def _request_once(self, why: str) -> None:
-        # cryptography (~11 MB resident) only now: a requester holding a good certificate
-        # checks it with ssl (pki.issued) and never loads it (issue 15).
-        from ravenproxy.pki.csr import new_request
-
         s = self.settings
         sans = list(await self._sans()) if self._sans is not None else []
         try:
-            request = new_request(s.node, sans)
+            # In a child process: cryptography never becomes resident here (issue 15).
+            request = await new_request(s.node, sans)
         except PKIError as exc:
             raise RequestFailed("-", "refused", str(exc)) from None
         name = await csr.create(self.api, s.role, s.node, request.csr_pem, s.lifetime)

@@ -1,7 +1,8 @@
 """The requester's certificate signing request: a fresh key and the PKCS#10 request that asks
 for a certificate for it. ``cryptography`` does this, so this module is imported only when a
 request is to be made (no usable certificate, rotation due, names added): a requester holding a
-good certificate checks it with :mod:`ravenproxy.pki.issued` (:mod:`ssl` only, issue 15).
+good certificate checks it with :mod:`ravenproxy.pki.issued` (:mod:`ssl` only, issue 15), and
+the long-running processes run it in a child (:mod:`ravenproxy.pki.csrprocess`).
 
 Used by :mod:`ravenproxy.kube.certificates` (the agent and the server with ``--cert-dir``); the
 names both ends of Kubernetes issuance share (usages, signers) are in
@@ -15,8 +16,8 @@ names both ends of Kubernetes issuance share (usages, signers) are in
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -25,15 +26,9 @@ from cryptography.x509.oid import NameOID
 
 from ravenproxy.errors import PKIError
 from ravenproxy.pki.authority import parse_san
+from ravenproxy.pki.csrprocess import Request
 from ravenproxy.pki.identity import validate_node_name
 from ravenproxy.pki.pemfiles import key_pem
-
-
-class Request(NamedTuple):
-    """A new key and the CSR for it, both PEM (what is written and what is sent)."""
-
-    key_pem: bytes
-    csr_pem: bytes
 
 
 def new_key() -> ec.EllipticCurvePrivateKey:
@@ -66,3 +61,24 @@ def new_request(node: str, sans: Sequence[str] = ()) -> Request:
     name or SAN."""
     key = new_key()
     return Request(key_pem(key), build_csr(key, node, sans))
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m ravenproxy.pki.csr NODE [SAN...]``: :func:`new_request`, the key then the
+    CSR (PEM) on stdout; a bad node name or SAN on stderr, exit status 2. Run by
+    :mod:`ravenproxy.pki.csrprocess`, so that ``cryptography`` lives in a short-lived child."""
+    if not argv:
+        print("usage: python -m ravenproxy.pki.csr NODE [SAN...]", file=sys.stderr)
+        return 2
+    try:
+        request = new_request(argv[0], argv[1:])
+    except PKIError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    sys.stdout.buffer.write(request.key_pem + request.csr_pem)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

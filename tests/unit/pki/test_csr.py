@@ -11,6 +11,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from ravenproxy.errors import PKIError
+from ravenproxy.pki import csrprocess
 from ravenproxy.pki.authority import generate_ca, issue_client_cert
 from ravenproxy.pki.csr import build_csr, new_key, new_request
 from ravenproxy.pki.issuance import USAGES
@@ -127,3 +128,21 @@ def test_missing_sans_compares_names_caselessly_and_addresses_by_value() -> None
     assert missing_sans(cert, wanted) == ["new.example", "10.0.0.2", "2001:db8::2"]
     with pytest.raises(PKIError, match="SAN"):
         missing_sans(cert, ["not a name"])
+
+
+async def test_new_request_in_a_child_process_is_a_key_and_its_csr() -> None:
+    """The agent's and server's requester makes its key and CSR in a child (cryptography never
+    resident in them): what comes back is a key and the CSR for it, issued and accepted."""
+    request = await csrprocess.new_request("cloud-1", ["10.0.0.1", "cloud-1.example"])
+    csr = x509.load_pem_x509_csr(request.csr_pem)
+    assert csr.subject.rfc4514_string() == "CN=cloud-1" and csr.is_signature_valid
+    pem = sign_csr(*CA, request.csr_pem, "server")
+    (cert,) = check_issued(pem, request.key_pem, "cloud-1", "server")
+    assert missing_sans(cert, ["10.0.0.1", "cloud-1.example"]) == []
+
+
+async def test_child_process_refuses_a_bad_san_naming_it() -> None:
+    with pytest.raises(PKIError, match="invalid server SAN 'not a name'"):
+        await csrprocess.new_request("cloud-1", ["not a name"])
+    with pytest.raises(PKIError, match="node name"):
+        await csrprocess.new_request("Edge_1")
