@@ -1,8 +1,9 @@
 """Certificates from Kubernetes: the agent's and the server's ``--cert-dir``, kept filled and
 fresh through ``certificates.k8s.io/v1`` CertificateSigningRequests.
 
-The thin I/O adapter around :mod:`ravenproxy.pki.csr` (what to ask for, when, and what to
-accept). What it does, in order:
+The thin I/O adapter around :mod:`ravenproxy.pki.issued` (what to accept, when to ask again)
+and :mod:`ravenproxy.pki.csrprocess` (the key and CSR, made in a short-lived child).
+What it does, in order:
 
 1. **Start.** A certificate already in the directory whose key matches, for this node, and not
    yet past its rotation deadline is used as it is: a restart does not make a new CSR (a
@@ -37,9 +38,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
-
 from ravenproxy.backoff import backoff
 from ravenproxy.errors import PKIError
 from ravenproxy.kube import csr
@@ -49,8 +47,8 @@ from ravenproxy.kube.rest import KubeError, RestClient, connect, status_message
 from ravenproxy.log import kv
 from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
 from ravenproxy.model.store import ModelStore
-from ravenproxy.pki.csr import build_csr, check_issued, missing_sans, new_key
-from ravenproxy.pki.csr import rotation_deadline as _deadline
+from ravenproxy.pki.atomicfile import write_key_bytes, write_pem_bytes
+from ravenproxy.pki.csrprocess import new_request
 from ravenproxy.pki.issuance import (
     CA_BUNDLE,
     CA_BUNDLE_KEY,
@@ -61,8 +59,9 @@ from ravenproxy.pki.issuance import (
     CERT_LIFETIME,
     Role,
 )
-from ravenproxy.pki.pemfiles import load_key, write_pem_bytes, write_pem_key
-from ravenproxy.pki.x509info import serial_hex
+from ravenproxy.pki.issued import check_issued, missing_sans
+from ravenproxy.pki.issued import rotation_deadline as _deadline
+from ravenproxy.pki.x509info import CertInfo, certs_from_pem, read_file
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +121,7 @@ class CertificateRequester:
         self.settings = settings
         self._sans = sans
         self._rng = rng
-        self.current: x509.Certificate | None = None
+        self.current: CertInfo | None = None
         self.deadline: dt.datetime | None = None
         self.requests = 0
         """CSRs created by this requester (tests and logs)."""
@@ -180,15 +179,15 @@ class CertificateRequester:
             await asyncio.gather(task, return_exceptions=True)
 
     # -- the directory --------------------------------------------------------------------
-    def _existing(self) -> x509.Certificate | None:
+    def _existing(self) -> CertInfo | None:
         """The certificate in the directory, if it is ours and not yet due for rotation."""
         s = self.settings
         if not (s.key_path.is_file() and s.cert_path.is_file()):
             return None
         try:
-            key = load_key(s.key_path, "key")
-            pem = s.cert_path.read_bytes()
-            (cert, *_chain) = check_issued(pem, key, s.node, s.role)
+            key_pem = read_file(s.key_path, "key")
+            pem = read_file(s.cert_path, "certificate")
+            (cert, *_chain) = check_issued(pem, key_pem, s.node, s.role)
         except (PKIError, OSError) as exc:
             log.info("certificate in the directory not usable", extra=kv(reason=exc))
             return None
@@ -197,18 +196,18 @@ class CertificateRequester:
             log.info(
                 "certificate rotation due",
                 extra=kv(
-                    serial=serial_hex(cert.serial_number),
+                    serial=cert.serial_hex,
                     deadline=deadline.isoformat(),
-                    not_after=cert.not_valid_after_utc.isoformat(),
+                    not_after=cert.not_after.isoformat(),
                 ),
             )
             return None
         return cert
 
-    def _deadline_of(self, cert: x509.Certificate) -> dt.datetime:
-        return _deadline(cert.not_valid_before_utc, cert.not_valid_after_utc, self._rng)
+    def _deadline_of(self, cert: CertInfo) -> dt.datetime:
+        return _deadline(cert.not_before, cert.not_after, self._rng)
 
-    def _use(self, cert: x509.Certificate, how: str) -> None:
+    def _use(self, cert: CertInfo, how: str) -> None:
         self.current = cert
         self.deadline = self._deadline_of(cert)
         log.info(
@@ -216,18 +215,18 @@ class CertificateRequester:
             extra=kv(
                 role=self.settings.role,
                 node=self.settings.node,
-                serial=serial_hex(cert.serial_number),
-                not_after=cert.not_valid_after_utc.isoformat(),
+                serial=cert.serial_hex,
+                not_after=cert.not_after.isoformat(),
                 rotation_at=self.deadline.isoformat(),
             ),
         )
 
-    def _write(self, key: ec.EllipticCurvePrivateKey, chain_pem: bytes) -> None:
+    def _write(self, key_pem: bytes, chain_pem: bytes) -> None:
         s = self.settings
         # Key first (the rule shared with the reload watcher): between the two renames the set
         # is new key + old certificate, which a reader sees as inconsistent and ignores; a crash
         # there leaves a set that fails the key check at start, and a new request follows.
-        write_pem_key(s.key_path, key)
+        write_key_bytes(s.key_path, key_pem)
         write_pem_bytes(s.cert_path, chain_pem)
 
     # -- the CA bundle --------------------------------------------------------------------
@@ -262,9 +261,12 @@ class CertificateRequester:
         except OSError:
             pass
         try:
-            certs = x509.load_pem_x509_certificates(pem)
+            certs = certs_from_pem(pem)
         except ValueError as exc:
             log.warning("CA bundle is not PEM, ignored", extra=kv(reason=exc))
+            return
+        if not certs:
+            log.warning("CA bundle is not PEM, ignored", extra=kv(reason="no certificate"))
             return
         write_pem_bytes(path, pem)
         log.info("CA bundle written", extra=kv(path=str(path), cas=len(certs)))
@@ -288,7 +290,7 @@ class CertificateRequester:
                     "certificate lacks names the node now has",
                     extra=kv(
                         role=self.settings.role,
-                        serial=serial_hex(self.current.serial_number),
+                        serial=self.current.serial_hex,
                         missing=",".join(missing),
                     ),
                 )
@@ -310,8 +312,8 @@ class CertificateRequester:
                 "certificate rotation due",
                 extra=kv(
                     role=self.settings.role,
-                    serial=serial_hex(self.current.serial_number),
-                    not_after=self.current.not_valid_after_utc.isoformat(),
+                    serial=self.current.serial_hex,
+                    not_after=self.current.not_after.isoformat(),
                 ),
             )
             await self._obtain("rotation")
@@ -363,13 +365,13 @@ class CertificateRequester:
 
     async def _request_once(self, why: str) -> None:
         s = self.settings
-        key = new_key()
         sans = list(await self._sans()) if self._sans is not None else []
         try:
-            csr_pem = build_csr(key, s.node, sans)
+            # In a child process: cryptography never becomes resident here (issue 15).
+            request = await new_request(s.node, sans)
         except PKIError as exc:
             raise RequestFailed("-", "refused", str(exc)) from None
-        name = await csr.create(self.api, s.role, s.node, csr_pem, s.lifetime)
+        name = await csr.create(self.api, s.role, s.node, request.csr_pem, s.lifetime)
         self.requests += 1
         log.info(
             "certificate requested",
@@ -377,10 +379,10 @@ class CertificateRequester:
         )
         pem = await csr.wait_issued(self.api, name, s.watch, s.request_timeout)
         try:
-            chain = check_issued(pem, key, s.node, s.role)
+            chain = check_issued(pem, request.key_pem, s.node, s.role)
         except PKIError as exc:
             raise RequestFailed(name, "failed", str(exc)) from None
-        self._write(key, pem)
+        self._write(request.key_pem, pem)
         self._use(chain[0], "issued")
 
 

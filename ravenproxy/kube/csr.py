@@ -13,8 +13,7 @@ from typing import Any
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.kube.reflector import Reflector, Resource, WatchSettings
 from ravenproxy.kube.rest import RestClient, status_message
-from ravenproxy.pki.csr import USAGES
-from ravenproxy.pki.issuance import SIGNER_OF_ROLE, Role
+from ravenproxy.pki.issuance import SIGNER_OF_ROLE, USAGES, Role
 
 CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 

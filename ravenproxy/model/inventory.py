@@ -21,7 +21,8 @@ from ravenproxy.log import kv
 from ravenproxy.model import safeyaml
 from ravenproxy.model.objects import Gateway, Node, Pod
 from ravenproxy.model.parse import parse_gateway, parse_node, parse_pod
-from ravenproxy.model.safeyaml import MAX_INVENTORY_BYTES, brief
+from ravenproxy.model.quote import brief, one_line
+from ravenproxy.model.safeyaml import MAX_INVENTORY_BYTES
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
 
@@ -93,7 +94,7 @@ def parse_inventory(text: str, origin: str = "<inventory>") -> Model:
             else:
                 log.debug("inventory: ignoring object", extra=kv(kind=brief(kind), where=where))
         except InventoryError as exc:
-            raise InventoryError(f"{origin}: {where}: {safeyaml.one_line(str(exc))}") from None
+            raise InventoryError(f"{origin}: {where}: {one_line(str(exc))}") from None
     return Model.build(nodes.values(), gateways.values(), pods.values())
 
 
@@ -211,7 +212,7 @@ class InventoryWatcher:
         reason = str(exc).removeprefix(f"{self.path}: ")  # the path is its own field
         log.error(
             "inventory edit refused, keeping the last good model",
-            extra=kv(path=self.path, reason=safeyaml.one_line(reason)),
+            extra=kv(path=self.path, reason=one_line(reason)),
         )
 
     def _publish(self, model: Model) -> bool:
@@ -232,7 +233,5 @@ class InventoryWatcher:
             except Exception as exc:  # a bug must not end the watch; say what it was
                 log.error(
                     "inventory reload failed, keeping the last good model",
-                    extra=kv(
-                        path=self.path, error=safeyaml.one_line(f"{type(exc).__name__}: {exc}")
-                    ),
+                    extra=kv(path=self.path, error=one_line(f"{type(exc).__name__}: {exc}")),
                 )

@@ -34,7 +34,7 @@ from ravenproxy.model.objects import (
     frozen_map,
     parse_port_list,
 )
-from ravenproxy.model.safeyaml import brief, one_line
+from ravenproxy.model.quote import brief, one_line
 
 GATEWAY_API_VERSIONS = ("raven.openyurt.io/v1beta1", "raven.openyurt.io/v1alpha1")
 

@@ -20,7 +20,6 @@ long. Error messages are one line and never quote more than a few dozen characte
 
 from __future__ import annotations
 
-import reprlib
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -30,6 +29,8 @@ from yaml.events import AliasEvent
 from yaml.nodes import Node
 from yaml.resolver import Resolver
 
+from ravenproxy.model.quote import one_line
+
 MAX_INVENTORY_BYTES = 16 * 1024 * 1024
 """Largest inventory accepted: ~20 000 kubectl-printed Nodes fit in 16 MiB."""
 MAX_DEPTH = 100
@@ -38,31 +39,9 @@ far below 30, and 100 keeps the recursive composer well inside Python's recursio
 MAX_ALIAS_NODES = 100_000
 """Most nodes that all aliases of one document may expand to, together."""
 
-_QUOTE_MAX = 60
-_MESSAGE_MAX = 300
-
-# reprlib bounds the work as well as the length: at most 4 items per level, 3 levels deep.
-_SHORT_REPR = reprlib.Repr()
-_SHORT_REPR.maxlevel = 3
-_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = _SHORT_REPR.maxset = 4
-_SHORT_REPR.maxstring = _SHORT_REPR.maxother = _QUOTE_MAX
-
 
 class YAMLLimitError(yaml.YAMLError):
     """The text exceeds one of the limits above."""
-
-
-def brief(value: object, limit: int = _QUOTE_MAX) -> str:
-    """``repr(value)`` for an error message: bounded in length and in the work to build it (an
-    alias-bomb value is a graph of 10**9 leaves; plain ``repr`` would try to print them all)."""
-    text = _SHORT_REPR.repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def one_line(text: str, limit: int = _MESSAGE_MAX) -> str:
-    """Collapse whitespace (log lines and CLI errors are one line) and cut at ``limit``."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def describe(exc: yaml.YAMLError) -> str:

@@ -31,6 +31,7 @@ from ravenproxy.pki.identity import (
 from ravenproxy.pki.identity import (
     validate_node_name as validate_node_name,
 )
+from ravenproxy.pki.issued import missing_sans
 from ravenproxy.pki.x509info import cert_from_der
 
 log = logging.getLogger(__name__)
@@ -59,23 +60,10 @@ def parse_san(value: str) -> x509.GeneralName:
 
 
 def absent_sans(cert: x509.Certificate, wanted: Sequence[x509.GeneralName]) -> list[str]:
-    """Those of ``wanted`` (DNS names and IPs) that ``cert``'s SANs do not carry, as text; DNS
-    names compare case-insensitively."""
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        have_dns: set[str] = set()
-        have_ip: set[object] = set()
-    else:
-        have_dns = {n.lower() for n in san.get_values_for_type(x509.DNSName)}
-        have_ip = set(san.get_values_for_type(x509.IPAddress))
-    missing: list[str] = []
-    for name in wanted:
-        if isinstance(name, x509.DNSName) and name.value.lower() not in have_dns:
-            missing.append(name.value)
-        elif isinstance(name, x509.IPAddress) and name.value not in have_ip:
-            missing.append(str(name.value))
-    return missing
+    """:func:`~ravenproxy.pki.issued.missing_sans` for a certificate ``cryptography`` holds
+    (one rule, read with :mod:`ssl`, for ``certs init`` and the ``--cert-dir`` requester)."""
+    der = cert.public_bytes(serialization.Encoding.DER)
+    return missing_sans(cert_from_der(der), [str(name.value) for name in wanted])
 
 
 def _validity(

@@ -17,6 +17,12 @@ SIGNERS: Final = (SIGNER_AGENT, SIGNER_SERVER)
 
 Role = Literal["agent", "server"]
 SIGNER_OF_ROLE: Final[dict[str, str]] = {"agent": SIGNER_AGENT, "server": SIGNER_SERVER}
+# certificates.k8s.io/v1 key usages a requester asks for, per role. ECDSA keys only sign (ECDHE
+# key exchange), so no "key encipherment" (the kubelet asks for it only with RSA keys).
+USAGES: Final[dict[str, tuple[str, ...]]] = {
+    "agent": ("digital signature", "client auth"),
+    "server": ("digital signature", "server auth"),
+}
 
 CA_NAMESPACE: Final = "kube-system"
 CA_SECRET: Final = "ravenproxy-ca"  # type kubernetes.io/tls: tls.crt, tls.key (the CA's key)

@@ -4,10 +4,7 @@ file's role and path."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,67 +15,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from ravenproxy.errors import PKIError
 from ravenproxy.log import kv
+from ravenproxy.pki.atomicfile import CERT_MODE, KEY_MODE, atomic_write
 from ravenproxy.pki.x509info import read_file
 
 log = logging.getLogger(__name__)
-
-KEY_MODE = 0o600
-CERT_MODE = 0o644
-
-
-def _atomic_write(path: Path, data: bytes, mode: int, *, overwrite: bool) -> None:
-    """Write via a temp file in the same directory, created with ``mode`` from the first byte.
-
-    The temp file is opened with its final mode (and O_EXCL/O_NOFOLLOW), so a key is never
-    readable by others, not even between create and chmod. ``overwrite=False`` publishes with
-    link(2), which fails instead of replacing a file someone else created meanwhile.
-    """
-    directory = path.parent
-    tmp = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(tmp, flags, mode)
-    except OSError as exc:
-        raise PKIError(f"{path}: cannot create: {exc.strerror or exc}") from exc
-    try:
-        try:
-            # umask may have narrowed a certificate's mode; a key must be exactly 0600.
-            if mode == KEY_MODE:
-                os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError as exc:
-                raise PKIError(f"{path}: already exists, not overwriting") from exc
-            os.unlink(tmp)
-    except OSError as exc:
-        raise PKIError(f"{path}: cannot write: {exc.strerror or exc}") from exc
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Durability of the rename; best effort, not every filesystem allows opening a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def cert_pem(cert: x509.Certificate) -> bytes:
@@ -96,27 +36,21 @@ def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def write_pem_cert(path: Path | str, cert: x509.Certificate, *, overwrite: bool = True) -> None:
     """Write ``cert`` as PEM, atomically (mode 0644 less the umask)."""
-    _atomic_write(Path(path), cert_pem(cert), CERT_MODE, overwrite=overwrite)
+    atomic_write(Path(path), cert_pem(cert), CERT_MODE, overwrite=overwrite)
 
 
 def write_pem_certs(path: Path | str, certs: Sequence[x509.Certificate]) -> None:
     """Write a bundle of certificates as PEM, in order, atomically (mode 0644 less the umask)."""
     if not certs:
         raise PKIError(f"{path}: no certificate to write")
-    _atomic_write(Path(path), b"".join(cert_pem(c) for c in certs), CERT_MODE, overwrite=True)
+    atomic_write(Path(path), b"".join(cert_pem(c) for c in certs), CERT_MODE, overwrite=True)
 
 
 def write_pem_key(
     path: Path | str, key: ec.EllipticCurvePrivateKey, *, overwrite: bool = True
 ) -> None:
     """Write ``key`` as unencrypted PKCS#8 PEM, atomically, mode 0600 from creation on."""
-    _atomic_write(Path(path), key_pem(key), KEY_MODE, overwrite=overwrite)
-
-
-def write_pem_bytes(path: Path | str, pem: bytes) -> None:
-    """Write PEM certificate(s) as given (a chain, a CA bundle), atomically (mode 0644 less the
-    umask)."""
-    _atomic_write(Path(path), pem, CERT_MODE, overwrite=True)
+    atomic_write(Path(path), key_pem(key), KEY_MODE, overwrite=overwrite)
 
 
 def load_certs(path: Path | str, what: str = "certificate") -> list[x509.Certificate]:

@@ -102,7 +102,7 @@ def scan(directory: Path) -> list[CertFile]:
     if not directory.is_dir():
         raise PKIError(f"certificate directory {directory}: not a directory")
     try:
-        # Hidden files are the temp files of an atomic write in progress (pemfiles._atomic_write).
+        # Hidden files are the temp files of an atomic write in progress (atomicfile.atomic_write).
         paths = [p for p in directory.glob("*.crt") if not p.name.startswith(".")]
     except OSError as exc:
         raise PKIError(f"certificate directory {directory}: cannot read: {exc}") from exc

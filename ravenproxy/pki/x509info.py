@@ -1,6 +1,6 @@
 """What a running process needs to know of an X.509 certificate, read with the :mod:`ssl` module
-alone: subject, issuer, serial, validity, DNS SANs and extended key usage, and whether a chain
-and key verify against a CA bundle (the way a peer checks them: an in-memory TLS handshake).
+alone: subject, issuer, serial, validity, DNS and IP SANs and extended key usage, and whether a
+chain and key verify against a CA bundle (the way a peer checks them: an in-memory TLS handshake).
 
 Why not ``cryptography``: its compiled module alone is ~8 MB resident, more than a quarter of
 an idle agent (issue 15); the agent and the server check their own credentials and read their
@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import ipaddress
 import os
 import re
 import ssl
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ravenproxy.errors import PKIError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 CLIENT_AUTH = "1.3.6.1.5.5.7.3.2"
 SERVER_AUTH = "1.3.6.1.5.5.7.3.1"
@@ -73,6 +76,7 @@ class CertInfo:
     not_after: dt.datetime
     common_names: tuple[str, ...]
     dns_names: tuple[str, ...]
+    ip_addresses: tuple[IPAddress, ...]
     extended_key_usage: frozenset[str] | None
     """Dotted OIDs; None: the certificate has no extended key usage extension."""
 
@@ -128,6 +132,12 @@ def _info(der: bytes, fields: dict[str, Any]) -> CertInfo:
         not_after=_time(fields["notAfter"]),
         common_names=tuple(v for rdn in subject for k, v in rdn if k == "commonName"),
         dns_names=tuple(v for k, v in fields.get("subjectAltName", ()) if k == "DNS"),
+        ip_addresses=tuple(
+            # OpenSSL prints an IPv6 SAN in full upper-case hex groups, with a newline.
+            ipaddress.ip_address(v.strip())
+            for k, v in fields.get("subjectAltName", ())
+            if k == "IP Address"
+        ),
         extended_key_usage=_extended_key_usage(der),
     )
 

@@ -254,7 +254,7 @@ async def test_restart_with_a_valid_certificate_makes_no_new_request(
         serial = serial_on_disk(cert_dir)
         async with requester(config, cert_dir) as again:
             assert again.requests == 0
-            assert again.current is not None and again.current.serial_number == serial
+            assert again.current is not None and again.current.serial == serial
         assert len(csrs(apiserver)) == 1
         assert serial_on_disk(cert_dir) == serial
 

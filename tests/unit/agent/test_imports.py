@@ -7,6 +7,7 @@ and stops itself with SIGTERM. Module names are asserted, not RSS (that is bench
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 from pathlib import Path
@@ -14,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from ravenproxy.pki import init_pki
+from ravenproxy.pki.authority import generate_ca
 from tests.helpers import free_port, spawn_python, stop
 from tests.integration.kube.apiserver import APIServer
+from tests.integration.kube.test_cert_requester import Signer, publish_bundle, running
 
 # The optional capabilities, each loaded in one place when its flag asks for it.
 HEAVY = {
@@ -32,7 +35,9 @@ HEAVY = {
     "cryptography": "x509 parsing (the agent reads and checks its certificates with ssl: "
     "ravenproxy.pki.x509info; issuing, CSRs and certs commands keep cryptography)",
     "ravenproxy.pki.authority": "the CA (issuing)",
-    "yaml": "PyYAML (--inventory, --config)",
+    "ravenproxy.pki.csr": "keys and CSRs (--cert-dir: only when a certificate is requested; "
+    "the one held is checked with ssl, ravenproxy.pki.issued)",
+    "yaml": "PyYAML (--inventory, --config, a YAML kubeconfig; API objects are JSON)",
     "prometheus_client": "the metrics themselves (--metrics-addr: nothing else reads them; "
     "without it ravenproxy.metrics.AgentMetrics keeps none)",
     "websockets.asyncio.client": "websockets' asyncio client (the agent dials with "
@@ -69,9 +74,12 @@ sys.exit(cli.main(sys.argv[2:]))
 """
 
 
-def loaded_modules(tmp_path: Path, *extra: str, cert_dir: Path | None = None) -> set[str]:
+def loaded_modules(
+    tmp_path: Path, *extra: str, cert_dir: Path | None = None, filled: bool = True
+) -> set[str]:
     """The modules of an agent run with ``extra`` flags; its certificate files, or ``cert_dir``
-    (--cert-dir, holding a usable set: the agent starts with it, as after a restart)."""
+    (--cert-dir, holding a usable set: the agent starts with it, as after a restart; empty
+    unless ``filled``: the agent requests one first)."""
     certs = tmp_path / "certs"
     if not certs.exists():
         init_pki(certs, ("localhost",), ("edge-1",))
@@ -82,11 +90,8 @@ def loaded_modules(tmp_path: Path, *extra: str, cert_dir: Path | None = None) ->
     ]  # fmt: skip
     if cert_dir is not None:
         cert_dir.mkdir()
-        for src, dst in (
-            ("ca.crt", "ca.crt"),
-            ("edge-1.crt", "tls.crt"),
-            ("edge-1.key", "tls.key"),
-        ):
+        pairs = (("ca.crt", "ca.crt"), ("edge-1.crt", "tls.crt"), ("edge-1.key", "tls.key"))
+        for src, dst in pairs if filled else ():
             (cert_dir / dst).write_bytes((certs / src).read_bytes())
         files = ["--cert-dir", str(cert_dir)]
     out = tmp_path / f"modules{len(extra)}.txt"
@@ -144,20 +149,29 @@ def test_inventory_flag_loads_yaml_and_nothing_else_heavy(tmp_path: Path) -> Non
     assert not loaded, f"an agent with --inventory loaded {loaded}"
 
 
-@pytest.mark.parametrize("cert_dir", [False, True], ids=["files", "cert-dir"])
-async def test_kube_model_loads_neither_kubernetes_asyncio_nor_aiohttp(
-    tmp_path: Path, cert_dir: bool
+@pytest.mark.parametrize(
+    "cert_dir", [None, "filled", "empty"], ids=["files", "cert-dir", "cert-dir-requested"]
+)
+async def test_kube_model_loads_no_kubernetes_asyncio_aiohttp_cryptography_or_yaml(
+    tmp_path: Path, cert_dir: str | None
 ) -> None:
     """--kube-model against the API emulator (the shipped DaemonSet's flags): the model is
     listed and watched (the agent dials only once its first model is in), and with --cert-dir
-    the CA bundle ConfigMap is watched, on ravenproxy.kube.rest, not kubernetes_asyncio and
-    aiohttp."""
+    holding a valid certificate the CA bundle ConfigMap is watched, on ravenproxy.kube.rest, not
+    kubernetes_asyncio and aiohttp, and neither cryptography nor PyYAML is loaded. With an empty
+    --cert-dir the agent requests a certificate first (signed as the controller would): its key
+    and CSR are made in a child process, so cryptography is not loaded then either."""
     api = APIServer()
     await api.start()
     try:
         await api.put("nodes", {"metadata": {"name": "edge-1"}})
         # A kubeconfig is YAML or JSON: JSON keeps PyYAML out too.
-        token = api.add_node_user("edge-1")
+        if cert_dir == "empty":
+            ca = generate_ca("test-cluster-ca")
+            await publish_bundle(api, ca[0])
+            token = api.add_service_account("ravenproxy-agent", "edge-1")
+        else:
+            token = api.add_node_user("edge-1")
         config = tmp_path / "kubeconfig"
         config.write_text(
             json.dumps(
@@ -170,14 +184,20 @@ async def test_kube_model_loads_neither_kubernetes_asyncio_nor_aiohttp(
             )
         )
         # The child is waited for in a thread: the emulator serves it from this event loop.
-        modules = await asyncio.to_thread(
-            loaded_modules,
-            tmp_path,
-            "--kube-model",
-            "--kubeconfig",
-            str(config),
-            cert_dir=tmp_path / "cert-dir" if cert_dir else None,
-        )
+        async with contextlib.AsyncExitStack() as stack:
+            if cert_dir == "empty":
+                signer = await stack.enter_async_context(running(Signer(api, ca)))
+            modules = await asyncio.to_thread(
+                loaded_modules,
+                tmp_path,
+                "--kube-model",
+                "--kubeconfig",
+                str(config),
+                cert_dir=tmp_path / "cert-dir" if cert_dir else None,
+                filled=cert_dir == "filled",
+            )
+        if cert_dir == "empty":
+            assert len(signer.seen) == 1, "no certificate was requested"
         paths = {r.path for r in api.requests}
         assert "/api/v1/nodes" in paths, "the model was not listed"
         if cert_dir:
@@ -185,9 +205,9 @@ async def test_kube_model_loads_neither_kubernetes_asyncio_nor_aiohttp(
     finally:
         await api.close()
     assert "ravenproxy.kube.rest" in modules and "httptools" in modules
-    # PyYAML comes with the model parsers (ravenproxy.model.parse imports model.safeyaml's
-    # message helpers), not with the kubeconfig, which is JSON here. --cert-dir makes keys and
-    # CSRs with cryptography (ravenproxy.pki.csr, which imports ravenproxy.pki.authority).
-    expected = {"yaml"} | ({"cryptography", "ravenproxy.pki.authority"} if cert_dir else set())
-    loaded = {n: why for n, why in HEAVY.items() if n not in expected and present(modules, n)}
+    # Neither PyYAML (API objects are JSON, the kubeconfig is JSON here) nor, with a valid
+    # certificate in --cert-dir, cryptography: the certificate held is checked with ssl.
+    loaded = {n: why for n, why in HEAVY.items() if present(modules, n)}
     assert not loaded, f"an agent with --kube-model loaded {loaded}"
+    if cert_dir:
+        assert "ravenproxy.pki.issued" in modules, "the certificate was not checked"

@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from ravenproxy.errors import InventoryError
-from ravenproxy.model import InventoryWatcher, ModelStore, load_inventory, parse_inventory, safeyaml
+from ravenproxy.model import (
+    InventoryWatcher,
+    ModelStore,
+    load_inventory,
+    parse_inventory,
+    quote,
+    safeyaml,
+)
 from ravenproxy.model import inventory as inventory_module
 from ravenproxy.model.safeyaml import MAX_ALIAS_NODES, MAX_DEPTH, MAX_INVENTORY_BYTES
 
@@ -188,8 +195,8 @@ def test_brief_is_bounded_for_huge_shared_graphs() -> None:
     value: list[object] = ["x"]
     for _ in range(40):  # 2**40 leaves if walked in full
         value = [value, value]
-    assert len(safeyaml.brief(value)) <= 60
-    text = safeyaml.brief("a" * 10_000)
+    assert len(quote.brief(value)) <= 60
+    text = quote.brief("a" * 10_000)
     assert len(text) <= 60 and "..." in text
 
 

@@ -1,4 +1,5 @@
-"""The requester's pure side: the CSR it sends, when it rotates, what it accepts back."""
+"""The requester's pure side: the CSR it sends (pki.csr), when it rotates and what it accepts
+back (pki.issued, with ssl alone)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from ravenproxy.errors import PKIError
+from ravenproxy.pki import csrprocess
 from ravenproxy.pki.authority import generate_ca, issue_client_cert
-from ravenproxy.pki.csr import USAGES, build_csr, check_issued, new_key, rotation_deadline
-from ravenproxy.pki.pemfiles import cert_pem
+from ravenproxy.pki.csr import build_csr, new_key, new_request
+from ravenproxy.pki.issuance import USAGES
+from ravenproxy.pki.issued import check_issued, missing_sans, rotation_deadline
+from ravenproxy.pki.pemfiles import cert_pem, key_pem
 from tests.csrsign import sign_csr
 
 CA = generate_ca()
@@ -67,11 +71,11 @@ def test_rotation_deadline_is_70_to_90_percent_of_the_lifetime() -> None:
 def test_issued_certificate_for_our_key_and_node_is_accepted() -> None:
     key = new_key()
     pem = sign_csr(*CA, build_csr(key, "edge-1"), "agent")
-    (cert,) = check_issued(pem, key, "edge-1", "agent")
-    assert cert.subject.rfc4514_string() == "CN=edge-1"
+    (cert,) = check_issued(pem, key_pem(key), "edge-1", "agent")
+    assert cert.subject == "CN=edge-1" and cert.common_names == ("edge-1",)
     server_key = new_key()
     pem = sign_csr(*CA, build_csr(server_key, "cloud-1", ["10.0.0.1"]), "server")
-    check_issued(pem, server_key, "cloud-1", "server")
+    check_issued(pem, key_pem(server_key), "cloud-1", "server")
 
 
 def test_certificate_for_another_key_is_refused() -> None:
@@ -79,26 +83,66 @@ def test_certificate_for_another_key_is_refused() -> None:
     other = new_key().public_key()
     pem = sign_csr(*CA, build_csr(key, "edge-1"), "agent", public_key=other)
     with pytest.raises(PKIError, match="another key"):
-        check_issued(pem, key, "edge-1", "agent")
+        check_issued(pem, key_pem(key), "edge-1", "agent")
 
 
 def test_certificate_for_another_node_or_role_is_refused() -> None:
     key = new_key()
     pem = sign_csr(*CA, build_csr(key, "edge-2"), "agent")
     with pytest.raises(PKIError, match="is not CN=edge-1"):
-        check_issued(pem, key, "edge-1", "agent")
+        check_issued(pem, key_pem(key), "edge-1", "agent")
     server_pem = sign_csr(*CA, build_csr(key, "edge-1"), "server")
     with pytest.raises(PKIError, match="clientAuth"):
-        check_issued(server_pem, key, "edge-1", "agent")
+        check_issued(server_pem, key_pem(key), "edge-1", "agent")
     agent_pem = sign_csr(*CA, build_csr(key, "edge-1"), "agent")
     with pytest.raises(PKIError, match="serverAuth"):
-        check_issued(agent_pem, key, "edge-1", "server")
+        check_issued(agent_pem, key_pem(key), "edge-1", "server")
 
 
 def test_not_a_certificate_is_refused() -> None:
     with pytest.raises(PKIError, match=r"not PEM|no certificate"):
-        check_issued(b"garbage", new_key(), "edge-1", "agent")
+        check_issued(b"garbage", key_pem(new_key()), "edge-1", "agent")
     # The embedded PKI's certificate for the node, but its own key: not ours.
     cert, _ = issue_client_cert(*CA, "edge-1")
     with pytest.raises(PKIError, match="another key"):
-        check_issued(cert_pem(cert), new_key(), "edge-1", "agent")
+        check_issued(cert_pem(cert), key_pem(new_key()), "edge-1", "agent")
+
+
+def test_new_request_is_a_key_and_its_csr() -> None:
+    request = new_request("cloud-1", ["10.0.0.1"])
+    csr = x509.load_pem_x509_csr(request.csr_pem)
+    assert csr.subject.rfc4514_string() == "CN=cloud-1"
+    pem = sign_csr(*CA, request.csr_pem, "server")
+    (cert,) = check_issued(pem, request.key_pem, "cloud-1", "server")
+    assert cert.ip_addresses == (ipaddress.ip_address("10.0.0.1"),)
+    assert b"PRIVATE KEY" in request.key_pem
+
+
+def test_missing_sans_compares_names_caselessly_and_addresses_by_value() -> None:
+    key = new_key()
+    sans = ["cloud-1", "Svc.Example", "10.0.0.1", "2001:db8::1"]
+    pem = sign_csr(*CA, build_csr(key, "cloud-1", sans), "server")
+    (cert,) = check_issued(pem, key_pem(key), "cloud-1", "server")
+    assert missing_sans(cert, ["SVC.example", "10.0.0.1", "2001:DB8:0::1", "cloud-1"]) == []
+    wanted = ["cloud-1", "new.example", "10.0.0.2", "2001:db8::2"]
+    assert missing_sans(cert, wanted) == ["new.example", "10.0.0.2", "2001:db8::2"]
+    with pytest.raises(PKIError, match="SAN"):
+        missing_sans(cert, ["not a name"])
+
+
+async def test_new_request_in_a_child_process_is_a_key_and_its_csr() -> None:
+    """The agent's and server's requester makes its key and CSR in a child (cryptography never
+    resident in them): what comes back is a key and the CSR for it, issued and accepted."""
+    request = await csrprocess.new_request("cloud-1", ["10.0.0.1", "cloud-1.example"])
+    csr = x509.load_pem_x509_csr(request.csr_pem)
+    assert csr.subject.rfc4514_string() == "CN=cloud-1" and csr.is_signature_valid
+    pem = sign_csr(*CA, request.csr_pem, "server")
+    (cert,) = check_issued(pem, request.key_pem, "cloud-1", "server")
+    assert missing_sans(cert, ["10.0.0.1", "cloud-1.example"]) == []
+
+
+async def test_child_process_refuses_a_bad_san_naming_it() -> None:
+    with pytest.raises(PKIError, match="invalid server SAN 'not a name'"):
+        await csrprocess.new_request("cloud-1", ["not a name"])
+    with pytest.raises(PKIError, match="node name"):
+        await csrprocess.new_request("Edge_1")
