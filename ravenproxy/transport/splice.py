@@ -121,8 +121,9 @@ class Splice(asyncio.Protocol):
             return
         try:
             # A reset (or the tunnel gone) ends the splice even while the socket takes nothing
-            # (a target that reads nothing would otherwise hold both ends): read_nowait raises.
-            while (not self._write_paused or stream.closed) and not self._down_done:
+            # or after the stream's end (a target that reads nothing, or sends nothing back,
+            # would otherwise hold both ends): read_nowait raises.
+            while stream.closed or (not self._write_paused and not self._down_done):
                 chunk = stream.read_nowait()
                 if chunk is None:
                     return

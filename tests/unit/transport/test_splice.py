@@ -202,3 +202,26 @@ async def test_stream_reset_ends_the_splice_while_the_target_reads_nothing() -> 
             await asyncio.gather(uploader, return_exceptions=True)
             if not release.done():
                 release.set_result(None)
+
+
+async def test_stream_reset_after_its_end_ends_the_splice() -> None:
+    """The cloud side half-closed (the target got its EOF) and the target answers nothing and
+    keeps its half open; then the stream is reset. The splice must end with it, not wait for
+    the target to close."""
+    got_eof = asyncio.get_running_loop().create_future()
+    release = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got_eof.set_result(await reader.read())
+        await release.wait()  # sends nothing, closes nothing
+        writer.close()
+
+    async with spliced(silent) as (stream, results):
+        try:
+            await stream.write(b"request")
+            stream.write_eof()
+            assert await asyncio.wait_for(got_eof, WAIT) == b"request"
+            stream.reset()
+            assert (await ended(results)).error != ""
+        finally:
+            release.set()
