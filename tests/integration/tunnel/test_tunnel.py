@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import socket
 import time
 
 import pytest
@@ -199,6 +200,44 @@ async def test_client_gone_mid_upload_to_a_stuck_target_closes_the_target_connec
                 await asyncio.sleep(0.1)
         finally:
             stop.set()
+
+
+async def test_stream_reset_while_the_agent_dials_closes_the_dialled_connection(
+    cluster: Cluster,
+) -> None:
+    """The server gives up on an OPEN (--open-timeout 1) while the agent's dial still waits
+    (the target's accept queue is full, its SYN dropped), and resets the stream. The dial then
+    succeeds: the agent must close that connection, not keep it (and fail the stream's handler
+    with a traceback)."""
+    loop = asyncio.get_running_loop()
+    listener = socket.socket()
+    held: list[socket.socket] = []
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        cluster.start_server("--open-timeout", "1")
+        cluster.start_agent("edge-1", f"127.0.0.1:{port}", extra=("--dial-timeout", "10"))
+        # Its dialled connection, not accepted, fills the accept queue (one with listen(0)).
+        await cluster.wait_routable(f"edge-1:{port}")
+        with pytest.raises(Exception, match=r"504"):
+            await cluster.connect(f"edge-1:{port}")
+        # The stream was reset: now let the agent's dial (its SYN re-sent) through.
+        held.append((await loop.sock_accept(listener))[0])
+        dialled, _ = await asyncio.wait_for(loop.sock_accept(listener), 15)
+        held.append(dialled)
+        try:
+            end = await asyncio.wait_for(loop.sock_recv(dialled, 1), 10)
+        except ConnectionResetError:
+            end = b""
+        except TimeoutError:
+            raise AssertionError("the agent kept the connection\n" + cluster.logs()) from None
+        assert end == b""
+        assert "stream handler failed" not in cluster.logs()
+    finally:
+        for sock in (listener, *held):
+            sock.close()
 
 
 async def test_server_restart_agent_comes_back(cluster: Cluster) -> None:
