@@ -282,7 +282,8 @@ class Agent:
             stream.reject(exc.code, exc.message)
             return
         self.metrics.dials.labels(result="ok").inc()
-        stream.accept()
+        if not stream.closed:  # else reset while dialling: the splice ends at once, closing it
+            stream.accept()
         splice.start(stream)
         await splice.wait()
 

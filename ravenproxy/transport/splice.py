@@ -120,7 +120,10 @@ class Splice(asyncio.Protocol):
         if stream is None or transport is None or self._done.done():
             return
         try:
-            while not self._write_paused and not self._down_done:
+            # A reset (or the tunnel gone) ends the splice even while the socket takes nothing
+            # or after the stream's end (a target that reads nothing, or sends nothing back,
+            # would otherwise hold both ends): read_nowait raises.
+            while stream.closed or (not self._write_paused and not self._down_done):
                 chunk = stream.read_nowait()
                 if chunk is None:
                     return

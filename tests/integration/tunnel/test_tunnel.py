@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
+import socket
 import time
 
 import pytest
@@ -145,6 +147,97 @@ async def test_agent_killed_mid_stream(cluster: Cluster) -> None:
         # What the client sees now: no agent → 503 naming the node.
         with pytest.raises(Exception, match=r"503.*edge-1: no agent connected"):
             await cluster.connect(target)
+
+
+def sockets_to(pid: int, port: int) -> int:
+    """How many TCP connections to ``port`` on loopback the process ``pid`` holds open."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    with open(f"/proc/{pid}/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return sum(1 for row in rows if int(row[2].split(":")[1], 16) == port and row[9] in inodes)
+
+
+async def test_client_gone_mid_upload_to_a_stuck_target_closes_the_target_connection(
+    cluster: Cluster,
+) -> None:
+    """A client uploads to a target that reads nothing, until every buffer on the way is full,
+    then goes away. The server resets the stream (its relay, waiting for credit, ends at its
+    --idle-timeout), and the agent closes its connection to the target at once: it must not
+    hold it, and its splice, until the target reads again."""
+    stop = asyncio.Event()
+
+    async def stuck(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await stop.wait()  # reads nothing
+
+    async with tcp_server(stuck) as port:
+        try:
+            cluster.start_server("--idle-timeout", "2")
+            agent = cluster.start_agent("edge-1", f"127.0.0.1:{port}")
+            await cluster.wait_routable(f"edge-1:{port}")
+            _, writer = await cluster.connect(f"edge-1:{port}")
+            block = b"u" * MIB
+            try:
+                for _ in range(256):
+                    writer.write(block)
+                    try:
+                        await asyncio.wait_for(writer.drain(), 1.0)
+                    except TimeoutError:
+                        break  # every buffer on the way is full
+                else:
+                    raise AssertionError("the upload never stalled")
+            finally:
+                writer.transport.abort()
+            deadline = time.monotonic() + 15
+            while sockets_to(agent.pid, port):
+                assert time.monotonic() < deadline, (
+                    "the agent kept its connection to the target\n" + cluster.logs()
+                )
+                await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+
+
+async def test_stream_reset_while_the_agent_dials_closes_the_dialled_connection(
+    cluster: Cluster,
+) -> None:
+    """The server gives up on an OPEN (--open-timeout 1) while the agent's dial still waits
+    (the target's accept queue is full, its SYN dropped), and resets the stream. The dial then
+    succeeds: the agent must close that connection, not keep it (and fail the stream's handler
+    with a traceback)."""
+    loop = asyncio.get_running_loop()
+    listener = socket.socket()
+    held: list[socket.socket] = []
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        cluster.start_server("--open-timeout", "1")
+        cluster.start_agent("edge-1", f"127.0.0.1:{port}", extra=("--dial-timeout", "10"))
+        # Its dialled connection, not accepted, fills the accept queue (one with listen(0)).
+        await cluster.wait_routable(f"edge-1:{port}")
+        with pytest.raises(Exception, match=r"504"):
+            await cluster.connect(f"edge-1:{port}")
+        # The stream was reset: now let the agent's dial (its SYN re-sent) through.
+        held.append((await loop.sock_accept(listener))[0])
+        dialled, _ = await asyncio.wait_for(loop.sock_accept(listener), 15)
+        held.append(dialled)
+        try:
+            end = await asyncio.wait_for(loop.sock_recv(dialled, 1), 10)
+        except ConnectionResetError:
+            end = b""
+        except TimeoutError:
+            raise AssertionError("the agent kept the connection\n" + cluster.logs()) from None
+        assert end == b""
+        assert "stream handler failed" not in cluster.logs()
+    finally:
+        for sock in (listener, *held):
+            sock.close()
 
 
 async def test_server_restart_agent_comes_back(cluster: Cluster) -> None:

@@ -147,3 +147,81 @@ async def test_stream_reset_closes_the_target_connection() -> None:
         stream.reset()
         assert await asyncio.wait_for(closed, WAIT) in (b"", ConnectionResetError())
         assert (await ended(results)).error != ""
+
+
+async def test_stream_reset_ends_the_splice_while_the_target_reads_nothing() -> None:
+    """The stream is reset while the target reads nothing (the splice's socket writes are
+    paused, the stream's window full: a client gave up on an upload to a stuck target). The
+    splice must end and close the target connection at once, not when the target reads."""
+    release = asyncio.get_running_loop().create_future()
+    seen: asyncio.Future[bytes | Exception] = asyncio.get_running_loop().create_future()
+
+    async def stuck(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release  # reads nothing until the test is done
+        try:
+            while await reader.read(1 << 20):
+                pass
+            seen.set_result(b"")
+        except ConnectionError as exc:
+            seen.set_result(exc)
+        writer.close()
+
+    async with spliced(stuck) as (stream, results):
+        block = b"u" * (1 << 16)
+        sent = 0
+
+        async def upload() -> None:
+            nonlocal sent
+            while True:
+                await stream.write(block)
+                sent += len(block)
+
+        uploader = asyncio.create_task(upload())
+        try:
+            # Until every buffer on the way is full: the upload stops moving.
+            for _ in range(250):
+                before = sent
+                await asyncio.sleep(0.1)
+                if sent == before and sent:
+                    break
+            else:
+                raise AssertionError("the upload never stalled")
+            stream.reset()
+            with pytest.raises(StreamClosedError):
+                await uploader
+            try:
+                result = await ended(results)
+            finally:
+                release.set_result(None)
+            assert result.error != ""
+            # Closed, not left open: the target, reading now, comes to its end.
+            end = await asyncio.wait_for(seen, WAIT)
+            assert end == b"" or isinstance(end, ConnectionResetError), end
+        finally:
+            uploader.cancel()
+            await asyncio.gather(uploader, return_exceptions=True)
+            if not release.done():
+                release.set_result(None)
+
+
+async def test_stream_reset_after_its_end_ends_the_splice() -> None:
+    """The cloud side half-closed (the target got its EOF) and the target answers nothing and
+    keeps its half open; then the stream is reset. The splice must end with it, not wait for
+    the target to close."""
+    got_eof = asyncio.get_running_loop().create_future()
+    release = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got_eof.set_result(await reader.read())
+        await release.wait()  # sends nothing, closes nothing
+        writer.close()
+
+    async with spliced(silent) as (stream, results):
+        try:
+            await stream.write(b"request")
+            stream.write_eof()
+            assert await asyncio.wait_for(got_eof, WAIT) == b"request"
+            stream.reset()
+            assert (await ended(results)).error != ""
+        finally:
+            release.set()
