@@ -149,6 +149,18 @@ class CallbackPath:
             await sock.drain()  # a slow client: the task goes on once it took the bytes
         return rest
 
+    def _route_again(self, action: RouteRequest) -> list[Action]:
+        """A kept-alive connection's next request routed (the memo reused while the model and
+        the agents did not change), and what the exchange does next; the task path and the
+        callbacks alike."""
+        try:
+            self.routed = self.ctx.router.route_again(
+                action.dest, over_tls=self.proxy.over_tls, memo=self.routed
+            )
+        except RoutingError as exc:
+            return list(self.ex.refused(exc.status, exc.node, exc.reason))
+        return list(self.ex.routed(self.routed.route))
+
     def _unhook(self) -> None:
         stream, self._hooked = self._hooked, None
         if stream is not None:
@@ -245,14 +257,7 @@ class CallbackPath:
             elif isinstance(action, Count):
                 self.proxy.count(action.status)
             elif isinstance(action, RouteRequest) and self.proxy.egress is None:
-                try:
-                    self.routed = self.ctx.router.route_again(
-                        action.dest, over_tls=self.proxy.over_tls, memo=self.routed
-                    )
-                except RoutingError as exc:
-                    queue.extend(self.ex.refused(exc.status, exc.node, exc.reason))
-                else:
-                    queue.extend(self.ex.routed(self.routed.route))
+                queue.extend(self._route_again(action))
             elif isinstance(action, CloseUpstream):
                 self._unhook()
                 self._close_upstream()

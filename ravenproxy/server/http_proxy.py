@@ -312,14 +312,7 @@ class _Connection(CallbackPath):
                 if self.proxy.egress is not None:
                     queue.extend(self.ex.refused(405, "", "this listener serves only CONNECT"))
                     continue
-                try:
-                    self.routed = self.ctx.router.route_again(
-                        action.dest, over_tls=self.proxy.over_tls, memo=self.routed
-                    )
-                except RoutingError as exc:
-                    queue.extend(self.ex.refused(exc.status, exc.node, exc.reason))
-                else:
-                    queue.extend(self.ex.routed(self.routed.route))
+                queue.extend(self._route_again(action))
             elif isinstance(action, OpenUpstream):
                 queue.extend(await self._open(action))
             elif isinstance(action, CloseUpstream):
