@@ -38,12 +38,18 @@ from ravenproxy.errors import PKIError
 from ravenproxy.model.server_names import is_cloud_gateway_node, server_names
 from ravenproxy.model.snapshot import Model
 from ravenproxy.pki.authority import validate_node_name
-from ravenproxy.pki.issuance import NODE_NAME_EXTRA, NODE_USER_PREFIX, SIGNER_AGENT, SIGNER_SERVER
+from ravenproxy.pki.issuance import (
+    NODE_NAME_EXTRA,
+    NODE_USER_PREFIX,
+    SIGNER_AGENT,
+    SIGNER_OF_ROLE,
+)
+from ravenproxy.pki.issuance import USAGES as ROLE_USAGES
 
-# What each signer's CSR must ask for (spec.usages); TOLERATED may be asked for in addition.
+# What each signer's CSR must ask for (spec.usages): what its requesters ask for, from the one
+# table of both ends; TOLERATED may be asked for in addition.
 USAGES: Final[dict[str, frozenset[str]]] = {
-    SIGNER_AGENT: frozenset({"digital signature", "client auth"}),
-    SIGNER_SERVER: frozenset({"digital signature", "server auth"}),
+    SIGNER_OF_ROLE[role]: frozenset(usages) for role, usages in ROLE_USAGES.items()
 }
 TOLERATED: Final = frozenset({"key encipherment"})
 MIN_RSA_BITS: Final = 2048

@@ -24,7 +24,9 @@ What it does, in order:
    pending or denied, the current files stay in place and in use.
 5. **Follow the CA bundle.** The bundle ConfigMap is watched all along; a CA rotation adds a CA
    to it, and ``ca.crt`` is rewritten whenever it changes (unless ``--ca-file`` was given,
-   which then wins).
+   which then wins). A certificate the bundle no longer vouches for (its CA removed before
+   this node renewed) is replaced at once: every peer would refuse it
+   (:func:`~ravenproxy.pki.issued.trust_problem`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from ravenproxy.pki.issuance import (
     CERT_LIFETIME,
     Role,
 )
-from ravenproxy.pki.issued import check_issued, missing_sans
+from ravenproxy.pki.issued import check_issued, missing_sans, trust_problem
 from ravenproxy.pki.issued import rotation_deadline as _deadline
 from ravenproxy.pki.x509info import CertInfo, certs_from_pem, read_file
 
@@ -139,6 +141,8 @@ class CertificateRequester:
         self._bundle_task: asyncio.Task[None] | None = None
         self._unattainable: set[str] = set()
         """Names a request asked for and the issued certificate still lacked."""
+        self._untrusted = asyncio.Event()
+        """The CA bundle no longer vouches for the current certificate: request one now."""
 
     # -- lifecycle ------------------------------------------------------------------------
     async def bootstrap(self) -> None:
@@ -278,7 +282,24 @@ class CertificateRequester:
             pem = self._bundle_pem()
             if pem is not None:
                 self._write_ca(pem)
+                self._check_trust(pem)
             await self._bundle_changed.wait()
+
+    def _check_trust(self, ca_pem: bytes) -> None:
+        s = self.settings
+        if self.current is None or self._untrusted.is_set():
+            return
+        try:
+            pem = read_file(s.cert_path, "certificate")
+            problem = trust_problem(pem, read_file(s.key_path, "key"), ca_pem, s.role)
+        except (PKIError, OSError) as exc:
+            problem = str(exc)
+        if problem:
+            log.warning(
+                "certificate not trusted by the CA bundle, requesting a new one",
+                extra=kv(role=s.role, serial=self.current.serial_hex, reason=problem),
+            )
+            self._untrusted.set()
 
     # -- requesting -----------------------------------------------------------------------
     async def _rotate(self) -> None:
@@ -298,6 +319,10 @@ class CertificateRequester:
                 # What the signer would not put in is not asked for again before rotation.
                 self._unattainable |= set(await self._missing_sans())
                 continue
+            if self._untrusted.is_set():
+                await self._obtain("not trusted by the CA bundle")
+                self._untrusted.clear()  # a new one refused too waits for the next bundle
+                continue
             wait = (self.deadline - _now()).total_seconds()
             if wait > 0:
                 # The deadline is wall-clock time; the loop's clock is monotonic and may drift
@@ -306,7 +331,9 @@ class CertificateRequester:
                 nap = min(wait, 3600.0)
                 if self._sans is not None:
                     nap = min(nap, self.settings.san_check_interval)
-                await asyncio.sleep(nap)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(nap):
+                        await self._untrusted.wait()
                 continue
             log.info(
                 "certificate rotation due",

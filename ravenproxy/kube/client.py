@@ -11,7 +11,7 @@ skipping the client's model classes keeps one code path for the YAML inventory a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,15 @@ class _Answer:
                 yield line
 
 
+@contextlib.contextmanager
+def _connection_errors() -> Iterator[None]:
+    """aiohttp's errors as ``ConnectionError``, as the REST client raises them."""
+    try:
+        yield
+    except aiohttp.ClientError as exc:
+        raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+
+
 class MethodListWatch:
     """A kubernetes_asyncio list method (with its arguments) as a reflector's list and watch;
     aiohttp's errors come out as ``ConnectionError``, as the REST client's do."""
@@ -93,18 +102,16 @@ class MethodListWatch:
         self._connect_timeout = connect_timeout
 
     async def list(self, timeout: float) -> tuple[int, dict[str, Any]]:
-        try:
+        with _connection_errors():
             return await raw_call(
                 self._fn, **self._kwargs, _request_timeout=(self._connect_timeout, timeout)
             )
-        except aiohttp.ClientError as exc:
-            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
 
     @contextlib.asynccontextmanager
     async def watch(
         self, resource_version: str, timeout_seconds: int, read_timeout: float
     ) -> AsyncIterator[_Answer]:
-        try:
+        with _connection_errors():
             resp: aiohttp.ClientResponse = await self._fn(
                 **self._kwargs,
                 watch=True,
@@ -115,11 +122,8 @@ class MethodListWatch:
                 _request_timeout=(self._connect_timeout, read_timeout),
                 _preload_content=False,
             )
-        except aiohttp.ClientError as exc:
-            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
         try:
-            yield _Answer(resp)
-        except aiohttp.ClientError as exc:
-            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+            with _connection_errors():
+                yield _Answer(resp)
         finally:
             resp.release()

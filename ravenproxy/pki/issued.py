@@ -83,6 +83,72 @@ def check_issued(pem: bytes, key_pem: bytes, node: str, role: Role) -> tuple[Cer
     return chain
 
 
+def trust_problem(pem: bytes, key_pem: bytes, ca_pem: bytes, role: Role) -> str:
+    """Why a peer trusting the CAs in ``ca_pem`` would refuse this certificate ("" if it
+    would not): the verification a real handshake makes (chain, validity, purpose), made by a
+    handshake between two TLS objects in memory — a server verifying an agent's client
+    certificate, an agent verifying a server's. A certificate from a CA the bundle no longer
+    holds (the old CA dropped before every node renewed) is refused by every peer: the
+    requester asks for a new one at once rather than at its rotation point."""
+    presenter = ssl.SSLContext(
+        ssl.PROTOCOL_TLS_SERVER if role == "server" else ssl.PROTOCOL_TLS_CLIENT
+    )
+    presenter.check_hostname = False
+    presenter.verify_mode = ssl.CERT_NONE
+    verifier = ssl.SSLContext(
+        ssl.PROTOCOL_TLS_CLIENT if role == "server" else ssl.PROTOCOL_TLS_SERVER
+    )
+    verifier.check_hostname = False
+    verifier.verify_mode = ssl.CERT_REQUIRED
+    with private_file(pem) as cert_path, private_file(key_pem) as key_path:
+        load_pair(presenter, cert_path, key_path)
+        if role != "server":
+            load_pair(verifier, cert_path, key_path)  # a TLS server needs one; never checked
+    try:
+        verifier.load_verify_locations(cadata=ca_pem.decode("ascii", "replace"))
+    except (ssl.SSLError, ValueError) as exc:
+        return f"CA bundle not usable: {exc}"
+    if role == "server":
+        client, server = verifier, presenter
+    else:
+        client, server = presenter, verifier
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    ends = (
+        (client.wrap_bio(c_in, c_out, server_side=False), client is verifier),
+        (server.wrap_bio(s_in, s_out, server_side=True), server is verifier),
+    )
+    done = [False, False]
+    for _ in range(8):  # TLS 1.3 with a client certificate: three flights
+        for i, (end, verifies) in enumerate(ends):
+            if done[i]:
+                continue
+            try:
+                end.do_handshake()
+                done[i] = True
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLCertVerificationError as exc:
+                return str(exc.verify_message or exc.reason or exc)
+            except ssl.SSLError as exc:
+                if verifies:
+                    return str(exc.reason or exc)
+                done[i] = True  # the presenter hears the verifier's alert: its error says why
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if all(done):
+            # TLS 1.3: the server verifies the client's certificate on reading its last flight.
+            try:
+                ends[1][0].read(1)
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLCertVerificationError as exc:
+                return str(exc.verify_message or exc.reason or exc)
+            except ssl.SSLError as exc:
+                return str(exc.reason or exc)
+            return ""
+    return "TLS handshake in memory did not complete"
+
+
 def missing_sans(cert: CertInfo, sans: Sequence[str]) -> list[str]:
     """Those of ``sans`` (names and IPs, as ``--server-san`` takes them) that ``cert`` does not
     carry, as text; DNS names compare case-insensitively. A server whose node gained an address

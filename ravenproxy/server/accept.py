@@ -14,6 +14,7 @@ import errno
 import logging
 import socket
 import ssl
+import struct
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -45,6 +46,17 @@ def listen(host: str | None, port: int) -> socket.socket:
         sock = socket.create_server((host or "", port), backlog=4096)
     sock.setblocking(False)
     return sock
+
+
+def unix_peer(sock: Any) -> str:
+    """A Unix-socket client for the logs, which has no address: its process and user
+    (``SO_PEERCRED``), ``unix:pid=N,uid=N``."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _gid = struct.unpack("3i", creds)
+    except (OSError, AttributeError, struct.error):
+        return "unix"
+    return f"unix:pid={pid},uid={uid}"
 
 
 async def streams(
@@ -139,6 +151,8 @@ class FrontListener:
                         extra=kv(peer=peer_text(peer), limit=self._gate.limit, also_closed=held),
                     )
                 continue
+            if not peer:  # a Unix socket's client
+                peer = unix_peer(conn)
             conn.setblocking(False)
             # The handler is the task's coroutine and what follows it a done callback (not a
             # wrapping coroutine): a frame less held by every open, idle connection.

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 from ravenproxy.errors import RoutingError
 from ravenproxy.log import kv
+from ravenproxy.server.accept import unix_peer
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
@@ -142,7 +143,7 @@ class _Connection(CallbackPath):
         self.ctx = proxy.ctx
         self.reader = reader
         self.writer = writer
-        self.peer = writer.get_extra_info("peername")
+        self.peer = writer.get_extra_info("peername") or unix_peer(writer.get_extra_info("socket"))
         # Authenticated: a client certificate verified against --front-client-ca-file (the
         # TLS context asks for one only then). Only such a client gets the server's kubelet
         # identity on re-originated TLS.

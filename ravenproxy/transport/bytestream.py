@@ -45,6 +45,10 @@ class ByteStream(Protocol):
         credit, otherwise :data:`READ_LIMIT`)."""
         ...
 
+    def room(self) -> int:
+        """What :meth:`writable` would return now; 0 if it would wait."""
+        ...
+
     async def write_eof(self) -> None: ...
 
     def abort(self, reason: str) -> None:
@@ -77,6 +81,9 @@ class TunnelByteStream:
     def writable(self) -> Coroutine[Any, Any, int]:
         return self.stream.writable()
 
+    def room(self) -> int:
+        return self.stream.room()
+
     async def write_eof(self) -> None:
         self.stream.write_eof()
 
@@ -105,6 +112,9 @@ class SocketByteStream:
 
     async def writable(self) -> int:
         return READ_LIMIT  # drain() after each write is the backpressure
+
+    def room(self) -> int:
+        return READ_LIMIT
 
     async def write_eof(self) -> None:
         if self.writer.can_write_eof() and not self.writer.is_closing():
@@ -197,6 +207,9 @@ class TlsByteStream:
     async def writable(self) -> int:
         # The records carry a little more than the plaintext: the inner write waits for that.
         return await self.inner.writable()
+
+    def room(self) -> int:
+        return self.inner.room()
 
     async def write_eof(self) -> None:
         # close_notify is TLS's half-close; the TCP side stays open for the peer's answer.

@@ -9,6 +9,11 @@ tunnel stream's credit), so a slow tunnel stops reading the socket (TCP pushes b
 sender) instead of queueing. Stream → socket: the next chunk is taken (and its credit returned)
 only after the socket accepted the previous one.
 
+A client that goes away while its upload waits for the tunnel's credit (the target reads
+nothing) is noticed within :data:`CREDIT_PROBE` seconds, not at the idle timeout: while it waits,
+the relay looks at the client's socket (the error its reader was left with; the kernel's TCP
+state, because a socket whose reading is paused hears of no reset) and ends with that error.
+
 Idleness (no byte either way for a while) is tracked once, by :class:`IdleWatch`, for this relay
 and for every other copy loop of a relayed connection: the loops only stamp the time.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -197,6 +203,13 @@ class RelayResult:
 IDLE_ERROR = "idle timeout"
 """The error a relay closed for idleness reports."""
 
+CREDIT_PROBE = 2.0
+"""Seconds between looks at the client's socket while its upload waits for credit."""
+
+_TCP_CLOSE = 7
+"""``tcpi_state`` of a connection the peer reset (or that timed out): gone both ways. A FIN
+alone leaves it in CLOSE_WAIT, a half-close the relay carries on."""
+
 
 def relay(
     upstream: ByteStream,
@@ -291,6 +304,25 @@ class _Relay:
             assert self.task is not None
             self.task.cancel()
 
+    async def credit(self, label: str) -> int:
+        """:meth:`ByteStream.writable` for an upload that waits, watching the client meanwhile:
+        raises :class:`ConnectionResetError` once it is gone."""
+        waiter = asyncio.create_task(
+            self.upstream.writable(), name=f"relay-credit:{label}" if label else "relay-credit"
+        )
+        try:
+            while True:
+                await asyncio.wait((waiter,), timeout=CREDIT_PROBE)
+                if waiter.done():
+                    return waiter.result()
+                gone = client_gone(self.reader, self.writer)
+                if gone:
+                    raise ConnectionResetError(gone)
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+                await asyncio.gather(waiter, return_exceptions=True)
+
     def failed(self, exc: BaseException) -> None:
         # One direction failed: the other has nothing sensible left to do.
         if isinstance(exc, StreamClosedError):
@@ -321,7 +353,7 @@ class _Relay:
                     while True:
                         # Read only as much as upstream takes now (a tunnel stream's credit):
                         # a slow tunnel stops reading the socket, and TCP pushes back.
-                        room = await upstream.writable()
+                        room = upstream.room() or await self.credit(label)
                         data = await reader.read(min(room, READ_LIMIT))
                         if not data:
                             await upstream.write_eof()
@@ -365,6 +397,26 @@ class _Relay:
                 writer.close()
             upstream.close()
         return result
+
+
+def client_gone(reader: SocketReader, writer: SocketWriter) -> str:
+    """Why the client's connection is gone both ways ("" while it is not): lost to an error,
+    or reset while its reading was paused (no read, so nothing heard of it but the kernel)."""
+    exc = reader.exception()
+    if exc is not None:
+        return f"client connection lost: {exc}"
+    sock = writer.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return ""
+    try:
+        state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+        if state != _TCP_CLOSE:
+            return ""
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    except OSError:
+        return ""  # closed under us: the reader says why, next time
+    why = os.strerror(err) if err else "closed"
+    return f"client connection gone while its reading was paused: {why}"
 
 
 def tune(transport: asyncio.WriteTransport) -> None:

@@ -26,6 +26,10 @@ from typing import Any, Protocol, cast
 class SocketReader(Protocol):
     async def read(self, n: int = -1) -> bytes: ...
 
+    def exception(self) -> BaseException | None:
+        """What ended the connection, if it was lost to an error (a reset)."""
+        ...
+
 
 class SocketWriter(Protocol):
     @property
@@ -148,6 +152,9 @@ class SocketStream(asyncio.Protocol):
             finally:
                 self._read_waiter = None
         return self._take(n)
+
+    def exception(self) -> BaseException | None:
+        return self._error
 
     def on_data(self, callback: Callable[[], None] | None) -> None:
         """Serve the reading side by callbacks: ``callback`` runs when bytes, the EOF or the

@@ -238,6 +238,13 @@ class TunnelStream:
         if self.session.conn.pending_bytes > self.session.config.wire.max_message_size:
             await self.session._drained()
 
+    def room(self) -> int:
+        """The credit available now (0: :meth:`writable` would wait); 1 on a failed stream,
+        whose :meth:`writable` raises at once."""
+        if self._error is not None:
+            return 1
+        return self.session.conn.send_window(self.id)
+
     async def writable(self) -> int:
         """Wait until some credit is available; return how much."""
         while True:

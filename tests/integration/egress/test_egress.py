@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import ssl
 import stat
 from typing import Any
@@ -20,7 +21,7 @@ from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
 from ravenproxy.client import ConnectRefused as FrontRefused
-from tests.helpers import close_writer
+from tests.helpers import close_writer, eventually
 from tests.integration.egress.env import (
     CLOUD_IP,
     CLOUD_POD,
@@ -252,6 +253,11 @@ async def test_only_connect_is_served(egress: Egress) -> None:
     finally:
         await close_writer(writer)
     assert answer.startswith(b"HTTP/1.1 405 ")
+    # A Unix-socket client has no address: the refusal names its process and user.
+    assert egress.cluster.server is not None
+    server = egress.cluster.server
+    me = f"unix:pid={os.getpid()},uid={os.getuid()}"
+    await eventually(lambda: me in server.output(), 5, what=f"{me} in the server's log")
 
 
 @pytest.mark.parametrize("cert", ["none", "other-ca", "ravenproxy-ca"])

@@ -483,6 +483,48 @@ async def test_ca_bundle_change_rewrites_ca_crt(
         )
 
 
+async def test_a_certificate_the_bundle_no_longer_vouches_for_is_replaced_at_once(
+    apiserver: APIServer, ca: CA, config: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CA rotation done too fast: the new CA is added to the bundle (nothing happens: the
+    certificate is still trusted), the signer switches to it, and the old CA is removed before
+    this node renewed. Its certificate, which every peer now refuses, is replaced at once, not
+    at its rotation point (an hour away here), by one from the new CA."""
+    caplog.set_level(logging.INFO, "ravenproxy.kube.certificates")
+    cert_dir = tmp_path / "certs"
+    new_ca = generate_ca("next-ca")
+    old_signer = Signer(apiserver, ca)
+    async with running(old_signer), requester(config, cert_dir, run=True) as req:
+        serial, first = serial_on_disk(cert_dir), req.requests  # the bootstrap's
+        await publish_bundle(apiserver, ca[0], new_ca[0])
+
+        def cas_on_disk() -> int:
+            return len(x509.load_pem_x509_certificates((cert_dir / "ca.crt").read_bytes()))
+
+        await eventually(lambda: cas_on_disk() == 2, 10, interval=0.05, what="both CAs")
+        await asyncio.sleep(0.5)
+        assert req.requests == first and serial_on_disk(cert_dir) == serial
+    async with running(Signer(apiserver, new_ca, seen=dict(old_signer.seen))):
+        async with requester(config, cert_dir, run=True) as req:
+            assert req.requests == 0  # a restart keeps it: still trusted
+            await publish_bundle(apiserver, new_ca[0])
+            await eventually(lambda: req.requests == 1, 10, interval=0.05, what="a new CSR")
+            await eventually(
+                lambda: is_issued_by(load_cert(cert_dir / "tls.crt"), new_ca[0]),
+                10,
+                interval=0.05,
+                what="a certificate from the new CA",
+            )
+            await asyncio.sleep(0.5)
+            assert req.requests == 1
+    (untrusted,) = [
+        r
+        for r in caplog.records
+        if r.getMessage() == "certificate not trusted by the CA bundle, requesting a new one"
+    ]
+    assert "unable to get local issuer certificate" in untrusted.fields["reason"]  # type: ignore[attr-defined]
+
+
 async def test_agent_process_with_cert_dir_bootstraps_and_connects(
     apiserver: APIServer, tmp_path: Path
 ) -> None:

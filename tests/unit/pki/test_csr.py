@@ -14,8 +14,8 @@ from ravenproxy.errors import PKIError
 from ravenproxy.pki import csrprocess
 from ravenproxy.pki.authority import generate_ca, issue_client_cert
 from ravenproxy.pki.csr import build_csr, new_key, new_request
-from ravenproxy.pki.issuance import USAGES
-from ravenproxy.pki.issued import check_issued, missing_sans, rotation_deadline
+from ravenproxy.pki.issuance import USAGES, Role
+from ravenproxy.pki.issued import check_issued, missing_sans, rotation_deadline, trust_problem
 from ravenproxy.pki.pemfiles import cert_pem, key_pem
 from tests.csrsign import sign_csr
 
@@ -97,6 +97,30 @@ def test_certificate_for_another_node_or_role_is_refused() -> None:
     agent_pem = sign_csr(*CA, build_csr(key, "edge-1"), "agent")
     with pytest.raises(PKIError, match="serverAuth"):
         check_issued(agent_pem, key_pem(key), "edge-1", "server")
+
+
+@pytest.mark.parametrize("role", ["agent", "server"])
+def test_trust_problem_is_what_a_peer_trusting_the_bundle_would_refuse(role: Role) -> None:
+    """A certificate from a CA in the bundle is trusted (alone or among others); one from a CA
+    the bundle no longer holds, or one expired, is not, and the reason is OpenSSL's."""
+    key = new_key()
+    sans = ["10.0.0.1"] if role == "server" else []
+    pem = sign_csr(*CA, build_csr(key, "cloud-1" if role == "server" else "edge-1", sans), role)
+    other_ca, _ = generate_ca("next-ca")
+    assert trust_problem(pem, key_pem(key), cert_pem(CA[0]), role) == ""
+    both = cert_pem(other_ca) + cert_pem(CA[0])
+    assert trust_problem(pem, key_pem(key), both, role) == ""
+    problem = trust_problem(pem, key_pem(key), cert_pem(other_ca), role)
+    assert "unable to get local issuer certificate" in problem
+    expired = sign_csr(
+        *CA,
+        build_csr(key, "edge-1"),
+        "agent",
+        dt.timedelta(minutes=1),
+        backdate=dt.timedelta(minutes=2),
+    )
+    assert "expired" in trust_problem(expired, key_pem(key), cert_pem(CA[0]), "agent")
+    assert "not usable" in trust_problem(pem, key_pem(key), b"garbage", role)
 
 
 def test_not_a_certificate_is_refused() -> None:

@@ -11,12 +11,21 @@ import struct
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
-from ravenproxy.transport.bytestream import SocketByteStream, TunnelByteStream, open_connection
+from ravenproxy.transport import relay as relay_module
+from ravenproxy.transport.bytestream import (
+    READ_LIMIT,
+    SocketByteStream,
+    TunnelByteStream,
+    open_connection,
+)
 from ravenproxy.transport.relay import RelayResult, relay
-from ravenproxy.transport.session import TunnelStream
+from ravenproxy.transport.session import SessionConfig, StreamClosedError, TunnelStream
+from ravenproxy.transport.socket_stream import SocketStream
+from ravenproxy.wire.config import WireConfig
 from tests.unit.transport.test_session import TARGET, WAIT, tunnel
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -129,6 +138,105 @@ async def test_cancelling_the_relay_stays_a_cancellation_and_closes_both_ends() 
             assert up.writer.is_closing()
             assert await asyncio.wait_for(target_reader.read(), WAIT) == b""
             client_w.close()
+
+
+WINDOW = 16 * 1024
+"""The agent's stream window in the stalled-upload tests: what the relay may send before it
+waits for credit that never comes (the agent's side reads nothing)."""
+
+
+@contextlib.asynccontextmanager
+async def accepting(kind: str) -> AsyncIterator[tuple[int, asyncio.Queue[tuple[Any, Any]]]]:
+    """A listener whose accepted sockets come out as (reader, writer): asyncio's streams, or
+    one :class:`SocketStream` as the server's fronts have them."""
+    queue: asyncio.Queue[tuple[Any, Any]] = asyncio.Queue()
+    if kind == "asyncio":
+
+        async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await queue.put((reader, writer))
+
+        async with listening(accepted) as port:
+            yield port, queue
+        return
+
+    def made() -> SocketStream:
+        stream = SocketStream(READ_LIMIT)
+        queue.put_nowait((stream, stream))
+        return stream
+
+    server = await asyncio.get_running_loop().create_server(made, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], queue
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "socketstream"])
+@pytest.mark.parametrize("reading", ["reading", "paused"])
+async def test_a_client_reset_while_its_upload_waits_for_credit_ends_the_relay(
+    reading: str, kind: str
+) -> None:
+    """The client's upload waits for the tunnel's credit (the agent's side reads nothing) and
+    nothing comes down; then the client resets. The relay ends within a few seconds with the
+    client's error, and the stream is reset (the agent drops its target). Before: nothing
+    noticed until the idle timeout (4 h by default) held the stream, the client's slot and the
+    socket. ``paused``: so much is uploaded that reading the client socket is paused, and only
+    the kernel hears of the reset."""
+    held: asyncio.Queue[TunnelStream] = asyncio.Queue()
+    release = asyncio.Event()
+
+    async def hold(stream: TunnelStream) -> None:  # the agent's side: accepts, reads nothing
+        stream.accept()
+        await held.put(stream)
+        await release.wait()
+
+    # Beyond the window: a little (the reader keeps reading), or more than the reader buffers
+    # before it pauses reading (2 x its limit) plus what the kernel's buffers hold.
+    upload = WINDOW + (8 * 1024 if reading == "reading" else 3 * READ_LIMIT + 8 * 1024 * 1024)
+    results: list[RelayResult] = []
+    edge = SessionConfig(wire=WireConfig(initial_stream_window=WINDOW, max_stream_window=WINDOW))
+    async with tunnel(on_open=hold, edge_config=edge) as t, accepting(kind) as (port, front_side):
+        client = socket.create_connection(("127.0.0.1", port))
+        task: asyncio.Task[RelayResult] | None = None
+        try:
+            reader, writer = await asyncio.wait_for(front_side.get(), WAIT)
+            stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+            task = asyncio.create_task(relay(TunnelByteStream(stream), reader, writer))
+            task.add_done_callback(lambda done: results.append(done.result()))
+            agent_stream = await asyncio.wait_for(held.get(), WAIT)
+            client.setblocking(False)
+            sent, blocked, chunk = 0, 0, b"u" * 65536
+            while sent < upload and blocked < 20:  # until sent, or 0.2 s of full buffers
+                try:
+                    sent += client.send(chunk[: upload - sent])
+                    blocked = 0
+                except BlockingIOError:
+                    blocked += 1
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)  # the relay is waiting for credit now
+            assert not task.done(), results
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()  # RST
+            started = time.monotonic()
+            await asyncio.wait_for(asyncio.shield(task), relay_module.CREDIT_PROBE + WAIT)
+            assert time.monotonic() - started < relay_module.CREDIT_PROBE + WAIT
+            (result,) = results
+            assert result.error.startswith("socket: "), result
+            if reading == "paused":
+                assert "gone while its reading was paused" in result.error, result
+            else:
+                assert "client connection lost" in result.error, result
+            assert result.bytes_up == WINDOW
+            with pytest.raises(StreamClosedError):
+                while await asyncio.wait_for(agent_stream.read(), WAIT):
+                    pass
+        finally:
+            release.set()
+            client.close()
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
 
 IDLE_STREAMS = 200
