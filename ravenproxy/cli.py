@@ -426,7 +426,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # `ravenproxy COMMAND ...` builds that command's parser only; anything else (no command,
     # --help, --version, a misspelt command) gets the whole CLI and its message.
-    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    if command == "agent":
+        # Before the agent's imports (and argparse's): modules its libraries import and it
+        # never uses are deferred (issue 15: an idle agent's memory).
+        from ravenproxy.agent.deferred import defer_unused
+
+        defer_unused()
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

@@ -22,7 +22,6 @@ import binascii
 import json
 import os
 import ssl
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -103,7 +102,10 @@ class ClusterAccess:
 
 
 def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes, origin: str) -> None:
-    # ssl loads a chain from files only: a private directory, removed once loaded.
+    # ssl loads a chain from files only: a private directory, removed once loaded. tempfile is
+    # imported here, for a kubeconfig with a client certificate (not a node's token).
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="ravenproxy-kube-") as tmp:
         cert_path, key_path = Path(tmp) / "client.crt", Path(tmp) / "client.key"
         cert_path.write_bytes(cert)

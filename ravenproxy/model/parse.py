@@ -13,7 +13,6 @@ server accepted.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +61,8 @@ def _suggest(key: str, known: tuple[str, ...]) -> str:
     for name in known:
         if name.lower() == key.lower():
             return f" (did you mean {name}?)"
+    import difflib  # a misspelt key only: not loaded by every agent reading its model
+
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
     return f" (did you mean {close[0]}?)" if close else ""
 

@@ -23,7 +23,6 @@ import ipaddress
 import os
 import re
 import ssl
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,6 +227,9 @@ def private_file(data: bytes) -> Iterator[str]:
         finally:
             os.close(fd)
         return
+    # No memfd (not Linux): a private directory. Imported here, out of every agent's imports.
+    import tempfile  # pragma: no cover
+
     with tempfile.TemporaryDirectory(prefix="ravenproxy-pem-") as tmp:  # pragma: no cover
         path = os.path.join(tmp, "pem")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -259,8 +261,26 @@ def _der_of(block: bytes) -> bytes:
         raise ValueError(f"not a PEM certificate ({exc})") from None
 
 
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
 def _time(text: str) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ssl.cert_time_to_seconds(text), dt.UTC)
+    """OpenSSL's printed time (``May  9 00:00:00 2027 GMT``), read as
+    :func:`ssl.cert_time_to_seconds` reads it (C locale month names, GMT), without its
+    ``time.strptime``: ``_strptime`` and ``calendar`` are ~0.2 MB of an agent (issue 15)."""
+    try:
+        month, day, clock, year, zone = text.split()
+        hour, minute, second = clock.split(":")
+        if zone != "GMT" or month not in _MONTHS:
+            raise ValueError
+        return dt.datetime(
+            int(year), _MONTHS.index(month) + 1, int(day),
+            int(hour), int(minute), int(second), tzinfo=dt.UTC,
+        )  # fmt: skip
+    except ValueError:
+        raise ValueError(
+            f"time data {text!r} does not match format '%b %d %H:%M:%S %Y GMT'"
+        ) from None
 
 
 def _rfc4514(name: tuple[tuple[tuple[str, str], ...], ...]) -> str:

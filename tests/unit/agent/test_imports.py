@@ -50,6 +50,20 @@ HEAVY = {
     "ravenproxy.controller.settings": "the controller's and dns's settings",
     "ravenproxy.pki.command": "the certs command",
     "ravenproxy.lab": "the lab command",
+    # Deferred (ravenproxy.agent.deferred): imported by libraries, never used by an agent.
+    "importlib.metadata": "websockets.version's (a development checkout of websockets only), "
+    "with email.message, zipfile, csv, importlib.resources",
+    "zipfile": "importlib.metadata's",
+    "email.utils": "websockets.server's Date header (the server side)",
+    "email.charset": "email.utils'",
+    "calendar": "email.utils' and time.strptime's",
+    "_strptime": "time.strptime (ssl.cert_time_to_seconds): the agent reads its certificate's "
+    "validity with ravenproxy.pki.x509info",
+    "stringprep": "the idna codec's, for non-ASCII host names only",
+    "bz2": "shutil's archive formats",
+    "lzma": "shutil's archive formats",
+    "difflib": "a misspelt field's suggestion (ravenproxy.model.parse), on that error only",
+    "tempfile": "a client certificate in a kubeconfig, or no memfd (ravenproxy.pki.x509info)",
 }
 
 # Runs the real entry point; the dump happens from a log handler, on the agent's own event.
@@ -65,8 +79,10 @@ class Dump(logging.Handler):
     def emit(self, record):
         if not self.done and record.getMessage() == "cannot reach the server, retrying":
             self.done = True
+            # A deferred module (ravenproxy.lazymodule) whose code never ran is not loaded.
+            loaded = [n for n, m in sys.modules.items() if type(m).__name__ != "LazyModule"]
             with open(out, "w") as f:
-                f.write("\\n".join(sorted(sys.modules)))
+                f.write("\\n".join(sorted(loaded)))
             os.kill(os.getpid(), signal.SIGTERM)
 
 logging.getLogger("ravenproxy.agent").addHandler(Dump())

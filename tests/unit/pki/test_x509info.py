@@ -21,8 +21,11 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
 )
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ravenproxy.errors import PKIError
+from ravenproxy.pki import x509info
 from ravenproxy.pki.authority import generate_ca, issue_client_cert, issue_server_cert
 from ravenproxy.pki.pemfiles import cert_pem, key_pem
 from ravenproxy.pki.x509info import (
@@ -215,3 +218,28 @@ def test_a_verified_peer_reads_the_same_as_its_der(ca: Issued, tmp_path: Path) -
     seen = peer_cert(theirs)
     assert seen is not None and seen == cert_from_der(_der(client))
     assert seen.extended_key_usage == {CLIENT_AUTH}
+
+
+@given(
+    when=st.datetimes(
+        min_value=dt.datetime(1950, 1, 1), max_value=dt.datetime(9999, 12, 31, 23, 59, 59)
+    )
+)
+def test_validity_times_are_read_as_ssl_reads_them(when: dt.datetime) -> None:
+    # OpenSSL prints a certificate's times as "May  9 00:00:00 2027 GMT" (the day padded with a
+    # space); x509info reads them without time.strptime, to the same instant ssl does.
+    text = when.strftime("%b ") + f"{when.day:2d}" + when.strftime(" %H:%M:%S %Y GMT")
+    expected = dt.datetime.fromtimestamp(ssl.cert_time_to_seconds(text), dt.UTC)
+    assert x509info._time(text) == expected == when.replace(microsecond=0, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "May  9 00:00:00 2027", "May  9 00:00:00 2027 UTC", "Mai  9 00:00:00 2027 GMT",
+     "May 32 00:00:00 2027 GMT", "May  9 00:00 2027 GMT", "May  9 0x:00:00 2027 GMT"],
+)  # fmt: skip
+def test_a_time_ssl_refuses_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        ssl.cert_time_to_seconds(text)
+    with pytest.raises(ValueError, match="does not match format"):
+        x509info._time(text)

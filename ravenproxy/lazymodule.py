@@ -1,0 +1,82 @@
+"""A module whose code runs on its first use instead of at its import (issue 15: an idle
+agent's memory).
+
+``websockets`` imports ``importlib.metadata`` in ``websockets.version`` on every import of the
+package and uses it only in a development checkout of websockets; with it come ``email``,
+``zipfile``, ``csv`` and ``importlib.resources``: ~0.8 MB of an idle agent's
+resident set. :func:`defer` puts the module's :class:`LazyModule` in ``sys.modules`` instead:
+the import statement takes it as the module (it has the module's spec), and the module's own
+code runs into it on the first read of a name it does not have yet. Whoever uses the module
+gets all of it; whoever only imports it pays nothing. The one difference: an import made to
+probe that a module works (``try: import bz2 except ImportError``) succeeds, and a module that
+fails does so at the first read instead (an ImportError of its own imports, say).
+
+:class:`importlib.util.LazyLoader` does the same, but its module loads (Python 3.11) as soon as
+the import statement reads ``__spec__`` to check that the module is initialised, that is at the
+``import`` itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+import types
+from typing import Any
+
+_load_lock = threading.RLock()
+"""Two threads reading a name at once: one runs the module's code, the other waits for it.
+Reentrant: a module's code may read a name of another deferred module while it runs."""
+
+_loading: set[int] = set()
+"""The modules whose code is running (ids), under the lock: the loading thread's own reads."""
+
+
+class LazyModule(types.ModuleType):
+    """A module object whose code has not run yet: its spec and file attributes only. The
+    first read of any other name runs the code into this same object (functions get it as
+    their globals, as on an import), after which it is a plain module."""
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for names the object does not have: before the load, every module name.
+        with _load_lock:
+            if isinstance(self, LazyModule):
+                if id(self) in _loading:
+                    # This thread, while the code runs (a package's ``from . import x``):
+                    # what a module being imported answers.
+                    raise AttributeError(
+                        f"partially initialized module {self.__name__!r} has no attribute {name!r}"
+                    )
+                spec = self.__spec__
+                assert spec is not None and spec.loader is not None  # set by defer()
+                _loading.add(id(self))
+                try:
+                    spec.loader.exec_module(self)
+                except BaseException:
+                    # As a failed import: the module is not left half-made in sys.modules.
+                    if sys.modules.get(spec.name) is self:
+                        del sys.modules[spec.name]
+                    raise
+                finally:
+                    _loading.discard(id(self))
+                # A plain module from here on; other threads waited on the lock until now.
+                self.__class__ = types.ModuleType  # type: ignore[assignment]
+        return getattr(self, name)
+
+
+def defer(name: str) -> None:
+    """Make ``name`` (a module not imported yet) a :class:`LazyModule`: its import costs
+    nothing until a name of it is read. Nothing changes when it is imported already or cannot
+    be found (its import then fails as it would have)."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    module.__class__ = LazyModule
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent:
+        # What an import does: the package's attribute is the submodule.
+        setattr(sys.modules[parent], child, module)
