@@ -17,6 +17,7 @@ from ravenproxy.lifecycle import (
     check_listen,
     run_async,
     serve_until_signalled,
+    settled,
     typed_error,
     until_signalled,
 )
@@ -86,6 +87,7 @@ async def _server_main(settings: ServerSettings) -> int:
     ):
         server = ProxyServer(settings, store)
         await server.start()
+        settled()
         try:
             await until_signalled()
         finally:
@@ -100,6 +102,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     settings = AgentSettings.from_mapping(flags.gather(args, AgentSettings))
     starting("agent", AgentSettings, settings)
+    settled()
     # uvloop cannot open the netlink sockets the L3 driver needs.
     return run_async(serve_until_signalled(Agent(settings).run()), fast_loop=settings.l3 is None)
 

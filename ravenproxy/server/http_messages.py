@@ -107,7 +107,8 @@ class Parsed:
         self.in_head = True
         self._start = b""
         self._fields = []
-        self._trailers = []
+        if self._trailers:
+            self._trailers = []
 
     def on_url(self, url: bytes) -> None:
         self._start += url
@@ -174,8 +175,16 @@ class Parsed:
 
     def on_message_complete(self) -> None:
         self.in_body = False
-        trailers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._trailers]
-        self.events.append((END, trailers))
+        trailers = self._trailers
+        # Most messages have none: no list made for them.
+        self.events.append(
+            (
+                END,
+                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers]
+                if trailers
+                else [],
+            )
+        )
 
 
 def header(headers: Headers, name: str) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 
 from websockets.speedups import apply_mask
 
@@ -31,8 +32,8 @@ class FrameBatch:
 
     def __init__(self, *, mask: bool, messages: int) -> None:
         self.mask = mask
-        self.keys = os.urandom(4 * messages) if mask else b""
-        """The masking keys of the batch, drawn at once (RFC 6455 §5.3: unpredictable)."""
+        self.keys = _keys.take(4 * messages) if mask else b""
+        """The masking keys of the batch (RFC 6455 §5.3: unpredictable)."""
         self.key_at = 0
         self.out: list[bytes | bytearray | memoryview] = []
         self.run = bytearray()
@@ -70,6 +71,44 @@ class FrameBatch:
             out.append(self.run)
         self.out, self.run, self.size = [], bytearray(), 0
         return out
+
+
+def batched(
+    batch: list[list[bytes | memoryview]], *, mask: bool
+) -> Iterator[list[bytes | bytearray | memoryview]]:
+    """The frames of a batch of messages (each in pieces), as lists for one ``writelines``
+    each: at most :data:`WRITE_CHUNK` bytes a list, beyond one message."""
+    out = FrameBatch(mask=mask, messages=len(batch))
+    for pieces in batch:
+        out.add(pieces)
+        if out.size >= WRITE_CHUNK or pieces is batch[-1]:
+            yield out.take()
+
+
+class _KeyPool:
+    """Masking keys drawn from the OS :data:`POOL` bytes at a time: a small batch (a GET, its
+    answer) takes 4 of them, not a ``getrandom`` call of its own. As strong as drawing each
+    key alone (RFC 6455 §5.3 asks for unpredictable keys); each byte is used once."""
+
+    POOL = 4096
+
+    __slots__ = ("at", "pool")
+
+    def __init__(self) -> None:
+        self.pool = b""
+        self.at = 0
+
+    def take(self, n: int) -> bytes:
+        if n > self.POOL:
+            return os.urandom(n)
+        if self.at + n > len(self.pool):
+            self.pool, self.at = os.urandom(self.POOL), 0
+        keys = self.pool[self.at : self.at + n]
+        self.at += n
+        return keys
+
+
+_keys = _KeyPool()
 
 
 def binary_frame_header(size: int, *, masked: bool = False) -> bytes:

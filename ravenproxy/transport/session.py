@@ -26,7 +26,7 @@ from websockets.protocol import State as WsState
 
 from ravenproxy.log import kv
 from ravenproxy.transport.flag import Flag
-from ravenproxy.transport.frame_batch import WRITE_CHUNK, FrameBatch
+from ravenproxy.transport.frame_batch import batched
 from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
 from ravenproxy.transport.websocket import TunnelConnectionMixin, TunnelServerConnection
 from ravenproxy.transport.ws_client import TunnelClientConnection
@@ -133,7 +133,8 @@ class Session:
         self.fields = fields or {}
         self.streams: dict[int, TunnelStream] = {}
         self._window_waiters: set[TunnelStream] = set()
-        self._wake = Flag()
+        self._wake = False  # queued since the writer took the queue
+        self._wake_writer: asyncio.Future[None] | None = None  # its wait (no Flag's shield)
         self._drain_event = Flag()
         # Set whenever the writer has taken the connection's queue (or stopped for good): what
         # a reader paused on unsent control output waits for.
@@ -256,8 +257,11 @@ class Session:
 
     # -- I/O --------------------------------------------------------------------------------
     def _flush(self) -> None:
-        if self.conn.pending_bytes:
-            self._wake.set()
+        if self.conn.pending_bytes and not self._wake:
+            self._wake = True
+            waiter, self._wake_writer = self._wake_writer, None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     async def _drained(self) -> None:
         """Wait until the writer caught up, so producers cannot queue without bound."""
@@ -266,23 +270,23 @@ class Session:
             await self._drain_event.wait()
 
     async def _writer(self) -> None:
-        # One batch is what every stream queued since the writer last ran (a loop
-        # iteration's worth under load), written as a few large writes (frame_batch).
-        mask = not self.conn.server_side
+        # A batch: what every stream queued since the writer last ran, in few large writes.
+        mask, ws, loop = not self.conn.server_side, self.ws, asyncio.get_running_loop()
         try:
             while True:
-                await self._wake.wait()
-                self._wake.clear()
+                if not self._wake:
+                    self._wake_writer = waiter = loop.create_future()
+                    await waiter
+                self._wake = False
                 batch = self.conn.pieces_to_send()
                 self._taken.set()
-                out = FrameBatch(mask=mask, messages=len(batch))
-                for pieces in batch:
-                    out.add(pieces)
-                    if out.size >= WRITE_CHUNK or pieces is batch[-1]:
-                        if self.ws.protocol.state is not WsState.OPEN:
-                            return
-                        self.ws.transport.writelines(out.take())
-                        await self.ws.drain()
+                for frames in batched(batch, mask=mask):
+                    if ws.protocol.state is not WsState.OPEN:
+                        return
+                    ws.transport.writelines(frames)
+                    # drain() waits only while paused (or yields once while closing).
+                    if ws.paused or ws.transport.is_closing():
+                        await ws.drain()
                 self._drain_event.set()
         except ConnectionClosed:
             pass
@@ -315,9 +319,10 @@ class Session:
         try:
             ws = self.ws
             if isinstance(ws, TunnelConnectionMixin):
-                # Our frame reader's messages first; once it returns None the rest of the
-                # connection (the closing handshake, anything unusual) is websockets'.
+                # Our frame reader's messages (then websockets'). A batch is what arrived while
+                # the loop ran: work since then is timed from here for YIELD_EVERY.
                 while (batch := await ws.next_messages()) is not None:
+                    self._yielded = time.monotonic()
                     for data in batch:
                         await self._received(data)
             async for message in ws:
@@ -353,9 +358,8 @@ class Session:
         self._flush()
         if not self.conn.should_read:
             await self._paused()
-        # Queued messages are handed out without yielding: a peer that sends faster than we
-        # process would otherwise starve every other tunnel and front. Yield every few
-        # milliseconds of work (not per message: bulk data would pay).
+        # A peer that sends faster than we process must not starve other tunnels and fronts:
+        # yield after YIELD_EVERY of work without one (not per message: small ones would pay).
         if time.monotonic() - self._yielded >= YIELD_EVERY:
             await asyncio.sleep(0)
             self._yielded = time.monotonic()

@@ -9,7 +9,13 @@ import pytest
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from ravenproxy.transport.frame_batch import COALESCE, FrameBatch, binary_frame_header
+from ravenproxy.transport.frame_batch import (
+    COALESCE,
+    WRITE_CHUNK,
+    FrameBatch,
+    batched,
+    binary_frame_header,
+)
 
 
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 1 << 20, (1 << 20) + 1036])
@@ -57,3 +63,25 @@ def test_a_batch_is_few_writes_that_parse_back_to_its_messages(masked: bool) -> 
     wire = b"".join(bytes(p) for p in out)
     assert parse(wire, masked=masked) == [b"".join(bytes(p) for p in m) for m in batch]
     assert frames.take() == [] and frames.size == 0
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_batched_writes_parse_back_and_stop_at_the_write_chunk(masked: bool) -> None:
+    bulk = [[b"\x00\x03head", os.urandom(WRITE_CHUNK // 2 + 1)] for _ in range(3)]
+    batch: list[list[bytes | memoryview]] = [[b"small"], *bulk, [b"last"]]
+    writes = list(batched(batch, mask=masked))
+    # A write ends once it holds WRITE_CHUNK bytes: after the second bulk message, then the rest.
+    assert len(writes) == 2
+    wire = b"".join(bytes(p) for w in writes for p in w)
+    assert parse(wire, masked=masked) == [b"".join(m) for m in batch]
+    assert list(batched([], mask=masked)) == []
+
+
+def test_masking_keys_are_drawn_fresh_for_every_batch() -> None:
+    # Keys come from a pool of os.urandom: no batch may get bytes another one got (a reused
+    # key would be a predictable one), also across refills of the pool (600 x 12 bytes).
+    drawn = [FrameBatch(mask=True, messages=3).keys for _ in range(600)]
+    assert all(len(keys) == 12 for keys in drawn)
+    assert len(set(drawn)) == len(drawn)
+    assert len(FrameBatch(mask=True, messages=5000).keys) == 20000  # beyond the pool
+    assert FrameBatch(mask=False, messages=3).keys == b""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from ravenproxy.transport import session as session_module
 from ravenproxy.transport.flag import Flag
 from ravenproxy.transport.session import (
     OpenError,
@@ -434,6 +436,45 @@ async def test_no_tasks_left_after_run_returns() -> None:
     await asyncio.sleep(0)
     leftover = asyncio.all_tasks() - before - {asyncio.current_task()}
     assert not [task for task in leftover if not task.done()], leftover
+
+
+async def _reader_yields(monkeypatch: pytest.MonkeyPatch, messages: int) -> int:
+    """How often the cloud's reader yields (``sleep(0)`` in Session._received) while an echo
+    stream carries ``messages`` small messages, each after the tunnel went idle."""
+    real_sleep = asyncio.sleep
+    yields = 0
+
+    async def counting_sleep(delay: float, result: object = None) -> object:
+        nonlocal yields
+        if delay == 0 and sys._getframe(1).f_code is Session._received.__code__:
+            yields += 1
+        return await real_sleep(delay, result)
+
+    monkeypatch.setattr(asyncio, "sleep", counting_sleep)
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        for _ in range(messages):
+            await real_sleep(2 * session_module.YIELD_EVERY)  # the reader waits meanwhile
+            await stream.write(b"GET / HTTP/1.1\r\n\r\n")
+            assert await asyncio.wait_for(stream.read(), WAIT) == b"GET / HTTP/1.1\r\n\r\n"
+        stream.close()
+    return yields
+
+
+async def test_a_message_after_a_wait_is_read_without_an_extra_yield(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The reader has just waited for the network (other tasks ran): a small message read then
+    # costs no extra trip through the event loop (one per message per relay before).
+    assert await _reader_yields(monkeypatch, 20) == 0
+
+
+async def test_the_reader_still_yields_after_yield_every_of_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With no budget of work at all, it yields after every message: the bound is still kept.
+    monkeypatch.setattr(session_module, "YIELD_EVERY", 0.0)
+    assert await _reader_yields(monkeypatch, 20) >= 20
 
 
 def test_session_config_validation() -> None:
