@@ -19,7 +19,7 @@ from websockets.protocol import Event, State
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
-from ravenproxy.transport import tls_socket
+from ravenproxy.transport import tls_handshake
 from ravenproxy.transport.websocket import TunnelConnectionMixin
 
 
@@ -102,8 +102,8 @@ async def connect(
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(open_timeout):
-            if ssl is not None:  # OpenSSL on the socket itself (see tls_socket)
-                _, protocol = await tls_socket.open_client(
+            if ssl is not None:  # OpenSSL on the socket itself (see tls_handshake)
+                _, protocol = await tls_handshake.open_client(
                     factory,
                     ws_uri.host,
                     ws_uri.port,

@@ -26,7 +26,8 @@ import uvloop
 from ravenproxy.pki import init_pki
 from ravenproxy.transport import tls_socket
 from ravenproxy.transport.tls import client_context, server_context
-from ravenproxy.transport.tls_socket import TLSSocketTransport, handshake, open_client
+from ravenproxy.transport.tls_handshake import handshake, open_client
+from ravenproxy.transport.tls_socket import TLSSocketTransport
 
 WAIT = 20.0
 
