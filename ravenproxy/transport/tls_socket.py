@@ -53,6 +53,9 @@ READ_ROUNDS = 4
 """Buffers filled per read readiness at most, so one busy connection does not starve the loop;
 the rest is read on the next iteration (level-triggered readiness, or ``pending()``)."""
 
+CORK_MIN = 32 * 1024
+"""Bytes queued from which a flush corks the socket (``TCP_CORK``) while it writes them."""
+
 HIGH_WATER = 64 * 1024
 """The default write buffer high-water mark (asyncio's)."""
 
@@ -98,6 +101,7 @@ class TLSSocketTransport(asyncio.Transport):
         self._ragged = False  # the peer's FIN came without its close_notify
         # Read now: the socket answers none of these once closed (and an SSLSocket none of the
         # TLS ones once its close_notify is sent).
+        self._cork = sock.family in (socket.AF_INET, socket.AF_INET6)
         self._names: dict[str, Any] = {
             "peercert": sock.getpeercert(),
             "cipher": sock.cipher(),
@@ -217,9 +221,16 @@ class TLSSocketTransport(asyncio.Transport):
     def _flush(self) -> None:
         """Write queued pieces until the socket takes no more."""
         queue = self._queue
-        send = self._sock.send
+        sock = self._sock
+        send = sock.send
         self._write_wants_read = False
+        # Several records to write: cork, so the kernel sends full segments, not one per
+        # record (each SSL_write of a record is a send() of its own; TCP_NODELAY is on).
+        cork = self._queued >= CORK_MIN and self._cork
+        failed: BaseException | None = None
         try:
+            if cork:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
             while queue:
                 piece = queue[0]
                 sent = send(piece)
@@ -230,7 +241,14 @@ class TLSSocketTransport(asyncio.Transport):
         except ssl.SSLWantReadError:
             self._write_wants_read = True
         except (OSError, ssl.SSLError) as exc:
-            self._fatal(exc, "write")
+            failed = exc
+        if cork:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+            except OSError as exc:
+                failed = failed or exc
+        if failed is not None:
+            self._fatal(failed, "write")
             return
         if not queue and self._closing and self._shutdown == 0:
             self._start_shutdown()
