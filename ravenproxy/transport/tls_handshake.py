@@ -24,8 +24,9 @@ async def handshake(
 ) -> None:
     """The TLS handshake of a non-blocking ``sock``, waiting for readiness in between; a
     :class:`TimeoutError` after ``timeout`` seconds. ``on_error`` is told of a refused
-    handshake (an :class:`ssl.SSLError`; not a timeout, not a reset), as the listening context's
-    observer is told by the event loop's TLS."""
+    handshake (an :class:`ssl.SSLError`), as the listening context's observer is told by the
+    event loop's TLS; not of a timeout, a reset, or a peer that closed the connection mid-way
+    (a TCP health check)."""
     loop = asyncio.get_running_loop()
     fd = sock.fileno()
     async with asyncio.timeout(timeout):
@@ -37,6 +38,8 @@ async def handshake(
                 await _ready(loop, fd, loop.add_reader, loop.remove_reader)
             except ssl.SSLWantWriteError:
                 await _ready(loop, fd, loop.add_writer, loop.remove_writer)
+            except ssl.SSLEOFError:
+                raise  # the peer left (a TCP health check, a port probe): not a refusal
             except ssl.SSLError as exc:
                 if on_error is not None:
                     try:

@@ -156,7 +156,7 @@ class TLSSocketTransport(asyncio.Transport):
         self._update_io()
 
     def resume_reading(self) -> None:
-        if self._closing or not self._reading_paused:
+        if self._closing or not self._reading_paused or self._peer_eof:
             return
         self._reading_paused = False
         self._update_io()

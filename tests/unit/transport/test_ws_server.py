@@ -192,3 +192,17 @@ async def test_the_sni_switch_serves_the_current_credentials(pki: Path, tmp_path
         client = await dial(f"wss://127.0.0.1:{port}", pki)
         await client.close()
         await asyncio.wait_for(client.wait_closed(), WAIT)
+
+
+async def test_a_tcp_health_check_is_not_a_refusal(pki: Path) -> None:
+    server, refused = listen(pki)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        for _ in range(3):  # connect and go, as a load balancer's TCP check does
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            await writer.wait_closed()
+        client = await dial(f"wss://127.0.0.1:{port}", pki)
+        await client.close()
+        await asyncio.wait_for(client.wait_closed(), WAIT)
+    assert refused == []
