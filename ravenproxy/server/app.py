@@ -23,7 +23,6 @@ from typing import Any, NamedTuple, TypeVar
 
 from aiohttp import web
 from websockets.asyncio.server import Server as WsServer
-from websockets.asyncio.server import serve
 
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError
@@ -45,7 +44,7 @@ from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import Router
 from ravenproxy.server.settings import ServerSettings, owner_ids
 from ravenproxy.server.tunnels import Tunnels
-from ravenproxy.transport import tls
+from ravenproxy.transport import tls, ws_server
 from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
 from ravenproxy.transport.session import websocket_options
 
@@ -152,11 +151,12 @@ class ProxyServer:
             ws = self._ws_server = await _bind(
                 "--tunnel-addr",
                 s.tunnel_addr,
-                serve(
+                ws_server.serve(  # TLS on the socket itself (transport/tls_socket.py)
                     self.tunnels.accept,
                     s.tunnel_addr.bind_host,
                     s.tunnel_addr.port,
                     ssl=ssl_ctx,
+                    on_handshake_error=self._tls_refused,
                     server_header="ravenproxy",
                     # asyncio's default of 100 overflows when 1 000 agents return at once
                     # after a restart (dropped handshakes are retried by TCP 1, 3, 7 s later).

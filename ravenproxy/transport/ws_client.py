@@ -19,6 +19,7 @@ from websockets.protocol import Event, State
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
+from ravenproxy.transport import tls_handshake
 from ravenproxy.transport.websocket import TunnelConnectionMixin
 
 
@@ -101,13 +102,19 @@ async def connect(
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(open_timeout):
-            _, connection = await loop.create_connection(
-                factory,
-                ws_uri.host,
-                ws_uri.port,
-                ssl=ssl,
-                server_hostname=ws_uri.host if ssl is not None else None,
-            )
+            if ssl is not None:  # OpenSSL on the socket itself (see tls_handshake)
+                _, protocol = await tls_handshake.open_client(
+                    factory,
+                    ws_uri.host,
+                    ws_uri.port,
+                    ssl_context=ssl,
+                    server_hostname=ws_uri.host,
+                    handshake_timeout=open_timeout,
+                )
+                assert isinstance(protocol, TunnelClientConnection)
+                connection = protocol
+            else:
+                _, connection = await loop.create_connection(factory, ws_uri.host, ws_uri.port)
             try:
                 await connection.handshake(user_agent_header=user_agent_header)
             except BaseException:

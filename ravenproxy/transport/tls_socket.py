@@ -1,0 +1,500 @@
+"""A TLS transport that drives a non-blocking :class:`ssl.SSLSocket` itself, for the tunnel.
+
+Why: the event loop's TLS (``sslproto``) runs OpenSSL over memory BIOs: what is received is read
+into a ``bytes``, written into the incoming BIO, then decrypted; what is sent is encrypted into
+the outgoing BIO, read out into a ``bytes``, then written. Here OpenSSL reads and writes the
+socket itself: ``SSL_read`` decrypts from the kernel into the protocol's buffer
+(:class:`asyncio.BufferedProtocol`), ``SSL_write`` encrypts the caller's buffer to the kernel.
+
+The contract is asyncio's :class:`asyncio.Transport` (what ``websockets`` and the session use):
+
+- reading: ``loop.add_reader``; each readiness fills the buffer the protocol offers with as many
+  ``SSL_read`` calls as it takes (a record each), then one ``buffer_updated``. Decrypted bytes
+  OpenSSL still holds (``pending()``: the rest of a record larger than the buffer) make no
+  readiness event: they are read on the next loop iteration. ``pause_reading``/``resume_reading``.
+- writing: :meth:`TLSSocketTransport.write` encrypts at once while nothing is queued; what the
+  socket does not take is queued (by reference, as ``sslproto`` does) and written on
+  ``add_writer`` readiness. ``SSL_write`` is all or nothing (CPython sets no
+  ``SSL_MODE_ENABLE_PARTIAL_WRITE``): after ``SSLWantWriteError`` the same piece is written
+  again (CPython sets ``SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER``). Flow control as asyncio's.
+  Either direction may need the other's readiness (``SSLWantReadError`` from a write,
+  ``SSLWantWriteError`` from a read: a key update to answer); both are waited for.
+- closing: :meth:`~TLSSocketTransport.close` writes what is queued, then ``close_notify``, then
+  a FIN, then reads (and drops) until the peer's FIN, all within :data:`SHUTDOWN_TIMEOUT`, and
+  closes the socket; :meth:`~TLSSocketTransport.abort` closes it at once. The protocol's
+  ``connection_lost`` is called exactly once, from the loop, after the socket is closed.
+- the peer's ``close_notify`` (or a FIN without it) is the protocol's ``eof_received``; unless
+  that returns true, the transport closes.
+
+:mod:`~ravenproxy.transport.tls_handshake` makes such sockets (the handshake, the agent's dial);
+:mod:`~ravenproxy.transport.ws_server` accepts them (the tunnel listener).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import socket
+import ssl
+from collections.abc import Callable, Iterable
+from typing import Any
+
+SHUTDOWN_TIMEOUT = 10.0
+"""Seconds a :meth:`TLSSocketTransport.close` may take to write what is queued, the
+``close_notify`` and the FIN, and to see the peer's FIN, before the socket is closed anyway."""
+
+READ_ROUNDS = 4
+"""Buffers filled per read readiness at most, so one busy connection does not starve the loop;
+the rest is read on the next iteration (level-triggered readiness, or ``pending()``)."""
+
+CORK_MIN = 32 * 1024
+"""Bytes queued from which a flush corks the socket (``TCP_CORK``) while it writes them."""
+
+HIGH_WATER = 64 * 1024  # the default write buffer high-water mark (asyncio's)
+
+_DROP = bytearray(16 * 1024)  # where the bytes read after our close_notify go
+
+
+class TLSSocketTransport(asyncio.Transport):
+    """An :class:`asyncio.Transport` over a connected, handshaken, non-blocking
+    :class:`ssl.SSLSocket` (see the module's doc)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: ssl.SSLSocket,
+        protocol: asyncio.BaseProtocol,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(extra)
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._protocol = protocol
+        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        self._queue: collections.deque[bytes | bytearray | memoryview] = collections.deque()
+        self._queued = 0
+        self._high = HIGH_WATER
+        self._low = HIGH_WATER // 4
+        self._writing_paused = False  # the protocol was told to pause writing
+        self._reading_paused = False
+        self._closing = False  # close() called, or the connection is going down
+        self._shutdown = 0  # 0: not started; 1: close_notify to write; 2: draining to the FIN
+        self._shutdown_wants_write = False  # the close_notify waits for write readiness
+        self._shutdown_timer: asyncio.TimerHandle | None = None
+        self._write_wants_read = False  # the queued piece waits for read readiness
+        self._read_wants_write = False  # a read waits for write readiness
+        self._reader = False  # add_reader in place
+        self._writer = False
+        self._read_soon: asyncio.Handle | None = None
+        self._lost = False  # connection_lost scheduled
+        self._closed = False  # the socket is closed
+        self._peer_eof = False
+        self._ragged = False  # the peer's FIN came without its close_notify
+        # Read now: the socket answers none of these once closed (and an SSLSocket none of the
+        # TLS ones once its close_notify is sent).
+        self._cork = sock.family in (socket.AF_INET, socket.AF_INET6)
+        self._names: dict[str, Any] = {
+            "peercert": sock.getpeercert(),
+            "cipher": sock.cipher(),
+            "compression": sock.compression(),
+        }
+        for name, get in (("sockname", sock.getsockname), ("peername", sock.getpeername)):
+            try:
+                self._names[name] = get()
+            except OSError:
+                self._names[name] = None
+        protocol.connection_made(self)
+        self._update_io()
+
+    # -- asyncio.BaseTransport --------------------------------------------------------------
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name in self._names:
+            return self._names[name]
+        if name in ("ssl_object", "socket"):
+            return self._sock
+        if name == "sslcontext":
+            return self._sock.context
+        return super().get_extra_info(name, default)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._reading_paused = True  # nothing more for the protocol: drop what arrives
+        self._shutdown_timer = self._loop.call_later(SHUTDOWN_TIMEOUT, self._force_close)
+        if not self._queue:
+            self._start_shutdown()
+        self._update_io()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol
+
+    # -- asyncio.ReadTransport --------------------------------------------------------------
+    def is_reading(self) -> bool:
+        return not self._reading_paused and not self._closing
+
+    def pause_reading(self) -> None:
+        if self._closing or self._reading_paused:
+            return
+        self._reading_paused = True
+        self._update_io()
+
+    def resume_reading(self) -> None:
+        if self._closing or not self._reading_paused or self._peer_eof:
+            return
+        self._reading_paused = False
+        self._update_io()
+        if self._sock.pending():  # decrypted bytes make no readiness event
+            self._schedule_read()
+
+    # -- asyncio.WriteTransport -------------------------------------------------------------
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is None:
+            high = HIGH_WATER if low is None else 4 * low
+        if low is None:
+            low = high // 4
+        if not high >= low >= 0:
+            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
+        self._high, self._low = high, low
+        self._check_pause()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._low, self._high
+
+    def get_write_buffer_size(self) -> int:
+        return self._queued
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"data: expected a bytes-like object, not {type(data).__name__}")
+        if self._closing:
+            return  # as asyncio's transports: writes after close are dropped
+        if not data:
+            return
+        self._queue.append(data)
+        self._queued += len(data)
+        self._after_write()
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        if self._closing:
+            return
+        queue = self._queue
+        for data in list_of_data:
+            if data:
+                queue.append(data)
+                self._queued += len(data)
+        self._after_write()
+
+    def write_eof(self) -> None:
+        raise NotImplementedError("TLS: no half-close (close() sends close_notify)")
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        self._close_now(None)
+
+    # -- writing ----------------------------------------------------------------------------
+    def _after_write(self) -> None:
+        if self._writer or self._write_wants_read:
+            self._check_pause()  # already waiting for the socket: it writes on readiness
+            return
+        self._flush()
+        self._check_pause()
+
+    def _flush(self) -> None:
+        """Write queued pieces until the socket takes no more."""
+        queue = self._queue
+        sock = self._sock
+        send = sock.send
+        self._write_wants_read = False
+        # Several records to write: cork, so the kernel sends full segments, not one per
+        # record (each SSL_write of a record is a send() of its own; TCP_NODELAY is on).
+        cork = self._queued >= CORK_MIN and self._cork
+        failed: BaseException | None = None
+        try:
+            if cork:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+            while queue:
+                piece = queue[0]
+                sent = send(piece)
+                queue.popleft()
+                self._queued -= sent
+        except ssl.SSLWantWriteError:
+            pass
+        except ssl.SSLWantReadError:
+            self._write_wants_read = True
+        except (OSError, ssl.SSLError) as exc:
+            failed = exc
+        if cork:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+            except OSError as exc:
+                failed = failed or exc
+        if failed is not None:
+            self._fatal(failed, "write")
+            return
+        if not queue and self._closing and self._shutdown == 0:
+            self._start_shutdown()
+        self._update_io()
+        if self._writing_paused and self._queued <= self._low:
+            self._writing_paused = False
+            self._protocol.resume_writing()
+
+    def _check_pause(self) -> None:
+        if not self._writing_paused and self._queued > self._high and not self._lost:
+            self._writing_paused = True
+            self._protocol.pause_writing()
+
+    # -- reading ----------------------------------------------------------------------------
+    def _schedule_read(self) -> None:
+        if self._read_soon is None:
+            self._read_soon = self._loop.call_soon(self._read_again)
+
+    def _read_again(self) -> None:
+        self._read_soon = None
+        if not self._reading_paused and not self._closed:
+            self._read()
+
+    def _read(self) -> None:
+        """Read what the socket has, into the protocol's buffers."""
+        sock = self._sock
+        # CPython's own TLS object under the SSLSocket: its read() is what recv_into() ends
+        # in, two Python calls and their checks later, for every record (16 KiB); about 6 %
+        # of a bulk transfer's CPU. recv_into() where it is not there.
+        sslobj = getattr(sock, "_sslobj", None)
+        sslread: Callable[[int, memoryview], int] | None = getattr(sslobj, "read", None)
+        self._read_wants_write = False
+        for _ in range(READ_ROUNDS):
+            protocol = self._protocol
+            got = 0
+            end: str | BaseException | None = None  # why this round stopped short
+            try:
+                if isinstance(protocol, asyncio.BufferedProtocol):
+                    view = memoryview(protocol.get_buffer(-1))
+                else:  # a plain Protocol (not the tunnel's): read, then hand over a copy
+                    view = memoryview(bytearray(256 * 1024))
+                size = len(view)
+                if not size:
+                    raise RuntimeError("get_buffer() returned an empty buffer")
+            except Exception as exc:
+                self._fatal(exc, "protocol")
+                return
+            try:
+                while got < size:
+                    into = view[got:] if got else view
+                    n = sslread(size - got, into) if sslread else sock.recv_into(into)
+                    if not n:
+                        end = "eof"
+                        break
+                    got += n
+            except ssl.SSLWantReadError:
+                end = "drained"
+            except ssl.SSLWantWriteError:  # a key update to answer, the socket full
+                end = "want_write"
+            except ssl.SSLEOFError:  # a FIN without close_notify (suppress_ragged_eofs=False)
+                end = "ragged"
+            except (OSError, ssl.SSLError) as exc:
+                end = exc
+            try:
+                if got:  # what came before an end is delivered first
+                    if isinstance(protocol, asyncio.BufferedProtocol):
+                        protocol.buffer_updated(got)
+                    elif isinstance(protocol, asyncio.Protocol):
+                        protocol.data_received(bytes(view[:got]))
+            except Exception as exc:
+                self._fatal(exc, "protocol")
+                return
+            finally:
+                view.release()
+            if isinstance(end, BaseException):
+                self._fatal(end, "read")
+                return
+            if end == "eof" or end == "ragged":
+                self._eof(ragged=end == "ragged")
+                return
+            if end == "want_write":
+                self._read_wants_write = True
+                break
+            if self._reading_paused or self._closing or self._closed:
+                break
+            if end == "drained" and not sock.pending():
+                break  # the socket has no more now
+        else:
+            if sock.pending():  # decrypted bytes make no readiness event
+                self._schedule_read()
+        self._update_io()
+
+    def _eof(self, *, ragged: bool = False) -> None:
+        self._peer_eof = True
+        self._ragged = ragged
+        if self._closing:  # a close() underway: its shutdown ends here
+            self._close_now(None)
+            return
+        self._reading_paused = True
+        try:
+            protocol = self._protocol
+            keep_open = (
+                protocol.eof_received()
+                if isinstance(protocol, asyncio.Protocol | asyncio.BufferedProtocol)
+                else None
+            )
+        except Exception as exc:
+            self._fatal(exc, "protocol")
+            return
+        if not keep_open:
+            self.close()
+        else:
+            self._update_io()
+
+    def _on_readable(self) -> None:
+        if self._shutdown == 2:
+            self._drain_to_fin()
+            return
+        if self._write_wants_read:
+            self._flush()
+            if self._closed:
+                return
+        if not self._reading_paused and not self._closing:
+            self._read()
+
+    def _on_writable(self) -> None:
+        if self._read_wants_write:
+            self._read()
+            if self._closed:
+                return
+        if self._queue:
+            self._flush()
+        elif self._shutdown_wants_write:
+            self._start_shutdown()
+        else:
+            self._update_io()
+
+    # -- closing ----------------------------------------------------------------------------
+    def _start_shutdown(self) -> None:
+        """Everything queued is written: the ``close_notify``, then the FIN, then wait for the
+        peer's FIN (reading and dropping what comes before it), within the close's timeout."""
+        self._shutdown = 1
+        self._shutdown_wants_write = False
+        sock = self._sock
+        try:
+            if self._ragged:  # OpenSSL's session ended in error: it sends nothing more
+                raise ssl.SSLWantReadError
+            sock.unwrap()
+        except ssl.SSLWantWriteError:
+            self._shutdown_wants_write = True
+            self._update_io()
+            return
+        except ssl.SSLWantReadError:
+            pass  # sent; OpenSSL would wait for the peer's close_notify here: we do not
+        except (OSError, ssl.SSLError, ValueError):
+            self._close_now(None)
+            return
+        try:
+            socket.socket.shutdown(sock, socket.SHUT_WR)
+        except OSError:
+            self._close_now(None)
+            return
+        if self._peer_eof:
+            self._close_now(None)
+            return
+        self._shutdown = 2
+        self._update_io()
+
+    def _drain_to_fin(self) -> None:
+        try:
+            n = socket.socket.recv_into(self._sock, _DROP)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            n = 0
+        if not n:
+            self._close_now(None)
+
+    def _force_close(self) -> None:
+        self._shutdown_timer = None
+        self._close_now(None)
+
+    def _fatal(self, exc: BaseException, where: str) -> None:
+        if isinstance(exc, OSError) and exc.errno in (errno.EPIPE, errno.ECONNRESET):
+            self._close_now(exc)
+            return
+        if not isinstance(exc, OSError | ssl.SSLError):
+            self._loop.call_exception_handler(
+                {
+                    "message": f"TLS transport: the protocol failed in {where}",
+                    "exception": exc,
+                    "transport": self,
+                    "protocol": self._protocol,
+                }
+            )
+        self._close_now(exc)
+
+    def _close_now(self, exc: BaseException | None) -> None:
+        """Close the socket now (no more TLS), and tell the protocol once, from the loop."""
+        self._closing = True
+        self._reading_paused = True
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
+            self._shutdown_timer = None
+        if self._read_soon is not None:
+            self._read_soon.cancel()
+            self._read_soon = None
+        if not self._closed:
+            self._closed = True
+            self._update_io()
+            self._queue.clear()
+            self._queued = 0
+            self._sock.close()  # no close_notify: SSLSocket.close() does not send one
+        if not self._lost:
+            self._lost = True
+            self._loop.call_soon(self._call_connection_lost, exc)
+
+    def _call_connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            self._protocol.connection_lost(exc if isinstance(exc, Exception) else None)
+        finally:
+            self._protocol = _Gone()
+
+    # -- the loop's readiness ---------------------------------------------------------------
+    def _update_io(self) -> None:
+        """Register for exactly the readiness the state needs."""
+        if self._closed:
+            want_read = want_write = False
+        else:
+            want_read = (
+                (not self._reading_paused and not self._closing)
+                or self._write_wants_read
+                or self._shutdown == 2
+            )
+            want_write = (
+                self._read_wants_write
+                or (bool(self._queue) and not self._write_wants_read)
+                or self._shutdown_wants_write
+            )
+        loop = self._loop
+        if want_read != self._reader:
+            self._reader = want_read
+            if want_read:
+                loop.add_reader(self._fd, self._on_readable)
+            else:
+                loop.remove_reader(self._fd)
+        if want_write != self._writer:
+            self._writer = want_write
+            if want_write:
+                loop.add_writer(self._fd, self._on_writable)
+            else:
+                loop.remove_writer(self._fd)
+
+
+class _Gone(asyncio.BaseProtocol):
+    """The protocol after ``connection_lost``: nothing more is said to the real one."""
