@@ -59,7 +59,7 @@ async def connect(
         open_timeout=10,
         user_agent_header=f"ravenproxy-agent/{settings.node_name}",
         logger=logging.getLogger("ravenproxy.agent.websocket"),
-        **websocket_options(settings.session.wire, server_side=False),
+        **websocket_options(settings.session.wire),
     )
 
 

@@ -28,8 +28,7 @@ from ravenproxy.log import kv
 from ravenproxy.transport.flag import Flag
 from ravenproxy.transport.frame_batch import batched
 from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
-from ravenproxy.transport.websocket import TunnelConnectionMixin, TunnelServerConnection
-from ravenproxy.transport.ws_client import TunnelClientConnection
+from ravenproxy.transport.websocket import TunnelConnectionMixin
 from ravenproxy.wire import events as ev
 from ravenproxy.wire.codes import SUBPROTOCOL, ErrorCode
 from ravenproxy.wire.config import WireConfig
@@ -89,11 +88,10 @@ class SessionConfig:
             raise ValueError("flood_grace must be > 0")
 
 
-def websocket_options(wire: WireConfig, *, server_side: bool) -> dict[str, Any]:
-    """The tunnel's WebSocket settings, the same on both ends (``websockets`` serve/connect),
-    and the connection class with our frame reader for ``server_side``'s end."""
+def websocket_options(wire: WireConfig) -> dict[str, Any]:
+    """The tunnel's WebSocket settings, the same on both ends (our ``serve`` and ``connect``,
+    whose connection classes carry our frame reader)."""
     return {
-        "create_connection": TunnelServerConnection if server_side else TunnelClientConnection,
         "subprotocols": [SUBPROTOCOL],
         # Tunnel payloads are mostly TLS or already compressed: deflate would only cost CPU.
         "compression": None,

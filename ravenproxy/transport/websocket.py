@@ -44,10 +44,9 @@ import asyncio
 import enum
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from websockets.asyncio.connection import Connection
-from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.protocol import Side, State
 
@@ -412,11 +411,3 @@ class _Feeder(asyncio.BufferedProtocol):
         self.connection_lost = connection.connection_lost  # type: ignore[method-assign]
         self.pause_writing = connection.pause_writing  # type: ignore[method-assign]
         self.resume_writing = connection.resume_writing  # type: ignore[method-assign]
-
-
-class TunnelServerConnection(TunnelConnectionMixin, ServerConnection):
-    """``websockets``' server connection with our frame reader (``create_connection=``)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        ServerConnection.__init__(self, *args, **kwargs)
-        self._init_reader()

@@ -31,7 +31,7 @@ from websockets.typing import Subprotocol
 
 from ravenproxy.log import kv
 from ravenproxy.transport import tls, tls_handshake, tls_socket
-from ravenproxy.transport.websocket import TunnelServerConnection
+from ravenproxy.transport.websocket import TunnelConnectionMixin
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,16 @@ loop iteration), so a thousand agents returning at once do not hold the loop."""
 
 ACCEPT_RETRY_DELAY = 1.0
 """Seconds accepting pauses when the process is out of descriptors or memory (asyncio's)."""
+
+
+class TunnelServerConnection(TunnelConnectionMixin, ServerConnection):
+    """``websockets``' server connection with our frame reader (``create_connection=``). Here,
+    with the listener, rather than beside the mixin: an agent, which only dials, never imports
+    ``websockets``' server side (issue 15: an idle agent's memory)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        ServerConnection.__init__(self, *args, **kwargs)
+        self._init_reader()
 
 
 class TLSListener:

@@ -42,6 +42,9 @@ HEAVY = {
     "without it ravenproxy.metrics.AgentMetrics keeps none)",
     "websockets.asyncio.client": "websockets' asyncio client (the agent dials with "
     "ravenproxy.transport.ws_client.connect, on websockets' sans-I/O client protocol)",
+    "websockets.asyncio.server": "websockets' server side (the tunnel listener's connection "
+    "class lives with the listener, ravenproxy.transport.ws_server)",
+    "ravenproxy.transport.ws_server": "the tunnel listener",
     "urllib.request": "proxy detection (websockets.asyncio.client) and prometheus_client's "
     "exposition: with http.client and email's parser, ~2 MB of an idle agent",
     "http.server": "prometheus_client's exposition",

@@ -24,8 +24,8 @@ from ravenproxy.transport.session import (
     StreamHandler,
     TunnelStream,
 )
-from ravenproxy.transport.websocket import TunnelServerConnection
 from ravenproxy.transport.ws_client import TunnelClientConnection
+from ravenproxy.transport.ws_server import TunnelServerConnection
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.frames import Frame, GoAway, Ping, Settings, Target, decode_message, encode

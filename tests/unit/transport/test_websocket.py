@@ -18,8 +18,9 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
 from ravenproxy.pki import init_pki
 from ravenproxy.transport.tls import client_context, server_context
-from ravenproxy.transport.websocket import TunnelConnectionMixin, TunnelServerConnection
+from ravenproxy.transport.websocket import TunnelConnectionMixin
 from ravenproxy.transport.ws_client import TunnelClientConnection
+from ravenproxy.transport.ws_server import TunnelServerConnection
 
 WAIT = 10.0
 MAX = 1 << 20

@@ -20,8 +20,8 @@ from ravenproxy.pki import init_pki
 from ravenproxy.transport import tls_socket, ws_server
 from ravenproxy.transport.session import websocket_options
 from ravenproxy.transport.tls import follow_current, server_context
-from ravenproxy.transport.websocket import TunnelServerConnection
 from ravenproxy.transport.ws_client import TunnelClientConnection, connect
+from ravenproxy.transport.ws_server import TunnelServerConnection
 from ravenproxy.wire.codes import SUBPROTOCOL
 from ravenproxy.wire.config import WireConfig
 
@@ -56,7 +56,7 @@ def listen(
         on_handshake_error=refused.append,
         server_header="ravenproxy",
         logger=LOG,
-        **websocket_options(WireConfig(), server_side=True),
+        **websocket_options(WireConfig()),
         **kwargs,  # type: ignore[arg-type]
     )
     return server, refused
@@ -98,7 +98,7 @@ async def test_a_refused_handshake_is_observed_and_the_listener_serves_on(pki: P
                 open_timeout=WAIT,
                 user_agent_header="test",
                 logger=LOG,
-                **websocket_options(WireConfig(), server_side=False),
+                **websocket_options(WireConfig()),
             )
             await ws.close()
         assert len(refused) == 1
@@ -184,7 +184,7 @@ async def test_the_sni_switch_serves_the_current_credentials(pki: Path, tmp_path
         0,
         ssl=listening,
         logger=LOG,
-        **websocket_options(WireConfig(), server_side=True),
+        **websocket_options(WireConfig()),
     )
     async with server:
         port = server.sockets[0].getsockname()[1]
