@@ -2,13 +2,15 @@
 account.
 
 A kubeconfig's current context names a cluster (``server``, ``certificate-authority`` /
-``-data``, ``insecure-skip-tls-verify``, ``tls-server-name``; ``proxy-url`` is refused) and a
+``-data``, ``insecure-skip-tls-verify`` (a boolean, and not with a CA, as client-go rules),
+``tls-server-name``; ``proxy-url`` is refused) and a
 user (``token``, ``tokenFile``, ``client-certificate`` / ``-data`` with ``client-key`` /
 ``-data``). ``exec`` and ``auth-provider`` users run plugins we do not carry: they are refused
 with a line naming the field.
 In a pod (no kubeconfig), ``KUBERNETES_SERVICE_HOST`` / ``_PORT`` give the server and the mounted
 service account its token and CA. Tokens read from a file are read again every minute (what
-client-go does), so a token the kubelet rotates is picked up. Relative paths in a kubeconfig are
+client-go does), so a token the kubelet rotates is picked up; a read that fails or finds the
+file empty keeps the last token. Relative paths in a kubeconfig are
 relative to the file, as kubectl reads them.
 
 Every error is a :class:`KubeConfigError` naming the file and the field. This module reads files
@@ -28,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ravenproxy.errors import RavenProxyError
 
@@ -54,10 +57,15 @@ class TokenFile:
         if now - self._read_at >= self.reread:
             try:
                 token = self.path.read_text().strip()
+                problem = "" if token else "the file is empty"
             except OSError as exc:
+                token, problem = "", str(exc)
+            if problem:
+                # Keep the last one (client-go's cached token source does): the kubelet may be
+                # swapping the file. Without one, a request would go out anonymous.
                 if not self._token:
-                    raise KubeConfigError(f"{self.path}: cannot read the token: {exc}") from None
-                token = self._token  # keep the last one: the kubelet may be swapping the file
+                    raise KubeConfigError(f"{self.path}: cannot read the token: {problem}")
+                token = self._token
             self._token, self._read_at = token, now
         return self._token
 
@@ -77,6 +85,8 @@ class ClusterAccess:
     key_pem: bytes | None = None
     origin: str = ""
     """Where this came from (a kubeconfig path, "in-cluster"), for error messages."""
+    ca_field: str = "clusters[].cluster.certificate-authority"
+    """The field ``ca_pem`` came from, for error messages."""
 
     @property
     def tls(self) -> bool:
@@ -96,7 +106,15 @@ class ClusterAccess:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         elif self.ca_pem is not None:
-            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=self.ca_pem.decode())
+            try:
+                ctx = ssl.create_default_context(
+                    ssl.Purpose.SERVER_AUTH, cadata=self.ca_pem.decode("ascii", "replace")
+                )
+            except (ssl.SSLError, ValueError) as exc:
+                raise KubeConfigError(
+                    f"{self.origin}: {self.ca_field}: not a PEM CA certificate: "
+                    f"{getattr(exc, 'reason', None) or exc}"
+                ) from None
         if self.cert_pem is not None and self.key_pem is not None:
             _load_chain(ctx, self.cert_pem, self.key_pem, self.origin)
         return ctx
@@ -137,6 +155,8 @@ def in_cluster(
         )
     if ":" in host:
         host = f"[{host}]"  # an IPv6 service address
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise KubeConfigError(f"in-cluster: KUBERNETES_SERVICE_PORT: not a port: {port!r}")
     token = TokenFile(account / "token")
     token.token()  # a missing token fails the start, not the first call
     return ClusterAccess(
@@ -144,6 +164,7 @@ def in_cluster(
         ca_pem=_read(account / "ca.crt", "in-cluster", "ca.crt"),
         token_file=token,
         origin="in-cluster",
+        ca_field=str(account / "ca.crt"),
     )
 
 
@@ -172,6 +193,13 @@ def parse(text: str, path: Path) -> ClusterAccess:
     server = str(cluster.get("server") or "")
     if not server.startswith(("https://", "http://")):
         raise KubeConfigError(f"{where}: clusters[].cluster.server: not an http(s) URL: {server!r}")
+    try:
+        url = urlsplit(server)
+        url.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError as exc:
+        raise KubeConfigError(f"{where}: clusters[].cluster.server: {exc}: {server!r}") from None
+    if not url.hostname:
+        raise KubeConfigError(f"{where}: clusters[].cluster.server: no host in {server!r}")
     if cluster.get("proxy-url"):
         raise KubeConfigError(
             f"{where}: clusters[].cluster.proxy-url: proxies are not supported; "
@@ -195,10 +223,24 @@ def parse(text: str, path: Path) -> ClusterAccess:
     if (cert is None) != (key is None):
         missing = "client-key" if key is None else "client-certificate"
         raise KubeConfigError(f"{where}: users[].user.{missing}: required with the other one")
+    insecure = cluster.get("insecure-skip-tls-verify", False)
+    if not isinstance(insecure, bool):
+        # A quoted "false" is a string, and a non-empty string is true: refused, as kubectl
+        # refuses it, rather than read as "do not verify".
+        raise KubeConfigError(
+            f"{where}: clusters[].cluster.insecure-skip-tls-verify: not true or false: {insecure!r}"
+        )
+    ca_pem = _pem(cluster, "certificate-authority", base, where, section="clusters[].cluster")
+    if insecure and ca_pem is not None:
+        # client-go refuses the pair: the CA given would not be checked.
+        raise KubeConfigError(
+            f"{where}: clusters[].cluster.insecure-skip-tls-verify: not allowed with "
+            "certificate-authority (the CA would not be checked)"
+        )
     return ClusterAccess(
         server=server.rstrip("/"),
-        ca_pem=_pem(cluster, "certificate-authority", base, where, section="clusters[].cluster"),
-        insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
+        ca_pem=ca_pem,
+        insecure=insecure,
         tls_server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
         token=str(user["token"]) if user.get("token") else None,
         token_file=token_file,
