@@ -36,6 +36,8 @@ MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "ravenproxy"
 _READ_SIZE = 65536
 _CLOSE_WAIT = 5.0
+_REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Methods sent again when a kept-alive connection breaks before their answer."""
 
 
 class KubeError(RavenProxyError):
@@ -275,7 +277,7 @@ class RestClient:
         connection goes back to the pool if the body was read to its end."""
         head = self._head(method, path, query, body, content_type)
         timeout = self.read_timeout if read_timeout is None else read_timeout
-        conn, resp = await self._send(head, timeout)
+        conn, resp = await self._send(head, timeout, replayable=method in _REPLAYABLE)
         self._busy.add(conn)
         try:
             yield resp
@@ -316,11 +318,18 @@ class RestClient:
             lines.append(f"Content-Length: {len(payload)}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
 
-    async def _send(self, head: bytes, timeout: float) -> tuple[_Connection, Response]:
-        # A kept-alive connection the server has closed meanwhile fails before any byte of an
-        # answer: then the request goes again on a new connection, once.
+    async def _send(
+        self, head: bytes, timeout: float, *, replayable: bool
+    ) -> tuple[_Connection, Response]:
+        # A kept-alive connection the server has closed meanwhile is dropped unused. One that
+        # fails once the request is written, before any byte of an answer, sends it again on a
+        # new connection only if it may be repeated (a read): the server may have acted on a
+        # create or a patch before the connection broke. Go's transport decides the same way.
         while self._idle:
             conn = self._idle.pop()
+            if conn.writer.is_closing() or conn.reader.at_eof() or conn.reader.exception():
+                await conn.close()
+                continue
             resp = Response(conn, timeout)
             try:
                 conn.writer.write(head)
@@ -328,7 +337,7 @@ class RestClient:
                 await resp.start()
             except ConnectionError:
                 await conn.close()
-                if resp.received:
+                if resp.received or not replayable:
                     raise
                 continue
             except BaseException:

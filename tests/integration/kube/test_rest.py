@@ -252,3 +252,60 @@ async def test_lines_split_across_chunks_and_an_unended_last_line() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_write_is_not_sent_twice_when_its_connection_breaks_unanswered() -> None:
+    """A kept-alive connection that breaks after a request reached the server, before its
+    answer: a read is sent again on a new connection, a POST or PATCH is not (the server may
+    have created or changed the object: sent again it would be made twice, or answered 409).
+    A kept-alive connection the server closed while idle is not used at all: a POST after it
+    goes out once, on a new connection, and succeeds."""
+    seen: list[str] = []
+    drop: set[int] = set()  # numbers (in ``seen``) of the requests read and left unanswered
+    idle_close = False
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = [
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ]
+                await reader.readexactly(length[0] if length else 0)
+                seen.append(head.split(b" ", 1)[0].decode())
+                if len(seen) in drop:
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+                if idle_close:
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            await close_writer(writer, 1)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with RestClient(ClusterAccess(f"http://127.0.0.1:{port}")) as c:
+            assert await c.request("GET", NODES) == (200, {})
+            drop.add(2)
+            with pytest.raises(ConnectionError):
+                await c.request("POST", NODES, body=node("n1"))
+            assert seen == ["GET", "POST"], "the POST reached the server once"
+            assert await c.request("GET", NODES) == (200, {})  # a new connection
+            drop.add(4)
+            assert await c.request("GET", NODES) == (200, {}), "a read is sent again"
+            assert seen == ["GET", "POST", "GET", "GET", "GET"]
+            idle_close = True
+            assert await c.request("PATCH", f"{NODES}/n1", body={}) == (200, {})
+            await asyncio.sleep(0.2)  # the server has closed the kept-alive connection
+            connects = c.connects
+            assert await c.request("POST", NODES, body=node("n2")) == (200, {})
+            assert c.connects == connects + 1
+            assert seen[-2:] == ["PATCH", "POST"]
+    finally:
+        server.close()
+        await server.wait_closed()
