@@ -24,7 +24,6 @@ import binascii
 import json
 import os
 import ssl
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -121,19 +120,17 @@ class ClusterAccess:
 
 
 def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes, origin: str) -> None:
-    # ssl loads a chain from files only: a private directory, removed once loaded.
-    with tempfile.TemporaryDirectory(prefix="ravenproxy-kube-") as tmp:
-        cert_path, key_path = Path(tmp) / "client.crt", Path(tmp) / "client.key"
-        cert_path.write_bytes(cert)
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(key)
+    # ssl loads a chain from files only: in-memory ones (the key never lands on a disk), and
+    # an encrypted key refused rather than prompted for on the terminal.
+    from ravenproxy.pki.x509info import KeyPairError, load_pair, private_file
+
+    with private_file(cert) as cert_path, private_file(key) as key_path:
         try:
-            ctx.load_cert_chain(cert_path, key_path)
-        except ssl.SSLError as exc:
+            load_pair(ctx, cert_path, key_path)
+        except KeyPairError as exc:
             raise KubeConfigError(
                 f"{origin}: users[].user.client-certificate / client-key: not a certificate "
-                f"and its key: {exc}"
+                f"and its key: {exc.reason}"
             ) from None
 
 

@@ -186,6 +186,27 @@ def test_a_client_pair_that_does_not_load(tmp_path: Path, certs: Path) -> None:
         access.ssl_context()
 
 
+def test_an_encrypted_client_key_is_refused_not_prompted_for(tmp_path: Path, certs: Path) -> None:
+    """ssl would ask for the passphrase on the terminal (kubectl cannot use one either)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key((certs / "edge-1.key").read_bytes(), None)
+    encrypted = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    user = {
+        "client-certificate-data": b64((certs / "edge-1.crt").read_bytes()),
+        "client-key-data": b64(encrypted),
+    }
+    path = write(tmp_path / "kc", {"server": "https://h"}, user)
+    with pytest.raises(KubeConfigError) as err:
+        from_kubeconfig(path).ssl_context()
+    assert str(err.value).startswith(f"{path}: users[].user.client-certificate / client-key")
+    assert str(err.value).endswith("key is encrypted; an unencrypted key is needed")
+
+
 @pytest.mark.parametrize("form", ["file", "data"])
 def test_a_ca_that_is_not_pem_names_the_field(tmp_path: Path, form: str) -> None:
     """Not an ssl.SSLError traceback at the client's start: a line naming the field."""
