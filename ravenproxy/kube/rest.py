@@ -36,6 +36,8 @@ MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "ravenproxy"
 _READ_SIZE = 65536
 _CLOSE_WAIT = 5.0
+_TEXT_MESSAGE = 200
+"""How much of an error answered in plain text becomes its message."""
 _REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 """Methods sent again when a kept-alive connection breaks before their answer."""
 
@@ -169,8 +171,14 @@ class Response:
         return body
 
     async def json(self) -> dict[str, Any]:
-        """The body as a JSON object (``{}`` when empty or not an object)."""
-        return as_object(await self.read())
+        """The body as a JSON object (``{}`` when empty or not an object); an error answered
+        in plain text (kube-apiserver's "404 page not found" for an API group it does not
+        serve, a proxy's error page) as ``{"message": <its text>}``, for :func:`status_message`."""
+        raw = await self.read()
+        body = as_object(raw)
+        if not body and self.status >= 400 and raw.strip() and not raw.lstrip().startswith(b"{"):
+            return {"message": " ".join(raw[:_TEXT_MESSAGE].decode(errors="replace").split())}
+        return body
 
     async def lines(self) -> AsyncIterator[bytes]:
         """Non-empty lines of the body as they arrive (a watch's events), until it ends."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ravenproxy.kube.kubeconfig import ClusterAccess
-from ravenproxy.kube.rest import MERGE_PATCH, RestClient, resource_version
+from ravenproxy.kube.rest import MERGE_PATCH, RestClient, resource_version, status_message
 from ravenproxy.pki import init_pki
 from tests.helpers import close_writer
 from tests.integration.kube.apiserver import APIServer
@@ -73,6 +73,10 @@ async def test_error_bodies_are_answers_not_exceptions(
     async with rest_client(apiserver, token="stolen") as stranger:
         status, body = await stranger.request("GET", NODES)
     assert status == 401 and body["reason"] == "Unauthorized"
+    # A path no API serves is answered in plain text (kube-apiserver: "404 page not found"):
+    # its text is the message, not lost to a bare "HTTP 404".
+    status, body = await client.request("GET", "/apis/nowhere.example/v1/things")
+    assert status == 404 and status_message(body, status) == "404 page not found"
     assert (await client.request("GET", NODES))[0] == 200
     assert client.connects == 1, "an error answer keeps the connection"
 
