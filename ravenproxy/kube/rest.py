@@ -111,6 +111,12 @@ class _Connection:
         self.reader = reader
         self.writer = writer
 
+    def abort(self) -> None:
+        """Drop a connection whose answer did not end (an error, a timeout, a cancellation):
+        no close_notify exchange, which a server that stopped answering (a link cut) would
+        make wait :data:`_CLOSE_WAIT` more seconds."""
+        self.writer.transport.abort()
+
     async def close(self) -> None:
         # A TLS close waits for the peer's close_notify: a peer that never sends it is cut.
         self.writer.close()
@@ -158,6 +164,11 @@ class Response:
         while not self._parse.headers_done:
             await self._more()
         self.status = self._parse.status
+
+    @property
+    def complete(self) -> bool:
+        """The answer was read to its end."""
+        return self._parse.complete
 
     @property
     def reusable(self) -> bool:
@@ -248,10 +259,12 @@ class RestClient:
     async def close(self) -> None:
         """Close every connection (streams still open end with a connection error)."""
         self._closed = True
-        conns = [*self._idle, *self._busy]
+        idle, busy = [*self._idle], [*self._busy]
         self._idle.clear()
         self._busy.clear()
-        for conn in conns:
+        for conn in busy:
+            conn.abort()  # mid-answer: nothing to close gracefully
+        for conn in idle:
             await conn.close()
 
     async def request(
@@ -293,8 +306,10 @@ class RestClient:
             self._busy.discard(conn)
             if resp.reusable and not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
-            else:
+            elif resp.complete:
                 await conn.close()
+            else:
+                conn.abort()
 
     def _head(
         self,
@@ -336,7 +351,7 @@ class RestClient:
         while self._idle:
             conn = self._idle.pop()
             if conn.writer.is_closing() or conn.reader.at_eof() or conn.reader.exception():
-                await conn.close()
+                conn.abort()
                 continue
             resp = Response(conn, timeout)
             try:
@@ -344,12 +359,12 @@ class RestClient:
                 await conn.writer.drain()
                 await resp.start()
             except ConnectionError:
-                await conn.close()
+                conn.abort()
                 if resp.received or not replayable:
                     raise
                 continue
             except BaseException:
-                await conn.close()
+                conn.abort()
                 raise
             return conn, resp
         conn = await self._connect()
@@ -359,7 +374,7 @@ class RestClient:
             await conn.writer.drain()
             await resp.start()
         except BaseException:
-            await conn.close()
+            conn.abort()
             raise
         return conn, resp
 

@@ -313,3 +313,45 @@ async def test_a_write_is_not_sent_twice_when_its_connection_breaks_unanswered()
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_server_that_stopped_answering_costs_the_timeout_not_a_tls_close_more(
+    certs: Path,
+) -> None:
+    """An API server cut off (a link down, the process stopped: the TCP connection stays, no
+    byte comes back): a request ends at its read timeout, and a cancelled one at once. The
+    connection is dropped, not closed with a close_notify exchange the server will never
+    answer (that waited 5 s more every time)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(certs / "server.crt", certs / "server.key")
+    held: list[asyncio.StreamWriter] = []
+    release = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        writer.transport.pause_reading()  # hears nothing more, answers nothing
+        await release.wait()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+    port = server.sockets[0].getsockname()[1]
+    access = ClusterAccess(f"https://127.0.0.1:{port}", ca_pem=(certs / "ca.crt").read_bytes())
+    try:
+        async with RestClient(access, read_timeout=0.5) as c:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(TimeoutError):
+                await c.request("GET", NODES)
+            assert loop.time() - started < 3.0, "the read timeout, not 5 s more"
+            call = asyncio.create_task(c.request("GET", NODES, timeout=60))
+            while len(held) < 2:
+                await asyncio.sleep(0.01)
+            call.cancel()
+            async with asyncio.timeout(2.5):
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+    finally:
+        release.set()
+        for writer in held:
+            writer.transport.abort()
+        server.close()
+        await server.wait_closed()
