@@ -279,8 +279,11 @@ def _pem(
     """``name-data`` (base64 of PEM) or ``name`` (a file), the data first as kubectl does."""
     data = entry.get(f"{name}-data")
     if data:
+        # Line breaks are skipped, as Go's base64 skips them: `base64` wraps at 76 columns,
+        # and kubectl reads such a kubeconfig.
+        text = str(data).replace("\n", "").replace("\r", "")
         try:
-            return base64.b64decode(str(data), validate=True)
+            return base64.b64decode(text, validate=True)
         except binascii.Error:
             raise KubeConfigError(f"{where}: {section}.{name}-data: not base64") from None
     if entry.get(name):

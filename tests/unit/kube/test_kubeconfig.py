@@ -114,6 +114,16 @@ def test_certificate_authority_file_and_data(tmp_path: Path, certs: Path) -> Non
     assert len(ctx.get_ca_certs()) == 1
 
 
+def test_data_fields_wrapped_over_lines_are_read(tmp_path: Path, certs: Path) -> None:
+    """``base64`` wraps its output at 76 columns; kubectl (Go's base64) skips the breaks."""
+    ca = (certs / "ca.crt").read_bytes()
+    wrapped = "\n".join(b64(ca)[i : i + 76] for i in range(0, len(b64(ca)), 76)) + "\n"
+    access = from_kubeconfig(
+        write(tmp_path / "kc", {"server": "https://h", "certificate-authority-data": wrapped})
+    )
+    assert access.ca_pem == ca
+
+
 def test_tls_server_name(tmp_path: Path) -> None:
     access = from_kubeconfig(
         write(tmp_path / "kc", {"server": "https://10.0.0.1", "tls-server-name": "api.internal"})
