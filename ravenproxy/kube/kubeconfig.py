@@ -26,7 +26,7 @@ import os
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -86,6 +86,10 @@ class ClusterAccess:
     """Where this came from (a kubeconfig path, "in-cluster"), for error messages."""
     ca_field: str = "clusters[].cluster.certificate-authority"
     """The field ``ca_pem`` came from, for error messages."""
+    pair_files: tuple[Path, Path] | None = None
+    """The files ``cert_pem`` and ``key_pem`` were read from (not ``-data``): read again when
+    they change (:meth:`pair_stamp`), as client-go reloads them: a kubelet-style rotated
+    client certificate is used before the one loaded at start expires."""
 
     @property
     def tls(self) -> bool:
@@ -95,6 +99,28 @@ class ClusterAccess:
         """The ``Authorization`` header value, if any (a file token is re-read when stale)."""
         token = self.token_file.token() if self.token_file is not None else self.token
         return f"Bearer {token}" if token else None
+
+    def pair_stamp(self) -> tuple[int, ...] | None:
+        """What the client certificate and key files are now (inode, mtime, size of each;
+        None when they are not files, or cannot be looked at)."""
+        if self.pair_files is None:
+            return None
+        try:
+            stats = [os.stat(path) for path in self.pair_files]
+        except OSError:
+            return None
+        return tuple(v for st in stats for v in (st.st_ino, st.st_mtime_ns, st.st_size))
+
+    def reread_pair(self) -> ClusterAccess:
+        """This access with its client certificate and key read again from their files."""
+        if self.pair_files is None:
+            return self
+        cert_file, key_file = self.pair_files
+        return replace(
+            self,
+            cert_pem=_read(cert_file, self.origin, "users[].user.client-certificate"),
+            key_pem=_read(key_file, self.origin, "users[].user.client-key"),
+        )
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The client context for an https server (None for http)."""
@@ -244,7 +270,18 @@ def parse(text: str, path: Path) -> ClusterAccess:
         cert_pem=cert,
         key_pem=key,
         origin=where,
+        pair_files=_pair_files(user, base),
     )
+
+
+def _pair_files(user: Mapping[str, Any], base: Path) -> tuple[Path, Path] | None:
+    """The client certificate and key files, when both are files (client-go reloads only
+    then)."""
+    if user.get("client-certificate-data") or user.get("client-key-data"):
+        return None
+    if not (user.get("client-certificate") and user.get("client-key")):
+        return None
+    return base / str(user["client-certificate"]), base / str(user["client-key"])
 
 
 def _document(text: str, path: Path) -> dict[str, Any]:

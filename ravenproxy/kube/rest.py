@@ -5,7 +5,8 @@ the client is a request → (status, JSON object) call, a streamed answer read a
 watch), and a pool of kept-alive connections. Responses are parsed by httptools (llhttp, the
 parser uvicorn uses; chunked bodies are decoded there). Where it goes and who it is comes from
 :mod:`ravenproxy.kube.kubeconfig`: a bearer token (a token file is re-read as the kubelet
-rotates it) or a client certificate, and the CA to trust.
+rotates it) or a client certificate (its files loaded again for a new connection once they
+change), and the CA to trust.
 
 Connection failures raise ``OSError`` (timeouts are ``TimeoutError``, an ``OSError``); a server
 that does not speak HTTP is a :class:`KubeError` with status 0. HTTP error statuses are not
@@ -26,7 +27,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import httptools
 
 from ravenproxy.errors import RavenProxyError
-from ravenproxy.kube.kubeconfig import ClusterAccess, load
+from ravenproxy.kube.kubeconfig import ClusterAccess, KubeConfigError, load
 from ravenproxy.log import kv
 
 log = logging.getLogger(__name__)
@@ -240,6 +241,7 @@ class RestClient:
         self._prefix = url.path.rstrip("/")
         self._host_header = url.netloc.rsplit("@", 1)[-1]
         self._ssl = access.ssl_context()
+        self._pair_stamp = access.pair_stamp()
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._max_idle = max_idle
@@ -378,9 +380,28 @@ class RestClient:
             raise
         return conn, resp
 
+    def _reload_pair(self) -> None:
+        """A new connection presents the client certificate its files hold now: one that was
+        rotated (a kubelet's) is loaded again, as client-go does; one that does not load
+        (caught mid-swap) is tried again at the next connection, the loaded one used."""
+        stamp = self.access.pair_stamp()
+        if stamp is None or stamp == self._pair_stamp:
+            return
+        try:
+            access = self.access.reread_pair()
+            ctx = access.ssl_context()
+        except KubeConfigError as exc:
+            log.warning(
+                "kube: client certificate files changed and do not load", extra=kv(reason=exc)
+            )
+            return
+        self.access, self._ssl, self._pair_stamp = access, ctx, stamp
+        log.info("kube: client certificate reloaded", extra=kv(origin=access.origin))
+
     async def _connect(self) -> _Connection:
         if self._closed:
             raise ConnectionError("the Kubernetes client is closed")
+        self._reload_pair()
         async with asyncio.timeout(self.connect_timeout):
             reader, writer = await asyncio.open_connection(
                 self.host,

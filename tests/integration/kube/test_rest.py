@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from ravenproxy.kube.kubeconfig import ClusterAccess
-from ravenproxy.kube.rest import MERGE_PATCH, RestClient, resource_version, status_message
+from ravenproxy.kube.rest import (
+    MERGE_PATCH,
+    RestClient,
+    connect,
+    resource_version,
+    status_message,
+)
 from ravenproxy.pki import init_pki
 from tests.helpers import close_writer
 from tests.integration.kube.apiserver import APIServer
@@ -142,7 +149,7 @@ async def test_nothing_listening_is_an_oserror(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("certs")
-    init_pki(d, ("127.0.0.1", "api.internal"), ("edge-1",))
+    init_pki(d, ("127.0.0.1", "api.internal"), ("edge-1", "edge-2"))
     return d
 
 
@@ -213,6 +220,56 @@ async def test_tls_with_a_client_certificate_and_a_closed_keepalive(certs: Path)
         async with RestClient(wrong) as c:
             with pytest.raises(ssl.SSLCertVerificationError):
                 await c.request("GET", "/x")
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_client_certificate_files_rotated_are_presented_on_the_next_connection(
+    certs: Path, tmp_path: Path
+) -> None:
+    """A kubeconfig naming client certificate files (a kubelet's, which it rotates): a new
+    connection presents what the files hold now, as client-go reloads them; files caught
+    mid-swap (a key of another certificate) leave the loaded pair in use."""
+    crt, key = tmp_path / "client.crt", tmp_path / "client.key"
+
+    def install(name: str, key_of: str | None = None) -> None:
+        for src, dst in ((f"{name}.crt", crt), (f"{key_of or name}.key", key)):
+            (tmp_path / "new").write_bytes((certs / src).read_bytes())
+            os.replace(tmp_path / "new", dst)
+
+    install("edge-1")
+    seen: list[str] = []
+    server = await serve_tls(certs, answers=1, seen=seen)  # one answer per connection
+    port = server.sockets[0].getsockname()[1]
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        json.dumps(
+            {
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": f"https://127.0.0.1:{port}",
+                            "certificate-authority": str(certs / "ca.crt"),
+                        },
+                    }
+                ],
+                "users": [{"name": "u", "user": {"client-certificate": "client.crt",
+                                                 "client-key": "client.key"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )  # fmt: skip
+    try:
+        async with connect(kc) as c:
+            assert await c.request("GET", "/x") == (200, {"cn": "edge-1"})
+            install("edge-2", key_of="edge-1")  # the certificate renamed, not yet its key
+            assert await c.request("GET", "/x") == (200, {"cn": "edge-1"})
+            install("edge-2")
+            assert await c.request("GET", "/x") == (200, {"cn": "edge-2"})
+            assert c.connects == 3
     finally:
         server.close()
         await server.wait_closed()
