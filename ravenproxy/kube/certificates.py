@@ -285,15 +285,20 @@ class CertificateRequester:
                 self._check_trust(pem)
             await self._bundle_changed.wait()
 
+    def _trust_problem(self, ca_pem: bytes) -> str:
+        """Why a peer trusting ``ca_pem`` would refuse the certificate in the directory."""
+        s = self.settings
+        try:
+            pem = read_file(s.cert_path, "certificate")
+            return trust_problem(pem, read_file(s.key_path, "key"), ca_pem, s.role)
+        except (PKIError, OSError) as exc:
+            return str(exc)
+
     def _check_trust(self, ca_pem: bytes) -> None:
         s = self.settings
         if self.current is None or self._untrusted.is_set():
             return
-        try:
-            pem = read_file(s.cert_path, "certificate")
-            problem = trust_problem(pem, read_file(s.key_path, "key"), ca_pem, s.role)
-        except (PKIError, OSError) as exc:
-            problem = str(exc)
+        problem = self._trust_problem(ca_pem)
         if problem:
             log.warning(
                 "certificate not trusted by the CA bundle, requesting a new one",
@@ -320,8 +325,13 @@ class CertificateRequester:
                 self._unattainable |= set(await self._missing_sans())
                 continue
             if self._untrusted.is_set():
-                await self._obtain("not trusted by the CA bundle")
-                self._untrusted.clear()  # a new one refused too waits for the next bundle
+                # Looked at again: the flag was raised for the certificate in place then, and
+                # one issued since (a rotation under way when the CA was dropped) may be
+                # trusted. A new one refused too waits for the next bundle.
+                self._untrusted.clear()
+                bundle = self._bundle_pem()
+                if bundle is not None and self._trust_problem(bundle):
+                    await self._obtain("not trusted by the CA bundle")
                 continue
             wait = (self.deadline - _now()).total_seconds()
             if wait > 0:
