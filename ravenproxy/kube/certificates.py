@@ -148,7 +148,12 @@ class CertificateRequester:
     async def bootstrap(self) -> None:
         """Until the directory holds a usable set: the one there, or a newly issued one."""
         s = self.settings
-        s.cert_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            s.cert_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PKIError(
+                f"--cert-dir {s.cert_dir}: cannot create it: {exc.strerror or exc}"
+            ) from None
         if s.follow_ca_bundle:
             self._bundle_task = asyncio.create_task(
                 self._bundle.run(), name=f"cert-{s.role}-ca-bundle-watch"
@@ -230,8 +235,13 @@ class CertificateRequester:
         # Key first (the rule shared with the reload watcher): between the two renames the set
         # is new key + old certificate, which a reader sees as inconsistent and ignores; a crash
         # there leaves a set that fails the key check at start, and a new request follows.
-        write_key_bytes(s.key_path, key_pem)
-        write_pem_bytes(s.cert_path, chain_pem)
+        try:
+            write_key_bytes(s.key_path, key_pem)
+            write_pem_bytes(s.cert_path, chain_pem)
+        except OSError as exc:
+            # Not "API unreachable": the directory is what failed.
+            where = exc.filename or s.cert_dir
+            raise PKIError(f"{where}: cannot write: {exc.strerror or exc}") from None
 
     # -- the CA bundle --------------------------------------------------------------------
     def _bundle_pem(self) -> bytes | None:
@@ -272,7 +282,10 @@ class CertificateRequester:
         if not certs:
             log.warning("CA bundle is not PEM, ignored", extra=kv(reason="no certificate"))
             return
-        write_pem_bytes(path, pem)
+        try:
+            write_pem_bytes(path, pem)
+        except OSError as exc:
+            raise PKIError(f"{path}: cannot write the CA bundle: {exc.strerror or exc}") from None
         log.info("CA bundle written", extra=kv(path=str(path), cas=len(certs)))
 
     async def _follow_bundle(self) -> None:
@@ -281,7 +294,12 @@ class CertificateRequester:
             self._bundle_changed.clear()
             pem = self._bundle_pem()
             if pem is not None:
-                self._write_ca(pem)
+                try:
+                    self._write_ca(pem)
+                except PKIError as exc:
+                    # The directory not writable now (full, remounted): the old ca.crt stays
+                    # in use, and the next change of the bundle tries again.
+                    log.warning("CA bundle not written", extra=kv(reason=exc))
                 self._check_trust(pem)
             await self._bundle_changed.wait()
 

@@ -27,6 +27,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes_asyncio import client as k8s_client
 
+from ravenproxy.errors import PKIError
 from ravenproxy.kube.certificates import CertificateRequester, RequestSettings
 from ravenproxy.kube.rest import connect
 from ravenproxy.pki.authority import generate_ca, is_issued_by, key_matches
@@ -570,6 +571,33 @@ async def test_a_rotation_under_way_when_the_ca_is_dropped_makes_one_request_not
             )
             await asyncio.sleep(1.0)
         assert len(csrs(apiserver)) == 2 and req.requests == 1
+
+
+async def test_a_cert_dir_that_cannot_be_written_is_an_error_naming_it(
+    apiserver: APIServer, ca: CA, config: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--cert-dir under a file is a line naming it (it was a NotADirectoryError traceback);
+    a ca.crt that cannot be replaced once running is logged, and the requester goes on (its
+    task died with the OSError)."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(PKIError, match=r"--cert-dir .*/file/certs: cannot create it: Not a"):
+        async with requester(config, tmp_path / "file" / "certs"):
+            pass
+    cert_dir = tmp_path / "certs"
+    async with running(Signer(apiserver, ca)), requester(config, cert_dir, run=True) as req:
+        (cert_dir / "ca.crt").unlink()
+        (cert_dir / "ca.crt").mkdir()  # no file can be renamed over it
+        await publish_bundle(apiserver, ca[0], generate_ca("next-ca")[0])
+        await eventually(
+            lambda: "CA bundle not written" in [r.getMessage() for r in caplog.records],
+            10,
+            interval=0.05,
+            what="the failed write logged",
+        )
+        (cert_dir / "ca.crt").rmdir()
+        await publish_bundle(apiserver, ca[0])
+        await eventually(lambda: (cert_dir / "ca.crt").is_file(), 10, what="ca.crt again")
+        assert req.requests == 1
 
 
 async def test_agent_process_with_cert_dir_bootstraps_and_connects(
