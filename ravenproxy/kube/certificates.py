@@ -45,9 +45,8 @@ from ravenproxy.errors import PKIError
 from ravenproxy.kube import csr
 from ravenproxy.kube.csr import RequestFailed
 from ravenproxy.kube.reflector import Reflector, Resource, WatchSettings
-from ravenproxy.kube.rest import KubeError, RestClient, connect, status_message
+from ravenproxy.kube.rest import KubeError, RestClient, connect
 from ravenproxy.log import kv
-from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.atomicfile import write_key_bytes, write_pem_bytes
 from ravenproxy.pki.csrprocess import new_request
@@ -151,9 +150,7 @@ class CertificateRequester:
         try:
             s.cert_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise PKIError(
-                f"--cert-dir {s.cert_dir}: cannot create it: {exc.strerror or exc}"
-            ) from None
+            raise PKIError(f"--cert-dir {s.cert_dir}: cannot create it: {exc.strerror}") from None
         if s.follow_ca_bundle:
             self._bundle_task = asyncio.create_task(
                 self._bundle.run(), name=f"cert-{s.role}-ca-bundle-watch"
@@ -238,10 +235,8 @@ class CertificateRequester:
         try:
             write_key_bytes(s.key_path, key_pem)
             write_pem_bytes(s.cert_path, chain_pem)
-        except OSError as exc:
-            # Not "API unreachable": the directory is what failed.
-            where = exc.filename or s.cert_dir
-            raise PKIError(f"{where}: cannot write: {exc.strerror or exc}") from None
+        except OSError as exc:  # not "API unreachable": the directory failed
+            raise PKIError(f"{exc.filename or s.cert_dir}: cannot write: {exc.strerror}") from None
 
     # -- the CA bundle --------------------------------------------------------------------
     def _bundle_pem(self) -> bytes | None:
@@ -285,7 +280,7 @@ class CertificateRequester:
         try:
             write_pem_bytes(path, pem)
         except OSError as exc:
-            raise PKIError(f"{path}: cannot write the CA bundle: {exc.strerror or exc}") from None
+            raise PKIError(f"{path}: cannot write the CA bundle: {exc.strerror}") from None
         log.info("CA bundle written", extra=kv(path=str(path), cas=len(certs)))
 
     async def _follow_bundle(self) -> None:
@@ -296,9 +291,7 @@ class CertificateRequester:
             if pem is not None:
                 try:
                     self._write_ca(pem)
-                except PKIError as exc:
-                    # The directory not writable now (full, remounted): the old ca.crt stays
-                    # in use, and the next change of the bundle tries again.
+                except PKIError as exc:  # the old one stays; the next change tries again
                     log.warning("CA bundle not written", extra=kv(reason=exc))
                 self._check_trust(pem)
             await self._bundle_changed.wait()
@@ -343,8 +336,7 @@ class CertificateRequester:
                 self._unattainable |= set(await self._missing_sans())
                 continue
             if self._untrusted.is_set():
-                # Looked at again: the flag was raised for the certificate in place then, and
-                # one issued since (a rotation under way when the CA was dropped) may be
+                # Looked at again: one issued since the flag (a rotation under way) may be
                 # trusted. A new one refused too waits for the next bundle.
                 self._untrusted.clear()
                 bundle = self._bundle_pem()
@@ -441,29 +433,6 @@ class CertificateRequester:
         self._use(chain[0], "issued")
 
 
-async def server_sans(
-    api: RestClient, store: ModelStore, node: str, extra: Sequence[str] = ()
-) -> list[str]:
-    """The SANs of this server's next certificate: :func:`server_names` from the current model,
-    with the internal Service's ClusterIP when the Service exists (logged when it does not)."""
-    status, svc = await api.request(
-        "GET", f"/api/v1/namespaces/{NAMESPACE}/services/{INTERNAL_SERVICE}"
-    )
-    service_ip: str | None = None
-    if status == 200:
-        ip = (svc.get("spec") or {}).get("clusterIP")
-        service_ip = ip if isinstance(ip, str) and ip and ip != "None" else None
-    elif status == 404:
-        log.info(
-            "internal Service not found: its ClusterIP is not in the server certificate",
-            extra=kv(service=f"{NAMESPACE}/{INTERNAL_SERVICE}"),
-        )
-    else:
-        why = status_message(svc, status)
-        raise KubeError(status, f"service {NAMESPACE}/{INTERNAL_SERVICE}: {why}")
-    return list(server_names(store.model, node, service_ip=service_ip, extra=extra))
-
-
 @contextlib.asynccontextmanager
 async def kept_certificates(
     settings: RequestSettings,
@@ -483,7 +452,7 @@ async def kept_certificates(
             model = store or ModelStore()
 
             async def sans() -> Sequence[str]:
-                return await server_sans(api, model, settings.node, extra_sans)
+                return await csr.server_sans(api, model, settings.node, extra_sans)
 
         requester = CertificateRequester(api, settings, sans=sans)
         log.info(
@@ -516,5 +485,4 @@ __all__ = [
     "RequestFailed",
     "RequestSettings",
     "kept_certificates",
-    "server_sans",
 ]
