@@ -45,9 +45,8 @@ from ravenproxy.errors import PKIError
 from ravenproxy.kube import csr
 from ravenproxy.kube.csr import RequestFailed
 from ravenproxy.kube.reflector import Reflector, Resource, WatchSettings
-from ravenproxy.kube.rest import KubeError, RestClient, connect, status_message
+from ravenproxy.kube.rest import KubeError, RestClient, connect
 from ravenproxy.log import kv
-from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.atomicfile import write_key_bytes, write_pem_bytes
 from ravenproxy.pki.csrprocess import new_request
@@ -148,7 +147,10 @@ class CertificateRequester:
     async def bootstrap(self) -> None:
         """Until the directory holds a usable set: the one there, or a newly issued one."""
         s = self.settings
-        s.cert_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            s.cert_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PKIError(f"--cert-dir {s.cert_dir}: cannot create it: {exc.strerror}") from None
         if s.follow_ca_bundle:
             self._bundle_task = asyncio.create_task(
                 self._bundle.run(), name=f"cert-{s.role}-ca-bundle-watch"
@@ -230,8 +232,11 @@ class CertificateRequester:
         # Key first (the rule shared with the reload watcher): between the two renames the set
         # is new key + old certificate, which a reader sees as inconsistent and ignores; a crash
         # there leaves a set that fails the key check at start, and a new request follows.
-        write_key_bytes(s.key_path, key_pem)
-        write_pem_bytes(s.cert_path, chain_pem)
+        try:
+            write_key_bytes(s.key_path, key_pem)
+            write_pem_bytes(s.cert_path, chain_pem)
+        except OSError as exc:  # not "API unreachable": the directory failed
+            raise PKIError(f"{exc.filename or s.cert_dir}: cannot write: {exc.strerror}") from None
 
     # -- the CA bundle --------------------------------------------------------------------
     def _bundle_pem(self) -> bytes | None:
@@ -272,7 +277,10 @@ class CertificateRequester:
         if not certs:
             log.warning("CA bundle is not PEM, ignored", extra=kv(reason="no certificate"))
             return
-        write_pem_bytes(path, pem)
+        try:
+            write_pem_bytes(path, pem)
+        except OSError as exc:
+            raise PKIError(f"{path}: cannot write the CA bundle: {exc.strerror}") from None
         log.info("CA bundle written", extra=kv(path=str(path), cas=len(certs)))
 
     async def _follow_bundle(self) -> None:
@@ -281,19 +289,27 @@ class CertificateRequester:
             self._bundle_changed.clear()
             pem = self._bundle_pem()
             if pem is not None:
-                self._write_ca(pem)
+                try:
+                    self._write_ca(pem)
+                except PKIError as exc:  # the old one stays; the next change tries again
+                    log.warning("CA bundle not written", extra=kv(reason=exc))
                 self._check_trust(pem)
             await self._bundle_changed.wait()
+
+    def _trust_problem(self, ca_pem: bytes) -> str:
+        """Why a peer trusting ``ca_pem`` would refuse the certificate in the directory."""
+        s = self.settings
+        try:
+            pem = read_file(s.cert_path, "certificate")
+            return trust_problem(pem, read_file(s.key_path, "key"), ca_pem, s.role)
+        except (PKIError, OSError) as exc:
+            return str(exc)
 
     def _check_trust(self, ca_pem: bytes) -> None:
         s = self.settings
         if self.current is None or self._untrusted.is_set():
             return
-        try:
-            pem = read_file(s.cert_path, "certificate")
-            problem = trust_problem(pem, read_file(s.key_path, "key"), ca_pem, s.role)
-        except (PKIError, OSError) as exc:
-            problem = str(exc)
+        problem = self._trust_problem(ca_pem)
         if problem:
             log.warning(
                 "certificate not trusted by the CA bundle, requesting a new one",
@@ -320,8 +336,12 @@ class CertificateRequester:
                 self._unattainable |= set(await self._missing_sans())
                 continue
             if self._untrusted.is_set():
-                await self._obtain("not trusted by the CA bundle")
-                self._untrusted.clear()  # a new one refused too waits for the next bundle
+                # Looked at again: one issued since the flag (a rotation under way) may be
+                # trusted. A new one refused too waits for the next bundle.
+                self._untrusted.clear()
+                bundle = self._bundle_pem()
+                if bundle is not None and self._trust_problem(bundle):
+                    await self._obtain("not trusted by the CA bundle")
                 continue
             wait = (self.deadline - _now()).total_seconds()
             if wait > 0:
@@ -413,29 +433,6 @@ class CertificateRequester:
         self._use(chain[0], "issued")
 
 
-async def server_sans(
-    api: RestClient, store: ModelStore, node: str, extra: Sequence[str] = ()
-) -> list[str]:
-    """The SANs of this server's next certificate: :func:`server_names` from the current model,
-    with the internal Service's ClusterIP when the Service exists (logged when it does not)."""
-    status, svc = await api.request(
-        "GET", f"/api/v1/namespaces/{NAMESPACE}/services/{INTERNAL_SERVICE}"
-    )
-    service_ip: str | None = None
-    if status == 200:
-        ip = (svc.get("spec") or {}).get("clusterIP")
-        service_ip = ip if isinstance(ip, str) and ip and ip != "None" else None
-    elif status == 404:
-        log.info(
-            "internal Service not found: its ClusterIP is not in the server certificate",
-            extra=kv(service=f"{NAMESPACE}/{INTERNAL_SERVICE}"),
-        )
-    else:
-        why = status_message(svc, status)
-        raise KubeError(status, f"service {NAMESPACE}/{INTERNAL_SERVICE}: {why}")
-    return list(server_names(store.model, node, service_ip=service_ip, extra=extra))
-
-
 @contextlib.asynccontextmanager
 async def kept_certificates(
     settings: RequestSettings,
@@ -455,7 +452,7 @@ async def kept_certificates(
             model = store or ModelStore()
 
             async def sans() -> Sequence[str]:
-                return await server_sans(api, model, settings.node, extra_sans)
+                return await csr.server_sans(api, model, settings.node, extra_sans)
 
         requester = CertificateRequester(api, settings, sans=sans)
         log.info(
@@ -488,5 +485,4 @@ __all__ = [
     "RequestFailed",
     "RequestSettings",
     "kept_certificates",
-    "server_sans",
 ]

@@ -2,18 +2,26 @@
 ``generateName`` ``ravenproxy-<role>-<node>-``, our signer name, the role's usages and
 ``expirationSeconds``; then watched (by ``fieldSelector=metadata.name``) until
 ``status.certificate`` appears, a ``Denied`` or ``Failed`` condition is set, or the timeout
-passes. :mod:`ravenproxy.kube.certificates` decides when to ask and what to accept."""
+passes; and the names a server's request asks for (:func:`server_sans`).
+:mod:`ravenproxy.kube.certificates` decides when to ask and what to accept."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.kube.reflector import Reflector, Resource, WatchSettings
-from ravenproxy.kube.rest import RestClient, status_message
+from ravenproxy.kube.rest import KubeError, RestClient, status_message
+from ravenproxy.log import kv
+from ravenproxy.model.server_names import INTERNAL_SERVICE, NAMESPACE, server_names
+from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.issuance import SIGNER_OF_ROLE, USAGES, Role
+
+log = logging.getLogger(__name__)
 
 CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 
@@ -99,3 +107,26 @@ def outcome(csr: dict[str, Any]) -> bytes | tuple[str, str] | None:
         except ValueError:
             return "failed", "status.certificate is not base64"
     return None
+
+
+async def server_sans(
+    api: RestClient, store: ModelStore, node: str, extra: Sequence[str] = ()
+) -> list[str]:
+    """The SANs of this server's next certificate: :func:`server_names` from the current model,
+    with the internal Service's ClusterIP when the Service exists (logged when it does not)."""
+    status, svc = await api.request(
+        "GET", f"/api/v1/namespaces/{NAMESPACE}/services/{INTERNAL_SERVICE}"
+    )
+    service_ip: str | None = None
+    if status == 200:
+        ip = (svc.get("spec") or {}).get("clusterIP")
+        service_ip = ip if isinstance(ip, str) and ip and ip != "None" else None
+    elif status == 404:
+        log.info(
+            "internal Service not found: its ClusterIP is not in the server certificate",
+            extra=kv(service=f"{NAMESPACE}/{INTERNAL_SERVICE}"),
+        )
+    else:
+        why = status_message(svc, status)
+        raise KubeError(status, f"service {NAMESPACE}/{INTERNAL_SERVICE}: {why}")
+    return list(server_names(store.model, node, service_ip=service_ip, extra=extra))

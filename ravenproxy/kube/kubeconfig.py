@@ -2,13 +2,15 @@
 account.
 
 A kubeconfig's current context names a cluster (``server``, ``certificate-authority`` /
-``-data``, ``insecure-skip-tls-verify``, ``tls-server-name``; ``proxy-url`` is refused) and a
+``-data``, ``insecure-skip-tls-verify`` (a boolean, and not with a CA, as client-go rules),
+``tls-server-name``; ``proxy-url`` is refused) and a
 user (``token``, ``tokenFile``, ``client-certificate`` / ``-data`` with ``client-key`` /
 ``-data``). ``exec`` and ``auth-provider`` users run plugins we do not carry: they are refused
 with a line naming the field.
 In a pod (no kubeconfig), ``KUBERNETES_SERVICE_HOST`` / ``_PORT`` give the server and the mounted
 service account its token and CA. Tokens read from a file are read again every minute (what
-client-go does), so a token the kubelet rotates is picked up. Relative paths in a kubeconfig are
+client-go does), so a token the kubelet rotates is picked up; a read that fails or finds the
+file empty keeps the last token. Relative paths in a kubeconfig are
 relative to the file, as kubectl reads them.
 
 Every error is a :class:`KubeConfigError` naming the file and the field. This module reads files
@@ -24,9 +26,10 @@ import os
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ravenproxy.errors import RavenProxyError
 
@@ -53,10 +56,15 @@ class TokenFile:
         if now - self._read_at >= self.reread:
             try:
                 token = self.path.read_text().strip()
+                problem = "" if token else "the file is empty"
             except OSError as exc:
+                token, problem = "", str(exc)
+            if problem:
+                # Keep the last one (client-go's cached token source does): the kubelet may be
+                # swapping the file. Without one, a request would go out anonymous.
                 if not self._token:
-                    raise KubeConfigError(f"{self.path}: cannot read the token: {exc}") from None
-                token = self._token  # keep the last one: the kubelet may be swapping the file
+                    raise KubeConfigError(f"{self.path}: cannot read the token: {problem}")
+                token = self._token
             self._token, self._read_at = token, now
         return self._token
 
@@ -76,6 +84,12 @@ class ClusterAccess:
     key_pem: bytes | None = None
     origin: str = ""
     """Where this came from (a kubeconfig path, "in-cluster"), for error messages."""
+    ca_field: str = "clusters[].cluster.certificate-authority"
+    """The field ``ca_pem`` came from, for error messages."""
+    pair_files: tuple[Path, Path] | None = None
+    """The files ``cert_pem`` and ``key_pem`` were read from (not ``-data``): read again when
+    they change (:meth:`pair_stamp`), as client-go reloads them: a kubelet-style rotated
+    client certificate is used before the one loaded at start expires."""
 
     @property
     def tls(self) -> bool:
@@ -86,6 +100,28 @@ class ClusterAccess:
         token = self.token_file.token() if self.token_file is not None else self.token
         return f"Bearer {token}" if token else None
 
+    def pair_stamp(self) -> tuple[int, ...] | None:
+        """What the client certificate and key files are now (inode, mtime, size of each;
+        None when they are not files, or cannot be looked at)."""
+        if self.pair_files is None:
+            return None
+        try:
+            stats = [os.stat(path) for path in self.pair_files]
+        except OSError:
+            return None
+        return tuple(v for st in stats for v in (st.st_ino, st.st_mtime_ns, st.st_size))
+
+    def reread_pair(self) -> ClusterAccess:
+        """This access with its client certificate and key read again from their files."""
+        if self.pair_files is None:
+            return self
+        cert_file, key_file = self.pair_files
+        return replace(
+            self,
+            cert_pem=_read(cert_file, self.origin, "users[].user.client-certificate"),
+            key_pem=_read(key_file, self.origin, "users[].user.client-key"),
+        )
+
     def ssl_context(self) -> ssl.SSLContext | None:
         """The client context for an https server (None for http)."""
         if not self.tls:
@@ -95,29 +131,32 @@ class ClusterAccess:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         elif self.ca_pem is not None:
-            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=self.ca_pem.decode())
+            try:
+                ctx = ssl.create_default_context(
+                    ssl.Purpose.SERVER_AUTH, cadata=self.ca_pem.decode("ascii", "replace")
+                )
+            except (ssl.SSLError, ValueError) as exc:
+                raise KubeConfigError(
+                    f"{self.origin}: {self.ca_field}: not a PEM CA certificate: "
+                    f"{getattr(exc, 'reason', None) or exc}"
+                ) from None
         if self.cert_pem is not None and self.key_pem is not None:
             _load_chain(ctx, self.cert_pem, self.key_pem, self.origin)
         return ctx
 
 
 def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes, origin: str) -> None:
-    # ssl loads a chain from files only: a private directory, removed once loaded. tempfile is
-    # imported here, for a kubeconfig with a client certificate (not a node's token).
-    import tempfile
+    # ssl loads a chain from files only: in-memory ones (the key never lands on a disk), and
+    # an encrypted key refused rather than prompted for on the terminal.
+    from ravenproxy.pki.x509info import KeyPairError, load_pair, private_file
 
-    with tempfile.TemporaryDirectory(prefix="ravenproxy-kube-") as tmp:
-        cert_path, key_path = Path(tmp) / "client.crt", Path(tmp) / "client.key"
-        cert_path.write_bytes(cert)
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(key)
+    with private_file(cert) as cert_path, private_file(key) as key_path:
         try:
-            ctx.load_cert_chain(cert_path, key_path)
-        except ssl.SSLError as exc:
+            load_pair(ctx, cert_path, key_path)
+        except KeyPairError as exc:
             raise KubeConfigError(
                 f"{origin}: users[].user.client-certificate / client-key: not a certificate "
-                f"and its key: {exc}"
+                f"and its key: {exc.reason}"
             ) from None
 
 
@@ -139,6 +178,8 @@ def in_cluster(
         )
     if ":" in host:
         host = f"[{host}]"  # an IPv6 service address
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise KubeConfigError(f"in-cluster: KUBERNETES_SERVICE_PORT: not a port: {port!r}")
     token = TokenFile(account / "token")
     token.token()  # a missing token fails the start, not the first call
     return ClusterAccess(
@@ -146,6 +187,7 @@ def in_cluster(
         ca_pem=_read(account / "ca.crt", "in-cluster", "ca.crt"),
         token_file=token,
         origin="in-cluster",
+        ca_field=str(account / "ca.crt"),
     )
 
 
@@ -174,6 +216,13 @@ def parse(text: str, path: Path) -> ClusterAccess:
     server = str(cluster.get("server") or "")
     if not server.startswith(("https://", "http://")):
         raise KubeConfigError(f"{where}: clusters[].cluster.server: not an http(s) URL: {server!r}")
+    try:
+        url = urlsplit(server)
+        url.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError as exc:
+        raise KubeConfigError(f"{where}: clusters[].cluster.server: {exc}: {server!r}") from None
+    if not url.hostname:
+        raise KubeConfigError(f"{where}: clusters[].cluster.server: no host in {server!r}")
     if cluster.get("proxy-url"):
         raise KubeConfigError(
             f"{where}: clusters[].cluster.proxy-url: proxies are not supported; "
@@ -197,17 +246,42 @@ def parse(text: str, path: Path) -> ClusterAccess:
     if (cert is None) != (key is None):
         missing = "client-key" if key is None else "client-certificate"
         raise KubeConfigError(f"{where}: users[].user.{missing}: required with the other one")
+    insecure = cluster.get("insecure-skip-tls-verify", False)
+    if not isinstance(insecure, bool):
+        # A quoted "false" is a string, and a non-empty string is true: refused, as kubectl
+        # refuses it, rather than read as "do not verify".
+        raise KubeConfigError(
+            f"{where}: clusters[].cluster.insecure-skip-tls-verify: not true or false: {insecure!r}"
+        )
+    ca_pem = _pem(cluster, "certificate-authority", base, where, section="clusters[].cluster")
+    if insecure and ca_pem is not None:
+        # client-go refuses the pair: the CA given would not be checked.
+        raise KubeConfigError(
+            f"{where}: clusters[].cluster.insecure-skip-tls-verify: not allowed with "
+            "certificate-authority (the CA would not be checked)"
+        )
     return ClusterAccess(
         server=server.rstrip("/"),
-        ca_pem=_pem(cluster, "certificate-authority", base, where, section="clusters[].cluster"),
-        insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
+        ca_pem=ca_pem,
+        insecure=insecure,
         tls_server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
         token=str(user["token"]) if user.get("token") else None,
         token_file=token_file,
         cert_pem=cert,
         key_pem=key,
         origin=where,
+        pair_files=_pair_files(user, base),
     )
+
+
+def _pair_files(user: Mapping[str, Any], base: Path) -> tuple[Path, Path] | None:
+    """The client certificate and key files, when both are files (client-go reloads only
+    then)."""
+    if user.get("client-certificate-data") or user.get("client-key-data"):
+        return None
+    if not (user.get("client-certificate") and user.get("client-key")):
+        return None
+    return base / str(user["client-certificate"]), base / str(user["client-key"])
 
 
 def _document(text: str, path: Path) -> dict[str, Any]:
@@ -242,8 +316,11 @@ def _pem(
     """``name-data`` (base64 of PEM) or ``name`` (a file), the data first as kubectl does."""
     data = entry.get(f"{name}-data")
     if data:
+        # Line breaks are skipped, as Go's base64 skips them: `base64` wraps at 76 columns,
+        # and kubectl reads such a kubeconfig.
+        text = str(data).replace("\n", "").replace("\r", "")
         try:
-            return base64.b64decode(str(data), validate=True)
+            return base64.b64decode(text, validate=True)
         except binascii.Error:
             raise KubeConfigError(f"{where}: {section}.{name}-data: not base64") from None
     if entry.get(name):

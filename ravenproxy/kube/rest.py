@@ -5,7 +5,8 @@ the client is a request → (status, JSON object) call, a streamed answer read a
 watch), and a pool of kept-alive connections. Responses are parsed by httptools (llhttp, the
 parser uvicorn uses; chunked bodies are decoded there). Where it goes and who it is comes from
 :mod:`ravenproxy.kube.kubeconfig`: a bearer token (a token file is re-read as the kubelet
-rotates it) or a client certificate, and the CA to trust.
+rotates it) or a client certificate (its files loaded again for a new connection once they
+change), and the CA to trust.
 
 Connection failures raise ``OSError`` (timeouts are ``TimeoutError``, an ``OSError``); a server
 that does not speak HTTP is a :class:`KubeError` with status 0. HTTP error statuses are not
@@ -26,7 +27,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import httptools
 
 from ravenproxy.errors import RavenProxyError
-from ravenproxy.kube.kubeconfig import ClusterAccess, load
+from ravenproxy.kube.kubeconfig import ClusterAccess, KubeConfigError, load
 from ravenproxy.log import kv
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,10 @@ MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "ravenproxy"
 _READ_SIZE = 65536
 _CLOSE_WAIT = 5.0
+_TEXT_MESSAGE = 200
+"""How much of an error answered in plain text becomes its message."""
+_REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Methods sent again when a kept-alive connection breaks before their answer."""
 
 
 class KubeError(RavenProxyError):
@@ -107,6 +112,12 @@ class _Connection:
         self.reader = reader
         self.writer = writer
 
+    def abort(self) -> None:
+        """Drop a connection whose answer did not end (an error, a timeout, a cancellation):
+        no close_notify exchange, which a server that stopped answering (a link cut) would
+        make wait :data:`_CLOSE_WAIT` more seconds."""
+        self.writer.transport.abort()
+
     async def close(self) -> None:
         # A TLS close waits for the peer's close_notify: a peer that never sends it is cut.
         self.writer.close()
@@ -156,6 +167,11 @@ class Response:
         self.status = self._parse.status
 
     @property
+    def complete(self) -> bool:
+        """The answer was read to its end."""
+        return self._parse.complete
+
+    @property
     def reusable(self) -> bool:
         return self._parse.complete and self._parse.keep_alive
 
@@ -167,8 +183,14 @@ class Response:
         return body
 
     async def json(self) -> dict[str, Any]:
-        """The body as a JSON object (``{}`` when empty or not an object)."""
-        return as_object(await self.read())
+        """The body as a JSON object (``{}`` when empty or not an object); an error answered
+        in plain text (kube-apiserver's "404 page not found" for an API group it does not
+        serve, a proxy's error page) as ``{"message": <its text>}``, for :func:`status_message`."""
+        raw = await self.read()
+        body = as_object(raw)
+        if not body and self.status >= 400 and raw.strip() and not raw.lstrip().startswith(b"{"):
+            return {"message": " ".join(raw[:_TEXT_MESSAGE].decode(errors="replace").split())}
+        return body
 
     async def lines(self) -> AsyncIterator[bytes]:
         """Non-empty lines of the body as they arrive (a watch's events), until it ends."""
@@ -219,6 +241,7 @@ class RestClient:
         self._prefix = url.path.rstrip("/")
         self._host_header = url.netloc.rsplit("@", 1)[-1]
         self._ssl = access.ssl_context()
+        self._pair_stamp = access.pair_stamp()
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._max_idle = max_idle
@@ -238,10 +261,12 @@ class RestClient:
     async def close(self) -> None:
         """Close every connection (streams still open end with a connection error)."""
         self._closed = True
-        conns = [*self._idle, *self._busy]
+        idle, busy = [*self._idle], [*self._busy]
         self._idle.clear()
         self._busy.clear()
-        for conn in conns:
+        for conn in busy:
+            conn.abort()  # mid-answer: nothing to close gracefully
+        for conn in idle:
             await conn.close()
 
     async def request(
@@ -275,7 +300,7 @@ class RestClient:
         connection goes back to the pool if the body was read to its end."""
         head = self._head(method, path, query, body, content_type)
         timeout = self.read_timeout if read_timeout is None else read_timeout
-        conn, resp = await self._send(head, timeout)
+        conn, resp = await self._send(head, timeout, replayable=method in _REPLAYABLE)
         self._busy.add(conn)
         try:
             yield resp
@@ -283,8 +308,10 @@ class RestClient:
             self._busy.discard(conn)
             if resp.reusable and not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
-            else:
+            elif resp.complete:
                 await conn.close()
+            else:
+                conn.abort()
 
     def _head(
         self,
@@ -316,23 +343,30 @@ class RestClient:
             lines.append(f"Content-Length: {len(payload)}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
 
-    async def _send(self, head: bytes, timeout: float) -> tuple[_Connection, Response]:
-        # A kept-alive connection the server has closed meanwhile fails before any byte of an
-        # answer: then the request goes again on a new connection, once.
+    async def _send(
+        self, head: bytes, timeout: float, *, replayable: bool
+    ) -> tuple[_Connection, Response]:
+        # A kept-alive connection the server has closed meanwhile is dropped unused. One that
+        # fails once the request is written, before any byte of an answer, sends it again on a
+        # new connection only if it may be repeated (a read): the server may have acted on a
+        # create or a patch before the connection broke. Go's transport decides the same way.
         while self._idle:
             conn = self._idle.pop()
+            if conn.writer.is_closing() or conn.reader.at_eof() or conn.reader.exception():
+                conn.abort()
+                continue
             resp = Response(conn, timeout)
             try:
                 conn.writer.write(head)
                 await conn.writer.drain()
                 await resp.start()
             except ConnectionError:
-                await conn.close()
-                if resp.received:
+                conn.abort()
+                if resp.received or not replayable:
                     raise
                 continue
             except BaseException:
-                await conn.close()
+                conn.abort()
                 raise
             return conn, resp
         conn = await self._connect()
@@ -342,13 +376,32 @@ class RestClient:
             await conn.writer.drain()
             await resp.start()
         except BaseException:
-            await conn.close()
+            conn.abort()
             raise
         return conn, resp
+
+    def _reload_pair(self) -> None:
+        """A new connection presents the client certificate its files hold now: one that was
+        rotated (a kubelet's) is loaded again, as client-go does; one that does not load
+        (caught mid-swap) is tried again at the next connection, the loaded one used."""
+        stamp = self.access.pair_stamp()
+        if stamp is None or stamp == self._pair_stamp:
+            return
+        try:
+            access = self.access.reread_pair()
+            ctx = access.ssl_context()
+        except KubeConfigError as exc:
+            log.warning(
+                "kube: client certificate files changed and do not load", extra=kv(reason=exc)
+            )
+            return
+        self.access, self._ssl, self._pair_stamp = access, ctx, stamp
+        log.info("kube: client certificate reloaded", extra=kv(origin=access.origin))
 
     async def _connect(self) -> _Connection:
         if self._closed:
             raise ConnectionError("the Kubernetes client is closed")
+        self._reload_pair()
         async with asyncio.timeout(self.connect_timeout):
             reader, writer = await asyncio.open_connection(
                 self.host,

@@ -11,6 +11,7 @@ file; the parent writes it (0600) once the certificate for it has been issued an
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -34,6 +35,7 @@ async def new_request(node: str, sans: Sequence[str] = (), timeout: float = TIME
     try:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
+            "-P",  # the working directory is not on the child's path: see _child_env
             "-m",
             "ravenproxy.pki.csr",
             node,
@@ -41,6 +43,7 @@ async def new_request(node: str, sans: Sequence[str] = (), timeout: float = TIME
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            env=_child_env(),
         )
     except OSError as exc:
         raise PKIError(f"cannot start the key generator: {exc.strerror or exc}") from None
@@ -59,3 +62,12 @@ async def new_request(node: str, sans: Sequence[str] = (), timeout: float = TIME
     if at <= 0 or b"PRIVATE KEY-----" not in out[:at]:
         raise PKIError("key generator: answer is not a key and a CSR")
     return Request(out[:at], out[at:])
+
+
+def _child_env() -> dict[str, str]:
+    """The child's environment: ours, with this ``ravenproxy``'s directory first on its path.
+    ``python -m`` would put the working directory first: whatever ``cryptography`` or
+    ``ravenproxy`` lay there would make the key (or another version of ours would run)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, path] if path else [root])}

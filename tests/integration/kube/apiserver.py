@@ -351,7 +351,8 @@ class APIServer:
     def _col(self, request: web.Request) -> Collection:
         res = request.match_info["res"]
         if res not in self.collections:
-            raise web.HTTPNotFound(text=f"no resource {res}")
+            # kube-apiserver's answer for a resource or group it does not serve: plain text.
+            raise web.HTTPNotFound(text="404 page not found")
         return self.collections[res]
 
     async def _collection_handler(self, request: web.Request) -> web.StreamResponse:

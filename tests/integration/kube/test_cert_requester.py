@@ -14,9 +14,10 @@ import base64
 import contextlib
 import datetime as dt
 import logging
+import random
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes_asyncio import client as k8s_client
 
+from ravenproxy.errors import PKIError
 from ravenproxy.kube.certificates import CertificateRequester, RequestSettings
 from ravenproxy.kube.rest import connect
 from ravenproxy.pki.authority import generate_ca, is_issued_by, key_matches
@@ -116,9 +118,15 @@ async def running(signer: Signer) -> AsyncIterator[Signer]:
 
 @contextlib.asynccontextmanager
 async def requester(
-    config: Path, cert_dir: Path, *, run: bool = False, **overrides: Any
+    config: Path,
+    cert_dir: Path,
+    *,
+    run: bool = False,
+    rng: Callable[[], float] = random.random,
+    **overrides: Any,
 ) -> AsyncIterator[CertificateRequester]:
-    """A bootstrapped requester for edge-1 (and its rotation task with ``run``)."""
+    """A bootstrapped requester for edge-1 (and its rotation task with ``run``); ``rng``
+    places its rotation deadlines."""
     settings = RequestSettings(
         role="agent",
         node="edge-1",
@@ -126,7 +134,7 @@ async def requester(
         **{"retry_base": 0.3, "retry_cap": 1.0, "request_timeout": 20.0, **overrides},
     )
     api = connect(config)
-    req = CertificateRequester(api, settings)
+    req = CertificateRequester(api, settings, rng=rng)
     task: asyncio.Task[None] | None = None
     try:
         await req.bootstrap()
@@ -523,6 +531,73 @@ async def test_a_certificate_the_bundle_no_longer_vouches_for_is_replaced_at_onc
         if r.getMessage() == "certificate not trusted by the CA bundle, requesting a new one"
     ]
     assert "unable to get local issuer certificate" in untrusted.fields["reason"]  # type: ignore[attr-defined]
+
+
+async def test_a_rotation_under_way_when_the_ca_is_dropped_makes_one_request_not_two(
+    apiserver: APIServer, ca: CA, config: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The old CA leaves the bundle while this node's rotation is pending: the certificate in
+    place is flagged, then the pending request is issued by the new CA. That certificate is
+    trusted: no second request follows it (one was made for a flag raised on its
+    predecessor)."""
+    caplog.set_level(logging.INFO, "ravenproxy.kube.certificates")
+    cert_dir = tmp_path / "certs"
+    new_ca = generate_ca("next-ca")
+    await publish_bundle(apiserver, ca[0], new_ca[0])
+    # Rotation at 70 % of a 6 s lifetime, while no signer answers.
+    old_signer = Signer(apiserver, ca, lifetime=dt.timedelta(seconds=6))
+    async with running(old_signer):
+        async with requester(config, cert_dir, rng=lambda: 0.0) as req:
+            pass
+    async with requester(config, cert_dir, run=True, rng=lambda: 0.0) as req:
+        await eventually(lambda: len(csrs(apiserver)) == 2, 15, interval=0.05, what="rotation")
+        await publish_bundle(apiserver, new_ca[0])
+        await eventually(
+            lambda: (
+                "certificate not trusted by the CA bundle, requesting a new one"
+                in [r.getMessage() for r in caplog.records]
+            ),
+            10,
+            interval=0.05,
+            what="the certificate in place flagged",
+        )
+        new_signer = Signer(apiserver, new_ca, seen=dict(old_signer.seen))
+        async with running(new_signer):
+            await eventually(
+                lambda: is_issued_by(load_cert(cert_dir / "tls.crt"), new_ca[0]),
+                15,
+                interval=0.05,
+                what="a certificate from the new CA",
+            )
+            await asyncio.sleep(1.0)
+        assert len(csrs(apiserver)) == 2 and req.requests == 1
+
+
+async def test_a_cert_dir_that_cannot_be_written_is_an_error_naming_it(
+    apiserver: APIServer, ca: CA, config: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--cert-dir under a file is a line naming it (it was a NotADirectoryError traceback);
+    a ca.crt that cannot be replaced once running is logged, and the requester goes on (its
+    task died with the OSError)."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(PKIError, match=r"--cert-dir .*/file/certs: cannot create it: Not a"):
+        async with requester(config, tmp_path / "file" / "certs"):
+            pass
+    cert_dir = tmp_path / "certs"
+    async with running(Signer(apiserver, ca)), requester(config, cert_dir, run=True) as req:
+        (cert_dir / "ca.crt").unlink()
+        (cert_dir / "ca.crt").mkdir()  # no file can be renamed over it
+        await publish_bundle(apiserver, ca[0], generate_ca("next-ca")[0])
+        await eventually(
+            lambda: "CA bundle not written" in [r.getMessage() for r in caplog.records],
+            10,
+            interval=0.05,
+            what="the failed write logged",
+        )
+        (cert_dir / "ca.crt").rmdir()
+        await publish_bundle(apiserver, ca[0])
+        await eventually(lambda: (cert_dir / "ca.crt").is_file(), 10, what="ca.crt again")
+        assert req.requests == 1
 
 
 async def test_agent_process_with_cert_dir_bootstraps_and_connects(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from ravenproxy.kube.kubeconfig import ClusterAccess
-from ravenproxy.kube.rest import MERGE_PATCH, RestClient, resource_version
+from ravenproxy.kube.rest import (
+    MERGE_PATCH,
+    RestClient,
+    connect,
+    resource_version,
+    status_message,
+)
 from ravenproxy.pki import init_pki
 from tests.helpers import close_writer
 from tests.integration.kube.apiserver import APIServer
@@ -73,6 +80,10 @@ async def test_error_bodies_are_answers_not_exceptions(
     async with rest_client(apiserver, token="stolen") as stranger:
         status, body = await stranger.request("GET", NODES)
     assert status == 401 and body["reason"] == "Unauthorized"
+    # A path no API serves is answered in plain text (kube-apiserver: "404 page not found"):
+    # its text is the message, not lost to a bare "HTTP 404".
+    status, body = await client.request("GET", "/apis/nowhere.example/v1/things")
+    assert status == 404 and status_message(body, status) == "404 page not found"
     assert (await client.request("GET", NODES))[0] == 200
     assert client.connects == 1, "an error answer keeps the connection"
 
@@ -138,7 +149,7 @@ async def test_nothing_listening_is_an_oserror(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("certs")
-    init_pki(d, ("127.0.0.1", "api.internal"), ("edge-1",))
+    init_pki(d, ("127.0.0.1", "api.internal"), ("edge-1", "edge-2"))
     return d
 
 
@@ -214,6 +225,56 @@ async def test_tls_with_a_client_certificate_and_a_closed_keepalive(certs: Path)
         await server.wait_closed()
 
 
+async def test_client_certificate_files_rotated_are_presented_on_the_next_connection(
+    certs: Path, tmp_path: Path
+) -> None:
+    """A kubeconfig naming client certificate files (a kubelet's, which it rotates): a new
+    connection presents what the files hold now, as client-go reloads them; files caught
+    mid-swap (a key of another certificate) leave the loaded pair in use."""
+    crt, key = tmp_path / "client.crt", tmp_path / "client.key"
+
+    def install(name: str, key_of: str | None = None) -> None:
+        for src, dst in ((f"{name}.crt", crt), (f"{key_of or name}.key", key)):
+            (tmp_path / "new").write_bytes((certs / src).read_bytes())
+            os.replace(tmp_path / "new", dst)
+
+    install("edge-1")
+    seen: list[str] = []
+    server = await serve_tls(certs, answers=1, seen=seen)  # one answer per connection
+    port = server.sockets[0].getsockname()[1]
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        json.dumps(
+            {
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": f"https://127.0.0.1:{port}",
+                            "certificate-authority": str(certs / "ca.crt"),
+                        },
+                    }
+                ],
+                "users": [{"name": "u", "user": {"client-certificate": "client.crt",
+                                                 "client-key": "client.key"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )  # fmt: skip
+    try:
+        async with connect(kc) as c:
+            assert await c.request("GET", "/x") == (200, {"cn": "edge-1"})
+            install("edge-2", key_of="edge-1")  # the certificate renamed, not yet its key
+            assert await c.request("GET", "/x") == (200, {"cn": "edge-1"})
+            install("edge-2")
+            assert await c.request("GET", "/x") == (200, {"cn": "edge-2"})
+            assert c.connects == 3
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_lines_split_across_chunks_and_an_unended_last_line() -> None:
     """A watch event cut across chunks (and TCP segments) is one line; a last line without its
     newline still counts; a body that is not chunked and ends with the connection too."""
@@ -250,5 +311,104 @@ async def test_lines_split_across_chunks_and_an_unended_last_line() -> None:
                     lines = [json.loads(line) async for line in resp.lines()]
                 assert lines == [json.loads(big), {"type": "BOOKMARK"}, {"a": 1}], path
     finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_write_is_not_sent_twice_when_its_connection_breaks_unanswered() -> None:
+    """A kept-alive connection that breaks after a request reached the server, before its
+    answer: a read is sent again on a new connection, a POST or PATCH is not (the server may
+    have created or changed the object: sent again it would be made twice, or answered 409).
+    A kept-alive connection the server closed while idle is not used at all: a POST after it
+    goes out once, on a new connection, and succeeds."""
+    seen: list[str] = []
+    drop: set[int] = set()  # numbers (in ``seen``) of the requests read and left unanswered
+    idle_close = False
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = [
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ]
+                await reader.readexactly(length[0] if length else 0)
+                seen.append(head.split(b" ", 1)[0].decode())
+                if len(seen) in drop:
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+                if idle_close:
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            await close_writer(writer, 1)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with RestClient(ClusterAccess(f"http://127.0.0.1:{port}")) as c:
+            assert await c.request("GET", NODES) == (200, {})
+            drop.add(2)
+            with pytest.raises(ConnectionError):
+                await c.request("POST", NODES, body=node("n1"))
+            assert seen == ["GET", "POST"], "the POST reached the server once"
+            assert await c.request("GET", NODES) == (200, {})  # a new connection
+            drop.add(4)
+            assert await c.request("GET", NODES) == (200, {}), "a read is sent again"
+            assert seen == ["GET", "POST", "GET", "GET", "GET"]
+            idle_close = True
+            assert await c.request("PATCH", f"{NODES}/n1", body={}) == (200, {})
+            await asyncio.sleep(0.2)  # the server has closed the kept-alive connection
+            connects = c.connects
+            assert await c.request("POST", NODES, body=node("n2")) == (200, {})
+            assert c.connects == connects + 1
+            assert seen[-2:] == ["PATCH", "POST"]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_server_that_stopped_answering_costs_the_timeout_not_a_tls_close_more(
+    certs: Path,
+) -> None:
+    """An API server cut off (a link down, the process stopped: the TCP connection stays, no
+    byte comes back): a request ends at its read timeout, and a cancelled one at once. The
+    connection is dropped, not closed with a close_notify exchange the server will never
+    answer (that waited 5 s more every time)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(certs / "server.crt", certs / "server.key")
+    held: list[asyncio.StreamWriter] = []
+    release = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        writer.transport.pause_reading()  # hears nothing more, answers nothing
+        await release.wait()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+    port = server.sockets[0].getsockname()[1]
+    access = ClusterAccess(f"https://127.0.0.1:{port}", ca_pem=(certs / "ca.crt").read_bytes())
+    try:
+        async with RestClient(access, read_timeout=0.5) as c:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(TimeoutError):
+                await c.request("GET", NODES)
+            assert loop.time() - started < 3.0, "the read timeout, not 5 s more"
+            call = asyncio.create_task(c.request("GET", NODES, timeout=60))
+            while len(held) < 2:
+                await asyncio.sleep(0.01)
+            call.cancel()
+            async with asyncio.timeout(2.5):
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+    finally:
+        release.set()
+        for writer in held:
+            writer.transport.abort()
         server.close()
         await server.wait_closed()

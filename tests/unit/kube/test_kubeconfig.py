@@ -76,6 +76,22 @@ def test_a_token_file_that_goes_away_keeps_the_last_token(tmp_path: Path) -> Non
     assert token.token() == "t"
 
 
+def test_an_empty_token_file_keeps_the_last_token_or_is_refused(tmp_path: Path) -> None:
+    """Read empty (the kubelet swapping it), a token file keeps the last token, as client-go's
+    cached token source does; empty at start it is refused: requests would go out anonymous."""
+    token = TokenFile(tmp_path / "token", reread=0)
+    (tmp_path / "token").write_text("t\n")
+    assert token.token() == "t"
+    (tmp_path / "token").write_text("")
+    assert token.token() == "t"
+    kc = write(tmp_path / "kc", {"server": "https://h"}, {"tokenFile": "token"})
+    with pytest.raises(KubeConfigError, match=r"users\[\]\.user\.tokenFile: .*empty"):
+        from_kubeconfig(kc)
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.raises(KubeConfigError, match="token: cannot read the token: the file is empty"):
+        in_cluster(env, tmp_path)
+
+
 def test_no_user_is_anonymous_http(tmp_path: Path) -> None:
     access = from_kubeconfig(write(tmp_path / "kc", {"server": "http://127.0.0.1:8080"}))
     assert access.authorization() is None
@@ -96,6 +112,16 @@ def test_certificate_authority_file_and_data(tmp_path: Path, certs: Path) -> Non
     ctx = by_data.ssl_context()
     assert ctx is not None and ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     assert len(ctx.get_ca_certs()) == 1
+
+
+def test_data_fields_wrapped_over_lines_are_read(tmp_path: Path, certs: Path) -> None:
+    """``base64`` wraps its output at 76 columns; kubectl (Go's base64) skips the breaks."""
+    ca = (certs / "ca.crt").read_bytes()
+    wrapped = "\n".join(b64(ca)[i : i + 76] for i in range(0, len(b64(ca)), 76)) + "\n"
+    access = from_kubeconfig(
+        write(tmp_path / "kc", {"server": "https://h", "certificate-authority-data": wrapped})
+    )
+    assert access.ca_pem == ca
 
 
 def test_tls_server_name(tmp_path: Path) -> None:
@@ -143,6 +169,14 @@ def test_client_certificate_and_key(tmp_path: Path, certs: Path, form: str) -> N
         ({"server": "https://h", "certificate-authority": "nope.crt"}, {},
          "clusters[].cluster.certificate-authority: cannot read"),
         ({"server": "https://h"}, {"tokenFile": "nope"}, "users[].user.tokenFile"),
+        ({"server": "https://h:6443x"}, {}, "clusters[].cluster.server: Port could not be cast"),
+        ({"server": "https://h:99999"}, {}, "clusters[].cluster.server: Port out of range"),
+        ({"server": "https://:6443"}, {}, "clusters[].cluster.server: no host"),
+        ({"server": "https://h", "insecure-skip-tls-verify": "false"}, {},
+         "clusters[].cluster.insecure-skip-tls-verify: not true or false: 'false'"),
+        ({"server": "https://h", "insecure-skip-tls-verify": True,
+          "certificate-authority-data": "eA=="}, {},
+         "clusters[].cluster.insecure-skip-tls-verify: not allowed with certificate-authority"),
     ],
 )  # fmt: skip
 def test_refusals_name_the_file_and_the_field(
@@ -160,6 +194,47 @@ def test_a_client_pair_that_does_not_load(tmp_path: Path, certs: Path) -> None:
     access = from_kubeconfig(write(tmp_path / "kc", {"server": "https://h"}, user))
     with pytest.raises(KubeConfigError, match="client-certificate / client-key"):
         access.ssl_context()
+
+
+def test_an_encrypted_client_key_is_refused_not_prompted_for(tmp_path: Path, certs: Path) -> None:
+    """ssl would ask for the passphrase on the terminal (kubectl cannot use one either)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key((certs / "edge-1.key").read_bytes(), None)
+    encrypted = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    user = {
+        "client-certificate-data": b64((certs / "edge-1.crt").read_bytes()),
+        "client-key-data": b64(encrypted),
+    }
+    path = write(tmp_path / "kc", {"server": "https://h"}, user)
+    with pytest.raises(KubeConfigError) as err:
+        from_kubeconfig(path).ssl_context()
+    assert str(err.value).startswith(f"{path}: users[].user.client-certificate / client-key")
+    assert str(err.value).endswith("key is encrypted; an unencrypted key is needed")
+
+
+@pytest.mark.parametrize("form", ["file", "data"])
+def test_a_ca_that_is_not_pem_names_the_field(tmp_path: Path, form: str) -> None:
+    """Not an ssl.SSLError traceback at the client's start: a line naming the field."""
+    (tmp_path / "ca.crt").write_bytes(b"junk")
+    if form == "file":
+        cluster = {"server": "https://h", "certificate-authority": "ca.crt"}
+    else:
+        cluster = {"server": "https://h", "certificate-authority-data": b64(b"junk")}
+    path = write(tmp_path / "kc", cluster)
+    with pytest.raises(KubeConfigError) as err:
+        from_kubeconfig(path).ssl_context()
+    assert str(err.value).startswith(
+        f"{path}: clusters[].cluster.certificate-authority: not a PEM CA certificate"
+    )
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    (tmp_path / "token").write_text("t")
+    with pytest.raises(KubeConfigError, match=r"in-cluster: .*ca\.crt: not a PEM CA certificate"):
+        in_cluster(env, tmp_path).ssl_context()
 
 
 @pytest.mark.parametrize(
@@ -204,3 +279,5 @@ def test_in_cluster_refusals(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("t")
     with pytest.raises(KubeConfigError, match=r"in-cluster: ca\.crt: cannot read"):
         in_cluster(env, tmp_path)
+    with pytest.raises(KubeConfigError, match="KUBERNETES_SERVICE_PORT: not a port: 'https'"):
+        in_cluster({**env, "KUBERNETES_SERVICE_PORT": "https"}, tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -170,3 +171,18 @@ async def test_child_process_refuses_a_bad_san_naming_it() -> None:
         await csrprocess.new_request("cloud-1", ["not a name"])
     with pytest.raises(PKIError, match="node name"):
         await csrprocess.new_request("Edge_1")
+
+
+async def test_child_process_ignores_modules_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m`` puts the working directory first on the path: a ``cryptography`` (or
+    another ``ravenproxy``) lying there must not be what makes the key."""
+    for name in ("cryptography", "ravenproxy"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(
+            f"import sys\nsys.exit('{name} imported from the working directory')\n"
+        )
+    monkeypatch.chdir(tmp_path)
+    request = await csrprocess.new_request("cloud-1")
+    assert x509.load_pem_x509_csr(request.csr_pem).subject.rfc4514_string() == "CN=cloud-1"
