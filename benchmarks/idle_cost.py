@@ -453,7 +453,7 @@ async def _agent_tunnel(
         ssl=ctx,
         open_timeout=30,
         proxy=None,
-        **websocket_options(config.wire, server_side=False),
+        **websocket_options(config.wire),
     )
     session = Session(ws, server_side=False, config=config, name=node)
     task = asyncio.create_task(session.run(), name=f"idle-agent:{node}")

@@ -49,7 +49,7 @@ async def dial(uri: str, pki: Path | None, open_timeout: float = WAIT) -> Tunnel
         open_timeout=open_timeout,
         user_agent_header="ravenproxy-agent/edge-1",
         logger=LOG,
-        **websocket_options(WireConfig(), server_side=False),
+        **websocket_options(WireConfig()),
     )
 
 
@@ -67,7 +67,7 @@ async def test_a_tunnel_opens_over_mutual_tls_and_closes_with_its_code(pki: Path
         seen["close"] = (rcvd.code, rcvd.reason) if rcvd else None
 
     srv = server_context(pki / "ca.crt", pki / "server.crt", pki / "server.key")
-    options = websocket_options(WireConfig(), server_side=True)
+    options = websocket_options(WireConfig())
     async with serve(handler, "127.0.0.1", 0, ssl=srv, **options) as server:
         port = server.sockets[0].getsockname()[1]
         client = await dial(f"wss://127.0.0.1:{port}", pki)
@@ -92,7 +92,7 @@ async def test_a_refused_upgrade_is_the_status_the_server_answered() -> None:
     async def handler(ws: ServerConnection) -> None:
         raise AssertionError("the upgrade was refused")
 
-    options = websocket_options(WireConfig(), server_side=True)
+    options = websocket_options(WireConfig())
     async with serve(handler, "127.0.0.1", 0, process_request=refuse, **options) as server:
         port = server.sockets[0].getsockname()[1]
         with pytest.raises(InvalidStatus) as raised:
