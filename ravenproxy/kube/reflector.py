@@ -175,9 +175,15 @@ class Reflector:
             async for line in answer.lines():
                 self._apply(json.loads(line))
 
-    def _apply(self, event: Mapping[str, Any]) -> None:
+    def _apply(self, event: Any) -> None:
+        obj = event.get("object", None) if isinstance(event, dict) else []
+        if obj is None:
+            obj = {}
+        if not isinstance(obj, dict):
+            # JSON, but not a watch event (a proxy answering with something else): as a line
+            # that is not JSON, back off and resume, never let the reflector's task die.
+            raise KubeError(0, f"{self.what}: a watch line that is not an event object")
         kind = event.get("type")
-        obj = event.get("object") or {}
         if kind == "ERROR":
             code = int(obj.get("code") or 0)
             if code == 410:
