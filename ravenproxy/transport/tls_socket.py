@@ -1,10 +1,9 @@
 """A TLS transport that drives a non-blocking :class:`ssl.SSLSocket` itself, for the tunnel.
 
 Why: the event loop's TLS (``sslproto``) runs OpenSSL over memory BIOs: what is received is read
-into a ``bytes``, written into the incoming BIO, then decrypted; what is sent is encrypted into
-the outgoing BIO, read out into a ``bytes``, then written. Here OpenSSL reads and writes the
-socket itself: ``SSL_read`` decrypts from the kernel into the protocol's buffer
-(:class:`asyncio.BufferedProtocol`), ``SSL_write`` encrypts the caller's buffer to the kernel.
+into a ``bytes``, written into the incoming BIO, then decrypted, and the way out the same in
+reverse. Here OpenSSL reads and writes the socket itself: ``SSL_read`` decrypts from the kernel
+into the protocol's buffer (:class:`asyncio.BufferedProtocol`), ``SSL_write`` encrypts to it.
 
 The contract is asyncio's :class:`asyncio.Transport` (what ``websockets`` and the session use):
 
@@ -14,15 +13,12 @@ The contract is asyncio's :class:`asyncio.Transport` (what ``websockets`` and th
   readiness event: they are read on the next loop iteration. ``pause_reading``/``resume_reading``.
 - writing: :meth:`TLSSocketTransport.write` encrypts at once while nothing is queued; what the
   socket does not take is queued (by reference, as ``sslproto`` does) and written on
-  ``add_writer`` readiness. ``SSL_write`` is all or nothing (CPython sets no
-  ``SSL_MODE_ENABLE_PARTIAL_WRITE``): after ``SSLWantWriteError`` the same piece is written
-  again (CPython sets ``SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER``). Flow control as asyncio's.
-  Either direction may need the other's readiness (``SSLWantReadError`` from a write,
-  ``SSLWantWriteError`` from a read: a key update to answer); both are waited for.
-- closing: :meth:`~TLSSocketTransport.close` writes what is queued, then ``close_notify``, then
-  a FIN, then reads (and drops) until the peer's FIN, all within :data:`SHUTDOWN_TIMEOUT`, and
-  closes the socket; :meth:`~TLSSocketTransport.abort` closes it at once. The protocol's
-  ``connection_lost`` is called exactly once, from the loop, after the socket is closed.
+  ``add_writer`` readiness; ``SSL_write`` is all or nothing, and after ``SSLWantWriteError`` the
+  same piece is written again. Flow control as asyncio's. Either direction may need the other's
+  readiness (a key update to answer); both are waited for.
+- closing: ``close()`` writes what is queued, ``close_notify``, a FIN, then drops what comes
+  until the peer's FIN, within :data:`SHUTDOWN_TIMEOUT`; ``abort()`` closes at once.
+  ``connection_lost`` is called exactly once, from the loop, once the socket is closed.
 - the peer's ``close_notify`` (or a FIN without it) is the protocol's ``eof_received``; unless
   that returns true, the transport closes.
 
@@ -41,19 +37,17 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 SHUTDOWN_TIMEOUT = 10.0
-"""Seconds a :meth:`TLSSocketTransport.close` may take to write what is queued, the
-``close_notify`` and the FIN, and to see the peer's FIN, before the socket is closed anyway."""
+"""Seconds ``close()`` may take (queued data, ``close_notify``, FIN, the peer's FIN), at most."""
 
 READ_ROUNDS = 4
-"""Buffers filled per read readiness at most, so one busy connection does not starve the loop;
-the rest is read on the next iteration (level-triggered readiness, or ``pending()``)."""
+"""Buffers filled per read readiness at most (a busy connection must not starve the loop)."""
 
 CORK_MIN = 32 * 1024
 """Bytes queued from which a flush corks the socket (``TCP_CORK``) while it writes them."""
 
 HIGH_WATER = 64 * 1024  # the default write buffer high-water mark (asyncio's)
-
-_DROP = bytearray(16 * 1024)  # where the bytes read after our close_notify go
+RECORD = 16 * 1024  # TLS's largest record payload: one SSL_read returns one record at most
+_DROP = bytearray(RECORD)  # where the bytes read after our close_notify go
 
 
 class TLSSocketTransport(asyncio.Transport):
@@ -297,6 +291,12 @@ class TLSSocketTransport(asyncio.Transport):
                         end = "eof"
                         break
                     got += n
+                    if n < RECORD and got < size:
+                        # A short record: a small message, likely all there is. Not reading
+                        # on spares the failed read (an SSLError made in C) that finds the
+                        # socket empty; readiness is level-triggered, anything left is read next.
+                        end = "drained"
+                        break
             except ssl.SSLWantReadError:
                 end = "drained"
             except ssl.SSLWantWriteError:  # a key update to answer, the socket full
