@@ -67,6 +67,11 @@ class TLSSocketTransport(asyncio.Transport):
         self._fd = sock.fileno()
         self._protocol = protocol
         self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        # CPython's TLS object under the SSLSocket: its read() is what recv_into() ends in, two
+        # Python calls later, per 16 KiB record (~6 % of bulk CPU); recv_into() if it is absent.
+        self._sslread: Callable[[int, memoryview], int] | None = getattr(
+            getattr(sock, "_sslobj", None), "read", None
+        )
         self._queue: collections.deque[bytes | bytearray | memoryview] = collections.deque()
         self._queued = 0
         self._high = HIGH_WATER
@@ -261,20 +266,15 @@ class TLSSocketTransport(asyncio.Transport):
 
     def _read(self) -> None:
         """Read what the socket has, into the protocol's buffers."""
-        sock = self._sock
-        # CPython's own TLS object under the SSLSocket: its read() is what recv_into() ends
-        # in, two Python calls and their checks later, for every record (16 KiB); about 6 %
-        # of a bulk transfer's CPU. recv_into() where it is not there.
-        sslobj = getattr(sock, "_sslobj", None)
-        sslread: Callable[[int, memoryview], int] | None = getattr(sslobj, "read", None)
+        sock, sslread = self._sock, self._sslread
         self._read_wants_write = False
         for _ in range(READ_ROUNDS):
-            protocol = self._protocol
+            protocol, buffered = self._protocol, self._buffered
             got = 0
             end: str | BaseException | None = None  # why this round stopped short
             try:
-                if isinstance(protocol, asyncio.BufferedProtocol):
-                    view = memoryview(protocol.get_buffer(-1))
+                if buffered:
+                    view = memoryview(protocol.get_buffer(-1))  # type: ignore[attr-defined]
                 else:  # a plain Protocol (not the tunnel's): read, then hand over a copy
                     view = memoryview(bytearray(256 * 1024))
                 size = len(view)
@@ -307,8 +307,8 @@ class TLSSocketTransport(asyncio.Transport):
                 end = exc
             try:
                 if got:  # what came before an end is delivered first
-                    if isinstance(protocol, asyncio.BufferedProtocol):
-                        protocol.buffer_updated(got)
+                    if buffered:
+                        protocol.buffer_updated(got)  # type: ignore[attr-defined]
                     elif isinstance(protocol, asyncio.Protocol):
                         protocol.data_received(bytes(view[:got]))
             except Exception as exc:
@@ -463,7 +463,7 @@ class TLSSocketTransport(asyncio.Transport):
         try:
             self._protocol.connection_lost(exc if isinstance(exc, Exception) else None)
         finally:
-            self._protocol = _Gone()
+            self._protocol, self._buffered = _Gone(), False
 
     # -- the loop's readiness ---------------------------------------------------------------
     def _update_io(self) -> None:
