@@ -39,8 +39,8 @@ def settled() -> None:
     """Start-up is over: what it made (imported modules, their functions and classes, the
     settings) lives as long as the process. Collected once, then left out of the cyclic
     collector's full collections (:func:`gc.freeze`): a full collection walks every tracked
-    object, and a server's imports alone are ~80 000 of them (kubernetes_asyncio's models among
-    them): 40-230 ms on the 2-core test bed, a stall of every connection the process serves.
+    object, and a server's imports alone were ~80 000 of them with kubernetes_asyncio's models:
+    40-230 ms on the 2-core test bed, a stall of every connection the process serves.
     Objects made later are collected as before; only cyclic garbage among the frozen ones is
     never freed.
     """

@@ -1,8 +1,8 @@
 """The kubernetes_asyncio client factory and raw JSON calls, for the callers that still hold
-that client: the controller (writer, leader election, issuer, agent Leases, model source, the
-dns command's ConfigMap feed) and the server's agent Leases. The agent (model source, WireGuard
-key publisher, --cert-dir requester) and the server's model and certificates use :mod:`.rest`
-instead, which loads neither kubernetes_asyncio nor aiohttp (~48 MB of an idle process).
+that client: the controller (writer, leader election, issuer, agent Leases, model source) and
+the dns command's ConfigMap feed. The agent (model source, WireGuard key publisher, --cert-dir
+requester) and the server (model, certificates, agent Leases) use :mod:`.rest` instead,
+which loads neither kubernetes_asyncio nor aiohttp (~48 MB of an idle process).
 
 Responses are read raw (``_preload_content=False``): the model parsers take Kubernetes JSON, and
 skipping the client's model classes keeps one code path for the YAML inventory and the API.

@@ -19,7 +19,7 @@ import resource
 import ssl
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from aiohttp import web
 from websockets.asyncio.server import Server as WsServer
@@ -38,6 +38,7 @@ from ravenproxy.server.front import FrontContext, FrontLimits
 from ravenproxy.server.http_front import HttpFront
 from ravenproxy.server.https_front import HttpsFront
 from ravenproxy.server.limits import ClientStreams, ConnectionGate, front_connection_cap
+from ravenproxy.server.liveness import KubeLiveness
 from ravenproxy.server.loops import OwnListeners, via_token
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import Router
@@ -46,9 +47,6 @@ from ravenproxy.server.tunnels import Tunnels
 from ravenproxy.transport import tls, ws_server
 from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
 from ravenproxy.transport.session import websocket_options
-
-if TYPE_CHECKING:
-    from ravenproxy.server.liveness import KubeLiveness
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +216,6 @@ class ProxyServer:
             self.ports["health"] = port
             self.listeners.add("health", runner.addresses)
             if s.agent_leases:
-                # Imported here: kubernetes_asyncio (~850 modules, ~28 000 objects) only for a
-                # server that publishes agent Leases.
-                from ravenproxy.server.liveness import KubeLiveness
-
                 liveness = KubeLiveness(self.registry.connected_nodes, s.kubeconfig)
                 await liveness.start()
                 self._liveness = liveness

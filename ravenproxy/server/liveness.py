@@ -32,14 +32,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import aiohttp
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio.client.exceptions import ApiException
-
-from ravenproxy.kube.client import MERGE_PATCH, new_api_client, raw_call, resource_version
 from ravenproxy.kube.leases import (
     ANNOTATION_NODE,
     LABELS,
@@ -51,7 +45,13 @@ from ravenproxy.kube.leases import (
     micro_time,
     parse_time,
 )
+from ravenproxy.kube.rest import MERGE_PATCH, KubeError, RestClient, connect, resource_version
 from ravenproxy.log import kv
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+_FAILED = (KubeError, OSError)
+"""A write that failed (an answer that is not HTTP; a connection that failed or timed out): the
+next round tries again. Error statuses are answers, handled where they come."""
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class LivenessPublisher:
     def __init__(
         self,
         connected: Callable[[], Iterable[str]],
-        api: k8s_client.ApiClient,
+        api: RestClient,
         identity: str | None = None,
         namespace: str = NAMESPACE,
         renew_interval: float = RENEW_INTERVAL,
@@ -80,7 +80,7 @@ class LivenessPublisher:
     ) -> None:
         self._connected = connected
         self.concurrency = concurrency
-        self._api = k8s_client.CoordinationV1Api(api)
+        self._api = api
         self.identity = identity or default_identity()
         self.namespace = namespace
         self.renew_interval = renew_interval
@@ -98,13 +98,16 @@ class LivenessPublisher:
             "renewTime": micro_time(now),
         }
 
+    def _path(self, node: str | None = None) -> str:
+        path = LEASES.format(namespace=self.namespace)
+        return path if node is None else f"{path}/{lease_name(node)}"
+
     async def _patch(self, node: str, rv: str, spec: Mapping[str, Any]) -> tuple[int, str]:
-        status, body = await raw_call(
-            self._api.patch_namespaced_lease,
-            lease_name(node),
-            self.namespace,
-            {"metadata": {"resourceVersion": rv}, "spec": dict(spec)},
-            _content_type=MERGE_PATCH,
+        status, body = await self._api.request(
+            "PATCH",
+            self._path(node),
+            body={"metadata": {"resourceVersion": rv}, "spec": dict(spec)},
+            content_type=MERGE_PATCH,
         )
         return status, resource_version(body)
 
@@ -134,7 +137,7 @@ class LivenessPublisher:
                 async with limit:
                     try:
                         await call
-                    except (ApiException, aiohttp.ClientError, TimeoutError) as exc:
+                    except _FAILED as exc:
                         log.warning("liveness: lease write failed", extra=kv(error=exc))
 
             async with asyncio.TaskGroup() as tg:
@@ -154,7 +157,7 @@ class LivenessPublisher:
 
     async def _acquire(self, node: str, now: float) -> None:
         name = lease_name(node)
-        status, body = await raw_call(self._api.read_namespaced_lease, name, self.namespace)
+        status, body = await self._api.request("GET", self._path(node))
         if status == 404:
             lease = {
                 "apiVersion": "coordination.k8s.io/v1",
@@ -167,7 +170,7 @@ class LivenessPublisher:
                 },
                 "spec": {**self._spec(now), "acquireTime": micro_time(now), "leaseTransitions": 0},
             }
-            status, body = await raw_call(self._api.create_namespaced_lease, self.namespace, lease)
+            status, body = await self._api.request("POST", self._path(), body=lease)
             if status < 300:
                 self._took(node, resource_version(body), now)
             else:  # 409: another server created it first; look again next round.
@@ -221,7 +224,7 @@ class LivenessPublisher:
         for node in sorted(self.held):
             try:
                 await self._release(node)
-            except (ApiException, aiohttp.ClientError, TimeoutError) as exc:
+            except _FAILED as exc:
                 log.warning("liveness: release failed", extra=kv(node=node, error=exc))
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -232,7 +235,7 @@ class LivenessPublisher:
             while True:
                 try:
                     await self.sync()
-                except (ApiException, aiohttp.ClientError, TimeoutError) as exc:
+                except _FAILED as exc:
                     log.warning("liveness: sync failed, will retry", extra=kv(error=exc))
                 await asyncio.sleep(self.poll_interval)
         finally:
@@ -244,7 +247,8 @@ class LivenessPublisher:
 
 class KubeLiveness:
     """The server's hook: an API client (``kubeconfig``, or the in-cluster service account when
-    None) and a :class:`LivenessPublisher` task, started and stopped with the server."""
+    None; our own REST client, so a server loads neither kubernetes_asyncio nor aiohttp for it)
+    and a :class:`LivenessPublisher` task, started and stopped with the server."""
 
     def __init__(
         self,
@@ -257,15 +261,14 @@ class KubeLiveness:
         self._kubeconfig = kubeconfig
         self._identity = identity
         self._kwargs = publisher_kwargs
-        self._api: k8s_client.ApiClient | None = None
+        self._api: RestClient | None = None
         self._task: asyncio.Task[None] | None = None
         self.publisher: LivenessPublisher | None = None
 
     async def start(self) -> None:
-        """Raises KubeError when no API client can be made (bad kubeconfig, not in a cluster)."""
-        self._api = await new_api_client(
-            Path(self._kubeconfig) if self._kubeconfig is not None else None
-        )
+        """Raises KubeConfigError when no API client can be made (bad kubeconfig, not in a
+        cluster)."""
+        self._api = connect(self._kubeconfig)
         self.publisher = LivenessPublisher(
             self._connected, self._api, self._identity, **self._kwargs
         )

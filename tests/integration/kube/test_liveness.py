@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from kubernetes_asyncio import client as k8s_client
 
 from ravenproxy.controller.agents import AgentLeases, AgentPoller, agents_url
 from ravenproxy.controller.runtime import ControllerSettings, run_controller_with
 from ravenproxy.kube.leases import ANNOTATION_NODE, LABELS, NAMESPACE, lease_name, parse_time
+from ravenproxy.kube.rest import RestClient
 from ravenproxy.server import liveness
 from ravenproxy.server.agents import add_agents_route, agents_report
 from ravenproxy.server.liveness import LivenessPublisher
 from tests.helpers import eventually
 from tests.integration.kube.apiserver import APIServer
-from tests.integration.kube.conftest import kubeconfig
+from tests.integration.kube.conftest import kubeconfig, rest_client
 from tests.integration.kube.test_controller import (
     FAST,
     api_client,
@@ -40,16 +40,15 @@ def holder(apiserver: APIServer, node: str) -> str | None:
     return None if obj is None else (obj["spec"].get("holderIdentity") or "")
 
 
-def publisher(
-    api: k8s_client.ApiClient, connected: set[str], identity: str, **kw: Any
-) -> LivenessPublisher:
+def publisher(api: RestClient, connected: set[str], identity: str, **kw: Any) -> LivenessPublisher:
     kw = {"renew_interval": 0.2, "poll_interval": 0.05, "lease_duration": 1, **kw}
     return LivenessPublisher(lambda: set(connected), api, identity, **kw)
 
 
 @pytest.fixture
-async def api(apiserver: APIServer) -> AsyncIterator[k8s_client.ApiClient]:
-    async with api_client(apiserver, "server-a") as client:
+async def api(apiserver: APIServer) -> AsyncIterator[RestClient]:
+    """The publishers' client: our REST client, as the server runs it."""
+    async with rest_client(apiserver, agent="server-a") as client:
         yield client
 
 
@@ -60,7 +59,7 @@ async def stop(task: asyncio.Task[Any]) -> None:
 
 
 async def test_a_connected_agent_gets_a_lease_renewed_and_released(
-    apiserver: APIServer, api: k8s_client.ApiClient
+    apiserver: APIServer, api: RestClient
 ) -> None:
     connected: set[str] = set()
     pub = publisher(api, connected, "server-a")
@@ -95,7 +94,7 @@ async def test_a_connected_agent_gets_a_lease_renewed_and_released(
 
 
 async def test_cancelling_the_server_releases_its_leases(
-    apiserver: APIServer, api: k8s_client.ApiClient
+    apiserver: APIServer, api: RestClient
 ) -> None:
     pub = publisher(api, {"edge-1", "edge-2"}, "server-a")
     task = asyncio.create_task(pub.run())
@@ -107,11 +106,11 @@ async def test_cancelling_the_server_releases_its_leases(
 
 
 async def test_two_servers_with_one_agent_share_the_lease_without_fighting(
-    apiserver: APIServer, api: k8s_client.ApiClient
+    apiserver: APIServer, api: RestClient
 ) -> None:
     a_nodes = {"edge-1"}
     b_nodes = {"edge-1"}
-    async with api_client(apiserver, "server-b") as api_b:
+    async with rest_client(apiserver, agent="server-b") as api_b:
         a = asyncio.create_task(publisher(api, a_nodes, "server-a").run())
         await eventually(lambda: holder(apiserver, "edge-1") == "server-a")
         b = asyncio.create_task(publisher(api_b, b_nodes, "server-b").run())
@@ -132,13 +131,13 @@ async def test_two_servers_with_one_agent_share_the_lease_without_fighting(
 
 
 async def test_an_expired_lease_of_a_dead_server_is_taken_over(
-    apiserver: APIServer, api: k8s_client.ApiClient
+    apiserver: APIServer, api: RestClient
 ) -> None:
     dead = publisher(api, {"edge-1"}, "server-dead")
     await dead.sync()
     assert holder(apiserver, "edge-1") == "server-dead"
     # It crashes (no release). After leaseDurationSeconds another server may take over.
-    async with api_client(apiserver, "server-b") as api_b:
+    async with rest_client(apiserver, agent="server-b") as api_b:
         b = publisher(api_b, {"edge-1"}, "server-b")
         await b.sync()
         assert holder(apiserver, "edge-1") == "server-dead"
@@ -193,7 +192,7 @@ async def failover_after(apiserver: APIServer, gone_at: float) -> float:
 
 
 async def test_agent_gone_fails_the_gateway_over_after_the_grace_period(
-    apiserver: APIServer, api: k8s_client.ApiClient
+    apiserver: APIServer, api: RestClient
 ) -> None:
     await edge_cluster(apiserver)
     connected = {"edge-1", "edge-2"}
@@ -224,11 +223,11 @@ async def test_agent_gone_fails_the_gateway_over_after_the_grace_period(
 
 
 async def test_a_server_that_dies_without_releasing_fails_its_agents_over(
-    apiserver: APIServer, api: k8s_client.ApiClient
+    apiserver: APIServer, api: RestClient
 ) -> None:
     await edge_cluster(apiserver)
     # edge-2's agent sits on a server that keeps running; edge-1's on one that crashes.
-    async with api_client(apiserver, "server-b") as api_b:
+    async with rest_client(apiserver, agent="server-b") as api_b:
         crashing = publisher(api, {"edge-1"}, "server-a")
         a = asyncio.create_task(crashing.run())
         b = asyncio.create_task(publisher(api_b, {"edge-2"}, "server-b").run())
@@ -390,7 +389,7 @@ async def test_the_server_hook_publishes_through_a_kubeconfig(
 
 
 async def test_a_real_agent_connecting_to_a_real_server_gets_its_lease(
-    apiserver: APIServer, api: k8s_client.ApiClient, tmp_path: Any
+    apiserver: APIServer, api: RestClient, tmp_path: Any
 ) -> None:
     """The publisher on the real registry (what server/app.py hands it): connect, report,
     disconnect, release."""
@@ -448,3 +447,69 @@ async def test_a_real_agent_connecting_to_a_real_server_gets_its_lease(
             await stop(agent_task)
         await stop(pub)
         await server.stop()
+
+
+async def test_a_server_publishing_leases_loads_no_kubernetes_asyncio(tmp_path: Any) -> None:
+    """``ravenproxy server --agent-leases`` (the shipped Deployment's flag) through the CLI,
+    against the emulator: it publishes with ravenproxy.kube.rest; kubernetes_asyncio (~850
+    modules) stays the controller's. A real agent connects, so a Lease is held when the server's
+    modules are listed."""
+    from ravenproxy.pki import init_pki
+    from tests.helpers import free_port, spawn_python
+    from tests.helpers import stop as stop_process
+    from tests.integration.cluster import INVENTORY
+    from tests.unit.agent.test_imports import PROBE, present
+
+    apiserver = APIServer()
+    await apiserver.start()
+    procs = []
+    try:
+        config = kubeconfig(tmp_path / "kubeconfig", apiserver)
+        init_pki(tmp_path, ("127.0.0.1",), ("edge-1",))
+        inventory = tmp_path / "inventory.yaml"
+        inventory.write_text(INVENTORY)
+        tunnel, out = free_port(), tmp_path / "modules.txt"
+        procs.append(
+            spawn_python(
+                [
+                    "-c", PROBE, str(out), "ravenproxy.server.liveness",
+                    "liveness: holding the agent's lease",
+                    "server",
+                    "--inventory", str(inventory),
+                    "--ca-file", str(tmp_path / "ca.crt"),
+                    "--cert-file", str(tmp_path / "server.crt"),
+                    "--key-file", str(tmp_path / "server.key"),
+                    "--tunnel-addr", f"127.0.0.1:{tunnel}",
+                    *(f"--{n}-addr=127.0.0.1:{free_port()}" for n in ("http", "https")),
+                    *(f"--{n}-addr=127.0.0.1:{free_port()}" for n in ("metrics", "health")),
+                    "--agent-leases", "--kubeconfig", str(config),
+                ],
+                tmp_path / "server.log",
+            )
+        )  # fmt: skip
+        procs.append(
+            spawn_python(
+                [
+                    "-m", "ravenproxy", "agent",
+                    "--node-name", "edge-1",
+                    "--server-addr", f"wss://127.0.0.1:{tunnel}",
+                    "--ca-file", str(tmp_path / "ca.crt"),
+                    "--cert-file", str(tmp_path / "edge-1.crt"),
+                    "--key-file", str(tmp_path / "edge-1.key"),
+                ],
+                tmp_path / "agent.log",
+            )
+        )  # fmt: skip
+        await eventually(lambda: procs[0].poll() is not None, within=30)
+        server_log = (tmp_path / "server.log").read_text()
+        assert out.exists(), f"no Lease held: {server_log[-2000:]}"
+        # Held, then released by the server's graceful stop (the probe's SIGTERM).
+        assert holder(apiserver, "edge-1") == "", "the Lease was not written or not released"
+        modules = set(out.read_text().split())
+    finally:
+        for proc in procs:
+            stop_process(proc)
+        await apiserver.close()
+    assert "ravenproxy.kube.rest" in modules and "ravenproxy.server.liveness" in modules
+    assert not present(modules, "kubernetes_asyncio"), "the server loaded kubernetes_asyncio"
+    assert not present(modules, "urllib3")

@@ -69,18 +69,20 @@ HEAVY = {
     "tempfile": "a client certificate in a kubeconfig, or no memfd (ravenproxy.pki.x509info)",
 }
 
-# Runs the real entry point; the dump happens from a log handler, on the agent's own event.
+# Runs the real entry point; the dump happens from a log handler, on the process's own event:
+# ``-c PROBE OUT LOGGER MESSAGE COMMAND [ARGS]`` writes the modules loaded into OUT when LOGGER
+# logs MESSAGE, then stops the process with SIGTERM.
 PROBE = """
 import logging, os, signal, sys
 from ravenproxy import cli
 
-out = sys.argv[1]
+out, logger, message = sys.argv[1:4]
 
 class Dump(logging.Handler):
     done = False
 
     def emit(self, record):
-        if not self.done and record.getMessage() == "cannot reach the server, retrying":
+        if not self.done and record.getMessage() == message:
             self.done = True
             # A deferred module (ravenproxy.lazymodule) whose code never ran is not loaded.
             loaded = [n for n, m in sys.modules.items() if type(m).__name__ != "LazyModule"]
@@ -88,8 +90,8 @@ class Dump(logging.Handler):
                 f.write("\\n".join(sorted(loaded)))
             os.kill(os.getpid(), signal.SIGTERM)
 
-logging.getLogger("ravenproxy.agent").addHandler(Dump())
-sys.exit(cli.main(sys.argv[2:]))
+logging.getLogger(logger).addHandler(Dump())
+sys.exit(cli.main(sys.argv[4:]))
 """
 
 
@@ -116,7 +118,7 @@ def loaded_modules(
     out = tmp_path / f"modules{len(extra)}.txt"
     log = tmp_path / f"agent{len(extra)}.log"
     args = [
-        "-c", PROBE, str(out),
+        "-c", PROBE, str(out), "ravenproxy.agent", "cannot reach the server, retrying",
         "agent",
         "--node-name", "edge-1",
         "--server-addr", f"wss://127.0.0.1:{free_port()}",  # nothing listens: the dial fails
