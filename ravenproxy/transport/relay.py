@@ -12,7 +12,8 @@ only after the socket accepted the previous one.
 A client that goes away while its upload waits for the tunnel's credit (the target reads
 nothing) is noticed within :data:`CREDIT_PROBE` seconds, not at the idle timeout: while it waits,
 the relay looks at the client's socket (the error its reader was left with; the kernel's TCP
-state, because a socket whose reading is paused hears of no reset) and ends with that error.
+state, because a socket whose reading is paused hears of no reset; for a Unix socket, which has
+no reset, whether the kernel's poll says its peer closed) and ends with that error.
 
 Idleness (no byte either way for a while) is tracked once, by :class:`IdleWatch`, for this relay
 and for every other copy loop of a relayed connection: the loops only stamp the time.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import socket
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -243,6 +245,7 @@ class _Relay:
     TaskGroup stops its parent: cancel(), then uncancel() where the cancellation is caught."""
 
     __slots__ = (
+        "eof_sent",
         "half_close",
         "in_up",
         "initial_down",
@@ -273,6 +276,7 @@ class _Relay:
         self.result = RelayResult()
         self.watch = IdleWatch(idle_timeout)
         self.half_close = writer.can_write_eof()
+        self.eof_sent = False
         self.in_up = True
         self.stop_up = False
         self.task: asyncio.Task[Any] | None = None
@@ -290,6 +294,7 @@ class _Relay:
             if not chunk:
                 if writer.can_write_eof() and not writer.is_closing():
                     writer.write_eof()
+                    self.eof_sent = True
                 return
             writer.write(chunk)
             result.bytes_down += len(chunk)
@@ -315,7 +320,7 @@ class _Relay:
                 await asyncio.wait((waiter,), timeout=CREDIT_PROBE)
                 if waiter.done():
                     return waiter.result()
-                gone = client_gone(self.reader, self.writer)
+                gone = client_gone(self.reader, self.writer, eof_sent=self.eof_sent)
                 if gone:
                     raise ConnectionResetError(gone)
         finally:
@@ -399,14 +404,28 @@ class _Relay:
         return result
 
 
-def client_gone(reader: SocketReader, writer: SocketWriter) -> str:
+def client_gone(reader: SocketReader, writer: SocketWriter, *, eof_sent: bool = False) -> str:
     """Why the client's connection is gone both ways ("" while it is not): lost to an error,
-    or reset while its reading was paused (no read, so nothing heard of it but the kernel)."""
+    or reset while its reading was paused (no read, so nothing heard of it but the kernel).
+    ``eof_sent``: the relay has half-closed the socket itself."""
     exc = reader.exception()
     if exc is not None:
         return f"client connection lost: {exc}"
     sock = writer.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    if sock is None:
+        return ""
+    if sock.family == socket.AF_UNIX:
+        # POLLHUP: shut down both ways. A peer's close() does that; its shutdown(SHUT_WR) (a
+        # half-close, still reading) does not — unless we half-closed too (eof_sent): then a
+        # hang-up does not tell the two apart, and the relay goes on.
+        if eof_sent:
+            return ""
+        poller = select.poll()
+        poller.register(sock.fileno(), 0)  # POLLHUP and POLLERR are reported regardless
+        if any(events & (select.POLLHUP | select.POLLERR) for _fd, events in poller.poll(0)):
+            return "client connection closed while its upload waited for credit"
+        return ""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
         return ""
     try:
         state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]

@@ -146,9 +146,12 @@ waits for credit that never comes (the agent's side reads nothing)."""
 
 
 @contextlib.asynccontextmanager
-async def accepting(kind: str) -> AsyncIterator[tuple[int, asyncio.Queue[tuple[Any, Any]]]]:
+async def accepting(
+    kind: str, unix_path: str | None = None
+) -> AsyncIterator[tuple[int, asyncio.Queue[tuple[Any, Any]]]]:
     """A listener whose accepted sockets come out as (reader, writer): asyncio's streams, or
-    one :class:`SocketStream` as the server's fronts have them."""
+    one :class:`SocketStream` as the server's fronts have them (on ``unix_path``, a Unix
+    socket, as the egress front's; the port is then 0)."""
     queue: asyncio.Queue[tuple[Any, Any]] = asyncio.Queue()
     if kind == "asyncio":
 
@@ -164,25 +167,30 @@ async def accepting(kind: str) -> AsyncIterator[tuple[int, asyncio.Queue[tuple[A
         queue.put_nowait((stream, stream))
         return stream
 
-    server = await asyncio.get_running_loop().create_server(made, "127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    if unix_path is not None:
+        server = await loop.create_unix_server(made, unix_path)
+    else:
+        server = await loop.create_server(made, "127.0.0.1", 0)
     try:
-        yield server.sockets[0].getsockname()[1], queue
+        yield 0 if unix_path is not None else server.sockets[0].getsockname()[1], queue
     finally:
         server.close()
         await server.wait_closed()
 
 
-@pytest.mark.parametrize("kind", ["asyncio", "socketstream"])
+@pytest.mark.parametrize("kind", ["asyncio", "socketstream", "unix"])
 @pytest.mark.parametrize("reading", ["reading", "paused"])
 async def test_a_client_reset_while_its_upload_waits_for_credit_ends_the_relay(
-    reading: str, kind: str
+    reading: str, kind: str, tmp_path: Any
 ) -> None:
     """The client's upload waits for the tunnel's credit (the agent's side reads nothing) and
     nothing comes down; then the client resets. The relay ends within a few seconds with the
     client's error, and the stream is reset (the agent drops its target). Before: nothing
     noticed until the idle timeout (4 h by default) held the stream, the client's slot and the
     socket. ``paused``: so much is uploaded that reading the client socket is paused, and only
-    the kernel hears of the reset."""
+    the kernel hears of the reset. ``unix``: the egress front's Unix socket, whose client has no
+    reset (a close, with no TCP state to look at; the kernel's poll says the peer is gone)."""
     held: asyncio.Queue[TunnelStream] = asyncio.Queue()
     release = asyncio.Event()
 
@@ -196,8 +204,16 @@ async def test_a_client_reset_while_its_upload_waits_for_credit_ends_the_relay(
     upload = WINDOW + (8 * 1024 if reading == "reading" else 3 * READ_LIMIT + 8 * 1024 * 1024)
     results: list[RelayResult] = []
     edge = SessionConfig(wire=WireConfig(initial_stream_window=WINDOW, max_stream_window=WINDOW))
-    async with tunnel(on_open=hold, edge_config=edge) as t, accepting(kind) as (port, front_side):
-        client = socket.create_connection(("127.0.0.1", port))
+    unix = str(tmp_path / "egress.sock") if kind == "unix" else None
+    async with (
+        tunnel(on_open=hold, edge_config=edge) as t,
+        accepting("socketstream" if unix else kind, unix) as (port, front_side),
+    ):
+        if unix is not None:
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.connect(unix)
+        else:
+            client = socket.create_connection(("127.0.0.1", port))
         task: asyncio.Task[RelayResult] | None = None
         try:
             reader, writer = await asyncio.wait_for(front_side.get(), WAIT)
@@ -223,7 +239,9 @@ async def test_a_client_reset_while_its_upload_waits_for_credit_ends_the_relay(
             assert time.monotonic() - started < relay_module.CREDIT_PROBE + WAIT
             (result,) = results
             assert result.error.startswith("socket: "), result
-            if reading == "paused":
+            if unix is not None:
+                assert "client connection closed" in result.error, result
+            elif reading == "paused":
                 assert "gone while its reading was paused" in result.error, result
             else:
                 assert "client connection lost" in result.error, result
@@ -231,6 +249,43 @@ async def test_a_client_reset_while_its_upload_waits_for_credit_ends_the_relay(
             with pytest.raises(StreamClosedError):
                 while await asyncio.wait_for(agent_stream.read(), WAIT):
                     pass
+        finally:
+            release.set()
+            client.close()
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_half_closed_unix_client_is_not_taken_for_gone(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Unix-socket client that shuts its sending side down (a half-close: it still reads the
+    answer) while its upload waits for credit is not gone: the relay goes on."""
+    monkeypatch.setattr(relay_module, "CREDIT_PROBE", 0.05)
+    release = asyncio.Event()
+
+    async def hold(stream: TunnelStream) -> None:
+        stream.accept()
+        await release.wait()
+
+    edge = SessionConfig(wire=WireConfig(initial_stream_window=WINDOW, max_stream_window=WINDOW))
+    unix = str(tmp_path / "egress.sock")
+    async with (
+        tunnel(on_open=hold, edge_config=edge) as t,
+        accepting("socketstream", unix) as (_port, front_side),
+    ):
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        task: asyncio.Task[RelayResult] | None = None
+        try:
+            client.connect(unix)
+            reader, writer = await asyncio.wait_for(front_side.get(), WAIT)
+            stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+            task = asyncio.create_task(relay(TunnelByteStream(stream), reader, writer))
+            client.sendall(b"u" * (WINDOW + 4096))
+            client.shutdown(socket.SHUT_WR)
+            await asyncio.sleep(0.5)  # ten looks at the socket
+            assert not task.done(), task.result()
         finally:
             release.set()
             client.close()
