@@ -417,7 +417,7 @@ class CertificateRequester:
             # In a child process: cryptography never becomes resident here (issue 15).
             request = await new_request(s.node, sans)
         except PKIError as exc:
-            raise RequestFailed("-", "refused", str(exc)) from None
+            raise RequestFailed("-", "no CSR made", str(exc)) from None
         name = await csr.create(self.api, s.role, s.node, request.csr_pem, s.lifetime)
         self.requests += 1
         log.info(

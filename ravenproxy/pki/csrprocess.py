@@ -11,12 +11,16 @@ file; the parent writes it (0600) once the certificate for it has been issued an
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from ravenproxy.errors import PKIError
+from ravenproxy.log import kv
+
+log = logging.getLogger(__name__)
 
 TIMEOUT = 60.0
 _CSR_BEGIN = b"-----BEGIN CERTIFICATE REQUEST-----"
@@ -55,13 +59,26 @@ async def new_request(node: str, sans: Sequence[str] = (), timeout: float = TIME
         if proc.returncode is None:  # cancelled or timed out: the child goes too
             proc.kill()
             await proc.wait()
-    if proc.returncode != 0:
-        detail = err.decode(errors="replace").strip() or f"exit status {proc.returncode}"
-        raise PKIError(detail)
+    status = proc.returncode
+    if status != 0:
+        raise PKIError(_failure(status if status is not None else -1, err.decode(errors="replace")))
     at = out.find(_CSR_BEGIN)
     if at <= 0 or b"PRIVATE KEY-----" not in out[:at]:
         raise PKIError("key generator: answer is not a key and a CSR")
     return Request(out[:at], out[at:])
+
+
+def _failure(status: int, stderr: str) -> str:
+    """One line: the child's own message for what it refuses (a bad node name or SAN, exit
+    status 2); for a crash, the exit status and the exception — the traceback's last line (the
+    whole of it is logged at debug level)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if status == 2 and lines:
+        return lines[-1]
+    if len(lines) > 1:
+        log.debug("key generator crashed", extra=kv(status=status, stderr=stderr))
+    detail = f": {lines[-1]}" if lines else ""
+    return f"key generator failed (exit status {status}){detail}"
 
 
 def _child_env() -> dict[str, str]:

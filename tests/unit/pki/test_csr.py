@@ -186,3 +186,21 @@ async def test_child_process_ignores_modules_in_the_working_directory(
     monkeypatch.chdir(tmp_path)
     request = await csrprocess.new_request("cloud-1")
     assert x509.load_pem_x509_csr(request.csr_pem).subject.rfc4514_string() == "CN=cloud-1"
+
+
+async def test_a_crashing_child_is_one_line_naming_the_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child crashes (here: a broken ``cryptography`` on its path): the error is one line
+    with the exit status and the exception, not the child's traceback."""
+    broken = tmp_path / "site" / "cryptography"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('cryptography is broken here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    with pytest.raises(PKIError) as caught:
+        await csrprocess.new_request("cloud-1")
+    message = str(caught.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    assert message == (
+        "key generator failed (exit status 1): ImportError: cryptography is broken here"
+    ), message
