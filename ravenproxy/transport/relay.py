@@ -10,7 +10,8 @@ sender) instead of queueing. Stream → socket: the next chunk is taken (and its
 only after the socket accepted the previous one.
 
 A client that goes away while its upload waits for the tunnel's credit (the target reads
-nothing) is noticed within :data:`CREDIT_PROBE` seconds, not at the idle timeout: while it waits,
+nothing), or after its half-close while the target has not answered, is noticed within
+:data:`CREDIT_PROBE` seconds, not at the idle timeout: while it waits,
 the relay looks at the client's socket (the error its reader was left with; the kernel's TCP
 state, because a socket whose reading is paused hears of no reset; for a Unix socket, which has
 no reset, whether the kernel's poll says its peer closed) and ends with that error.
@@ -328,6 +329,18 @@ class _Relay:
                 waiter.cancel()
                 await asyncio.gather(waiter, return_exceptions=True)
 
+    async def until_down(self, down: asyncio.Task[None]) -> None:
+        """Wait for down to end, watching the client meanwhile: its reading ended at its EOF
+        (a half-close), so a reset after it is heard only by the kernel, or at the next write
+        of an answer the target may never send. Raises ConnectionResetError once it is gone."""
+        while True:
+            await asyncio.wait((down,), timeout=CREDIT_PROBE)
+            if down.done():
+                return down.result()
+            gone = client_gone(self.reader, self.writer, eof_sent=self.eof_sent)
+            if gone:
+                raise ConnectionResetError(gone)
+
     def failed(self, exc: BaseException) -> None:
         # One direction failed: the other has nothing sensible left to do.
         if isinstance(exc, StreamClosedError):
@@ -379,7 +392,7 @@ class _Relay:
                 else:
                     # Up is done (or has nothing left to do): the relay ends with down.
                     try:
-                        await down_task
+                        await self.until_down(down_task)
                     except Exception as exc:
                         self.failed(exc)
         except IdleTimeout:
@@ -406,7 +419,8 @@ class _Relay:
 
 def client_gone(reader: SocketReader, writer: SocketWriter, *, eof_sent: bool = False) -> str:
     """Why the client's connection is gone both ways ("" while it is not): lost to an error,
-    or reset while its reading was paused (no read, so nothing heard of it but the kernel).
+    or reset while it was not read (reading paused, or ended at its EOF: nothing heard of it but
+    the kernel).
     ``eof_sent``: the relay has half-closed the socket itself."""
     exc = reader.exception()
     if exc is not None:
@@ -435,7 +449,7 @@ def client_gone(reader: SocketReader, writer: SocketWriter, *, eof_sent: bool = 
     except OSError:
         return ""  # closed under us: the reader says why, next time
     why = os.strerror(err) if err else "closed"
-    return f"client connection gone while its reading was paused: {why}"
+    return f"client connection gone while not read: {why}"
 
 
 def tune(transport: asyncio.WriteTransport) -> None:
