@@ -50,7 +50,7 @@ from ravenproxy.log import kv
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 _FAILED = (KubeError, OSError)
-"""A write that failed (an answer that is not HTTP; a connection that failed or timed out): the
+"""A call that failed (an answer that is not HTTP; a connection that failed or timed out): the
 next round tries again. Error statuses are answers, handled where they come."""
 
 log = logging.getLogger(__name__)
