@@ -4,6 +4,9 @@
 This is the only place that turns the sans-I/O protocol into asyncio calls. A session owns two
 tasks (reader, writer) and a keepalive timer, plus one task per stream the peer opens; :meth:`run`
 returns when the WebSocket is gone, after every stream has been failed and every task collected.
+The reader task mostly waits: our frame reader hands it each read round's messages by callback
+(:meth:`~ravenproxy.transport.websocket.TunnelConnectionMixin.deliver`), processed there and
+then, and it reads only what ``websockets`` keeps after a handover.
 
 A server holds one session per connected agent, mostly idle: what a session keeps is kept a
 thousand times. Hence :class:`~ravenproxy.transport.flag.Flag`, not :class:`asyncio.Event`, a
@@ -49,7 +52,9 @@ __all__ = [
 ]
 
 YIELD_EVERY = 0.002
-"""Seconds of reading a tunnel without a break, at most, before other tasks get a turn."""
+"""Seconds of reading a tunnel through ``websockets`` (after a handover) without a break, at
+most, before other tasks get a turn. Our frame reader needs none: it hands over one read round
+at a time, from the read callback, and the loop runs other work between two."""
 
 
 def _flag(flag: str, help: str) -> dict[str, str]:
@@ -149,6 +154,10 @@ class Session:
         """When the tunnel came up (monotonic clock)."""
         self.on_stream_closed: Callable[[TunnelStream], None] | None = None
         self._yielded = time.monotonic()
+        self._delivering = False  # our frame reader calls _on_messages
+        self._held: list[bytes | memoryview] | None = None  # reading paused: not taken yet
+        self._paused_at = 0.0
+        self._flood_timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -164,6 +173,7 @@ class Session:
             self._closed.set()
             self._drain_event.set()
             writer.cancel()
+            self._stop_flood_timer()
             if self._keepalive_timer is not None:
                 self._keepalive_timer.cancel()
                 self._keepalive_timer = None
@@ -278,6 +288,8 @@ class Session:
                 self._wake = False
                 batch = self.conn.pieces_to_send()
                 self._taken.set()
+                if self._held is not None:
+                    self._unpause()
                 for frames in batched(batch, mask=mask):
                     if ws.protocol.state is not WsState.OPEN:
                         return
@@ -317,12 +329,18 @@ class Session:
         try:
             ws = self.ws
             if isinstance(ws, TunnelConnectionMixin):
-                # Our frame reader's messages (then websockets'). A batch is what arrived while
-                # the loop ran: work since then is timed from here for YIELD_EVERY.
-                while (batch := await ws.next_messages()) is not None:
-                    self._yielded = time.monotonic()
-                    for data in batch:
-                        await self._received(data)
+                # Our frame reader hands each read round's messages to _on_messages, in its
+                # read callback: no task wakes per message.
+                self._delivering = True
+                try:
+                    await ws.deliver(self._on_messages)
+                finally:
+                    self._delivering = False
+                    self._stop_flood_timer()
+                # Handed over to websockets (or lost) while paused: what was held back first.
+                held, self._held = self._held, None
+                for data in held or ():
+                    await self._received(data)
             async for message in ws:
                 await self._received(message)
         except ProtocolError as exc:
@@ -344,6 +362,82 @@ class Session:
                 f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"
             )
 
+    # -- the messages of our frame reader, by callback ------------------------------------------
+    def _on_messages(self, batch: list[bytes | memoryview]) -> None:
+        """One read round's messages, from the transport's read callback. Raising ends the
+        delivery: the reader raises it (ProtocolError: the tunnel is closed with its code)."""
+        conn = self.conn
+        if self._held is not None:  # paused: behind what is held back
+            self._held += batch
+            return
+        for i, message in enumerate(batch):
+            if not conn.should_read:
+                self._pause(batch[i:])
+                break
+            for event in conn.receive_message(message):
+                self._dispatch(event)
+        # Answers the messages asked for (PING acks above all) go out now, not with whatever
+        # flushes next: protocol sections 4.7 and 11.
+        self._flush()
+        if self._held is None and not conn.should_read:
+            self._pause([])
+
+    def _pause(self, rest: list[bytes | memoryview]) -> None:
+        """Read nothing while our unsent control output is over the bound: the writer cannot
+        get it out because the peer does not read. TCP backpressure then holds the peer's
+        further frames in its own buffers, not in our memory; ``rest`` (the read round's
+        messages not taken yet) waits for the writer. Still paused after ``flood_grace``: the
+        peer floods (:meth:`_flooded`)."""
+        self._held = rest
+        self.ws.transport.pause_reading()
+        self._paused_at = time.monotonic()
+        self._flood_timer = asyncio.get_running_loop().call_later(
+            self.config.flood_grace, self._flooded
+        )
+
+    def _unpause(self) -> None:
+        """The writer took the output: take what was held back, then read on (unless that
+        paused again)."""
+        if not self._delivering or not self.conn.should_read:
+            return
+        held, self._held = self._held, None
+        self._stop_flood_timer()
+        try:
+            self._on_messages(held or [])
+        except Exception as exc:
+            assert isinstance(self.ws, TunnelConnectionMixin)
+            self.ws.stop_delivery(exc)
+            return
+        if self._held is None:
+            self.ws.transport.resume_reading()
+
+    def _stop_flood_timer(self) -> None:
+        if self._flood_timer is not None:
+            self._flood_timer.cancel()
+            self._flood_timer = None
+
+    def _flooded(self) -> None:
+        self._flood_timer = None
+        if self.ws.protocol.state is not WsState.OPEN:
+            return  # the tunnel is ending: its close is bounded
+        log.warning(
+            "peer floods control frames, closing",
+            extra=kv(
+                **self.fields,
+                pending=self.conn.control_pending,
+                limit=self.config.wire.max_control_pending,
+                paused=f"{time.monotonic() - self._paused_at:.1f}s",
+            ),
+        )
+        assert isinstance(self.ws, TunnelConnectionMixin)
+        self.ws.stop_delivery(
+            ControlFloodError(
+                f"over {self.config.wire.max_control_pending} bytes of answers unread for "
+                f"{self.config.flood_grace:g}s"
+            )
+        )
+
+    # -- messages read through websockets (after a handover) ----------------------------------
     async def _received(self, message: str | bytes | memoryview) -> None:
         if isinstance(message, str):
             raise ProtocolError("text message on the tunnel")
