@@ -265,7 +265,7 @@ class Session:
 
     # -- I/O --------------------------------------------------------------------------------
     def _flush(self) -> None:
-        if self.conn.pending_bytes and not self._wake:
+        if not self._wake and self.conn.pending_bytes:  # called several times a request
             self._wake = True
             waiter, self._wake_writer = self._wake_writer, None
             if waiter is not None and not waiter.done():
