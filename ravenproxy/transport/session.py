@@ -1,12 +1,11 @@
 """One tunnel: a WebSocket carrying a :class:`ravenproxy.wire.Connection`, and its streams
 (:class:`~ravenproxy.transport.tunnel_stream.TunnelStream`, driven from here).
 
-This is the only place that turns the sans-I/O protocol into asyncio calls. A session owns two
-tasks (reader, writer) and a keepalive timer, plus one task per stream the peer opens; :meth:`run`
+This and :mod:`ravenproxy.transport.intake` (what the peer sends, taken in the read callback)
+are the only places that turn the sans-I/O protocol into asyncio calls. A session owns two tasks
+(reader, writer) and a keepalive timer, plus one task per stream the peer opens; :meth:`run`
 returns when the WebSocket is gone, after every stream has been failed and every task collected.
-The reader task mostly waits: our frame reader hands it each read round's messages by callback
-(:meth:`~ravenproxy.transport.websocket.TunnelConnectionMixin.deliver`), processed there and
-then, and it reads only what ``websockets`` keeps after a handover.
+The reader task mostly waits: it reads only what ``websockets`` keeps after a handover.
 
 A server holds one session per connected agent, mostly idle: what a session keeps is kept a
 thousand times. Hence :class:`~ravenproxy.transport.flag.Flag`, not :class:`asyncio.Event`, a
@@ -30,6 +29,7 @@ from websockets.protocol import State as WsState
 from ravenproxy.log import kv
 from ravenproxy.transport.flag import Flag
 from ravenproxy.transport.frame_batch import batched
+from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
 from ravenproxy.transport.websocket import TunnelConnectionMixin
 from ravenproxy.wire import events as ev
@@ -50,11 +50,6 @@ __all__ = [
     "TunnelStream",
     "websocket_options",
 ]
-
-YIELD_EVERY = 0.002
-"""Seconds of reading a tunnel through ``websockets`` (after a handover) without a break, at
-most, before other tasks get a turn. Our frame reader needs none: it hands over one read round
-at a time, from the read callback, and the loop runs other work between two."""
 
 
 def _flag(flag: str, help: str) -> dict[str, str]:
@@ -111,8 +106,10 @@ def websocket_options(wire: WireConfig) -> dict[str, Any]:
 StreamHandler = Callable[[TunnelStream], Awaitable[None]]
 
 
-class Session:
+class Session(Intake):
     """Runs the protocol over one WebSocket. ``on_open`` serves streams the peer opens."""
+
+    config: SessionConfig
 
     def __init__(
         self,
@@ -153,11 +150,7 @@ class Session:
         self.started = time.monotonic()
         """When the tunnel came up (monotonic clock)."""
         self.on_stream_closed: Callable[[TunnelStream], None] | None = None
-        self._yielded = time.monotonic()
-        self._delivering = False  # our frame reader calls _on_messages
-        self._held: list[bytes | memoryview] | None = None  # reading paused: not taken yet
-        self._paused_at = 0.0
-        self._flood_timer: asyncio.TimerHandle | None = None
+        self._init_intake()
 
     # -- lifecycle --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -337,10 +330,13 @@ class Session:
                 finally:
                     self._delivering = False
                     self._stop_flood_timer()
-                # Handed over to websockets (or lost) while paused: what was held back first.
+                # Handed over to websockets (or lost) while paused: what was held back first,
+                # then websockets reads on.
                 held, self._held = self._held, None
-                for data in held or ():
-                    await self._received(data)
+                if held is not None:
+                    for data in held:
+                        await self._received(data)
+                    ws.transport.resume_reading()
             async for message in ws:
                 await self._received(message)
         except ProtocolError as exc:
@@ -361,135 +357,6 @@ class Session:
             self.close_reason = (
                 f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"
             )
-
-    # -- the messages of our frame reader, by callback ------------------------------------------
-    def _on_messages(self, batch: list[bytes | memoryview]) -> None:
-        """One read round's messages, from the transport's read callback. Raising ends the
-        delivery: the reader raises it (ProtocolError: the tunnel is closed with its code)."""
-        conn = self.conn
-        if self._held is not None:  # paused: behind what is held back
-            self._held += batch
-            return
-        for i, message in enumerate(batch):
-            if not conn.should_read:
-                self._pause(batch[i:])
-                break
-            for event in conn.receive_message(message):
-                self._dispatch(event)
-        # Answers the messages asked for (PING acks above all) go out now, not with whatever
-        # flushes next: protocol sections 4.7 and 11.
-        self._flush()
-        if self._held is None and not conn.should_read:
-            self._pause([])
-
-    def _pause(self, rest: list[bytes | memoryview]) -> None:
-        """Read nothing while our unsent control output is over the bound: the writer cannot
-        get it out because the peer does not read. TCP backpressure then holds the peer's
-        further frames in its own buffers, not in our memory; ``rest`` (the read round's
-        messages not taken yet) waits for the writer. Still paused after ``flood_grace``: the
-        peer floods (:meth:`_flooded`)."""
-        self._held = rest
-        self.ws.transport.pause_reading()
-        self._paused_at = time.monotonic()
-        self._flood_timer = asyncio.get_running_loop().call_later(
-            self.config.flood_grace, self._flooded
-        )
-
-    def _unpause(self) -> None:
-        """The writer took the output: take what was held back, then read on (unless that
-        paused again)."""
-        if not self._delivering or not self.conn.should_read:
-            return
-        held, self._held = self._held, None
-        self._stop_flood_timer()
-        try:
-            self._on_messages(held or [])
-        except Exception as exc:
-            assert isinstance(self.ws, TunnelConnectionMixin)
-            self.ws.stop_delivery(exc)
-            return
-        if self._held is None:
-            self.ws.transport.resume_reading()
-
-    def _stop_flood_timer(self) -> None:
-        if self._flood_timer is not None:
-            self._flood_timer.cancel()
-            self._flood_timer = None
-
-    def _flooded(self) -> None:
-        self._flood_timer = None
-        if self.ws.protocol.state is not WsState.OPEN:
-            return  # the tunnel is ending: its close is bounded
-        log.warning(
-            "peer floods control frames, closing",
-            extra=kv(
-                **self.fields,
-                pending=self.conn.control_pending,
-                limit=self.config.wire.max_control_pending,
-                paused=f"{time.monotonic() - self._paused_at:.1f}s",
-            ),
-        )
-        assert isinstance(self.ws, TunnelConnectionMixin)
-        self.ws.stop_delivery(
-            ControlFloodError(
-                f"over {self.config.wire.max_control_pending} bytes of answers unread for "
-                f"{self.config.flood_grace:g}s"
-            )
-        )
-
-    # -- messages read through websockets (after a handover) ----------------------------------
-    async def _received(self, message: str | bytes | memoryview) -> None:
-        if isinstance(message, str):
-            raise ProtocolError("text message on the tunnel")
-        if not self.conn.should_read:  # e.g. a keepalive PING queued while we yielded
-            await self._paused()
-        for event in self.conn.receive_message(message):
-            self._dispatch(event)
-        # Answers the message asked for (PING acks above all) go out now, not with
-        # whatever flushes next: protocol sections 4.7 and 11.
-        self._flush()
-        if not self.conn.should_read:
-            await self._paused()
-        # A peer that sends faster than we process must not starve other tunnels and fronts:
-        # yield after YIELD_EVERY of work without one (not per message: small ones would pay).
-        if time.monotonic() - self._yielded >= YIELD_EVERY:
-            await asyncio.sleep(0)
-            self._yielded = time.monotonic()
-
-    async def _paused(self) -> None:
-        """Read nothing while our unsent control output is over the bound: the writer cannot
-        get it out because the peer does not read. TCP backpressure then holds the peer's
-        further frames in its own buffers, not in our memory. Still paused after
-        ``flood_grace``: the peer floods; raise :class:`ControlFloodError`."""
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(self.config.flood_grace):
-                while not self.conn.should_read:
-                    writer = self._writer_task
-                    if (
-                        writer is None
-                        or writer.done()
-                        or self.ws.protocol.state is not WsState.OPEN
-                    ):
-                        return  # the tunnel is ending: let the read loop see how
-                    self._taken.clear()
-                    await self._taken.wait()
-        except TimeoutError:
-            if self.ws.protocol.state is not WsState.OPEN:
-                return
-            log.warning(
-                "peer floods control frames, closing",
-                extra=kv(
-                    **self.fields,
-                    pending=self.conn.control_pending,
-                    limit=self.config.wire.max_control_pending,
-                    paused=f"{time.monotonic() - started:.1f}s",
-                ),
-            )
-            raise ControlFloodError(
-                f"over {self.config.wire.max_control_pending} bytes of answers unread for "
-                f"{self.config.flood_grace:g}s"
-            ) from None
 
     async def _close_with_error(self, code: ErrorCode) -> None:
         """Send the GOAWAY the connection queued for a connection error, then close. The writer
