@@ -124,21 +124,23 @@ class Intake:
         self._flood_timer = None
         if self.ws.protocol.state is not WsState.OPEN:
             return  # the tunnel is ending: its close is bounded
+        assert isinstance(self.ws, TunnelConnectionMixin)
+        self.ws.stop_delivery(self._flood(self._paused_at))
+
+    def _flood(self, paused_at: float) -> ControlFloodError:
+        """The error (and the log line) for a peer that left us paused for ``flood_grace``."""
         log.warning(
             "peer floods control frames, closing",
             extra=kv(
                 **self.fields,
                 pending=self.conn.control_pending,
                 limit=self.config.wire.max_control_pending,
-                paused=f"{time.monotonic() - self._paused_at:.1f}s",
+                paused=f"{time.monotonic() - paused_at:.1f}s",
             ),
         )
-        assert isinstance(self.ws, TunnelConnectionMixin)
-        self.ws.stop_delivery(
-            ControlFloodError(
-                f"over {self.config.wire.max_control_pending} bytes of answers unread for "
-                f"{self.config.flood_grace:g}s"
-            )
+        return ControlFloodError(
+            f"over {self.config.wire.max_control_pending} bytes of answers unread for "
+            f"{self.config.flood_grace:g}s"
         )
 
     # -- messages read through websockets (after a handover) ----------------------------------
@@ -181,16 +183,4 @@ class Intake:
         except TimeoutError:
             if self.ws.protocol.state is not WsState.OPEN:
                 return
-            log.warning(
-                "peer floods control frames, closing",
-                extra=kv(
-                    **self.fields,
-                    pending=self.conn.control_pending,
-                    limit=self.config.wire.max_control_pending,
-                    paused=f"{time.monotonic() - started:.1f}s",
-                ),
-            )
-            raise ControlFloodError(
-                f"over {self.config.wire.max_control_pending} bytes of answers unread for "
-                f"{self.config.flood_grace:g}s"
-            ) from None
+            raise self._flood(started) from None
