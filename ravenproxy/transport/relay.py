@@ -83,8 +83,14 @@ class IdleWatch:
         if timeout == self.timeout or self._expired:
             return
         self.timeout = timeout
-        if self._sweep is not None:
-            self._sweep.remove(self)
+        sweep = self._sweep
+        if sweep is not None and timeout is not None and sweep.timeout <= timeout:
+            # Longer: it stays where it is, checked early and often enough (a sweep looks at
+            # each watch's own timeout). A keep-alive connection switching between its two
+            # timeouts per request then moves once, not twice a request.
+            return
+        if sweep is not None:
+            sweep.remove(self)
             self._sweep = None
         if self._task is not None and timeout is not None:
             self._sweep = _Sweep.of(self._loop, timeout)
@@ -130,7 +136,8 @@ class IdleWatch:
 
 class _Sweep:
     """The one timer of every entered :class:`IdleWatch` with the same timeout on one event
-    loop. It fires when the oldest stamp is due, expires the watches that are, and re-arms
+    loop (or a longer one, retimed while in it: each expires by its own). It fires when the
+    oldest stamp is due by the sweep's timeout, expires the watches that are, and re-arms
     for the oldest remaining stamp, but at most every ``min(timeout / 8, 60 s)``: with
     thousands of busy connections a check is a scan of all of them, so it must stay rare. A
     watch therefore expires at its due time, or up to that much later while others are busy.
@@ -180,7 +187,9 @@ class _Sweep:
         now = self.loop.time()
         oldest = now
         for watch in list(self.watches):
-            if now >= watch.last + self.timeout - 0.001:  # timers may fire a tick early
+            # Its own timeout: the sweep's, or longer (see IdleWatch.retime).
+            timeout = self.timeout if watch.timeout is None else watch.timeout
+            if now >= watch.last + timeout - 0.001:  # timers may fire a tick early
                 del self.watches[watch]  # expired once; its block's exit finds it gone
                 watch._expire(now)
             elif watch.last < oldest:

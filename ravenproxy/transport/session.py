@@ -1,9 +1,11 @@
 """One tunnel: a WebSocket carrying a :class:`ravenproxy.wire.Connection`, and its streams
 (:class:`~ravenproxy.transport.tunnel_stream.TunnelStream`, driven from here).
 
-This is the only place that turns the sans-I/O protocol into asyncio calls. A session owns two
-tasks (reader, writer) and a keepalive timer, plus one task per stream the peer opens; :meth:`run`
+This and :mod:`ravenproxy.transport.intake` (what the peer sends, taken in the read callback)
+are the only places that turn the sans-I/O protocol into asyncio calls. A session owns two tasks
+(reader, writer) and a keepalive timer, plus one task per stream the peer opens; :meth:`run`
 returns when the WebSocket is gone, after every stream has been failed and every task collected.
+The reader task mostly waits: it reads only what ``websockets`` keeps after a handover.
 
 A server holds one session per connected agent, mostly idle: what a session keeps is kept a
 thousand times. Hence :class:`~ravenproxy.transport.flag.Flag`, not :class:`asyncio.Event`, a
@@ -27,6 +29,7 @@ from websockets.protocol import State as WsState
 from ravenproxy.log import kv
 from ravenproxy.transport.flag import Flag
 from ravenproxy.transport.frame_batch import batched
+from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
 from ravenproxy.transport.websocket import TunnelConnectionMixin
 from ravenproxy.wire import events as ev
@@ -47,9 +50,6 @@ __all__ = [
     "TunnelStream",
     "websocket_options",
 ]
-
-YIELD_EVERY = 0.002
-"""Seconds of reading a tunnel without a break, at most, before other tasks get a turn."""
 
 
 def _flag(flag: str, help: str) -> dict[str, str]:
@@ -106,8 +106,10 @@ def websocket_options(wire: WireConfig) -> dict[str, Any]:
 StreamHandler = Callable[[TunnelStream], Awaitable[None]]
 
 
-class Session:
+class Session(Intake):
     """Runs the protocol over one WebSocket. ``on_open`` serves streams the peer opens."""
+
+    config: SessionConfig
 
     def __init__(
         self,
@@ -148,7 +150,7 @@ class Session:
         self.started = time.monotonic()
         """When the tunnel came up (monotonic clock)."""
         self.on_stream_closed: Callable[[TunnelStream], None] | None = None
-        self._yielded = time.monotonic()
+        self._init_intake()
 
     # -- lifecycle --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -164,6 +166,7 @@ class Session:
             self._closed.set()
             self._drain_event.set()
             writer.cancel()
+            self._stop_flood_timer()
             if self._keepalive_timer is not None:
                 self._keepalive_timer.cancel()
                 self._keepalive_timer = None
@@ -255,7 +258,7 @@ class Session:
 
     # -- I/O --------------------------------------------------------------------------------
     def _flush(self) -> None:
-        if self.conn.pending_bytes and not self._wake:
+        if not self._wake and self.conn.pending_bytes:  # called several times a request
             self._wake = True
             waiter, self._wake_writer = self._wake_writer, None
             if waiter is not None and not waiter.done():
@@ -278,6 +281,8 @@ class Session:
                 self._wake = False
                 batch = self.conn.pieces_to_send()
                 self._taken.set()
+                if self._held is not None:
+                    self._unpause()
                 for frames in batched(batch, mask=mask):
                     if ws.protocol.state is not WsState.OPEN:
                         return
@@ -317,12 +322,21 @@ class Session:
         try:
             ws = self.ws
             if isinstance(ws, TunnelConnectionMixin):
-                # Our frame reader's messages (then websockets'). A batch is what arrived while
-                # the loop ran: work since then is timed from here for YIELD_EVERY.
-                while (batch := await ws.next_messages()) is not None:
-                    self._yielded = time.monotonic()
-                    for data in batch:
+                # Our frame reader hands each read round's messages to _on_messages, in its
+                # read callback: no task wakes per message.
+                self._delivering = True
+                try:
+                    await ws.deliver(self._on_messages)
+                finally:
+                    self._delivering = False
+                    self._stop_flood_timer()
+                # Handed over to websockets (or lost) while paused: what was held back first,
+                # then websockets reads on.
+                held, self._held = self._held, None
+                if held is not None:
+                    for data in held:
                         await self._received(data)
+                    ws.transport.resume_reading()
             async for message in ws:
                 await self._received(message)
         except ProtocolError as exc:
@@ -343,59 +357,6 @@ class Session:
             self.close_reason = (
                 f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"
             )
-
-    async def _received(self, message: str | bytes | memoryview) -> None:
-        if isinstance(message, str):
-            raise ProtocolError("text message on the tunnel")
-        if not self.conn.should_read:  # e.g. a keepalive PING queued while we yielded
-            await self._paused()
-        for event in self.conn.receive_message(message):
-            self._dispatch(event)
-        # Answers the message asked for (PING acks above all) go out now, not with
-        # whatever flushes next: protocol sections 4.7 and 11.
-        self._flush()
-        if not self.conn.should_read:
-            await self._paused()
-        # A peer that sends faster than we process must not starve other tunnels and fronts:
-        # yield after YIELD_EVERY of work without one (not per message: small ones would pay).
-        if time.monotonic() - self._yielded >= YIELD_EVERY:
-            await asyncio.sleep(0)
-            self._yielded = time.monotonic()
-
-    async def _paused(self) -> None:
-        """Read nothing while our unsent control output is over the bound: the writer cannot
-        get it out because the peer does not read. TCP backpressure then holds the peer's
-        further frames in its own buffers, not in our memory. Still paused after
-        ``flood_grace``: the peer floods; raise :class:`ControlFloodError`."""
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(self.config.flood_grace):
-                while not self.conn.should_read:
-                    writer = self._writer_task
-                    if (
-                        writer is None
-                        or writer.done()
-                        or self.ws.protocol.state is not WsState.OPEN
-                    ):
-                        return  # the tunnel is ending: let the read loop see how
-                    self._taken.clear()
-                    await self._taken.wait()
-        except TimeoutError:
-            if self.ws.protocol.state is not WsState.OPEN:
-                return
-            log.warning(
-                "peer floods control frames, closing",
-                extra=kv(
-                    **self.fields,
-                    pending=self.conn.control_pending,
-                    limit=self.config.wire.max_control_pending,
-                    paused=f"{time.monotonic() - started:.1f}s",
-                ),
-            )
-            raise ControlFloodError(
-                f"over {self.config.wire.max_control_pending} bytes of answers unread for "
-                f"{self.config.flood_grace:g}s"
-            ) from None
 
     async def _close_with_error(self, code: ErrorCode) -> None:
         """Send the GOAWAY the connection queued for a connection error, then close. The writer

@@ -184,8 +184,8 @@ class TunnelStream:
 
     def on_readable(self, callback: Callable[[], None] | None) -> None:
         """Serve the stream by callbacks (a relay without a task per direction): ``callback``
-        runs, from the session's reader, when a chunk, the end or an error arrives; it takes
-        them with :meth:`read_nowait`. None: stop."""
+        runs, from the session's reader (the tunnel's read callback), when a chunk, the end or
+        an error arrives; it takes them with :meth:`read_nowait`. None: stop."""
         self._on_readable = callback
 
     def read_nowait(self) -> bytes | memoryview | None:

@@ -33,9 +33,12 @@ left; while one is, reading goes on in a spare buffer (:meth:`TunnelConnectionMi
 A bulk transfer then allocates no ~1 MiB ``bytes`` per message, whose pages glibc handed back
 and faulted in again (~100 page faults per MiB received).
 
-Binary messages are queued for :meth:`TunnelConnectionMixin.next_messages` (the session's
-reader), at most ``max_queue`` of them before reading pauses, as ``websockets`` does. Once that
-returns None, the rest of the connection is read through ``websockets`` (``async for``).
+Binary messages are handed to the session from the read callback itself
+(:meth:`TunnelConnectionMixin.deliver`): one call per read round, no task woken per message;
+the session pauses the transport's reading when it must not take more. Without a receiver they
+are queued for :meth:`TunnelConnectionMixin.next_messages`, at most ``max_queue`` of them before
+reading pauses, as ``websockets`` does. Once either is done (the connection was lost, or handed
+over), the rest of the connection is read through ``websockets`` (``async for``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import asyncio
 import enum
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from websockets.asyncio.connection import Connection
@@ -91,6 +95,10 @@ class _Scratch(threading.local):
 
 _scratch = _Scratch()
 
+Receiver = Callable[[list[bytes | memoryview]], None]
+"""Takes the binary messages of one read round, in order (see
+:meth:`TunnelConnectionMixin.deliver`)."""
+
 
 class _Mode(enum.Enum):
     HANDSHAKE = 1  # the HTTP head still arriving: to websockets, up to its end
@@ -128,6 +136,8 @@ class TunnelConnectionMixin(_Base):
         self._parser: FrameParser | None = None
         self._messages: list[bytes | memoryview] = []
         self._waiter: asyncio.Future[None] | None = None
+        self._receiver: Receiver | None = None
+        self._delivery_error: Exception | None = None
         self._reading_paused = False
         self._lost = False
 
@@ -158,6 +168,50 @@ class TunnelConnectionMixin(_Base):
             self._reading_paused = False
             self.transport.resume_reading()
         return batch
+
+    async def deliver(self, receiver: Receiver) -> None:
+        """Hand the binary messages received to ``receiver``, called from the read callback
+        (once per read round: the loop runs other work between two), until our reader has
+        nothing more: then this returns, and every further message is ``websockets``' (read it
+        there). The receiver pauses the transport's reading while it must not take more.
+
+        An exception from ``receiver`` (or given to :meth:`stop_delivery`) ends the delivery
+        and is raised here; what arrives after it is queued as for :meth:`next_messages`."""
+        self._receiver = receiver
+        try:
+            if self._messages:  # arrived before: in order, first
+                batch, self._messages = self._messages, []
+                if self._reading_paused:
+                    self._reading_paused = False
+                    self.transport.resume_reading()
+                self._hand(batch)
+            while self._delivery_error is None and self._mode is not _Mode.WEBSOCKETS:
+                if self._lost:
+                    break
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+        finally:
+            self._receiver = None
+        error, self._delivery_error = self._delivery_error, None
+        if error is not None:
+            raise error
+
+    def stop_delivery(self, error: Exception) -> None:
+        """End :meth:`deliver` with ``error`` (raised there)."""
+        self._receiver = None
+        if self._delivery_error is None:
+            self._delivery_error = error
+        self._wake()
+
+    def _hand(self, batch: list[bytes | memoryview]) -> None:
+        assert self._receiver is not None
+        try:
+            self._receiver(batch)
+        except Exception as exc:  # raised in deliver(): the session's reader handles it
+            self.stop_delivery(exc)
 
     def forget_handshake(self) -> None:
         """Let go of the opening handshake's headers (~3 KiB), once they have been looked at:
@@ -315,7 +369,12 @@ class TunnelConnectionMixin(_Base):
             ):
                 self._buf = bytearray(self._read_size)
                 self._spares, self._lent = [], False
-        if messages:
+        if messages and self._receiver is not None:
+            self._messages = []
+            self._hand(messages)
+            if self._mode is not _Mode.FRAMES:
+                self._wake()
+        elif messages:
             high = self.max_queue_high
             if high is not None and len(messages) >= high and not self._reading_paused:
                 self._reading_paused = True

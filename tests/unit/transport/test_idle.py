@@ -166,3 +166,26 @@ async def test_retime_switches_the_timeout_of_the_guarded_block() -> None:
         async with watch:
             watch.retime(0.1)
             await asyncio.sleep(5)
+
+
+async def test_retimed_longer_it_stays_in_its_sweep_and_expires_by_its_own_timeout() -> None:
+    """A keep-alive connection switches between two timeouts per request: given a longer one,
+    a watch stays with the shorter one's timer (no other timer armed), which expires it by
+    its own, longer timeout; given a shorter one again, it still expires by that."""
+    loop = asyncio.get_running_loop()
+    watch = IdleWatch(0.2)
+    started = loop.time()
+    with pytest.raises(IdleTimeout) as info:
+        async with watch:
+            watch.retime(0.8)
+            assert [k[1] for k in _Sweep._all if k[0] is loop] == [0.2]
+            await asyncio.sleep(10)
+    assert 0.75 <= loop.time() - started < 2.5
+    assert info.value.timeout == 0.8
+    started = loop.time()
+    with pytest.raises(IdleTimeout) as info:
+        async with watch:  # entered with 0.8: that sweep
+            watch.retime(0.2)  # shorter: moved to a sweep that checks soon enough
+            await asyncio.sleep(10)
+    assert 0.15 <= loop.time() - started < 0.7
+    assert info.value.timeout == 0.2

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -14,7 +13,6 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from ravenproxy.transport import session as session_module
 from ravenproxy.transport.flag import Flag
 from ravenproxy.transport.session import (
     OpenError,
@@ -24,6 +22,7 @@ from ravenproxy.transport.session import (
     StreamHandler,
     TunnelStream,
 )
+from ravenproxy.transport.websocket import MAX_READ
 from ravenproxy.transport.ws_client import TunnelClientConnection
 from ravenproxy.transport.ws_server import TunnelServerConnection
 from ravenproxy.wire.codes import ErrorCode
@@ -410,6 +409,83 @@ async def test_a_peer_that_floods_and_never_reads_is_paused_then_closed(
     assert [g.code for g in goaways] == [ErrorCode.ENHANCE_YOUR_CALM]
 
 
+async def test_a_peer_that_reads_again_in_time_gets_every_answer_and_stays() -> None:
+    """Reading pauses while the unsent answers are over the bound, the rest of the read round
+    held back; once the peer reads again they go out, what was held back is taken, and every
+    PING is answered, in order, on a tunnel still open."""
+    bound = 16 * 1024
+    SMALL = 32 * 1024
+    config = SessionConfig(wire=WireConfig(max_control_pending=bound), flood_grace=30)
+    loop = asyncio.get_running_loop()
+    cloud: asyncio.Future[Session] = loop.create_future()
+    cloud_done: asyncio.Future[None] = loop.create_future()
+    held = 0
+
+    async def handler(ws: ServerConnection) -> None:
+        for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, option, SMALL)
+        session = Session(ws, server_side=True, config=config, name="cloud")
+        cloud.set_result(session)
+        try:
+            await session.run()
+        finally:
+            cloud_done.set_result(None)
+
+    async def watch(session: Session) -> None:
+        nonlocal held
+        while not cloud_done.done():
+            if session._held is not None:
+                held += 1
+            await asyncio.sleep(0.001)
+
+    async with serve(
+        handler,
+        "127.0.0.1",
+        0,
+        compression=None,
+        ping_interval=None,
+        create_connection=TunnelServerConnection,
+    ) as server:
+        port = server.sockets[0].getsockname()[1]
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL)
+        sock.connect(("127.0.0.1", port))
+        async with connect(
+            f"ws://127.0.0.1:{port}", sock=sock, compression=None, ping_interval=None, max_queue=1
+        ) as peer:
+            await peer.send(encode(Settings(())))
+            session = await asyncio.wait_for(cloud, WAIT)
+            watcher = asyncio.create_task(watch(session), name="test-watch-held")
+            count = 100_000
+
+            async def send_pings() -> None:
+                for first in range(0, count, 2000):
+                    pings = [encode(Ping(i.to_bytes(8, "big"))) for i in range(first, first + 2000)]
+                    await peer.send(b"".join(pings))
+
+            sender = asyncio.create_task(send_pings(), name="test-send-pings")
+            try:
+                async with asyncio.timeout(WAIT):  # the peer reads nothing meanwhile
+                    while not held:
+                        await asyncio.sleep(0.01)
+            except TimeoutError:
+                sender.cancel()
+                raise
+            acks: list[bytes] = []
+            async with asyncio.timeout(WAIT):
+                while len(acks) < count:
+                    message = await peer.recv()
+                    assert isinstance(message, bytes)
+                    for frame in decode_message(message, 16 * 1024 * 1024):
+                        if isinstance(frame, Ping) and frame.ack:
+                            acks.append(frame.payload)
+            await asyncio.wait_for(sender, WAIT)
+            assert acks == [i.to_bytes(8, "big") for i in range(count)]
+            assert not session.closed and session.error is None
+        await asyncio.wait_for(cloud_done, WAIT)
+        await watcher
+
+
 async def test_no_tasks_left_after_run_returns() -> None:
     before = asyncio.all_tasks()
     blocked = asyncio.Event()
@@ -438,43 +514,69 @@ async def test_no_tasks_left_after_run_returns() -> None:
     assert not [task for task in leftover if not task.done()], leftover
 
 
-async def _reader_yields(monkeypatch: pytest.MonkeyPatch, messages: int) -> int:
-    """How often the cloud's reader yields (``sleep(0)`` in Session._received) while an echo
-    stream carries ``messages`` small messages, each after the tunnel went idle."""
-    real_sleep = asyncio.sleep
-    yields = 0
-
-    async def counting_sleep(delay: float, result: object = None) -> object:
-        nonlocal yields
-        if delay == 0 and sys._getframe(1).f_code is Session._received.__code__:
-            yields += 1
-        return await real_sleep(delay, result)
-
-    monkeypatch.setattr(asyncio, "sleep", counting_sleep)
+async def test_messages_are_taken_in_the_read_callback_not_by_waking_the_reader() -> None:
+    """The cloud's reader task waits on one future while an echo stream carries 20 small
+    messages, each after the tunnel went idle: the read callback took them (a reader woken per
+    read round waited on a new future each time)."""
     async with tunnel() as t:
         stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
-        for _ in range(messages):
-            await real_sleep(2 * session_module.YIELD_EVERY)  # the reader waits meanwhile
+        await asyncio.sleep(0.01)
+        waiting = t.cloud_ws._waiter
+        assert waiting is not None and not waiting.done()
+        for _ in range(20):
+            await asyncio.sleep(0.005)
             await stream.write(b"GET / HTTP/1.1\r\n\r\n")
             assert await asyncio.wait_for(stream.read(), WAIT) == b"GET / HTTP/1.1\r\n\r\n"
+        assert t.cloud_ws._waiter is waiting and not waiting.done()
         stream.close()
-    return yields
 
 
-async def test_a_message_after_a_wait_is_read_without_an_extra_yield(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The reader has just waited for the network (other tasks ran): a small message read then
-    # costs no extra trip through the event loop (one per message per relay before).
-    assert await _reader_yields(monkeypatch, 20) == 0
+async def test_a_burst_is_taken_one_read_round_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight streams send 4 MiB at once: the cloud takes the messages in batches of one read
+    round each (the largest read and the message it completes, at most), with the loop
+    running other work between them, not all at once."""
+    loop = asyncio.get_running_loop()
+    turns = 0
+    stop = False
 
+    def tick() -> None:
+        nonlocal turns
+        turns += 1
+        if not stop:
+            loop.call_soon(tick)
 
-async def test_the_reader_still_yields_after_yield_every_of_work(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # With no budget of work at all, it yields after every message: the bound is still kept.
-    monkeypatch.setattr(session_module, "YIELD_EVERY", 0.0)
-    assert await _reader_yields(monkeypatch, 20) >= 20
+    batches: list[tuple[int, int]] = []  # (loop turn, bytes) of each read round taken
+    real = Session._on_messages
+
+    def recording(self: Session, batch: list[bytes | memoryview]) -> None:
+        if self.name == "cloud":
+            batches.append((turns, sum(len(m) for m in batch)))
+        real(self, batch)
+
+    monkeypatch.setattr(Session, "_on_messages", recording)
+
+    async def blast(stream: TunnelStream) -> None:
+        stream.accept()
+        for _ in range(512):
+            await stream.write(b"x" * 1024)
+        stream.write_eof()
+        with contextlib.suppress(StreamClosedError):
+            await stream.read()
+
+    async with tunnel(on_open=blast) as t:
+        streams = [await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT) for _ in range(8)]
+        batches.clear()
+        tick()
+        try:
+            got = await asyncio.wait_for(asyncio.gather(*(read_all(s) for s in streams)), WAIT)
+        finally:
+            stop = True
+        assert [len(g) for g in got] == [512 * 1024] * 8
+        for stream in streams:
+            stream.close()
+    largest = MAX_READ + t.cloud.config.wire.max_message_size
+    assert max(size for _, size in batches) <= largest
+    assert batches[-1][0] > batches[0][0], batches  # other work ran in between
 
 
 def test_session_config_validation() -> None:

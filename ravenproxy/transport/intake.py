@@ -1,0 +1,186 @@
+"""What a :class:`~ravenproxy.transport.session.Session` takes from its peer: the messages
+of our frame reader, handed over in the transport's read callback
+(:meth:`~ravenproxy.transport.websocket.TunnelConnectionMixin.deliver`), one read round at a
+time, no task woken per message; those ``websockets`` reads after a handover, by the session's
+reader task. Both stop taking while our unsent control output is over
+``wire.max_control_pending`` (the peer does not read our answers: protocol section 8), and give
+up on a peer that stays so for ``flood_grace`` with :class:`ControlFloodError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from websockets.asyncio.connection import Connection as WebSocket
+from websockets.protocol import State as WsState
+
+from ravenproxy.log import kv
+from ravenproxy.transport.flag import Flag
+from ravenproxy.transport.websocket import TunnelConnectionMixin
+from ravenproxy.wire import events as ev
+from ravenproxy.wire.config import WireConfig
+from ravenproxy.wire.connection import Connection
+from ravenproxy.wire.errors import ControlFloodError, ProtocolError
+
+log = logging.getLogger("ravenproxy.transport.session")  # the session's lines, as before
+
+YIELD_EVERY = 0.002
+"""Seconds of reading a tunnel through ``websockets`` (after a handover) without a break, at
+most, before other tasks get a turn. Our frame reader needs none: it hands over one read round
+at a time, from the read callback, and the loop runs other work between two."""
+
+
+class Limits(Protocol):
+    """What the intake reads of :class:`~ravenproxy.transport.session.SessionConfig`."""
+
+    @property
+    def wire(self) -> WireConfig: ...
+
+    @property
+    def flood_grace(self) -> float: ...
+
+
+class Intake:
+    """The taking side of a session (a base of :class:`Session`, which owns what it names)."""
+
+    ws: WebSocket
+    conn: Connection
+    config: Limits
+    fields: dict[str, object]
+    _writer_task: asyncio.Task[None] | None
+    _taken: Flag
+
+    def _init_intake(self) -> None:
+        self._yielded = time.monotonic()
+        self._delivering = False  # our frame reader calls _on_messages
+        self._held: list[bytes | memoryview] | None = None  # reading paused: not taken yet
+        self._paused_at = 0.0
+        self._flood_timer: asyncio.TimerHandle | None = None
+
+    if TYPE_CHECKING:  # the session's
+
+        def _flush(self) -> None: ...
+
+        def _dispatch(self, event: ev.Event) -> None: ...
+
+    # -- the messages of our frame reader, by callback ------------------------------------------
+    def _on_messages(self, batch: list[bytes | memoryview]) -> None:
+        """One read round's messages, from the transport's read callback. Raising ends the
+        delivery: the reader raises it (ProtocolError: the tunnel is closed with its code)."""
+        conn = self.conn
+        if self._held is not None:  # paused: behind what is held back
+            self._held += batch
+            return
+        for i, message in enumerate(batch):
+            if not conn.should_read:
+                self._pause(batch[i:])
+                break
+            for event in conn.receive_message(message):
+                self._dispatch(event)
+        # Answers the messages asked for (PING acks above all) go out now, not with whatever
+        # flushes next: protocol sections 4.7 and 11.
+        self._flush()
+        if self._held is None and not conn.should_read:
+            self._pause([])
+
+    def _pause(self, rest: list[bytes | memoryview]) -> None:
+        """Read nothing while our unsent control output is over the bound: the writer cannot
+        get it out because the peer does not read. TCP backpressure then holds the peer's
+        further frames in its own buffers, not in our memory; ``rest`` (the read round's
+        messages not taken yet) waits for the writer. Still paused after ``flood_grace``: the
+        peer floods (:meth:`_flooded`)."""
+        self._held = rest
+        self.ws.transport.pause_reading()
+        self._paused_at = time.monotonic()
+        self._flood_timer = asyncio.get_running_loop().call_later(
+            self.config.flood_grace, self._flooded
+        )
+
+    def _unpause(self) -> None:
+        """The writer took the output: take what was held back, then read on (unless that
+        paused again)."""
+        if not self._delivering or not self.conn.should_read:
+            return
+        held, self._held = self._held, None
+        self._stop_flood_timer()
+        try:
+            self._on_messages(held or [])
+        except Exception as exc:
+            assert isinstance(self.ws, TunnelConnectionMixin)
+            self.ws.stop_delivery(exc)
+            return
+        if self._held is None:
+            self.ws.transport.resume_reading()
+
+    def _stop_flood_timer(self) -> None:
+        if self._flood_timer is not None:
+            self._flood_timer.cancel()
+            self._flood_timer = None
+
+    def _flooded(self) -> None:
+        self._flood_timer = None
+        if self.ws.protocol.state is not WsState.OPEN:
+            return  # the tunnel is ending: its close is bounded
+        assert isinstance(self.ws, TunnelConnectionMixin)
+        self.ws.stop_delivery(self._flood(self._paused_at))
+
+    def _flood(self, paused_at: float) -> ControlFloodError:
+        """The error (and the log line) for a peer that left us paused for ``flood_grace``."""
+        log.warning(
+            "peer floods control frames, closing",
+            extra=kv(
+                **self.fields,
+                pending=self.conn.control_pending,
+                limit=self.config.wire.max_control_pending,
+                paused=f"{time.monotonic() - paused_at:.1f}s",
+            ),
+        )
+        return ControlFloodError(
+            f"over {self.config.wire.max_control_pending} bytes of answers unread for "
+            f"{self.config.flood_grace:g}s"
+        )
+
+    # -- messages read through websockets (after a handover) ----------------------------------
+    async def _received(self, message: str | bytes | memoryview) -> None:
+        if isinstance(message, str):
+            raise ProtocolError("text message on the tunnel")
+        if not self.conn.should_read:  # e.g. a keepalive PING queued while we yielded
+            await self._paused()
+        for event in self.conn.receive_message(message):
+            self._dispatch(event)
+        # Answers the message asked for (PING acks above all) go out now, not with
+        # whatever flushes next: protocol sections 4.7 and 11.
+        self._flush()
+        if not self.conn.should_read:
+            await self._paused()
+        # A peer that sends faster than we process must not starve other tunnels and fronts:
+        # yield after YIELD_EVERY of work without one (not per message: small ones would pay).
+        if time.monotonic() - self._yielded >= YIELD_EVERY:
+            await asyncio.sleep(0)
+            self._yielded = time.monotonic()
+
+    async def _paused(self) -> None:
+        """Read nothing while our unsent control output is over the bound: the writer cannot
+        get it out because the peer does not read. TCP backpressure then holds the peer's
+        further frames in its own buffers, not in our memory. Still paused after
+        ``flood_grace``: the peer floods; raise :class:`ControlFloodError`."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.config.flood_grace):
+                while not self.conn.should_read:
+                    writer = self._writer_task
+                    if (
+                        writer is None
+                        or writer.done()
+                        or self.ws.protocol.state is not WsState.OPEN
+                    ):
+                        return  # the tunnel is ending: let the read loop see how
+                    self._taken.clear()
+                    await self._taken.wait()
+        except TimeoutError:
+            if self.ws.protocol.state is not WsState.OPEN:
+                return
+            raise self._flood(started) from None
