@@ -10,11 +10,16 @@ late (issue 15: an idle agent's memory).
 import sys
 
 
-def main() -> int:
-    if sys.argv[1:2] == ["agent"]:
+def prepare(argv: list[str]) -> None:
+    """What the process does with its arguments ``argv`` before the CLI is imported."""
+    if argv[:1] == ["agent"]:
         from ravenproxy.agent.deferred import defer_unused
 
         defer_unused()
+
+
+def main() -> int:
+    prepare(sys.argv[1:])
     from ravenproxy.cli import main as cli_main
 
     return cli_main()

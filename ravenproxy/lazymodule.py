@@ -73,7 +73,8 @@ def defer(name: str) -> None:
     A submodule of a package not imported yet (``asyncio.sslproto`` before ``asyncio``) is
     found without importing the package: the package's own ``from . import child`` then takes
     the placeholder from ``sys.modules``, as an import does, and :func:`attach` makes it the
-    package's attribute once the package is in."""
+    package's attribute once the package is in (until then ``import package.child`` gives no
+    ``package.child``, as the module is found in ``sys.modules``)."""
     if name in sys.modules:
         return
     parent, _, child = name.rpartition(".")
