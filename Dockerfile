@@ -57,6 +57,12 @@ RUN apt-get update \
 RUN groupadd --system --gid 10001 ravenproxy \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/ravenproxy --create-home \
       --shell /usr/sbin/nologin ravenproxy
+# The base image's standard library comes without bytecode, and PYTHONDONTWRITEBYTECODE (and a
+# user who may not write there) keep it uncached: every process compiled each module it imports
+# at every start. Compiled once here: an idle agent is ~2.7 MB smaller (issue 15; the compiler's
+# leftovers stayed in its heap) and starts faster. The venv's packages were compiled by pip.
+ARG PYTHON_VERSION
+RUN python -m compileall -q -j 0 "/usr/local/lib/python${PYTHON_VERSION}"
 COPY --from=build /opt/ravenproxy /opt/ravenproxy
 ENV PATH=/opt/ravenproxy/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /var/lib/ravenproxy

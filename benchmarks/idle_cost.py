@@ -104,11 +104,13 @@ class Procs:
         self.base = base
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, args: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with (self.base / f"{name}.log").open("wb") as out:
             proc = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True, env=env,
             )  # fmt: skip
         self.procs.append(proc)
         return proc
@@ -186,10 +188,15 @@ def start_server(base: Path, procs: Procs, nodes: list[str]) -> tuple[int, int, 
 
 
 def start_agent(
-    base: Path, procs: Procs, tunnel: int, target_port: int, model: list[str] | None = None
+    base: Path,
+    procs: Procs,
+    tunnel: int,
+    target_port: int,
+    model: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> int:
     """``ravenproxy agent`` for edge-1; ``model``: its model and credential flags (default: the
-    inventory and the certificate files)."""
+    inventory and the certificate files); ``env``: its environment (default: this one's)."""
     certs = base / "certs"
     if model is None:
         model = [
@@ -208,6 +215,7 @@ def start_agent(
             "--allow", f"127.0.0.1:{target_port}",
             "--log-level", "WARNING",
         ],
+        env,
     )  # fmt: skip
     return agent.pid
 
@@ -390,11 +398,27 @@ async def _ssh_client_rss(base: Path, target_port: int) -> dict[str, Any]:
         await procs.stop()
 
 
-async def agent_process() -> dict[str, Any]:
+def bytecode_env(mode: str, base: Path) -> dict[str, str] | None:
+    """The agent's environment for ``mode``: ``cached``, every module it imports loaded from
+    cached bytecode, as an image should run it (a bytecode cache of its own, under ``base``,
+    filled by a first run of the same command: see :func:`agent_process`); ``environment``,
+    this process's environment as it is (here PYTHONDONTWRITEBYTECODE=1 and a checkout with no
+    ``__pycache__``: the agent compiles its own modules from source at every start, which
+    leaves ~0.6 MB more in its heap; the rows before 2026-12-03 evening were taken so)."""
+    if mode == "environment":
+        return None
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(base / "bytecode")
+    return env
+
+
+async def agent_process(bytecode: str = "cached") -> dict[str, Any]:
     """VmRSS of an idle ``ravenproxy agent`` process started with the flags an edge node needs
     (server address, certificates, inventory, ``--allow``; no metrics, no Kubernetes, no L3),
-    its tunnel up and one stream opened and closed; beside it, an idle ``ssh -R`` client."""
+    its tunnel up and one stream opened and closed; beside it, an idle ``ssh -R`` client.
+    ``bytecode``: see :func:`bytecode_env`."""
     base = Path(tempfile.mkdtemp(prefix="ravenproxy-idle-agent-"))
+    env = bytecode_env(bytecode, base)
     procs = Procs(base)
     try:
         port_file = base / "target.port"
@@ -404,7 +428,11 @@ async def agent_process() -> dict[str, Any]:
         dest = f"edge-1:{target_port}"
 
         async def idle_rss(model: list[str] | None) -> int:
-            agent = start_agent(base, procs, tunnel, target_port, model)
+            if env is not None:  # a first run writes the bytecode of what it imports
+                agent = start_agent(base, procs, tunnel, target_port, model, env)
+                await _wait_routable(http, dest)
+                procs.stop_one(next(p for p in procs.procs if p.pid == agent))
+            agent = start_agent(base, procs, tunnel, target_port, model, env)
             await _wait_routable(http, dest)
             for s in await open_idle_streams(http, dest, 1):
                 s.close()
@@ -413,7 +441,7 @@ async def agent_process() -> dict[str, Any]:
             procs.stop_one(next(p for p in procs.procs if p.pid == agent))
             return rss
 
-        row: dict[str, Any] = {"agent_rss_kib": await idle_rss(None)}
+        row: dict[str, Any] = {"bytecode": bytecode, "agent_rss_kib": await idle_rss(None)}
         # As shipped (k8s/agent.yaml): the model from the API, credentials from --cert-dir.
         with _api_emulator() as (api, call):
             flags = kube_agent_flags(base, api, call)
@@ -520,14 +548,16 @@ async def agent_cost(k: int, parallel: int = 50) -> dict[str, Any]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _commit() -> str:
+def _commit(where: Path = HERE) -> str:
     return subprocess.run(
-        ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
+        ["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=False,
     ).stdout.strip()  # fmt: skip
 
 
-async def run(streams: list[int], agents: int, process: bool = True) -> dict[str, Any]:
+async def run(
+    streams: list[int], agents: int, process: bool = True, bytecode: str = "cached"
+) -> dict[str, Any]:
     fd_limit = raise_fd_limit()
     return {
         "benchmark": "idle_cost",
@@ -536,12 +566,14 @@ async def run(streams: list[int], agents: int, process: bool = True) -> dict[str
             "nproc": os.cpu_count(),
             "python": platform.python_version(),
             "git_commit": _commit(),
+            # The processes run `python -m ravenproxy` from here: its checkout's code.
+            "processes_commit": _commit(Path.cwd()),
             "fd_limit": fd_limit,
             "loadavg_at_start": list(os.getloadavg()),
         },
         "streams": await stream_cost(streams) if streams else [],
         "agents": await agent_cost(agents) if agents else None,
-        "agent_process": await agent_process() if process else None,
+        "agent_process": await agent_process(bytecode) if process else None,
     }
 
 
@@ -556,6 +588,13 @@ def main() -> None:
     parser.add_argument(
         "--no-agent-process", action="store_true", help="skip the idle agent process's RSS"
     )
+    parser.add_argument(
+        "--agent-bytecode",
+        choices=("cached", "environment"),
+        default="cached",
+        help="the idle agent process's modules: from cached bytecode, as an image runs them "
+        "(default), or as this environment runs them (here: compiled at start)",
+    )
     parser.add_argument("--label", default="", help="key to store the run under in --output")
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
     parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
@@ -567,7 +606,9 @@ def main() -> None:
     # SIGTERM must still run the cleanup: the processes are in sessions of their own.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        result = runner.run(run(args.streams, args.agents, not args.no_agent_process))
+        result = runner.run(
+            run(args.streams, args.agents, not args.no_agent_process, args.agent_bytecode)
+        )
     result["machine"]["loadavg_at_end"] = list(os.getloadavg())
     if args.output == "-":
         sys.stdout.write(json.dumps(result, indent=2) + "\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -252,11 +253,50 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, as wide as argparse makes it (``shutil.get_terminal_size``: ``$COLUMNS``,
+    else the terminal on stdout, else 80, less 2) without importing ``shutil``: a parser makes
+    formatters as it is built, and ``shutil`` (~0.35 MB) was then an agent's for nothing."""
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        if width is None:
+            width = _terminal_columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+def _terminal_columns() -> int:
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose help is formatted by :class:`_HelpFormatter`; its subcommands'
+    parsers are of this class too (``add_subparsers`` makes them of the parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser. With ``command`` (a command's name) only that command is built: a
     process imports the settings of the command it runs and no other (``ravenproxy agent``
     loads neither the server's, the controller's nor the lab's)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ravenproxy",
         description="Cloud-edge networking for Kubernetes clusters whose edge nodes sit "
         "behind NAT.",
@@ -436,8 +476,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ravenproxy.agent.deferred import defer_unused
 
         defer_unused()
-    parser = build_parser(command)
-    args = parser.parse_args(argv)
+    # The parser is let go once it has read the arguments (the command runs for the process's
+    # life, this frame with it).
+    args = build_parser(command).parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         logsetup.setup(getattr(args, "log_level", "INFO"))

@@ -18,6 +18,7 @@ the import statement reads ``__spec__`` to check that the module is initialised,
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import threading
@@ -67,16 +68,51 @@ class LazyModule(types.ModuleType):
 def defer(name: str) -> None:
     """Make ``name`` (a module not imported yet) a :class:`LazyModule`: its import costs
     nothing until a name of it is read. Nothing changes when it is imported already or cannot
-    be found (its import then fails as it would have)."""
+    be found (its import then fails as it would have).
+
+    A submodule of a package not imported yet (``asyncio.sslproto`` before ``asyncio``) is
+    found without importing the package: the package's own ``from . import child`` then takes
+    the placeholder from ``sys.modules``, as an import does, and :func:`attach` makes it the
+    package's attribute once the package is in (until then ``import package.child`` gives no
+    ``package.child``, as the module is found in ``sys.modules``)."""
     if name in sys.modules:
         return
-    spec = importlib.util.find_spec(name)
+    parent, _, child = name.rpartition(".")
+    if parent and parent not in sys.modules:
+        # find_spec(name) would import the package, and with it (asyncio's __init__) the
+        # very module to defer.
+        package = importlib.util.find_spec(parent)
+        if package is None or package.submodule_search_locations is None:
+            return
+        spec = importlib.machinery.PathFinder.find_spec(name, package.submodule_search_locations)
+    else:
+        spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None:
         return
     module = importlib.util.module_from_spec(spec)
     module.__class__ = LazyModule
     sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    if parent:
+    if parent in sys.modules:
         # What an import does: the package's attribute is the submodule.
         setattr(sys.modules[parent], child, module)
+    elif parent:
+        _unattached.add(name)
+
+
+_unattached: set[str] = set()
+"""Deferred submodules whose package was not imported yet when they were deferred."""
+
+
+def attach() -> None:
+    """Make each deferred submodule whose package has been imported since the package's
+    attribute (an import of a module already in ``sys.modules`` does not: ``import
+    asyncio.sslproto`` then ``asyncio.sslproto.SSLProtocol`` would not find it)."""
+    for name in sorted(_unattached):
+        parent, _, child = name.rpartition(".")
+        package = sys.modules.get(parent)
+        if package is None:
+            continue
+        _unattached.discard(name)
+        module = sys.modules.get(name)
+        if module is not None and child not in vars(package):
+            setattr(package, child, module)

@@ -20,11 +20,24 @@ UNUSED: dict[str, str] = {
     "bz2": "shutil's archive formats (argparse imports shutil for the terminal's width; the "
     "CLI defers these before it builds its parser)",
     "lzma": "shutil's archive formats",
+    # Imported by the CLI's own imports: deferred before them (ravenproxy.__main__.main).
+    "asyncio.sslproto": "the event loop's TLS over memory BIOs (asyncio.base_events): the "
+    "agent runs uvloop, whose TLS is its own, and the tunnel's TLS is on the socket "
+    "(ravenproxy.transport.tls_socket) (~0.1 MB)",
+    "textwrap": "argparse's help formatting and traceback's exception notes (logging imports "
+    "traceback): its regular expressions are compiled at import (~0.2 MB)",
+    "tokenize": "linecache's reading of a source file, for a traceback's lines (~0.1 MB)",
+    "queue": "concurrent.futures.thread's work queue (uvloop imports it): a default executor "
+    "(the --inventory load) loads it",
 }
 """Module name: who imports it, and what for."""
 
 
 def defer_unused() -> None:
-    """Defer :data:`UNUSED` (those not imported yet)."""
+    """Defer :data:`UNUSED` (those not imported yet). Called first thing by the entry point
+    (before the CLI's imports), then again by the CLI: the second call makes each deferred
+    submodule its package's attribute (:func:`ravenproxy.lazymodule.attach`), the package
+    being imported by then."""
     for name in UNUSED:
         lazymodule.defer(name)
+    lazymodule.attach()

@@ -52,9 +52,9 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Package
 
 def test_import_runs_nothing_and_the_first_read_runs_the_code_once(package: Package) -> None:
     name = package.module("tools", "def double(x):\n    return 2 * x\nSEEN = []\n")
+    parent = importlib.import_module(package.name)
     lazymodule.defer(name)
     module = importlib.import_module(name)
-    parent = sys.modules[package.name]
     # Both import forms hand out the placeholder without running its code.
     exec(f"import {name}\nfrom {package.name} import tools as alias", {})
     assert parent.tools is module and type(module) is lazymodule.LazyModule
@@ -79,6 +79,31 @@ def test_a_name_the_module_lacks_raises_attribute_error_after_the_load(package: 
     with pytest.raises(AttributeError, match="missing"):
         module.missing  # noqa: B018
     assert package.ran() == ["plain"] and module.X == 1
+
+
+def test_a_submodule_deferred_before_its_package_is_not_imported_with_it(
+    package: Package,
+) -> None:
+    # The package imports the submodule (as asyncio's __init__ imports sslproto, by way of
+    # base_events): deferred first, the package's import runs neither the submodule nor, to
+    # find it, the package itself.
+    (package.dir / "__init__.py").write_text(
+        f"with open({str(package.runs)!r}, 'a') as _f:\n    _f.write('package\\n')\n"
+        "from . import user\n"
+    )
+    package.module("user", "from . import inner\n")
+    name = package.module("inner", "VALUE = 3\n")
+    lazymodule.defer(name)
+    assert package.name not in sys.modules and package.ran() == []
+    parent = importlib.import_module(package.name)
+    module = sys.modules[name]
+    assert type(module) is lazymodule.LazyModule and parent.user.inner is module
+    assert package.ran() == ["package", "user"]
+    # An import of a module found in sys.modules sets no package attribute: attach() does.
+    assert "inner" not in vars(parent)
+    lazymodule.attach()
+    assert parent.inner is module and package.ran() == ["package", "user"]
+    assert module.VALUE == 3 and package.ran() == ["package", "user", "inner"]
 
 
 def test_imported_or_missing_modules_are_left_alone(package: Package) -> None:
