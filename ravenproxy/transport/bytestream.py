@@ -38,7 +38,9 @@ class ByteStream(Protocol):
         """The next bytes; ``b""`` once the peer half-closed."""
         ...
 
-    async def write(self, data: bytes) -> None: ...
+    async def write(self, data: bytes | memoryview) -> None:
+        """Write ``data`` (a view may be taken by reference: it must not change meanwhile)."""
+        ...
 
     async def writable(self) -> int:
         """Wait until bytes may be written without queueing; how many (a tunnel stream's
@@ -75,7 +77,7 @@ class TunnelByteStream:
     def read(self) -> Coroutine[Any, Any, bytes | memoryview]:
         return self.stream.read()
 
-    def write(self, data: bytes) -> Coroutine[Any, Any, None]:
+    def write(self, data: bytes | memoryview) -> Coroutine[Any, Any, None]:
         return self.stream.write(data)
 
     def writable(self) -> Coroutine[Any, Any, int]:
@@ -106,7 +108,7 @@ class SocketByteStream:
     async def read(self) -> bytes:
         return await self.reader.read(READ_LIMIT)
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | memoryview) -> None:
         self.writer.write(data)
         await self.writer.drain()
 
@@ -194,7 +196,7 @@ class TlsByteStream:
                 self._eof = True
             return data
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             try:

@@ -21,12 +21,13 @@ it waits for the transport to drain."""
 
 COALESCE = 16 * 1024
 """Pieces smaller than this (a TLS record's payload) are gathered into one buffer; larger ones
-are written as they are."""
+are written as they are, after the gathered run is topped up to this size from their head."""
 
 
 class FrameBatch:
     """WebSocket frames of binary messages, gathered for one write: small pieces joined into
-    runs of at most :data:`COALESCE` bytes, larger pieces (bulk payloads) left alone."""
+    runs of at most :data:`COALESCE` bytes, larger pieces (bulk payloads) left alone but for
+    their head, which fills the run before them to a full record."""
 
     __slots__ = ("key_at", "keys", "mask", "out", "run", "size")
 
@@ -61,8 +62,18 @@ class FrameBatch:
                 self.run = bytearray()
             return
         if self.run:
+            # Topped up to a full record from the large piece's head (a copy of less than
+            # COALESCE bytes), not written as a small record of its own before it: the
+            # receiver reads a bulk message's frame header and the payload's start in one
+            # record, not a short record that ends its read round early (per message, a
+            # round, an SSL_write and a record less).
+            top = COALESCE - len(self.run)
+            self.run += memoryview(piece)[:top]
             self.out.append(self.run)
             self.run = bytearray()
+            piece = memoryview(piece)[top:]
+            if not piece:
+                return
         self.out.append(piece)
 
     def take(self) -> list[bytes | bytearray | memoryview]:

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
-from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
+from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError
 
 log = logging.getLogger(__name__)
@@ -377,11 +377,18 @@ class _Relay:
                         await upstream.write(initial)
                         result.bytes_up += len(initial)
                     reader, watch = self.reader, self.watch
+                    # A bulk upload is read without a copy per read (views of the socket
+                    # stream's buffers, which upstream takes by reference).
+                    read = (
+                        reader.read_chunk
+                        if isinstance(reader, SocketStream) and reader.lend_reads()
+                        else reader.read
+                    )
                     while True:
                         # Read only as much as upstream takes now (a tunnel stream's credit):
                         # a slow tunnel stops reading the socket, and TCP pushes back.
                         room = upstream.room() or await self.credit(label)
-                        data = await reader.read(min(room, READ_LIMIT))
+                        data = await read(min(room, READ_LIMIT))
                         if not data:
                             await upstream.write_eof()
                             break

@@ -14,13 +14,45 @@ for what is used: ``read(n)`` returns up to ``n`` buffered bytes, ``b""`` at EOF
 ended the connection; reading pauses above ``limit`` buffered bytes (TCP pushes back); ``drain``
 waits while the transport's write buffer is over its high mark and raises once the connection
 is lost; an EOF keeps the transport open for writing (half-close), except over TLS.
+
+Bulk uploads through the relay are read without the copy an :class:`asyncio.Protocol` costs
+(uvloop reads into a buffer of its own, then copies each read into a new ``bytes``): a stream
+the relay allows to (:meth:`SocketStream.lend_reads`) switches, at its first large read, to a
+:class:`_Lender` (an :class:`asyncio.BufferedProtocol`) that reads into buffers of its own and
+hands the bytes on as read-only views of them (:meth:`SocketStream.read_chunk`). A buffer is
+read into again once no view of it is held (as the tunnel's WebSocket reader does it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol, cast
+
+LEND_FROM = 64 * 1024
+"""A read at least this large (bulk) switches a stream that may lend to reading into buffers
+of its own (see the module's doc); smaller traffic never does."""
+
+LEND_READ = 256 * 1024
+"""Size of those buffers (uvloop's own read size)."""
+
+LEND_ROOM = 16 * 1024
+"""Room a buffer must have left to be read into again before its views are let go."""
+
+LEND_SPARES = 4
+"""Buffers a lending stream keeps to read into once the views of them are let go."""
+
+
+def _unshared_refs() -> int:
+    buf = bytearray()
+    return sys.getrefcount(buf)
+
+
+_UNSHARED = _unshared_refs()
+"""What ``sys.getrefcount`` says of a buffer with one reference (an attribute, a list slot):
+more means a view of it is still held by whoever read it."""
 
 
 class SocketReader(Protocol):
@@ -56,6 +88,7 @@ class SocketStream(asyncio.Protocol):
         "_drain_waiter",
         "_eof",
         "_error",
+        "_lend",
         "_limit",
         "_lost",
         "_on_data",
@@ -79,6 +112,8 @@ class SocketStream(asyncio.Protocol):
         self._read_waiter: asyncio.Future[None] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
         self._on_data: Callable[[], None] | None = None
+        self._lend: bool | _Lender = False
+        """True: may switch to lending at a large read; the lender once it did."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -86,6 +121,8 @@ class SocketStream(asyncio.Protocol):
         self._over_ssl = transport.get_extra_info("sslcontext") is not None
 
     def data_received(self, data: bytes) -> None:
+        if self._lend is True and len(data) >= LEND_FROM:
+            self._start_lending()
         if not self._buffer:
             self._buffer = data  # the common case: no copy until a second chunk waits
         elif isinstance(self._buffer, bytearray):
@@ -140,18 +177,37 @@ class SocketStream(asyncio.Protocol):
     # -- SocketReader -------------------------------------------------------------------------
     async def read(self, n: int = -1) -> bytes:
         while not self._buffer:
+            if type(self._lend) is _Lender and self._lend.views:
+                return bytes(self._take_lent(n))
             if self._error is not None:
                 raise self._error
             if self._eof:
                 return b""
-            if self._read_waiter is not None:
-                raise RuntimeError("read() called while another coroutine is waiting")
-            self._read_waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._read_waiter
-            finally:
-                self._read_waiter = None
+            await self._wait_data()
         return self._take(n)
+
+    async def read_chunk(self, n: int = -1) -> bytes | memoryview:
+        """:meth:`read`, but once the stream lends (:meth:`lend_reads`), a read-only view of
+        the buffer it was read into rather than a copy: that part of the buffer is not read
+        into again while the view is held."""
+        while not self._buffer:
+            if type(self._lend) is _Lender and self._lend.views:
+                return self._take_lent(n)
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            await self._wait_data()
+        return self._take(n)
+
+    async def _wait_data(self) -> None:
+        if self._read_waiter is not None:
+            raise RuntimeError("read() called while another coroutine is waiting")
+        self._read_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._read_waiter
+        finally:
+            self._read_waiter = None
 
     def exception(self) -> BaseException | None:
         return self._error
@@ -165,6 +221,8 @@ class SocketStream(asyncio.Protocol):
     def read_nowait(self, n: int = -1) -> bytes | None:
         """:meth:`read` without waiting: None while nothing is buffered."""
         if not self._buffer:
+            if type(self._lend) is _Lender and self._lend.views:
+                return bytes(self._take_lent(n))
             if self._error is not None:
                 raise self._error
             return b"" if self._eof else None
@@ -186,6 +244,57 @@ class SocketStream(asyncio.Protocol):
             self._read_paused = False
             self._transport.resume_reading()
         return data
+
+    # -- lending -------------------------------------------------------------------------------
+    def lend_reads(self) -> bool:
+        """Allow the switch to reading into buffers of our own at the first large read (the
+        relay's upload: :meth:`read_chunk` then returns views). Plain TCP only (not over TLS,
+        whose transport reads for us). Whether it is allowed."""
+        if self._over_ssl or self._transport is None or self._lost:
+            return False
+        if self._lend is False:
+            self._lend = True
+        return True
+
+    def _start_lending(self) -> None:
+        transport = self._transport
+        assert transport is not None
+        lender = self._lend = _Lender(self)
+        transport.set_protocol(lender)
+        if not self._read_paused:
+            # uvloop picks its read callbacks (into our buffer, or into bytes of its own) when
+            # reading starts: start it again.
+            transport.pause_reading()
+            transport.resume_reading()
+
+    def _lent(self, view: memoryview) -> None:
+        lender = self._lend
+        assert type(lender) is _Lender
+        lender.views.append(view)
+        lender.pending += len(view)
+        if not self._read_paused and lender.pending > 2 * self._limit:
+            assert self._transport is not None
+            self._transport.pause_reading()
+            self._read_paused = True
+        self._wake_reader()
+        if self._on_data is not None:
+            self._on_data()
+
+    def _take_lent(self, n: int) -> memoryview:
+        lender = self._lend
+        assert type(lender) is _Lender
+        views = lender.views
+        view = views[0]
+        if 0 <= n < len(view):
+            views[0] = view[n:]
+            view = view[:n]
+        else:
+            views.popleft()
+        lender.pending -= len(view)
+        if self._read_paused and lender.pending <= self._limit and self._transport is not None:
+            self._read_paused = False
+            self._transport.resume_reading()
+        return view
 
     # -- SocketWriter -------------------------------------------------------------------------
     @property
@@ -234,3 +343,63 @@ class SocketStream(asyncio.Protocol):
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.transport.get_extra_info(name, default)
+
+
+class _Lender(asyncio.BufferedProtocol):
+    """A lending :class:`SocketStream`'s protocol: reads into buffers of its own and hands each
+    read to the stream as a read-only view; every other callback goes to the stream."""
+
+    __slots__ = (
+        "buf",
+        "connection_lost",
+        "end",
+        "eof_received",
+        "pause_writing",
+        "pending",
+        "resume_writing",
+        "spares",
+        "stream",
+        "views",
+    )
+
+    def __init__(self, stream: SocketStream) -> None:
+        self.stream = stream
+        self.buf: bytearray | None = None
+        self.end = 0
+        self.spares: list[bytearray] = []
+        self.views: collections.deque[memoryview] = collections.deque()
+        self.pending = 0
+        self.eof_received = stream.eof_received  # type: ignore[method-assign]
+        self.connection_lost = stream.connection_lost  # type: ignore[method-assign]
+        self.pause_writing = stream.pause_writing  # type: ignore[method-assign]
+        self.resume_writing = stream.resume_writing  # type: ignore[method-assign]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.buf is not None and sys.getrefcount(self.buf) <= _UNSHARED:
+            self.end = 0  # no view of it is held: read into it from the start
+        if self.buf is None or len(self.buf) - self.end < LEND_ROOM:
+            self._next_buffer()
+        assert self.buf is not None
+        return memoryview(self.buf)[self.end :]
+
+    def _next_buffer(self) -> None:
+        """A buffer no view is held of: a spare that is free again, else a new one; the one
+        whose views are still held becomes a spare."""
+        spares = self.spares
+        fresh = None
+        for i in range(len(spares)):
+            if sys.getrefcount(spares[i]) <= _UNSHARED:
+                fresh = spares.pop(i)
+                break
+        if self.buf is not None and len(spares) < LEND_SPARES:
+            spares.append(self.buf)
+        self.buf = fresh if fresh is not None else bytearray(LEND_READ)
+        self.end = 0
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self.buf is not None
+        start = self.end
+        self.end += nbytes
+        if nbytes < LEND_ROOM and self.spares:
+            self.spares.clear()  # the bulk is over: an idle connection keeps one buffer
+        self.stream._lent(memoryview(self.buf)[start : self.end].toreadonly())

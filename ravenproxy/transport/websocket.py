@@ -59,8 +59,11 @@ from ravenproxy.transport.wsframes import Control, Failure, FrameParser, Handove
 MIN_READ = 4 * 1024
 """The smallest read offered: an idle tunnel (PINGs, small streams) holds a buffer this size."""
 
-MAX_READ = 256 * 1024
-"""The largest read offered beyond the frame being received."""
+MAX_READ = 256 * 1024 + 1024
+"""The largest read offered beyond the frame being received: a 256 KiB payload (what the
+server reads from a socket at once, the default largest DATA frame) and the headers of its
+frames. A read of 256 KiB flat ended 22 bytes short of such a message, whose last record then
+took a read round of its own (one more per message)."""
 
 SHRINK_AFTER = 4
 """A drained buffer larger than this many times the current read size and the last frame's

@@ -56,13 +56,36 @@ def test_a_batch_is_few_writes_that_parse_back_to_its_messages(masked: bool) -> 
     for pieces in batch:
         frames.add(pieces)
     out = frames.take()
-    # The small messages and the bulk one's header in one run; its payload; the last one.
+    # The small messages and the bulk one's header in one run, topped up to a full record
+    # from its payload; the rest of the payload; the last one.
     assert len(out) == 3
-    if not masked:
-        assert out[1] is batch[2][1]
+    assert len(out[0]) == COALESCE
+    if not masked:  # the payload's rest goes on uncopied
+        assert isinstance(out[1], memoryview) and out[1].obj is big
     wire = b"".join(bytes(p) for p in out)
     assert parse(wire, masked=masked) == [b"".join(bytes(p) for p in m) for m in batch]
     assert frames.take() == [] and frames.size == 0
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("head", [1, COALESCE - 100])
+@pytest.mark.parametrize("extra", [0, 1, 5 * COALESCE + 7])
+def test_a_bulk_payload_fills_the_run_before_it_to_a_full_record(
+    masked: bool, head: int, extra: int
+) -> None:
+    # Over TLS each piece written ends in a record of its own: a bulk message must not start
+    # with a short one (its frame header alone), which ends the receiver's read round early.
+    payload = os.urandom(COALESCE + extra)
+    batch: list[list[bytes | memoryview]] = [[os.urandom(head)], [b"\x00\x04head", payload]]
+    frames = FrameBatch(mask=masked, messages=len(batch))
+    for pieces in batch:
+        frames.add(pieces)
+    out = frames.take()
+    assert len(out[0]) == COALESCE  # the small message, the bulk header, the payload's head
+    assert all(len(p) for p in out)
+    assert len(out) == (1 if sum(len(p) for p in out) == COALESCE else 2)
+    wire = b"".join(bytes(p) for p in out)
+    assert parse(wire, masked=masked) == [b"".join(m) for m in batch]
 
 
 @pytest.mark.parametrize("masked", [False, True])

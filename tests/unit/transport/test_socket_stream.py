@@ -1,16 +1,20 @@
 """SocketStream: an accepted socket as one slotted protocol, with what the fronts and the relay
-use of asyncio's streams (read, EOF, half-close, reading paused above the limit, drain)."""
+use of asyncio's streams (read, EOF, half-close, reading paused above the limit, drain), and
+the relay's lending reads (views of buffers of its own, on asyncio's loop and uvloop)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+import uvloop
 
-from ravenproxy.transport.socket_stream import SocketStream
+from ravenproxy.transport.bytestream import READ_LIMIT
+from ravenproxy.transport.socket_stream import LEND_FROM, SocketStream
 
 
 @contextlib.asynccontextmanager
@@ -111,3 +115,88 @@ async def test_served_by_callbacks_with_read_nowait() -> None:
         assert calls[1] == b""  # the EOF calls back too
         stream.on_data(None)
         assert not stream.write_paused
+
+
+# -- lending (the relay's bulk upload) ----------------------------------------------------------
+# On both loops: uvloop picks its read callbacks (into our buffer, or into bytes of its own) when
+# reading starts, asyncio's when the protocol is set.
+LOOPS = [pytest.param(asyncio.run, id="asyncio"), pytest.param(uvloop.run, id="uvloop")]
+
+
+async def _send_all(peer: socket.socket, data: bytes) -> None:
+    await asyncio.get_running_loop().sock_sendall(peer, data)
+
+
+async def _lending_keeps_held_views_intact() -> None:
+    data = os.urandom(8 << 20)
+    async with accepted(limit=READ_LIMIT) as (stream, peer):
+        assert stream.lend_reads()
+        await _send_all(peer, b"small")  # small traffic never switches
+        assert await stream.read_chunk(100) == b"small"
+        sender = asyncio.create_task(_send_all(peer, data))
+        got = bytearray()
+        held: list[tuple[memoryview, bytes]] = []  # views still held, as the tunnel holds them
+        views = 0
+        while len(got) < len(data):
+            chunk = await asyncio.wait_for(stream.read_chunk(READ_LIMIT), 10)
+            assert chunk
+            if isinstance(chunk, memoryview):
+                views += 1
+                assert chunk.readonly  # what the tunnel takes by reference, uncopied
+                held.append((chunk, bytes(chunk)))
+                if len(held) > 6:
+                    held.pop(0)
+            got += chunk
+            # A buffer is never read into while a view of that part of it is held.
+            assert all(view == copy for view, copy in held)
+        await sender
+        assert got == data  # in order: what came before the switch, then the views
+        assert views > 8
+        peer.shutdown(socket.SHUT_WR)
+        assert await asyncio.wait_for(stream.read_chunk(100), 5) == b""
+
+
+@pytest.mark.parametrize("run", LOOPS)
+def test_lending_reads_hand_out_views_in_order_and_keep_held_ones_intact(
+    run: Callable[[Awaitable[None]], None],
+) -> None:
+    run(asyncio.wait_for(_lending_keeps_held_views_intact(), 60))
+
+
+async def _lending_pauses_and_reads_to_the_eof() -> None:
+    async with accepted(limit=64 * 1024) as (stream, peer):
+        assert stream.lend_reads()
+        data = os.urandom(4 << 20)
+        sender = asyncio.create_task(_send_all(peer, data))
+        first = await asyncio.wait_for(stream.read(LEND_FROM), 5)  # read(): bytes, always
+        assert type(first) is bytes
+        for _ in range(500):
+            if not stream.transport.is_reading():
+                break
+            await asyncio.sleep(0.01)
+        assert not stream.transport.is_reading()  # over twice the limit lent out: TCP pushes back
+        got = bytearray(first)
+        views = 0
+        while len(got) < len(data):
+            chunk = await asyncio.wait_for(stream.read_chunk(16 * 1024), 5)
+            assert 0 < len(chunk) <= 16 * 1024  # a view is cut to what was asked for
+            views += isinstance(chunk, memoryview)
+            got += chunk
+        assert views
+        await sender
+        assert got == data
+        assert stream.transport.is_reading()
+        await _send_all(peer, b"tail")
+        peer.shutdown(socket.SHUT_WR)
+        rest = b""
+        while chunk := await asyncio.wait_for(stream.read(100), 5):
+            rest += chunk
+        assert rest == b"tail"
+        assert stream.read_nowait() == b""
+
+
+@pytest.mark.parametrize("run", LOOPS)
+def test_lending_pauses_above_twice_the_limit_and_reads_on_to_the_eof(
+    run: Callable[[Awaitable[None]], None],
+) -> None:
+    run(asyncio.wait_for(_lending_pauses_and_reads_to_the_eof(), 60))
