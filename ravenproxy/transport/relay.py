@@ -30,7 +30,7 @@ import socket
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ravenproxy.errors import RavenProxyError
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
@@ -38,6 +38,8 @@ from ravenproxy.transport.socket_stream import SocketReader, SocketStream, Socke
 from ravenproxy.transport.tunnel_stream import StreamClosedError
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 __all__ = ["IDLE_ERROR", "READ_LIMIT", "IdleTimeout", "IdleWatch", "RelayResult", "relay"]
 
@@ -326,26 +328,22 @@ class _Relay:
             self.upstream.writable(), name=f"relay-credit:{label}" if label else "relay-credit"
         )
         try:
-            while True:
-                await asyncio.wait((waiter,), timeout=CREDIT_PROBE)
-                if waiter.done():
-                    return waiter.result()
-                gone = client_gone(self.reader, self.writer, eof_sent=self.eof_sent)
-                if gone:
-                    raise ConnectionResetError(gone)
+            return await self.watching_client(waiter)
         finally:
             if not waiter.done():
                 waiter.cancel()
                 await asyncio.gather(waiter, return_exceptions=True)
 
-    async def until_down(self, down: asyncio.Task[None]) -> None:
-        """Wait for down to end, watching the client meanwhile: its reading ended at its EOF
-        (a half-close), so a reset after it is heard only by the kernel, or at the next write
-        of an answer the target may never send. Raises ConnectionResetError once it is gone."""
+    async def watching_client(self, task: asyncio.Task[T]) -> T:
+        """``task``'s result, looking at the client's socket every :data:`CREDIT_PROBE` seconds
+        meanwhile: for an upload waiting for credit (reading the socket may be paused), and for
+        down after the client's half-close (its reading ended at its EOF): either way a reset is
+        heard only by the kernel, or at the next write of an answer the target may never send.
+        Raises :class:`ConnectionResetError` once the client is gone."""
         while True:
-            await asyncio.wait((down,), timeout=CREDIT_PROBE)
-            if down.done():
-                return down.result()
+            await asyncio.wait((task,), timeout=CREDIT_PROBE)
+            if task.done():
+                return task.result()
             gone = client_gone(self.reader, self.writer, eof_sent=self.eof_sent)
             if gone:
                 raise ConnectionResetError(gone)
@@ -408,7 +406,7 @@ class _Relay:
                 else:
                     # Up is done (or has nothing left to do): the relay ends with down.
                     try:
-                        await self.until_down(down_task)
+                        await self.watching_client(down_task)
                     except Exception as exc:
                         self.failed(exc)
         except IdleTimeout:
