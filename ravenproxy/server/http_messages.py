@@ -176,7 +176,7 @@ class Parsed:
     def on_message_complete(self) -> None:
         self.in_body = False
         trailers = self._trailers
-        # Most messages have none: no list made for them.
+        # Most messages have none: no decoding comprehension run for them.
         self.events.append(
             (
                 END,
