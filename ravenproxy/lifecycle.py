@@ -21,6 +21,7 @@ from typing import Any
 
 from ravenproxy.config import Address
 from ravenproxy.errors import ConfigError, RavenProxyError
+from ravenproxy.transport import listener
 
 
 def raise_fd_limit() -> None:
@@ -155,8 +156,9 @@ _RESOLVER = {
 
 def check_listen(flag: str, addr: Address, *, udp: bool = False) -> None:
     """Before anything starts, the address of ``flag`` resolves and can be bound (each address
-    it resolves to, as asyncio binds them); else a :class:`ConfigError` naming the flag. The
-    real bind still names the flag when another program takes the port in between."""
+    it resolves to, as the listeners bind them: :func:`~ravenproxy.transport.listener.bind_each`);
+    else a :class:`ConfigError` naming the flag. The real bind still names the flag when another
+    program takes the port in between."""
     kind = socket.SOCK_DGRAM if udp else socket.SOCK_STREAM
     what = f"cannot bind UDP {addr}" if udp else f"cannot listen on {addr}"
     try:
@@ -165,16 +167,9 @@ def check_listen(flag: str, addr: Address, *, udp: bool = False) -> None:
         raise ConfigError(flag, f"{what}: {os_reason(exc)}") from None
     if addr.port == 0:
         return
-    for family, socktype, proto, _, sockaddr in infos:
-        try:
-            sock = socket.socket(family, socktype, proto)
-        except OSError:
-            continue  # a family this host lacks: asyncio skips it too
-        with sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(sockaddr)
-            except OSError as exc:
-                raise ConfigError(flag, f"{what}: {os_reason(exc)}") from None
+    try:
+        sockets = listener.bind_each(infos)
+    except OSError as exc:
+        raise ConfigError(flag, f"{what}: {os_reason(exc)}") from None
+    for sock in sockets:
+        sock.close()

@@ -30,7 +30,7 @@ from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
 from ravenproxy.log import kv
-from ravenproxy.transport import tls, tls_handshake, tls_socket
+from ravenproxy.transport import listener, tls, tls_handshake, tls_socket
 from ravenproxy.transport.websocket import TunnelConnectionMixin
 
 log = logging.getLogger(__name__)
@@ -190,33 +190,18 @@ class TLSListener:
 
 async def bind(host: str | None, port: int, backlog: int) -> list[socket.socket]:
     """Listening sockets for ``host`` (None: every interface) and ``port``, as
-    ``loop.create_server`` binds them (``SO_REUSEADDR``, IPv6 sockets IPv6 only); an
-    :class:`OSError` naming the address if one cannot be bound (none is left open)."""
+    ``loop.create_server`` binds them (:func:`~ravenproxy.transport.listener.bind_each`); a
+    :class:`~ravenproxy.transport.listener.BindError` naming the address if one cannot be bound
+    (none is left open)."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(
         host, port, family=socket.AF_UNSPEC, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )
-    bound: list[socket.socket] = []
-    try:
-        for family, type_, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, type_, proto)
-            bound.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                raise OSError(
-                    exc.errno, f"error while attempting to bind on address {address!r}: {exc}"
-                ) from None
-            sock.listen(backlog)
-            sock.setblocking(False)
-    except BaseException:
-        for sock in bound:
-            sock.close()
-        raise
-    return bound
+    sockets = listener.bind_each(infos)
+    for sock in sockets:
+        sock.listen(backlog)
+        sock.setblocking(False)
+    return sockets
 
 
 def serve(

@@ -25,6 +25,7 @@ from ravenproxy.transport.ws_server import TunnelServerConnection
 from ravenproxy.wire.codes import SUBPROTOCOL
 from ravenproxy.wire.config import WireConfig
 
+from .test_listener import NoIPv6Socket
 from .test_ws_connect import LOG, WAIT, dial
 
 
@@ -169,6 +170,28 @@ async def test_an_address_in_use_is_an_error_naming_it(pki: Path) -> None:
             await ws_server.bind("127.0.0.1", taken.getsockname()[1], 100)
     finally:
         taken.close()
+
+
+async def test_every_interface_on_a_host_without_ipv6_listens_on_ipv4(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As asyncio's create_server: a family the host lacks is skipped, not a failed start."""
+    monkeypatch.setattr(socket, "socket", NoIPv6Socket)
+    sockets = await ws_server.bind(None, 0, 100)
+    try:
+        assert [s.family for s in sockets] == [socket.AF_INET]
+        assert sockets[0].getsockname()[0] == "0.0.0.0"
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+async def test_no_family_at_all_is_an_error_naming_the_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(socket, "socket", NoIPv6Socket)
+    with pytest.raises(OSError, match=r"::1.*Address family not supported"):
+        await ws_server.bind("::1", 0, 100)
 
 
 async def test_the_sni_switch_serves_the_current_credentials(pki: Path, tmp_path: Path) -> None:
