@@ -290,6 +290,31 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+        self._has_commands = False
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        self._has_commands = True
+        return super().add_subparsers(**kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """A command's parser refuses what it does not know itself, with its own usage and a
+        close flag name if there is one, rather than leaving it to the top-level parser
+        (``ravenproxy: error: unrecognized arguments`` under the usage of every command)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and not self._has_commands:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._close_flag(extras)}")
+        return parsed, extras
+
+    def _close_flag(self, extras: list[str]) -> str:
+        import difflib  # the error path only
+
+        flags = [flag for action in self._actions for flag in action.option_strings]
+        for extra in extras:
+            if extra.startswith("--"):
+                close = difflib.get_close_matches(extra.partition("=")[0], flags, n=1)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

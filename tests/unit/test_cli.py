@@ -148,3 +148,32 @@ def test_server_help_shows_defaults_from_the_declarations() -> None:
     text = _subparser("server").format_help()
     for fragment in ("(default :10262)", "(default 127.0.0.1:10266)", "(default 15)"):
         assert fragment in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["server", "--tunel-addr", ":1"],
+            "ravenproxy server: error: unrecognized arguments: --tunel-addr :1 "
+            "(did you mean --tunnel-addr?)",
+        ),
+        (
+            ["agent", "--server-adr=h:1"],
+            "ravenproxy agent: error: unrecognized arguments: --server-adr=h:1 "
+            "(did you mean --server-addr?)",
+        ),
+        (["certs", "init", "--zzz"], "ravenproxy certs init: error: unrecognized arguments: --zzz"),
+        (["dns", "extra"], "ravenproxy dns: error: unrecognized arguments: extra"),
+    ],
+)
+def test_a_command_refuses_an_unknown_argument_under_its_own_name(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not the top-level parser's ``ravenproxy: error`` under the usage of every command."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser(argv[0]).parse_args(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == said
+    assert err.startswith(f"usage: ravenproxy {' '.join(argv[: 2 if argv[0] == 'certs' else 1])}")
