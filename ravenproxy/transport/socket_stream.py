@@ -35,8 +35,10 @@ LEND_FROM = 64 * 1024
 """A read at least this large (bulk) switches a stream that may lend to reading into buffers
 of its own (see the module's doc); smaller traffic never does."""
 
-LEND_READ = 256 * 1024
-"""Size of those buffers (uvloop's own read size)."""
+LEND_READ = 1024 * 1024 - 12
+"""Size of those buffers: the wire's default largest frame (``WireConfig.max_frame_size``, a
+1 MiB message with its 12-byte header), so a full read goes into the tunnel as one DATA frame,
+which the agent keeps in place."""
 
 LEND_ROOM = 16 * 1024
 """Room a buffer must have left to be read into again before its views are let go."""
