@@ -35,14 +35,19 @@ LEND_FROM = 64 * 1024
 """A read at least this large (bulk) switches a stream that may lend to reading into buffers
 of its own (see the module's doc); smaller traffic never does."""
 
-LEND_READ = 256 * 1024
-"""Size of those buffers (uvloop's own read size)."""
+LEND_READ = 1024 * 1024 - 12
+"""Size of those buffers: the wire's default largest frame (``WireConfig.max_frame_size``, a
+1 MiB message with its 12-byte header), so a full read goes into the tunnel as one DATA frame,
+which the agent keeps in place."""
 
 LEND_ROOM = 16 * 1024
 """Room a buffer must have left to be read into again before its views are let go."""
 
 LEND_SPARES = 4
 """Buffers a lending stream keeps to read into once the views of them are let go."""
+
+LEND_IDLE = 1.0
+"""Seconds a lending stream's reader waits for data before the stream lets its buffers go."""
 
 
 def _unshared_refs() -> int:
@@ -191,14 +196,29 @@ class SocketStream(asyncio.Protocol):
         the buffer it was read into rather than a copy: that part of the buffer is not read
         into again while the view is held."""
         while not self._buffer:
-            if type(self._lend) is _Lender and self._lend.views:
+            lender = self._lend
+            if type(lender) is _Lender and lender.views:
                 return self._take_lent(n)
             if self._error is not None:
                 raise self._error
             if self._eof:
                 return b""
-            await self._wait_data()
+            if type(lender) is _Lender:
+                await self._wait_lending(lender)
+            else:
+                await self._wait_data()
         return self._take(n)
+
+    async def _wait_lending(self, lender: _Lender) -> None:
+        """Wait for data; once none came for :data:`LEND_IDLE` seconds, the lender lets its
+        buffers go: a connection idle after a bulk upload holds none (the next read takes one
+        again). Not sooner: a bulk upload's reader catches up with the socket at most reads,
+        and a buffer made anew per read costs its zeroing and page faults."""
+        timer = asyncio.get_running_loop().call_later(LEND_IDLE, lender.release)
+        try:
+            await self._wait_data()
+        finally:
+            timer.cancel()
 
     async def _wait_data(self) -> None:
         if self._read_waiter is not None:
@@ -246,6 +266,16 @@ class SocketStream(asyncio.Protocol):
         return data
 
     # -- lending -------------------------------------------------------------------------------
+    @property
+    def read_buffer_size(self) -> int:
+        """Bytes of lending buffers this stream holds (0 until it lends): its current one and
+        its spares; buffers only the views handed out still hold are not counted."""
+        lender = self._lend
+        if type(lender) is not _Lender:
+            return 0
+        held = len(lender.buf) if lender.buf is not None else 0
+        return held + sum(len(spare) for spare in lender.spares)
+
     def lend_reads(self) -> bool:
         """Allow the switch to reading into buffers of our own at the first large read (the
         relay's upload: :meth:`read_chunk` then returns views). Plain TCP only (not over TLS,
@@ -395,6 +425,12 @@ class _Lender(asyncio.BufferedProtocol):
             spares.append(self.buf)
         self.buf = fresh if fresh is not None else bytearray(LEND_READ)
         self.end = 0
+
+    def release(self) -> None:
+        """Let go of the buffers (views handed out keep theirs alive as long as they need)."""
+        self.buf = None
+        self.end = 0
+        self.spares.clear()
 
     def buffer_updated(self, nbytes: int) -> None:
         assert self.buf is not None

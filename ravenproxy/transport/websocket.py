@@ -60,10 +60,11 @@ MIN_READ = 4 * 1024
 """The smallest read offered: an idle tunnel (PINGs, small streams) holds a buffer this size."""
 
 MAX_READ = 256 * 1024 + 1024
-"""The largest read offered beyond the frame being received: a 256 KiB payload (what the
-server reads from a socket at once, the default largest DATA frame) and the headers of its
-frames. A read of 256 KiB flat ended 22 bytes short of such a message, whose last record then
-took a read round of its own (one more per message)."""
+"""The largest read offered beyond the frame being received: a 256 KiB payload and the headers
+of its frames (the largest DATA frame of a peer of an earlier release). A read of 256 KiB flat
+ended 22 bytes short of such a message, whose last record then took a read round of its own
+(one more per message). Today's bulk messages (one DATA frame of up to 1 MiB each) are read
+whole, as the frame being received."""
 
 SHRINK_AFTER = 4
 """A drained buffer larger than this many times the current read size and the last frame's

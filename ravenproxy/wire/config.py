@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ravenproxy.wire.frames import MAX_FRAME_SIZE_LIMIT, MAX_WINDOW, MIN_FRAME_SIZE
+from ravenproxy.wire.frames import HEADER_SIZE, MAX_FRAME_SIZE_LIMIT, MAX_WINDOW, MIN_FRAME_SIZE
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -20,8 +20,12 @@ DEFAULT_PEER_MAX_STREAMS = 100
 class WireConfig:
     """Limits and windows of one side. Each field is announced to the peer or governs us."""
 
-    max_frame_size: int = 256 * KIB
-    """Largest frame payload we accept (announced as MAX_FRAME_SIZE)."""
+    max_frame_size: int = 1 * MIB - HEADER_SIZE
+    """Largest frame payload we accept (announced as MAX_FRAME_SIZE): one frame fills a message
+    of ``max_message_size``. As large as the relay's largest socket read
+    (``socket_stream.LEND_READ``): a bulk read goes out as one frame, in a message of its own,
+    which the receiver keeps in place (``outbox.OWN_MESSAGE``), and a GiB takes a quarter of
+    the frames and messages 256 KiB frames took."""
     max_concurrent_streams: int = 10_000
     """Streams the peer may have open toward us at once (announced)."""
     initial_stream_window: int = 256 * KIB
@@ -38,7 +42,8 @@ class WireConfig:
     connection_window: int = 64 * MIB
     """Budget for bytes received but not yet consumed, over all streams (announced)."""
     max_message_size: int = 1 * MIB
-    """Largest WebSocket message we send (frames are batched up to it)."""
+    """Largest WebSocket message we send (frames are batched up to it). Not more: a peer need
+    accept no more than 1 MiB and its own MAX_FRAME_SIZE + 12 (docs/protocol.md section 2)."""
     initial_rtt: float = 0.05
     """Round-trip estimate until a PING measures one."""
     max_control_pending: int = 1 * MIB

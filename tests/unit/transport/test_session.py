@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -60,7 +61,9 @@ async def tunnel(
     on_open: StreamHandler | None = echo,
     cloud_config: SessionConfig | None = None,
     edge_config: SessionConfig | None = None,
+    tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None,
 ) -> AsyncIterator[Pair]:
+    """``tls``: the server's and the client's contexts (plain TCP without)."""
     loop = asyncio.get_running_loop()
     cloud_session: asyncio.Future[tuple[Session, ServerConnection]] = loop.create_future()
     cloud_run: asyncio.Future[None] = loop.create_future()
@@ -81,16 +84,19 @@ async def tunnel(
         compression=None,
         ping_interval=None,
         create_connection=TunnelServerConnection,
+        ssl=tls[0] if tls else None,
     )
     edge_run: asyncio.Task[None] | None = None
     edge_ws: ClientConnection | None = None
     try:
         port = server.sockets[0].getsockname()[1]
         edge_ws = await connect(
-            f"ws://127.0.0.1:{port}",
+            f"{'wss' if tls else 'ws'}://127.0.0.1:{port}",
             compression=None,
             ping_interval=None,
             create_connection=TunnelClientConnection,
+            ssl=tls[1] if tls else None,
+            server_hostname="127.0.0.1" if tls else None,
         )
         edge = Session(edge_ws, server_side=False, config=edge_config, on_open=on_open, name="edge")
         edge_run = asyncio.create_task(edge.run(), name="test-edge-session")

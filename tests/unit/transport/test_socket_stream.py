@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import uvloop
 
+from ravenproxy.transport import socket_stream
 from ravenproxy.transport.bytestream import READ_LIMIT
-from ravenproxy.transport.socket_stream import LEND_FROM, SocketStream
+from ravenproxy.transport.socket_stream import LEND_FROM, LEND_READ, SocketStream
 
 
 @contextlib.asynccontextmanager
@@ -200,3 +201,43 @@ def test_lending_pauses_above_twice_the_limit_and_reads_on_to_the_eof(
     run: Callable[[Awaitable[None]], None],
 ) -> None:
     run(asyncio.wait_for(_lending_pauses_and_reads_to_the_eof(), 60))
+
+
+async def _lending_lets_its_buffers_go_once_idle() -> None:
+    """A reader lagging behind (the tunnel holds every view) makes the stream read on into
+    spare buffers; once its reader caught up and no data came for LEND_IDLE, the stream holds
+    no buffer, and a later bulk lends again, intact."""
+    data = os.urandom(16 << 20)
+    async with accepted(limit=READ_LIMIT) as (stream, peer):
+        assert stream.lend_reads()
+        for _ in range(2):
+            sender = asyncio.create_task(_send_all(peer, data))
+            got = bytearray()
+            held: list[memoryview | bytes] = []  # a lagging tunnel: every view held
+            most = views = 0
+            while len(got) < len(data):
+                chunk = await asyncio.wait_for(stream.read_chunk(READ_LIMIT), 10)
+                held.append(chunk)
+                views += isinstance(chunk, memoryview)
+                got += chunk
+                most = max(most, stream.read_buffer_size)
+            await sender
+            assert got == data and views
+            assert most > LEND_READ  # lagging behind, it read on into spares
+            waiting = asyncio.create_task(stream.read_chunk(100))  # caught up: it waits
+            await asyncio.sleep(2 * socket_stream.LEND_IDLE)
+            assert not waiting.done()
+            assert stream.read_buffer_size == 0  # idle: no buffer held
+            assert b"".join(held) == data  # the views held stayed intact
+            await _send_all(peer, b"x")
+            assert await asyncio.wait_for(waiting, 5) == b"x"
+        peer.shutdown(socket.SHUT_WR)
+        assert await asyncio.wait_for(stream.read_chunk(100), 5) == b""
+
+
+@pytest.mark.parametrize("run", LOOPS)
+def test_a_lending_stream_lets_its_buffers_go_once_idle(
+    run: Callable[[Awaitable[None]], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(socket_stream, "LEND_IDLE", 0.1)
+    run(asyncio.wait_for(_lending_lets_its_buffers_go_once_idle(), 60))

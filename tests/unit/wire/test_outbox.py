@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ravenproxy.wire.outbox import Outbox
+from ravenproxy.wire.outbox import OWN_MESSAGE, Outbox
 
 
 def test_control_goes_first_and_ordered_keeps_its_order() -> None:
@@ -51,3 +51,27 @@ def test_clear_drops_everything() -> None:
     box.data(b"H", b"b")
     box.clear()
     assert (box.pending_bytes, box.control_bytes, box.take_pieces()) == (0, 0, [])
+
+
+def test_a_bulk_data_frame_is_a_message_of_its_own() -> None:
+    """A DATA payload of OWN_MESSAGE bytes or more goes alone in its message: nothing batched
+    before it or after it, though the limit would allow (the receiver keeps such a payload in
+    place only when it is a large share of its message); smaller frames still batch."""
+    box = Outbox(max_message_size=1 << 20)
+    bulk = memoryview(b"B" * OWN_MESSAGE)
+    box.control(b"WU")
+    box.data(b"H1", b"small")
+    box.data(b"H2", bulk)
+    box.data(b"H3", b"after")
+    box.data(b"H4", bulk)
+    box.data(b"H5", bulk[:-1])  # just under the threshold: batched
+    box.data(b"H6", b"tail")
+    messages = box.take_pieces()
+    assert [[bytes(p)[:2] for p in m] for m in messages] == [
+        [b"WU", b"H1", b"sm"],
+        [b"H2", b"BB"],
+        [b"H3", b"af"],
+        [b"H4", b"BB"],
+        [b"H5", b"BB", b"H6", b"ta"],
+    ]
+    assert messages[1][1] is bulk  # still referenced, not copied

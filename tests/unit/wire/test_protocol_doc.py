@@ -104,7 +104,8 @@ def test_constants_are_documented(doc: str) -> None:
     config = WireConfig()
     assert f"`{SUBPROTOCOL}`" in doc
     assert f"at most **{MAX_TEXT} bytes**" in doc
-    assert f"| {config.max_frame_size} ({config.max_frame_size // 1024} KiB)" in doc
+    assert config.max_frame_size == 1024 * 1024 - 12  # fills a 1 MiB message
+    assert f"| {config.max_frame_size} (1 MiB - 12)" in doc
     assert f"| {config.max_concurrent_streams}" in doc
     assert f"| {config.initial_stream_window} (256 KiB)" in doc
     assert f"| {config.connection_window} (64 MiB)" in doc
