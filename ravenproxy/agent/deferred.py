@@ -15,6 +15,9 @@ UNUSED: dict[str, str] = {
     "importlib.resources (~0.8 MB)",
     "email.utils": "websockets.server (the server side's Date header): email's charset and "
     "header encoders, calendar and quopri come with it (~0.3 MB)",
+    "uuid": "websockets.protocol, for an id per connection that only websockets' own "
+    "connection classes read (the agent's client protocol is made without it: "
+    "ravenproxy.transport.ws_client.client_protocol); uuid imports platform (~0.28 MB)",
     "stringprep": "the idna codec (host names given to getaddrinfo) for non-ASCII labels "
     "only (~0.1 MB)",
     "bz2": "shutil's archive formats (argparse imports shutil for the terminal's width; the "

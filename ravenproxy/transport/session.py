@@ -20,9 +20,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from websockets.asyncio.connection import Connection as WebSocket
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
 
@@ -38,6 +37,9 @@ from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import ControlFloodError, ProtocolError, WireError
 from ravenproxy.wire.frames import Target
+
+if TYPE_CHECKING:
+    from ravenproxy.transport.intake import WebSocket
 
 log = logging.getLogger(__name__)
 
