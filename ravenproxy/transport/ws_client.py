@@ -23,11 +23,11 @@ import os
 import ssl as ssl_module
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self, cast
 
 import websockets.protocol
 from websockets.client import ClientProtocol
-from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
+from websockets.exceptions import ConcurrencyError, ConnectionClosed, ConnectionClosedOK
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.protocol import Event, State
@@ -48,6 +48,7 @@ class ClientSide(asyncio.Protocol):
       :class:`~websockets.exceptions.ConnectionClosed`;
     - keepalive (``ping_interval``, off with None): a PING every ``ping_interval`` seconds; no
       PONG within ``ping_timeout`` fails the connection with 1011 "keepalive ping timeout";
+      :meth:`ping` sends one and tells when its PONG is in;
     - closing: :meth:`close` runs the closing handshake; from the moment the TCP connection is
       expected to close (a CLOSE sent, or received and answered, or the connection failed) it
       is aborted after ``close_timeout`` seconds if it is still up;
@@ -91,8 +92,8 @@ class ClientSide(asyncio.Protocol):
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._close_timer: asyncio.TimerHandle | None = None
         self._keepalive_timer: asyncio.TimerHandle | None = None
+        self._pings: dict[bytes, tuple[asyncio.Future[float], float]] = {}  # unanswered, sent
         self._ping: bytes | None = None  # the keepalive PING's payload, until its PONG
-        self._ping_sent = 0.0
         self._inbox: collections.deque[bytes | str] = collections.deque()
         self._parts: list[bytes] = []  # a fragmented message so far
         self._text = False
@@ -125,7 +126,7 @@ class ClientSide(asyncio.Protocol):
             exc.__cause__ = self.connection_exc
         return exc
 
-    async def __aenter__(self) -> ClientSide:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -198,6 +199,18 @@ class ClientSide(asyncio.Protocol):
         if self.connection_lost_waiter.done():
             raise self.close_exc
 
+    async def ping(self, data: bytes | None = None) -> asyncio.Future[float]:
+        """Send a PING (``data``, else 4 random bytes); the future it returns gets the round
+        trip in seconds once the PONG is in (or a later one: a PONG answers every PING before
+        it too), or :class:`ConnectionClosed` once the connection is lost."""
+        if self.protocol.state is not State.OPEN:
+            await self._closed()
+        if data in self._pings:
+            raise ConcurrencyError("already waiting for a pong with the same data")
+        while data is None or data in self._pings:
+            data = os.urandom(4)
+        return self._send_ping(data)
+
     def start_keepalive(self) -> None:
         if self.ping_interval is not None and self._keepalive_timer is None:
             self._keepalive_timer = self.loop.call_later(self.ping_interval, self._keepalive)
@@ -237,27 +250,43 @@ class ClientSide(asyncio.Protocol):
             self.connection_exc = TimeoutError("timed out while closing connection")
         self.transport.abort()
 
+    def _send_ping(self, data: bytes) -> asyncio.Future[float]:
+        answered: asyncio.Future[float] = self.loop.create_future()
+        self._pings[data] = (answered, self.loop.time())
+        self.protocol.send_ping(data)
+        self.send_data()
+        return answered
+
     def _keepalive(self) -> None:
         self._keepalive_timer = None
         if self.protocol.state is not State.OPEN:
             return
-        self._ping = os.urandom(4)
-        self._ping_sent = self.loop.time()
-        self.protocol.send_ping(self._ping)
-        self.send_data()
+        data = os.urandom(4)
+        while data in self._pings:
+            data = os.urandom(4)
+        self._send_ping(data)
         assert self.ping_interval is not None
-        if self.ping_timeout is None:
+        if self.ping_timeout is None:  # no waiting for the PONG
             self._keepalive_timer = self.loop.call_later(self.ping_interval, self._keepalive)
         else:
+            self._ping = data
             self._keepalive_timer = self.loop.call_later(self.ping_timeout, self._pong_missed)
 
     def _pong(self, data: bytes) -> None:
-        if self._ping is None or data != self._ping:
+        if data not in self._pings:
             return  # unsolicited
-        self._ping = None
-        self.latency = self.loop.time() - self._ping_sent
-        if self.ping_timeout is not None and self._keepalive_timer is not None:
-            self._keepalive_timer.cancel()
+        now = self.loop.time()
+        for key in list(self._pings):  # in the order sent: this PONG answers those before
+            answered, sent = self._pings.pop(key)
+            if not answered.done():
+                answered.set_result(now - sent)
+            if key == data:
+                self.latency = now - sent
+                break
+        if self._ping is not None and self._ping not in self._pings:  # the keepalive's
+            self._ping = None
+            if self._keepalive_timer is not None:
+                self._keepalive_timer.cancel()
             assert self.ping_interval is not None
             delay = max(0.0, self.ping_interval - self.latency)
             self._keepalive_timer = self.loop.call_later(delay, self._keepalive)
@@ -299,9 +328,8 @@ class ClientSide(asyncio.Protocol):
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.set_write_buffer_limits(self.write_limit)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.transport.set_write_buffer_limits(self.write_limit)
 
     def data_received(self, data: bytes) -> None:
         self.protocol.receive_data(data)
@@ -329,6 +357,13 @@ class ClientSide(asyncio.Protocol):
                 timer.cancel()
         self._close_timer = self._keepalive_timer = None
         self.connection_lost_waiter.set_result(None)
+        if self._pings:
+            closed = self.close_exc
+            for answered, _ in self._pings.values():
+                if not answered.done():
+                    answered.set_exception(closed)
+                    answered.exception()  # retrieved: no "never retrieved" log if unawaited
+            self._pings.clear()
         self._wake_recv()
         self.paused = False
         for waiter in self._drain_waiters:
@@ -388,9 +423,9 @@ class _NoUuid:
 def client_protocol(
     uri: WebSocketURI,
     *,
-    subprotocols: Sequence[Subprotocol],
+    subprotocols: Sequence[Subprotocol] | None,
     max_size: int,
-    logger: logging.Logger,
+    logger: logging.Logger | None,
 ) -> ClientProtocol:
     """``websockets``' sans-I/O client protocol for ``uri``, made without ``uuid``
     (:class:`_NoUuid`). Synchronous: nothing else runs between the swap and its undoing."""
@@ -405,14 +440,14 @@ def client_protocol(
 async def connect(
     uri: str,
     *,
-    ssl: ssl_module.SSLContext | None,
-    open_timeout: float,
-    user_agent_header: str,
-    logger: logging.Logger,
-    subprotocols: Sequence[Subprotocol],
-    max_size: int,
-    max_queue: int,
-    write_limit: int,
+    ssl: ssl_module.SSLContext | None = None,
+    open_timeout: float = 10,
+    user_agent_header: str | None = None,
+    logger: logging.Logger | None = None,
+    subprotocols: Sequence[Subprotocol] | None = None,
+    max_size: int = 2**20,
+    max_queue: int | None = 16,
+    write_limit: int = 2**15,
     create_connection: type[TunnelClientConnection] = TunnelClientConnection,
     compression: None = None,
     ping_interval: float | None = None,
@@ -422,7 +457,8 @@ async def connect(
     """A client WebSocket to ``uri`` (``wss://`` with ``ssl``, ``ws://`` without), as
     ``websockets.asyncio.client.connect`` opens one with the same arguments, but with no
     proxy and no redirect followed: TCP, TLS and the opening handshake within
-    ``open_timeout`` (else :class:`TimeoutError`); the connection is aborted on any failure."""
+    ``open_timeout`` (else :class:`TimeoutError`); the connection is aborted on any failure.
+    The defaults are ``websockets``' (no User-Agent header unless given)."""
     ws_uri = parse_uri(uri)
     if ws_uri.secure != (ssl is not None):
         raise ValueError(f"{uri}: wss:// needs an ssl context, ws:// takes none")
