@@ -80,13 +80,10 @@ class ClientSide(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.request: Request | None = None
         self.response: Response | None = None
-        self.latency = 0.0
-        """Round trip of the last keepalive PING, in seconds."""
-        self.paused = False
-        """The transport's write buffer is over ``write_limit``."""
+        self.latency = 0.0  # round trip of the last PING answered, in seconds
+        self.paused = False  # the transport's write buffer is over write_limit
+        # What ended the TCP connection, if not the closing handshake (close_exc's cause).
         self.connection_exc: BaseException | None = None
-        """What ended the TCP connection, if not the closing handshake (the cause of
-        :attr:`close_exc`)."""
         self.connection_lost_waiter: asyncio.Future[None] = self.loop.create_future()
         self._response_rcvd: asyncio.Future[None] = self.loop.create_future()
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -108,14 +105,6 @@ class ClientSide(asyncio.Protocol):
     @property
     def subprotocol(self) -> Subprotocol | None:
         return self.protocol.subprotocol
-
-    @property
-    def close_code(self) -> int | None:
-        return self.protocol.close_code
-
-    @property
-    def close_reason(self) -> str | None:
-        return self.protocol.close_reason
 
     @property
     def close_exc(self) -> ConnectionClosed:
