@@ -60,6 +60,8 @@ def _flag(flag: str, help: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class SessionConfig:
+    """A tunnel session's settings, the same on both ends."""
+
     # The metadata declares the flags (ravenproxy.flags) of the commands that lend these.
     wire: WireConfig = field(default_factory=WireConfig)
     ping_interval: float = field(
