@@ -22,6 +22,8 @@ from ravenproxy.pki.issuance import CERT_DIR_CA, CERT_DIR_CERT, CERT_DIR_KEY
 
 @dataclass(frozen=True)
 class Address:
+    """A ``host:port`` to listen on or dial."""
+
     host: str
     port: int
 

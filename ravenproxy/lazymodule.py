@@ -23,6 +23,7 @@ import importlib.util
 import sys
 import threading
 import types
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _load_lock = threading.RLock()
@@ -40,35 +41,48 @@ class LazyModule(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         # Called only for names the object does not have: before the load, every module name.
-        with _load_lock:
-            if isinstance(self, LazyModule):
-                if id(self) in _loading:
-                    # This thread, while the code runs (a package's ``from . import x``):
-                    # what a module being imported answers.
-                    raise AttributeError(
-                        f"partially initialized module {self.__name__!r} has no attribute {name!r}"
-                    )
-                spec = self.__spec__
-                assert spec is not None and spec.loader is not None  # set by defer()
-                _loading.add(id(self))
-                try:
-                    spec.loader.exec_module(self)
-                except BaseException:
-                    # As a failed import: the module is not left half-made in sys.modules.
-                    if sys.modules.get(spec.name) is self:
-                        del sys.modules[spec.name]
-                    raise
-                finally:
-                    _loading.discard(id(self))
-                # A plain module from here on; other threads waited on the lock until now.
-                self.__class__ = types.ModuleType  # type: ignore[assignment]
+        load(self, name)
         return getattr(self, name)
 
 
-def defer(name: str) -> None:
+def load(module: types.ModuleType, name: str = "") -> types.ModuleType:
+    """Run a :class:`LazyModule`'s code into it, if it has not run yet (``name``: the name
+    read, for the error while the code runs); the module, loaded. For stand-ins
+    (:func:`defer`'s ``stand_ins``) that need the real thing."""
+    with _load_lock:
+        if isinstance(module, LazyModule):
+            if id(module) in _loading:
+                # This thread, while the code runs (a package's ``from . import x``):
+                # what a module being imported answers.
+                raise AttributeError(
+                    f"partially initialized module {module.__name__!r} has no attribute {name!r}"
+                )
+            spec = module.__spec__
+            assert spec is not None and spec.loader is not None  # set by defer()
+            _loading.add(id(module))
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                # As a failed import: the module is not left half-made in sys.modules.
+                if sys.modules.get(spec.name) is module:
+                    del sys.modules[spec.name]
+                raise
+            finally:
+                _loading.discard(id(module))
+            # A plain module from here on; other threads waited on the lock until now.
+            module.__class__ = types.ModuleType  # type: ignore[assignment]
+    return module
+
+
+def defer(name: str, stand_ins: Mapping[str, Callable[..., Any]] | None = None) -> None:
     """Make ``name`` (a module not imported yet) a :class:`LazyModule`: its import costs
     nothing until a name of it is read. Nothing changes when it is imported already or cannot
     be found (its import then fails as it would have).
+
+    ``stand_ins``: names the placeholder has before its code runs, so that reading them loads
+    nothing (a library that reads a function at its import and calls it rarely). Each must
+    answer as the module's own would, calling :func:`load` for what it cannot answer itself;
+    the module's code replaces them once it runs.
 
     A submodule of a package not imported yet (``asyncio.sslproto`` before ``asyncio``) is
     found without importing the package: the package's own ``from . import child`` then takes
@@ -91,6 +105,8 @@ def defer(name: str) -> None:
         return
     module = importlib.util.module_from_spec(spec)
     module.__class__ = LazyModule
+    for attr, stand_in in (stand_ins or {}).items():
+        setattr(module, attr, stand_in)
     sys.modules[name] = module
     if parent in sys.modules:
         # What an import does: the package's attribute is the submodule.

@@ -7,6 +7,12 @@ after all just loads then, as it would have at its import.
 
 from __future__ import annotations
 
+import functools
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
 from ravenproxy import lazymodule
 
 UNUSED: dict[str, str] = {
@@ -15,6 +21,9 @@ UNUSED: dict[str, str] = {
     "importlib.resources (~0.8 MB)",
     "email.utils": "websockets.server (the server side's Date header): email's charset and "
     "header encoders, calendar and quopri come with it (~0.3 MB)",
+    "uuid": "websockets.protocol, for an id per connection that only websockets' own "
+    "connection classes read (the agent's client protocol is made without it: "
+    "ravenproxy.transport.ws_client.client_protocol); uuid imports platform (~0.28 MB)",
     "stringprep": "the idna codec (host names given to getaddrinfo) for non-ASCII labels "
     "only (~0.1 MB)",
     "bz2": "shutil's archive formats (argparse imports shutil for the terminal's width; the "
@@ -33,6 +42,67 @@ UNUSED: dict[str, str] = {
 """Module name: who imports it, and what for."""
 
 
+_CO_COROUTINE = 0x80
+"""``inspect.CO_COROUTINE``: the code flag of an ``async def`` function."""
+
+
+def _inspect() -> Any:
+    return lazymodule.load(sys.modules["inspect"])
+
+
+def _isgenerator(obj: object) -> bool:
+    """``inspect.isgenerator``, which is this."""
+    return isinstance(obj, types.GeneratorType)
+
+
+def _isfunction(obj: object) -> bool:
+    """``inspect.isfunction``, which is this."""
+    return isinstance(obj, types.FunctionType)
+
+
+def _unwrap(func: Any, *, stop: Callable[[Any], bool] | None = None) -> Any:
+    """``inspect.unwrap``: ``func`` itself when it wraps nothing, else ``inspect``'s."""
+    if not hasattr(func, "__wrapped__"):
+        return func
+    return _inspect().unwrap(func, stop=stop)
+
+
+def _iscoroutinefunction(obj: object) -> bool:
+    """``inspect.iscoroutinefunction`` (Python 3.11) where the answer needs no ``inspect``:
+    a Python function, bound as a method or in a ``functools.partial`` or neither, says so
+    by its code's flags; a builtin is none. Anything else asks ``inspect``."""
+    func = obj
+    while isinstance(func, types.MethodType):
+        func = func.__func__
+    while isinstance(func, functools.partial):
+        func = func.func
+    if isinstance(func, types.FunctionType):
+        return bool(func.__code__.co_flags & _CO_COROUTINE)
+    if isinstance(func, types.BuiltinFunctionType):
+        return False
+    result: bool = _inspect().iscoroutinefunction(obj)
+    return result
+
+
+STAND_INS: dict[str, dict[str, Callable[..., Any]]] = {
+    "inspect": {
+        "isgenerator": _isgenerator,
+        "iscoroutinefunction": _iscoroutinefunction,
+        "isfunction": _isfunction,
+        "unwrap": _unwrap,
+    },
+}
+"""Deferred modules, with the functions of them that are used (each answers as the module's
+own, asking the module for what it cannot answer itself). ``inspect`` (with ``ast``, ``dis``
+and ``opcode``: ~0.9 MB of an idle agent): uvloop reads ``isgenerator`` and
+``iscoroutinefunction`` at its import, and checks each signal handler and executor call with
+the latter; asyncio's repr of a callback (``unwrap``, ``isfunction``) runs at start-up, where
+``signal.signal`` formats the handler asyncio.Runner installed for SIGINT, which refers to the
+main task. dataclasses reads ``inspect.signature`` for a class without a docstring only (the
+agent's have one: tests/unit/agent/test_imports.py); asyncio for a generator yielded to a task
+or an awaitable that is not a coroutine."""
+
+
 def defer_unused() -> None:
     """Defer :data:`UNUSED` (those not imported yet). Called first thing by the entry point
     (before the CLI's imports), then again by the CLI: the second call makes each deferred
@@ -40,4 +110,6 @@ def defer_unused() -> None:
     being imported by then."""
     for name in UNUSED:
         lazymodule.defer(name)
+    for name, stand_ins in STAND_INS.items():
+        lazymodule.defer(name, stand_ins)
     lazymodule.attach()

@@ -22,6 +22,8 @@ from ravenproxy.transport.session import SessionConfig
 
 @dataclass(frozen=True)
 class AgentSettings:
+    """What ``ravenproxy agent`` runs with: its flags (each field's ``setting``)."""
+
     node_name: str = setting(
         flag="--node-name",
         metavar="NODE",

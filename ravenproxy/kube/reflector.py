@@ -88,6 +88,8 @@ class Resource:
 
 @dataclass(frozen=True)
 class WatchSettings:
+    """How a reflector lists and watches: timeouts, resync period, backoff."""
+
     # Server-side timeoutSeconds of one watch request; the watch is then resumed, which also
     # catches half-open connections that would otherwise hang forever.
     watch_timeout: int = 290

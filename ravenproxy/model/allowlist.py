@@ -43,6 +43,8 @@ ALWAYS_DENIED: tuple[IPNetwork, ...] = tuple(
 
 @dataclass(frozen=True)
 class AllowEntry:
+    """One allowed network and port range (``--allow``)."""
+
     network: IPNetwork
     port_lo: int
     port_hi: int

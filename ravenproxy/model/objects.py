@@ -34,12 +34,16 @@ def frozen_map(data: Mapping[str, str] | None) -> Mapping[str, str]:
 
 @dataclass(frozen=True)
 class NodeAddress:
+    """One of a node's addresses (``status.addresses``)."""
+
     type: str
     address: str
 
 
 @dataclass(frozen=True)
 class Node:
+    """A Kubernetes Node, as far as the tunnel reads it."""
+
     name: str
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
@@ -72,6 +76,8 @@ class Node:
 
 @dataclass(frozen=True)
 class Endpoint:
+    """A gateway endpoint: the node that serves it and how."""
+
     node_name: str
     type: str
     port: int = 0
@@ -84,6 +90,8 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class ProxyConfig:
+    """A gateway's proxy settings (``spec.proxyConfig``)."""
+
     replicas: int = 1
     proxy_http_port: str = ""
     proxy_https_port: str = ""
@@ -99,11 +107,15 @@ class ProxyConfig:
 
 @dataclass(frozen=True)
 class TunnelConfig:
+    """A gateway's tunnel settings (``spec.tunnelConfig``)."""
+
     replicas: int = 1
 
 
 @dataclass(frozen=True)
 class NodeInfo:
+    """A node behind a gateway, with its private address and subnets."""
+
     node_name: str
     private_ip: str
     subnets: tuple[str, ...] = ()
@@ -111,6 +123,8 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class Gateway:
+    """A Raven Gateway, as far as the tunnel reads it."""
+
     name: str
     node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     proxy_config: ProxyConfig = field(default_factory=ProxyConfig)
@@ -134,6 +148,8 @@ class Gateway:
 
 @dataclass(frozen=True)
 class Pod:
+    """A Pod, as far as the tunnel reads it (where it runs, its address)."""
+
     namespace: str
     name: str
     node_name: str = ""

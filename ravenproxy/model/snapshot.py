@@ -19,6 +19,8 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 @dataclass(frozen=True)
 class Model:
+    """The cluster objects the tunnel routes by, at one moment."""
+
     nodes: Mapping[str, Node] = field(default_factory=lambda: MappingProxyType({}))
     gateways: Mapping[str, Gateway] = field(default_factory=lambda: MappingProxyType({}))
     pods: Mapping[tuple[str, str], Pod] = field(default_factory=lambda: MappingProxyType({}))

@@ -23,6 +23,8 @@ class DialError(WireError):
 
 @dataclass(frozen=True)
 class Dialed:
+    """A target dialled: its socket's two halves and the address reached."""
+
     reader: SocketReader
     writer: SocketWriter
     address: str

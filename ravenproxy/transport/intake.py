@@ -14,7 +14,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from websockets.asyncio.connection import Connection as WebSocket
 from websockets.protocol import State as WsState
 
 from ravenproxy.log import kv
@@ -24,6 +23,17 @@ from ravenproxy.wire import events as ev
 from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import ControlFloodError, ProtocolError
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from websockets.asyncio.connection import Connection as WsConnection
+
+    from ravenproxy.transport.ws_client import TunnelClientConnection
+
+    WebSocket: TypeAlias = WsConnection | TunnelClientConnection
+    """A session's WebSocket: ``websockets``' (the server side's, with our reader or not) or
+    the agent's own (no ``websockets.asyncio`` in an agent: issue 15)."""
 
 log = logging.getLogger("ravenproxy.transport.session")  # the session's lines, as before
 

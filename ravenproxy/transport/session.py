@@ -20,9 +20,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from websockets.asyncio.connection import Connection as WebSocket
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
 
@@ -38,6 +37,9 @@ from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import ControlFloodError, ProtocolError, WireError
 from ravenproxy.wire.frames import Target
+
+if TYPE_CHECKING:
+    from ravenproxy.transport.intake import WebSocket
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ def _flag(flag: str, help: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class SessionConfig:
+    """A tunnel session's settings, the same on both ends."""
+
     # The metadata declares the flags (ravenproxy.flags) of the commands that lend these.
     wire: WireConfig = field(default_factory=WireConfig)
     ping_interval: float = field(

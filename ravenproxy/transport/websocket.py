@@ -8,6 +8,9 @@ the subclass stays the transport's one protocol from the first byte to the last:
 ``set_protocol`` swap, nothing ``websockets`` is waiting on ever goes missing (its
 ``connection_lost``, flow control and close timers are inherited as they are). The subclass is
 also a :class:`asyncio.BufferedProtocol`, so TLS decrypts straight into one reusable buffer.
+The server side mixes it into ``websockets``' asyncio ``ServerConnection``; the agent's side
+into a smaller connection of its own on ``websockets``' sans-I/O client protocol
+(:mod:`ravenproxy.transport.ws_client`), which does the same I/O around that protocol.
 
 What goes where, by byte position (so ``websockets``' parser is always at a frame boundary
 when it gets bytes):
@@ -50,7 +53,6 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from websockets.asyncio.connection import Connection
 from websockets.datastructures import Headers
 from websockets.protocol import Side, State
 
@@ -112,14 +114,30 @@ class _Mode(enum.Enum):
 
 
 if TYPE_CHECKING:
-    _Base = Connection
+    from typing import Any
+
+    from websockets.http11 import Request, Response
+
+    class _Base(asyncio.Protocol):
+        """What the reader uses of the connection class it is mixed into."""
+
+        protocol: Any  # a websockets.protocol.Protocol: the server's or the client's
+        transport: asyncio.Transport
+        request: Request | None
+        response: Response | None
+        max_queue_high: int | None
+
+        def send_data(self) -> None: ...
+
 else:
-    _Base = object  # at run time, websockets' class comes after this one in the bases
+    _Base = object  # at run time, the connection class comes after this one in the bases
 
 
 class TunnelConnectionMixin(_Base):
-    """The reader; mixed into ``websockets``' server and client connection classes, before
-    them (its methods win)."""
+    """The reader; mixed into ``websockets``' server connection class and the agent's own
+    client connection (:class:`~ravenproxy.transport.ws_client.ClientSide`), before them (its
+    methods win). What it hands to "websockets" goes to that class's ``data_received``: its
+    sans-I/O protocol parses it there."""
 
     def _init_reader(self) -> None:
         # Adaptive, as asyncio's own reads are: the read offered doubles while reads fill it
@@ -439,7 +457,7 @@ class TunnelConnectionMixin(_Base):
         self._fed = end
 
     def _websockets_receive(self, data: bytes) -> None:
-        Connection.data_received(self, data)
+        super().data_received(data)  # the connection class's: its sans-I/O protocol
 
     def _make_room(self, wanted: int = 0) -> bytearray:
         """Move the unparsed bytes to the front; a bigger buffer when they and ``wanted`` (the

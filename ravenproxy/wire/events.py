@@ -10,6 +10,8 @@ from ravenproxy.wire.frames import Target
 
 @dataclass(frozen=True, slots=True)
 class SettingsReceived:
+    """The peer's SETTINGS arrived."""
+
     values: dict[str, int]
     server_id: str | None = None
     """The peer's SERVER_ID text setting, if it sent one."""
@@ -25,11 +27,15 @@ class StreamOpenRequested:
 
 @dataclass(frozen=True, slots=True)
 class StreamAccepted:
+    """The peer accepted a stream we opened."""
+
     stream_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class StreamRejected:
+    """The peer refused a stream we opened."""
+
     stream_id: int
     code: ErrorCode
     message: str
@@ -53,6 +59,8 @@ class StreamEnded:
 
 @dataclass(frozen=True, slots=True)
 class StreamReset:
+    """The peer reset a stream."""
+
     stream_id: int
     code: ErrorCode
     message: str
@@ -67,11 +75,15 @@ class WindowUpdated:
 
 @dataclass(frozen=True, slots=True)
 class PingAcked:
+    """The peer answered our PING, ``rtt`` seconds after it was sent."""
+
     rtt: float
 
 
 @dataclass(frozen=True, slots=True)
 class GoAwayReceived:
+    """The peer is draining: it takes no stream after ``last_stream_id``."""
+
     last_stream_id: int
     code: ErrorCode
     reason: str

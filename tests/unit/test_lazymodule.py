@@ -72,6 +72,33 @@ def test_import_runs_nothing_and_the_first_read_runs_the_code_once(package: Pack
     assert package.ran() == ["tools"]
 
 
+def test_stand_ins_are_read_without_a_load_and_replaced_by_the_load(package: Package) -> None:
+    name = package.module("real", "def twice(x):\n    return 2 * x\nOTHER = 1\n")
+    calls: list[int] = []
+
+    def twice(x: int) -> int:  # answers as the real one, without it
+        calls.append(x)
+        return 2 * x
+
+    lazymodule.defer(name, {"twice": twice})
+    module = importlib.import_module(name)
+    held = module.twice  # what a library reads at its import
+    assert held(2) == 4 and calls == [2]
+    assert package.ran() == [] and type(module) is lazymodule.LazyModule
+    assert module.OTHER == 1  # any other name: the code runs, its own function replaces ours
+    assert package.ran() == ["real"] and module.twice is not twice
+    assert module.twice(3) == 6 and calls == [2]
+    assert lazymodule.load(module) is module and package.ran() == ["real"]  # loaded once
+
+
+def test_load_runs_a_deferred_module_for_a_stand_in_that_needs_it(package: Package) -> None:
+    name = package.module("needed", "VALUE = 7\n")
+    lazymodule.defer(name, {"value": lambda: lazymodule.load(sys.modules[name]).VALUE})
+    module = importlib.import_module(name)
+    assert package.ran() == []
+    assert module.value() == 7 and package.ran() == ["needed"]
+
+
 def test_a_name_the_module_lacks_raises_attribute_error_after_the_load(package: Package) -> None:
     name = package.module("plain", "X = 1\n")
     lazymodule.defer(name)

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from ravenproxy.transport import ws_client
 from ravenproxy.transport.flag import Flag
 from ravenproxy.transport.session import (
     OpenError,
@@ -41,7 +42,7 @@ class Pair:
     cloud: Session
     edge: Session
     cloud_ws: ServerConnection
-    edge_ws: ClientConnection
+    edge_ws: TunnelClientConnection
     cloud_run: asyncio.Future[None]
     edge_run: asyncio.Task[None]
 
@@ -87,16 +88,11 @@ async def tunnel(
         ssl=tls[0] if tls else None,
     )
     edge_run: asyncio.Task[None] | None = None
-    edge_ws: ClientConnection | None = None
+    edge_ws: TunnelClientConnection | None = None
     try:
         port = server.sockets[0].getsockname()[1]
-        edge_ws = await connect(
-            f"{'wss' if tls else 'ws'}://127.0.0.1:{port}",
-            compression=None,
-            ping_interval=None,
-            create_connection=TunnelClientConnection,
-            ssl=tls[1] if tls else None,
-            server_hostname="127.0.0.1" if tls else None,
+        edge_ws = await ws_client.connect(
+            f"{'wss' if tls else 'ws'}://127.0.0.1:{port}", ssl=tls[1] if tls else None
         )
         edge = Session(edge_ws, server_side=False, config=edge_config, on_open=on_open, name="edge")
         edge_run = asyncio.create_task(edge.run(), name="test-edge-session")

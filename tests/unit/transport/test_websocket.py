@@ -17,6 +17,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
 from ravenproxy.pki import init_pki
+from ravenproxy.transport import ws_client
 from ravenproxy.transport.tls import client_context, server_context
 from ravenproxy.transport.websocket import TunnelConnectionMixin
 from ravenproxy.transport.ws_client import TunnelClientConnection
@@ -53,7 +54,7 @@ async def pair(
     pki: Path | None = None,
     ours_server: bool = True,
     ours_client: bool = True,
-) -> AsyncIterator[ClientConnection]:
+) -> AsyncIterator[ClientConnection | TunnelClientConnection]:
     srv_ctx, cli_ctx = contexts(pki)
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -70,20 +71,25 @@ async def pair(
     ) as server:
         port = server.sockets[0].getsockname()[1]
         scheme = "wss" if pki else "ws"
-        client_class = TunnelClientConnection if ours_client else None
-        async with connect(
-            f"{scheme}://127.0.0.1:{port}",
-            ssl=cli_ctx,
-            server_hostname="127.0.0.1" if pki else None,
-            create_connection=client_class,
-            proxy=None,
-            **OPTIONS,
-        ) as client:
-            yield client
+        uri = f"{scheme}://127.0.0.1:{port}"
+        if ours_client:  # the agent's connection (ravenproxy.transport.ws_client)
+            async with await ws_client.connect(uri, ssl=cli_ctx, **OPTIONS) as ours:
+                yield ours
+        else:
+            async with connect(
+                uri,
+                ssl=cli_ctx,
+                server_hostname="127.0.0.1" if pki else None,
+                proxy=None,
+                **OPTIONS,
+            ) as client:
+                yield client
         await asyncio.wait_for(done, WAIT)
 
 
-async def receive(ws: ServerConnection | ClientConnection, n: int) -> list[bytes | str]:
+async def receive(
+    ws: ServerConnection | ClientConnection | TunnelClientConnection, n: int
+) -> list[bytes | str]:
     """``n`` messages, through our reader while it has them, then websockets."""
     got: list[bytes | str] = []
     if isinstance(ws, TunnelConnectionMixin):
