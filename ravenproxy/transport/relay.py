@@ -205,6 +205,8 @@ class _Sweep:
 
 @dataclass(slots=True)
 class RelayResult:
+    """What a relay moved, each way, and how it ended."""
+
     bytes_up: int = 0
     """Socket → upstream."""
     bytes_down: int = 0

@@ -54,12 +54,16 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """SETTINGS: the sender's limits, as (id, value) pairs."""
+
     stream_id = 0
     values: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Open:
+    """OPEN: a new stream to ``target``, with the receive window the opener grants."""
+
     stream_id: int
     window: int
     target: Target
@@ -67,6 +71,8 @@ class Open:
 
 @dataclass(frozen=True, slots=True)
 class OpenResult:
+    """OPEN_RESULT: the answer to an OPEN (``code`` OK, or why not)."""
+
     stream_id: int
     code: ErrorCode
     window: int
@@ -75,6 +81,8 @@ class OpenResult:
 
 @dataclass(frozen=True, slots=True)
 class Data:
+    """DATA: bytes of one stream; ``fin``: the sender's last."""
+
     stream_id: int
     data: bytes | memoryview
     """Received: a view into the message it came in when it is a large part of it (parsed in
@@ -85,12 +93,16 @@ class Data:
 
 @dataclass(frozen=True, slots=True)
 class WindowUpdate:
+    """WINDOW_UPDATE: more credit to send, on one stream or (stream 0) the connection."""
+
     stream_id: int
     increment: int
 
 
 @dataclass(frozen=True, slots=True)
 class Reset:
+    """RESET: a stream ended abnormally, with its code."""
+
     stream_id: int
     code: ErrorCode
     message: str = ""
@@ -98,6 +110,8 @@ class Reset:
 
 @dataclass(frozen=True, slots=True)
 class Ping:
+    """PING, or its acknowledgement (``ack``) with the same payload."""
+
     payload: bytes
     ack: bool = False
     stream_id = 0
@@ -105,6 +119,8 @@ class Ping:
 
 @dataclass(frozen=True, slots=True)
 class GoAway:
+    """GOAWAY: the sender drains; streams after ``last_stream_id`` were not taken."""
+
     last_stream_id: int
     code: ErrorCode
     reason: str = ""

@@ -17,6 +17,7 @@ import pytest
 from ravenproxy.pki import init_pki
 from ravenproxy.pki.authority import generate_ca
 from tests.helpers import free_port, spawn_python, stop
+from tests.integration.cluster import Cluster
 from tests.integration.kube.apiserver import APIServer
 from tests.integration.kube.test_cert_requester import Signer, publish_bundle, running
 
@@ -42,6 +43,16 @@ HEAVY = {
     "without it ravenproxy.metrics.AgentMetrics keeps none)",
     "websockets.asyncio.client": "websockets' asyncio client (the agent dials with "
     "ravenproxy.transport.ws_client.connect, on websockets' sans-I/O client protocol)",
+    "websockets.asyncio": "websockets' asyncio connection (the agent's tunnel connection is "
+    "ravenproxy.transport.ws_client's own, on websockets' sans-I/O client protocol)",
+    "uuid": "websockets.protocol's connection id (the agent's client protocol is made without "
+    "it: ravenproxy.transport.ws_client.client_protocol)",
+    "platform": "uuid's",
+    "inspect": "asyncio's and uvloop's few reads of it (stand-ins: ravenproxy.agent.deferred), "
+    "and dataclasses' generated docstring for a class without one (give the agent's dataclasses "
+    "a docstring)",
+    "ast": "inspect's",
+    "dis": "inspect's",
     "websockets.asyncio.server": "websockets' server side (the tunnel listener's connection "
     "class lives with the listener, ravenproxy.transport.ws_server)",
     "ravenproxy.transport.ws_server": "the tunnel listener",
@@ -108,11 +119,17 @@ sys.exit(cli.main(argv))
 
 
 def loaded_modules(
-    tmp_path: Path, *extra: str, cert_dir: Path | None = None, filled: bool = True
+    tmp_path: Path,
+    *extra: str,
+    cert_dir: Path | None = None,
+    filled: bool = True,
+    server: str | None = None,
 ) -> set[str]:
     """The modules of an agent run with ``extra`` flags; its certificate files, or ``cert_dir``
     (--cert-dir, holding a usable set: the agent starts with it, as after a restart; empty
-    unless ``filled``: the agent requests one first)."""
+    unless ``filled``: the agent requests one first). Without ``server`` (a --server-addr)
+    nothing listens where it dials: the modules once its first dial failed; with it, once its
+    tunnel is up."""
     certs = tmp_path / "certs"
     if not certs.exists():
         init_pki(certs, ("localhost",), ("edge-1",))
@@ -129,11 +146,12 @@ def loaded_modules(
         files = ["--cert-dir", str(cert_dir)]
     out = tmp_path / f"modules{len(extra)}.txt"
     log = tmp_path / f"agent{len(extra)}.log"
+    message = "tunnel up" if server else "cannot reach the server, retrying"
     args = [
-        "-c", PROBE, str(out), "ravenproxy.agent", "cannot reach the server, retrying",
+        "-c", PROBE, str(out), "ravenproxy.agent", message,
         "agent",
         "--node-name", "edge-1",
-        "--server-addr", f"wss://127.0.0.1:{free_port()}",  # nothing listens: the dial fails
+        "--server-addr", server or f"wss://127.0.0.1:{free_port()}",
         *files,
         "--allow", "127.0.0.1:1",
         *extra,
@@ -158,6 +176,21 @@ def test_default_flags_load_no_optional_capability(tmp_path: Path) -> None:
     assert "ravenproxy.agent.app" in modules and "websockets" in modules
     loaded = {name: why for name, why in HEAVY.items() if present(modules, name)}
     assert not loaded, f"an agent with default flags loaded {loaded}"
+
+
+def test_agent_with_its_tunnel_up_loads_no_optional_capability(tmp_path: Path) -> None:
+    """Connected to a real server (TLS, the opening handshake, the session's SETTINGS): the
+    tunnel's connection is ravenproxy.transport.ws_client's own, so neither websockets' asyncio
+    modules nor uuid (websockets.protocol's connection id) and platform are loaded."""
+    cluster = Cluster(tmp_path)  # its PKI is the one loaded_modules uses (tmp_path / "certs")
+    try:
+        server = cluster.start_server()
+        modules = loaded_modules(tmp_path, server=f"wss://127.0.0.1:{server.ports['tunnel']}")
+    finally:
+        cluster.stop_all()
+    assert "ravenproxy.transport.ws_client" in modules and "ravenproxy.transport.session" in modules
+    loaded = {name: why for name, why in HEAVY.items() if present(modules, name)}
+    assert not loaded, f"an agent with its tunnel up loaded {loaded}"
 
 
 def test_metrics_flag_loads_the_http_server(tmp_path: Path) -> None:
