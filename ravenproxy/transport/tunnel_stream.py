@@ -215,13 +215,10 @@ class TunnelStream:
             return 0
         session = self.session
         conn = session.conn
-        room = session.config.wire.max_message_size - conn.pending_bytes
-        n = min(len(data), conn.send_window(self.id), room)
-        if n <= 0:
-            return 0
-        conn.send_data(self.id, data if n == len(data) else memoryview(data)[:n])
-        self.bytes_out += n
-        session._flush()
+        n = conn.send_upto(self.id, data, session.config.wire.max_message_size - conn.pending_bytes)
+        if n:
+            self.bytes_out += n
+            session._flush()
         return n
 
     async def write(self, data: bytes | memoryview) -> None:

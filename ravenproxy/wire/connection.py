@@ -213,6 +213,26 @@ class Connection:
         if fin:
             self._transition(stream, Input.SEND_FIN)
 
+    def send_upto(self, stream_id: int, data: bytes | memoryview, limit: int) -> int:
+        """:meth:`send_data` of as much of ``data`` as the windows (:meth:`send_window`) and
+        ``limit`` allow; returns how much (0: nothing, also on a stream that cannot send). One
+        call where a small write made two, each looking the stream up and checking it."""
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.can_send:
+            return 0
+        n = min(len(data), stream.send.available, self._conn_send.available, limit)
+        if n <= 0:
+            return 0
+        step = min(self.peer_max_frame_size, self.config.max_message_size - 12)
+        if n == len(data) and n <= step and type(data) is bytes:
+            # send_data's one-frame case (the checks above are its own).
+            stream.send.consume(n)
+            self._conn_send.consume(n)
+            self._out.data(encode_data_header(stream_id, n, False), data)
+            return n
+        self.send_data(stream_id, data if n == len(data) else memoryview(data)[:n])
+        return n
+
     def end_stream(self, stream_id: int) -> None:
         """Half-close: we send no more data (the peer may still)."""
         self.send_data(stream_id, b"", fin=True)

@@ -892,3 +892,45 @@ def test_fake_clock() -> None:
     clock = FakeClock(5.0)
     clock.advance(1.5)
     assert clock() == 6.5
+
+
+# -- send_upto (a small write in one call) ------------------------------------------------------
+
+
+def test_send_upto_queues_what_send_data_would() -> None:
+    upto, data = Pair(), Pair()
+    a, b = upto.open(upto.server), data.open(data.server)
+    assert upto.server.send_upto(a, b"GET / HTTP/1.1\r\n\r\n", 1 << 20) == 18
+    data.server.send_data(b, b"GET / HTTP/1.1\r\n\r\n")
+    assert upto.server.data_to_send() == data.server.data_to_send()
+    assert upto.server.send_window(a) == data.server.send_window(b) == 256 * KIB - 18
+    assert upto.transfer(upto.server) == []  # already taken above
+    assert upto.server.send_upto(a, memoryview(bytearray(b"view")), 1 << 20) == 4
+    assert upto.transfer(upto.server) == [ev.DataReceived(a, b"view")]
+
+
+def test_send_upto_stops_at_the_windows_and_the_limit() -> None:
+    small = WireConfig(
+        initial_stream_window=64 * KIB, max_stream_window=64 * KIB, connection_window=128 * KIB
+    )
+    pair = Pair(server_config=small, agent_config=small)
+    sid = pair.open(pair.server)
+    assert pair.server.send_upto(sid, b"x" * 10, 4) == 4  # the limit
+    assert pair.server.send_upto(sid, bytes(100 * KIB), 1 << 30) == 64 * KIB - 4  # the window
+    assert pair.server.send_upto(sid, b"more", 1 << 30) == 0  # no credit left
+    assert pair.server.send_upto(sid, b"more", 0) == 0
+    _, events = pair.pump()  # what the agent received
+    received = b"".join(bytes(e.data) for e in events if isinstance(e, ev.DataReceived))
+    assert received == b"xxxx" + bytes(64 * KIB - 4)
+
+
+def test_send_upto_on_a_stream_that_cannot_send_is_zero() -> None:
+    pair = Pair()
+    assert pair.server.send_upto(999, b"x", 1 << 20) == 0  # never opened
+    sid = pair.server.open_stream(TARGET)
+    assert pair.server.send_upto(sid, b"x", 1 << 20) == 0  # not accepted yet
+    pair.transfer(pair.server)
+    pair.agent.accept_stream(sid)
+    pair.transfer(pair.agent)
+    pair.server.end_stream(sid)
+    assert pair.server.send_upto(sid, b"x", 1 << 20) == 0  # half-closed by us
