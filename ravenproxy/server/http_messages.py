@@ -23,6 +23,10 @@ from ravenproxy.server.router import Route
 
 Headers = list[tuple[str, str]]
 
+REPLAY_MAX = 8 * 1024
+"""A request this long at most is kept to be recognised when it comes again (a connection
+holds it while idle)."""
+
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
 
@@ -116,7 +120,12 @@ class Parsed:
             if not isinstance(exc.__context__, _Stop):
                 events.append((ERROR, str(exc) or type(exc).__name__))
             return None
-        if fresh and len(events) == 2 and isinstance(self.parser, HttpRequestParser):
+        if (
+            fresh
+            and len(events) == 2
+            and len(data) <= REPLAY_MAX
+            and isinstance(self.parser, HttpRequestParser)
+        ):
             self._remember(data)
         return None
 

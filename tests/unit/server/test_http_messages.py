@@ -4,7 +4,7 @@ make exactly that again."""
 
 from __future__ import annotations
 
-from ravenproxy.server.http_messages import DATA, END, ERROR, HEAD, Head, Parsed
+from ravenproxy.server.http_messages import DATA, END, ERROR, HEAD, REPLAY_MAX, Head, Parsed
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: prom\r\n\r\n"
 
@@ -94,6 +94,14 @@ def test_an_http_1_0_request_without_keep_alive_is_not_remembered() -> None:
     old = b"GET / HTTP/1.0\r\nHost: edge-1:9100\r\n\r\n"
     assert [e[0] for e in take_after(parsed, old)] == [HEAD, END]
     assert [e[0] for e in take_after(parsed, old)] == [ERROR]  # llhttp: closed after it
+
+
+def test_a_long_request_is_not_kept() -> None:
+    parsed = Counted()
+    long = GET.replace(b"User-Agent: prom", b"User-Agent: " + b"p" * REPLAY_MAX)
+    for _ in range(2):
+        assert [e[0] for e in take_after(parsed, long)] == [HEAD, END]
+    assert parsed.begun == 2
 
 
 def test_responses_are_always_parsed() -> None:
