@@ -247,23 +247,27 @@ class Connection:
         # a stream the peer has never heard of.
         self._out.ordered(encode(Reset(stream_id, code, _clip(message))))
 
-    def consumed(self, stream_id: int, n: int) -> None:
-        """The application wrote or dropped ``n`` received bytes: return their credit."""
+    def consumed(self, stream_id: int, n: int) -> bool:
+        """The application wrote or dropped ``n`` received bytes: return their credit. Returns
+        whether that queued a WINDOW_UPDATE (mostly not: credit goes back by half windows)."""
         if n <= 0:
-            return
+            return False
         now = self._clock()
         inc = self._conn_recv.consume_shared(n)
+        queued = bool(inc)
         if inc:
             self._emit(WindowUpdate(0, inc))
         stream = self.streams.get(stream_id)
         if stream is None or stream.state not in (State.OPEN, State.HALF_CLOSED_LOCAL):
-            return  # the peer sends no more on it: stream credit would be wasted
+            return queued  # the peer sends no more on it: stream credit would be wasted
         # A window only grows while the connection budget is mostly free, so a few fast
         # streams cannot claim the budget that stalled ones are holding.
         may_grow = self._conn_recv.buffered < self.config.connection_window // 2
         inc = stream.recv.consume(n, now, self.rtt, may_grow=may_grow)
         if inc:
             self._emit(WindowUpdate(stream_id, inc))
+            return True
+        return queued
 
     def ping(self) -> None:
         payload = os.urandom(8)

@@ -424,9 +424,26 @@ def test_local_errors() -> None:
 
 def test_consumed_is_harmless_for_nothing_or_unknown_streams() -> None:
     pair = Pair()
-    pair.server.consumed(1, 0)
-    pair.server.consumed(1, -5)
+    assert not pair.server.consumed(1, 0)
+    assert not pair.server.consumed(1, -5)
     assert pair.server.pending_bytes == 0
+
+
+def test_consumed_says_whether_it_queued_credit() -> None:
+    # The session flushes after consumed() only when it says so: it must say so every time.
+    pair = Pair()
+    sid = pair.open(pair.server)
+    pair.agent.send_data(sid, bytes(200 * KIB))
+    pair.transfer(pair.agent)
+    assert not pair.server.consumed(sid, 10)  # a small read: no WINDOW_UPDATE yet
+    assert pair.server.pending_bytes == 0
+    reads = 0
+    while not pair.server.consumed(sid, 8 * KIB):
+        reads += 1
+        assert pair.server.pending_bytes == 0
+    assert 0 < reads < 200 // 8  # credit went back before the data was all read
+    assert pair.server.pending_bytes > 0
+    assert all(isinstance(f, WindowUpdate) for f in frames_of(pair.server.data_to_send()))
 
 
 # -- limits -----------------------------------------------------------------------------------
