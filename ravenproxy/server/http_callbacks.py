@@ -125,7 +125,7 @@ class CallbackPath:
         if isinstance(upstream, TunnelByteStream):
             self._hooked = upstream.stream
             upstream.stream.on_readable(self._on_upstream)
-        sock.on_data(self._on_client)
+        sock.on_data(self._advance)
         try:
             try:
                 async with watch:
@@ -172,33 +172,32 @@ class CallbackPath:
             done.set_result(rest)
 
     # -- callbacks ------------------------------------------------------------------------------
-    def _on_client(self) -> None:
-        if self._exit is not None and not self._exit.done():
-            self._advance()
-
     def _on_upstream(self) -> None:
         # Bytes (or the end) of an idle kept stream wait for the next request, as in the task.
-        if self._exit is not None and not self._exit.done() and self.ex.phase == "forwarding":
+        if self.ex.phase == "forwarding":
             self._advance()
 
     def _advance(self) -> None:
-        """Move the exchange on as far as it goes without waiting. Runs in a callback (the
-        socket's, the session reader's): nothing may escape; what fails goes to the task."""
-        if self._busy:  # called back from inside: the loop below sees what changed
+        """Move the exchange on as far as it goes without waiting: the client socket's callback
+        (and the stream's, above). Runs in a callback (the socket's, the session reader's):
+        nothing may escape; what fails goes to the task."""
+        done = self._exit
+        if done is None or done.done() or self._busy:
+            # Out of callback mode, or called back from inside (the loop below sees what
+            # changed).
             return
         self._busy = True
         try:
-            self._steps()
+            self._steps(done)
         except Exception as exc:
-            done = self._exit
-            if done is not None and not done.done():
+            if not done.done():
                 done.set_exception(exc)
         finally:
             self._busy = False
 
-    def _steps(self) -> None:
-        ex, sock, done, watch = self.ex, self.reader, self._exit, self._calls
-        assert isinstance(sock, SocketStream) and done is not None and watch is not None
+    def _steps(self, done: asyncio.Future[list[Action]]) -> None:
+        ex, sock, watch = self.ex, self.reader, self._calls
+        assert isinstance(sock, SocketStream) and watch is not None
         while not done.done():
             phase = ex.phase
             if phase == "head":
@@ -246,22 +245,23 @@ class CallbackPath:
         while done < len(queue):
             action = queue[done]
             done += 1
-            if isinstance(action, WriteClient):
+            # By exact type (no action class is subclassed): a comparison each, not a call.
+            if type(action) is WriteClient:
                 self.writer.write(action.data)
-            elif isinstance(action, WriteUpstream):
+            elif type(action) is WriteUpstream:
                 stream, data = self._hooked, action.data
                 sent = stream.try_write(data) if stream is not None else 0
                 if sent < len(data):
                     rest = WriteUpstream(data[sent:]) if sent else action
                     return self._leave([rest, *queue[done:]])
-            elif isinstance(action, Count):
+            elif type(action) is Count:
                 self.proxy.count(action.status)
-            elif isinstance(action, RouteRequest) and self.proxy.egress is None:
+            elif type(action) is RouteRequest and self.proxy.egress is None:
                 queue.extend(self._route_again(action))
-            elif isinstance(action, CloseUpstream):
+            elif type(action) is CloseUpstream:
                 self._unhook()
                 self._close_upstream()
-            elif isinstance(action, Looped):
+            elif type(action) is Looped:
                 self.ctx.metrics.loops.labels(kind="via").inc()
             else:
                 return self._leave(queue[done - 1 :])

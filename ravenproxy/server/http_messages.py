@@ -23,6 +23,10 @@ from ravenproxy.server.router import Route
 
 Headers = list[tuple[str, str]]
 
+REPLAY_MAX = 8 * 1024
+"""A request this long at most is kept to be recognised when it comes again (a connection
+holds it while idle)."""
+
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
 
@@ -53,6 +57,7 @@ class Parsed:
     ``(EOF, None)``."""
 
     __slots__ = (
+        "_again",
         "_fields",
         "_last",
         "_start",
@@ -87,10 +92,24 @@ class Parsed:
         """The last head as parsed (start, fields, method or status, version) and its
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
         same answer) is the same object, and what was derived from it can be reused."""
+        self._again: tuple[bytes, Head] | None = None
+        """The last bytes fed, when they were one whole request, bodiless and kept alive, and
+        its head: the same bytes again are that request again (:meth:`feed`)."""
 
     def feed(self, data: bytes) -> bytes | None:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
         ended the HTTP part of the connection. An error is queued after what came before it."""
+        events, again = self.events, self._again
+        if again is not None and not self.in_head and not self.in_body and data == again[0]:
+            # A keep-alive client sending the same request again (a scrape, a probe): the
+            # parser is where that request left it, so it would make the same two events.
+            events.append((HEAD, again[1]))
+            events.append((END, []))
+            self.fed = 0
+            return None
+        # The parser leaves that state: what it held is remembered anew (or not at all).
+        self._again = None
+        fresh = not events and not self.in_head and not self.in_body
         if not self.in_body:
             self.fed += len(data)
         try:
@@ -99,8 +118,33 @@ class Parsed:
             return data[exc.args[0] :]
         except HttpParserError as exc:
             if not isinstance(exc.__context__, _Stop):
-                self.events.append((ERROR, str(exc) or type(exc).__name__))
+                events.append((ERROR, str(exc) or type(exc).__name__))
+            return None
+        if (
+            fresh
+            and len(events) == 2
+            and len(data) <= REPLAY_MAX
+            and isinstance(self.parser, HttpRequestParser)
+        ):
+            self._remember(data)
         return None
+
+    def _remember(self, data: bytes) -> None:
+        """Keep ``data`` for :meth:`feed` when it was one whole request that leaves the parser
+        as it found it: kept alive, no body, no upgrade, nothing of a next message."""
+        (kind, head), (end, trailers) = self.events
+        if kind != HEAD or end != END or trailers or self.in_head or self.in_body:
+            return
+        assert isinstance(head, Head)
+        lower = head.lower
+        if (
+            head.start != "CONNECT"
+            and keeps_alive(head)  # after a "close" llhttp takes no more
+            and "upgrade" not in lower
+            and "content-length" not in lower
+            and "transfer-encoding" not in lower
+        ):
+            self._again = (bytes(data), head)
 
     # -- llhttp's callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:

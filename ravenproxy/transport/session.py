@@ -253,8 +253,9 @@ class Session(Intake):
                 self.on_stream_closed(stream)
 
     def _consumed(self, sid: int, n: int) -> None:
-        if not self.conn.closed:
-            self.conn.consumed(sid, n)
+        # Flushed only when credit went back: whatever else is queued was flushed by who
+        # queued it (a chunk a request read, on both ends).
+        if not self.conn.closed and self.conn.consumed(sid, n):
             self._flush()
 
     def _wait_window(self, stream: TunnelStream) -> None:

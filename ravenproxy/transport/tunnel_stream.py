@@ -120,7 +120,13 @@ class TunnelStream:
         if self._chunks is None:
             self._chunks = collections.deque()
         self._chunks.append(data)
-        self._wake_readers()
+        # _wake_readers, written out: a chunk a request, on both ends, in the read callback.
+        waiters = self._read_waiters
+        if waiters is not None:
+            self._read_waiters = None
+            _wake(waiters)
+        if self._on_readable is not None:
+            self._on_readable()
 
     def _feed_eof(self) -> None:
         self._eof = True
@@ -142,13 +148,15 @@ class TunnelStream:
 
     def _wake_readers(self) -> None:
         waiters, self._read_waiters = self._read_waiters, None
-        _wake(waiters)
+        if waiters:
+            _wake(waiters)
         if self._on_readable is not None:
             self._on_readable()
 
     def _wake_writer(self) -> None:
         waiters, self._write_waiters = self._write_waiters, None
-        _wake(waiters)
+        if waiters:
+            _wake(waiters)
 
     # -- public ----------------------------------------------------------------------------
     @property
@@ -207,13 +215,10 @@ class TunnelStream:
             return 0
         session = self.session
         conn = session.conn
-        room = session.config.wire.max_message_size - conn.pending_bytes
-        n = min(len(data), conn.send_window(self.id), room)
-        if n <= 0:
-            return 0
-        conn.send_data(self.id, data if n == len(data) else memoryview(data)[:n])
-        self.bytes_out += n
-        session._flush()
+        n = conn.send_upto(self.id, data, session.config.wire.max_message_size - conn.pending_bytes)
+        if n:
+            self.bytes_out += n
+            session._flush()
         return n
 
     async def write(self, data: bytes | memoryview) -> None:

@@ -213,6 +213,26 @@ class Connection:
         if fin:
             self._transition(stream, Input.SEND_FIN)
 
+    def send_upto(self, stream_id: int, data: bytes | memoryview, limit: int) -> int:
+        """:meth:`send_data` of as much of ``data`` as the windows (:meth:`send_window`) and
+        ``limit`` allow; returns how much (0: nothing, also on a stream that cannot send). One
+        call where a small write made two, each looking the stream up and checking it."""
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.can_send:
+            return 0
+        n = min(len(data), stream.send.available, self._conn_send.available, limit)
+        if n <= 0:
+            return 0
+        step = min(self.peer_max_frame_size, self.config.max_message_size - 12)
+        if n == len(data) and n <= step and type(data) is bytes:
+            # send_data's one-frame case (the checks above are its own).
+            stream.send.consume(n)
+            self._conn_send.consume(n)
+            self._out.data(encode_data_header(stream_id, n, False), data)
+            return n
+        self.send_data(stream_id, data if n == len(data) else memoryview(data)[:n])
+        return n
+
     def end_stream(self, stream_id: int) -> None:
         """Half-close: we send no more data (the peer may still)."""
         self.send_data(stream_id, b"", fin=True)
@@ -227,23 +247,27 @@ class Connection:
         # a stream the peer has never heard of.
         self._out.ordered(encode(Reset(stream_id, code, _clip(message))))
 
-    def consumed(self, stream_id: int, n: int) -> None:
-        """The application wrote or dropped ``n`` received bytes: return their credit."""
+    def consumed(self, stream_id: int, n: int) -> bool:
+        """The application wrote or dropped ``n`` received bytes: return their credit. Returns
+        whether that queued a WINDOW_UPDATE (mostly not: credit goes back by half windows)."""
         if n <= 0:
-            return
+            return False
         now = self._clock()
         inc = self._conn_recv.consume_shared(n)
+        queued = bool(inc)
         if inc:
             self._emit(WindowUpdate(0, inc))
         stream = self.streams.get(stream_id)
         if stream is None or stream.state not in (State.OPEN, State.HALF_CLOSED_LOCAL):
-            return  # the peer sends no more on it: stream credit would be wasted
+            return queued  # the peer sends no more on it: stream credit would be wasted
         # A window only grows while the connection budget is mostly free, so a few fast
         # streams cannot claim the budget that stalled ones are holding.
         may_grow = self._conn_recv.buffered < self.config.connection_window // 2
         inc = stream.recv.consume(n, now, self.rtt, may_grow=may_grow)
         if inc:
             self._emit(WindowUpdate(stream_id, inc))
+            return True
+        return queued
 
     def ping(self) -> None:
         payload = os.urandom(8)

@@ -12,6 +12,10 @@ from ravenproxy.wire.windows import RecvWindow, SendWindow
 
 
 class State(enum.Enum):
+    # Members are singletons: identity hashing (C) spares the table lookups, one a frame,
+    # Enum's own __hash__ (Python, of the member's name).
+    __hash__ = object.__hash__
+
     OPENING_LOCAL = "opening-local"
     """We sent OPEN and wait for OPEN_RESULT."""
     OPENING_REMOTE = "opening-remote"
@@ -25,6 +29,8 @@ class State(enum.Enum):
 
 
 class Input(enum.Enum):
+    __hash__ = object.__hash__  # as State's
+
     SEND_ACCEPT = "send-accept"
     SEND_REJECT = "send-reject"
     RECV_ACCEPT = "recv-accept"

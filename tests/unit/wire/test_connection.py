@@ -424,9 +424,26 @@ def test_local_errors() -> None:
 
 def test_consumed_is_harmless_for_nothing_or_unknown_streams() -> None:
     pair = Pair()
-    pair.server.consumed(1, 0)
-    pair.server.consumed(1, -5)
+    assert not pair.server.consumed(1, 0)
+    assert not pair.server.consumed(1, -5)
     assert pair.server.pending_bytes == 0
+
+
+def test_consumed_says_whether_it_queued_credit() -> None:
+    # The session flushes after consumed() only when it says so: it must say so every time.
+    pair = Pair()
+    sid = pair.open(pair.server)
+    pair.agent.send_data(sid, bytes(200 * KIB))
+    pair.transfer(pair.agent)
+    assert not pair.server.consumed(sid, 10)  # a small read: no WINDOW_UPDATE yet
+    assert pair.server.pending_bytes == 0
+    reads = 0
+    while not pair.server.consumed(sid, 8 * KIB):
+        reads += 1
+        assert pair.server.pending_bytes == 0
+    assert 0 < reads < 200 // 8  # credit went back before the data was all read
+    assert pair.server.pending_bytes > 0
+    assert all(isinstance(f, WindowUpdate) for f in frames_of(pair.server.data_to_send()))
 
 
 # -- limits -----------------------------------------------------------------------------------
@@ -892,3 +909,45 @@ def test_fake_clock() -> None:
     clock = FakeClock(5.0)
     clock.advance(1.5)
     assert clock() == 6.5
+
+
+# -- send_upto (a small write in one call) ------------------------------------------------------
+
+
+def test_send_upto_queues_what_send_data_would() -> None:
+    upto, data = Pair(), Pair()
+    a, b = upto.open(upto.server), data.open(data.server)
+    assert upto.server.send_upto(a, b"GET / HTTP/1.1\r\n\r\n", 1 << 20) == 18
+    data.server.send_data(b, b"GET / HTTP/1.1\r\n\r\n")
+    assert upto.server.data_to_send() == data.server.data_to_send()
+    assert upto.server.send_window(a) == data.server.send_window(b) == 256 * KIB - 18
+    assert upto.transfer(upto.server) == []  # already taken above
+    assert upto.server.send_upto(a, memoryview(bytearray(b"view")), 1 << 20) == 4
+    assert upto.transfer(upto.server) == [ev.DataReceived(a, b"view")]
+
+
+def test_send_upto_stops_at_the_windows_and_the_limit() -> None:
+    small = WireConfig(
+        initial_stream_window=64 * KIB, max_stream_window=64 * KIB, connection_window=128 * KIB
+    )
+    pair = Pair(server_config=small, agent_config=small)
+    sid = pair.open(pair.server)
+    assert pair.server.send_upto(sid, b"x" * 10, 4) == 4  # the limit
+    assert pair.server.send_upto(sid, bytes(100 * KIB), 1 << 30) == 64 * KIB - 4  # the window
+    assert pair.server.send_upto(sid, b"more", 1 << 30) == 0  # no credit left
+    assert pair.server.send_upto(sid, b"more", 0) == 0
+    _, events = pair.pump()  # what the agent received
+    received = b"".join(bytes(e.data) for e in events if isinstance(e, ev.DataReceived))
+    assert received == b"xxxx" + bytes(64 * KIB - 4)
+
+
+def test_send_upto_on_a_stream_that_cannot_send_is_zero() -> None:
+    pair = Pair()
+    assert pair.server.send_upto(999, b"x", 1 << 20) == 0  # never opened
+    sid = pair.server.open_stream(TARGET)
+    assert pair.server.send_upto(sid, b"x", 1 << 20) == 0  # not accepted yet
+    pair.transfer(pair.server)
+    pair.agent.accept_stream(sid)
+    pair.transfer(pair.agent)
+    pair.server.end_stream(sid)
+    assert pair.server.send_upto(sid, b"x", 1 << 20) == 0  # half-closed by us

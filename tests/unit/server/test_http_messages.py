@@ -1,0 +1,117 @@
+"""Parsing HTTP/1.1 messages into events (:class:`Parsed`): the same request again on a
+keep-alive connection is answered from what the last parse made, and only where llhttp would
+make exactly that again."""
+
+from __future__ import annotations
+
+from ravenproxy.server.http_messages import DATA, END, ERROR, HEAD, REPLAY_MAX, Head, Parsed
+
+GET = b"GET /metrics HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: prom\r\n\r\n"
+
+
+class Counted(Parsed):
+    """Counts the messages llhttp began to parse (to see whether it ran)."""
+
+    def __init__(self, *, response: bool = False) -> None:
+        self.begun = 0
+        super().__init__(response=response)
+
+    def on_message_begin(self) -> None:
+        self.begun += 1
+        super().on_message_begin()
+
+
+def take(parsed: Parsed) -> list[tuple[int, object]]:
+    events = list(parsed.events)
+    parsed.events.clear()
+    return events
+
+
+def test_the_same_request_again_makes_the_same_events_without_parsing() -> None:
+    parsed = Counted()
+    first = take_after(parsed, GET)
+    assert [kind for kind, _ in first] == [HEAD, END]
+    for _ in range(3):
+        again = take_after(parsed, GET)
+        assert again == first
+        assert again[0][1] is first[0][1]  # the same Head: what was derived from it is reused
+    assert parsed.begun == 1
+    assert parsed.fed == 0 and not parsed.in_head and not parsed.in_body
+
+
+def test_other_bytes_are_parsed_and_then_remembered() -> None:
+    parsed = Counted()
+    take_after(parsed, GET)
+    other = GET.replace(b"/metrics", b"/healthz")
+    events = take_after(parsed, other)
+    head = events[0][1]
+    assert isinstance(head, Head) and head.target == "/healthz"
+    assert take_after(parsed, other) == events
+    assert [e[0] for e in take_after(parsed, GET)] == [HEAD, END]
+    assert parsed.begun == 3
+
+
+def test_after_connection_close_the_parser_decides() -> None:
+    # llhttp takes nothing after a "Connection: close" request: the same earlier request
+    # must not be answered from memory.
+    parsed = Counted()
+    take_after(parsed, GET)
+    closing = GET.replace(b"User-Agent: prom", b"Connection: close")
+    assert [e[0] for e in take_after(parsed, closing)] == [HEAD, END]
+    assert [e[0] for e in take_after(parsed, GET)] == [ERROR]
+    assert [e[0] for e in take_after(parsed, closing)] == [ERROR]
+
+
+def test_a_request_in_pieces_is_parsed_each_time() -> None:
+    parsed = Counted()
+    take_after(parsed, GET[:20])
+    assert [e[0] for e in take_after(parsed, GET[20:])] == [HEAD, END]
+    # Neither piece was a whole request: the whole one is parsed (a message begun), then
+    # remembered (none).
+    take_after(parsed, GET)
+    take_after(parsed, GET)
+    assert parsed.begun == 2
+
+
+def test_a_request_with_a_body_is_always_parsed() -> None:
+    parsed = Counted()
+    post = b"POST /x HTTP/1.1\r\nHost: edge-1:9100\r\nContent-Length: 2\r\n\r\nhi"
+    for _ in range(2):
+        assert [e[0] for e in take_after(parsed, post)] == [HEAD, DATA, END]
+    assert parsed.begun == 2
+
+
+def test_pipelined_requests_are_parsed_and_not_remembered() -> None:
+    parsed = Counted()
+    both = GET + GET
+    for _ in range(2):
+        assert [e[0] for e in take_after(parsed, both)] == [HEAD, END, HEAD, END]
+    assert parsed.begun == 4
+
+
+def test_an_http_1_0_request_without_keep_alive_is_not_remembered() -> None:
+    parsed = Counted()
+    old = b"GET / HTTP/1.0\r\nHost: edge-1:9100\r\n\r\n"
+    assert [e[0] for e in take_after(parsed, old)] == [HEAD, END]
+    assert [e[0] for e in take_after(parsed, old)] == [ERROR]  # llhttp: closed after it
+
+
+def test_a_long_request_is_not_kept() -> None:
+    parsed = Counted()
+    long = GET.replace(b"User-Agent: prom", b"User-Agent: " + b"p" * REPLAY_MAX)
+    for _ in range(2):
+        assert [e[0] for e in take_after(parsed, long)] == [HEAD, END]
+    assert parsed.begun == 2
+
+
+def test_responses_are_always_parsed() -> None:
+    parsed = Counted(response=True)
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    for _ in range(2):
+        assert [e[0] for e in take_after(parsed, answer)] == [HEAD, DATA, END]
+    assert parsed.begun == 2
+
+
+def take_after(parsed: Parsed, data: bytes) -> list[tuple[int, object]]:
+    assert parsed.feed(data) is None
+    return take(parsed)
