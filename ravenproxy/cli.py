@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ravenproxy import __version__, flags
 from ravenproxy import config as cfg
 from ravenproxy import log as logsetup
+from ravenproxy.cli_parser import Parser
 from ravenproxy.errors import ConfigError
 from ravenproxy.lifecycle import (
     check_listen,
@@ -253,75 +253,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's, as wide as argparse makes it (``shutil.get_terminal_size``: ``$COLUMNS``,
-    else the terminal on stdout, else 80, less 2) without importing ``shutil``: a parser makes
-    formatters as it is built, and ``shutil`` (~0.35 MB) was then an agent's for nothing."""
-
-    def __init__(
-        self,
-        prog: str,
-        indent_increment: int = 2,
-        max_help_position: int = 24,
-        width: int | None = None,
-    ) -> None:
-        if width is None:
-            width = _terminal_columns() - 2
-        super().__init__(prog, indent_increment, max_help_position, width)
-
-
-def _terminal_columns() -> int:
-    try:
-        columns = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            columns = 0
-    return columns or 80
-
-
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose help is formatted by :class:`_HelpFormatter`; its subcommands'
-    parsers are of this class too (``add_subparsers`` makes them of the parent's class)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _HelpFormatter)
-        super().__init__(*args, **kwargs)
-        self._has_commands = False
-
-    def add_subparsers(self, **kwargs: Any) -> Any:
-        self._has_commands = True
-        return super().add_subparsers(**kwargs)
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        """A command's parser refuses what it does not know itself, with its own usage and a
-        close flag name if there is one, rather than leaving it to the top-level parser
-        (``ravenproxy: error: unrecognized arguments`` under the usage of every command)."""
-        parsed, extras = super().parse_known_args(args, namespace)
-        if extras and not self._has_commands:
-            self.error(f"unrecognized arguments: {' '.join(extras)}{self._close_flag(extras)}")
-        return parsed, extras
-
-    def _close_flag(self, extras: list[str]) -> str:
-        import difflib  # the error path only
-
-        flags = [flag for action in self._actions for flag in action.option_strings]
-        for extra in extras:
-            if extra.startswith("--"):
-                close = difflib.get_close_matches(extra.partition("=")[0], flags, n=1)
-                if close:
-                    return f" (did you mean {close[0]}?)"
-        return ""
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser. With ``command`` (a command's name) only that command is built: a
     process imports the settings of the command it runs and no other (``ravenproxy agent``
     loads neither the server's, the controller's nor the lab's)."""
-    parser = _Parser(
+    parser = Parser(
         prog="ravenproxy",
         description="Cloud-edge networking for Kubernetes clusters whose edge nodes sit "
         "behind NAT.",
