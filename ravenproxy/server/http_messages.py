@@ -255,9 +255,15 @@ def _tokens(value: str) -> set[str]:
 
 
 def keeps_alive(head: Head) -> bool:
-    """The sender keeps the connection open after this message (RFC 9112 §9.3)."""
-    connection = head.lower.get("connection")
-    tokens = _tokens(connection) if connection else ()
+    """The sender keeps the connection open after this message (RFC 9112 §9.3). A client's
+    ``Proxy-Connection`` (pre-standard, sent to proxies) counts as ``Connection``, as llhttp
+    counts it: after a ``close`` in it the parser takes no more on the connection."""
+    lower = head.lower
+    connection = lower.get("connection")
+    tokens = _tokens(connection) if connection else set()
+    proxy = lower.get("proxy-connection")
+    if proxy:
+        tokens |= _tokens(proxy)
     if head.version == "1.1":
         return "close" not in tokens
     return head.version == "1.0" and "keep-alive" in tokens

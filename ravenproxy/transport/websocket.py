@@ -372,11 +372,9 @@ class TunnelConnectionMixin(_Base):
                 self._mode = _Mode.WEBSOCKETS
                 self._to_websockets()
             elif isinstance(event, Failure):
-                self._mode = _Mode.WEBSOCKETS
-                self._start = self._end = 0
+                self._stop_frames()
                 self.protocol.fail(event.code, event.reason)
                 self.send_data()
-                self._wake()
         if parser.stopped and self._mode is _Mode.FRAMES:  # after a CLOSE
             self._mode = _Mode.WEBSOCKETS
             self._to_websockets()
@@ -403,6 +401,13 @@ class TunnelConnectionMixin(_Base):
                 self.transport.pause_reading()
             self._wake()
         elif self._mode is not _Mode.FRAMES:
+            self._wake()
+
+    def _stop_frames(self) -> None:
+        """The connection failed: nothing more is parsed or delivered (websockets discards)."""
+        if self._mode is _Mode.FRAMES:
+            self._mode = _Mode.WEBSOCKETS
+            self._start = self._end = 0
             self._wake()
 
     def _swap_lent(self) -> None:

@@ -379,6 +379,12 @@ class TunnelClientConnection(TunnelConnectionMixin, ClientSide):
         ClientSide.__init__(self, protocol, **kwargs)
         self._init_reader()
 
+    def _pong_missed(self) -> None:
+        super()._pong_missed()
+        # As websockets after fail(): nothing more is read as frames (RFC 6455 7.1.7).
+        if self.protocol.state is not State.OPEN:
+            self._stop_frames()
+
     async def handshake(self, user_agent_header: str | None = None) -> None:
         """Send the request, wait for the response (or the connection lost), raise what the
         protocol found wrong (InvalidStatus, InvalidMessage, InvalidHandshake...)."""

@@ -372,3 +372,15 @@ def test_the_same_head_again_is_answered_the_same_and_a_changed_one_anew() -> No
     actions = ex.receive_upstream(OK)
     assert b"connection: close" in to_client(actions).lower()
     assert isinstance(actions[-1], Close)
+
+
+def test_a_proxy_connection_close_ends_the_connection_after_the_answer() -> None:
+    """llhttp reads Proxy-Connection as Connection and takes nothing after its "close": the
+    exchange must close too, not keep the connection for a next request llhttp refuses (400)."""
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(b"GET / HTTP/1.1\r\nHost: edge-1:9100\r\nProxy-Connection: close\r\n\r\n")
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    actions = ex.receive_upstream(OK)
+    assert b"connection: close" in to_client(actions).lower()
+    assert isinstance(actions[-1], Close)

@@ -115,3 +115,11 @@ def test_responses_are_always_parsed() -> None:
 def take_after(parsed: Parsed, data: bytes) -> list[tuple[int, object]]:
     assert parsed.feed(data) is None
     return take(parsed)
+
+
+def test_after_proxy_connection_close_the_parser_decides() -> None:
+    # llhttp reads Proxy-Connection as Connection: after "close" in it, it takes no more.
+    parsed = Counted()
+    closing = GET.replace(b"User-Agent: prom", b"Proxy-Connection: close")
+    assert [e[0] for e in take_after(parsed, closing)] == [HEAD, END]
+    assert [e[0] for e in take_after(parsed, closing)] == [ERROR]

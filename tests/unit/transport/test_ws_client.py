@@ -176,3 +176,29 @@ async def test_a_ping_is_answered_and_a_lost_connection_fails_the_pending_ones()
     async with server(until_closed) as (uri, _), dialled(uri) as client:
         latency = await asyncio.wait_for(await client.ping(), WAIT)
         assert latency >= 0
+
+
+async def test_after_a_missed_pong_no_message_is_delivered() -> None:
+    async def handler(ws: ServerConnection) -> None:
+        ws.transport.pause_reading()  # answers no PING
+        with contextlib.suppress(ConnectionClosed):
+            for i in range(40):
+                await ws.send(b"m%d" % i)
+                await asyncio.sleep(0.02)
+        await ws.wait_closed()
+
+    async with (
+        server(handler) as (uri, _),
+        dialled(uri, ping_interval=0.05, ping_timeout=0.1, close_timeout=0.5) as client,
+    ):
+        late: list[bytes | memoryview] = []
+
+        def receive(batch: list[bytes | memoryview]) -> None:
+            if client.protocol.close_sent is not None:  # the client failed the connection
+                late.extend(batch)
+
+        delivery = asyncio.create_task(client.deliver(receive), name="test-deliver")
+        await asyncio.wait_for(client.wait_closed(), WAIT)
+        await asyncio.wait_for(delivery, WAIT)
+        assert client.protocol.close_sent is not None
+        assert late == []  # websockets discards what follows a fail() (RFC 6455 7.1.7)
