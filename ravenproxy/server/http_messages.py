@@ -23,9 +23,10 @@ from ravenproxy.server.router import Route
 
 Headers = list[tuple[str, str]]
 
-REPLAY_MAX = 8 * 1024
-"""A request this long at most is kept to be recognised when it comes again (a connection
-holds it while idle)."""
+REPLAY_MAX = 2 * 1024
+"""A request this long at most is kept to be recognised when it comes again: an idle kept-alive
+connection holds it (a scrape or a probe is a few hundred bytes; an idle front connection's
+whole budget is ~8 KiB)."""
 
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
