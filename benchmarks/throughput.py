@@ -451,10 +451,10 @@ class Options:
 class Pair:
     """One checkout's ``ravenproxy server`` + ``ravenproxy agent``, started afresh every round.
 
-    Kept running across rounds, the pair started first cost more relay CPU per GiB from
-    round 2 on (8 streams most: ~3.2 -> ~4.2 s/GiB against ~3.2 for the same code started
-    second), whatever position its rows ran in; see benchmarks/README.md. A new pair per
-    round, the start order alternating, removes that bias from an A/B."""
+    Kept running for the whole run, one of two identical pairs (most often the one started
+    first, whatever position its rows ran in) fell into a slower mode from round 2 on and
+    stayed in it (8 streams: ~3.2 -> ~4.2 s/GiB relay CPU); see benchmarks/README.md. A new
+    pair per round, the start order alternating, keeps that from biasing an A/B."""
 
     key: str
     name: str
