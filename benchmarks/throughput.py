@@ -448,6 +448,55 @@ class Options:
 
 
 @dataclass
+class Pair:
+    """One checkout's ``ravenproxy server`` + ``ravenproxy agent``, started afresh every round.
+
+    Kept running for the whole run, one of two identical pairs (most often the one started
+    first, whatever position its rows ran in) fell into a slower mode from round 2 on and
+    stayed in it (8 streams: ~3.2 -> ~4.2 s/GiB relay CPU); see benchmarks/README.md. A new
+    pair per round, the start order alternating, keeps that from biasing an A/B."""
+
+    key: str
+    name: str
+    checkout: Path | None
+    front: int = 0
+    procs: list[asyncio.subprocess.Process] = field(default_factory=list)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    async def start(self, procs: Procs, base: Path, sink: int, profile: Path | None) -> None:
+        before = len(procs.procs)
+        prof = profile / base.name if profile else None  # DIR/<key>-<round>/<role>.prof
+        if prof:
+            prof.mkdir(parents=True, exist_ok=True)
+        self.front, _ = await start_tunnel(procs, base, sink, prof, self.checkout)
+        self.procs = procs.procs[before:]
+
+    async def stop(self, procs: Procs) -> None:
+        for proc in reversed(self.procs):
+            await procs.stop_one(proc)
+        self.procs = []
+
+
+def merge_profiles(profile: Path, pairs: Sequence[Pair]) -> None:
+    """The rounds' profiles into ``DIR/server.prof`` and ``DIR/agent.prof`` (the tunnel under
+    test) and ``DIR/base-server.prof``, ``DIR/base-agent.prof``; the per-round ones go."""
+    import pstats
+
+    for pair in pairs:
+        rounds = sorted(profile.glob(f"{pair.key}-*"))
+        for role in ("server", "agent"):
+            files = [str(f) for d in rounds if (f := d / f"{role}.prof").exists()]
+            if files:
+                prefix = "" if pair.key == "tunnel" else f"{pair.key}-"
+                pstats.Stats(*files).dump_stats(profile / f"{prefix}{role}.prof")
+        for d in rounds:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@dataclass
 class Row:
     key: str
     name: str
@@ -455,15 +504,21 @@ class Row:
     connect: Connector
     nbytes: int
     warmup: int
-    relay: tuple[int, ...] = ()
+    fixed_relay: tuple[int, ...] = ()
     """PIDs of the relaying processes (their descendants count too): CPU per GiB is charged
     to them. CPU time is a steadier A/B measure than MB/s on a shared machine."""
+    pair: Pair | None = None
+    """A tunnel row's server + agent (restarted every round): its relay PIDs are theirs."""
     runs: list[tuple[int, float]] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     """Relay CPU seconds per GiB moved (warm-up included), one per run."""
     cpu_each: list[list[float]] = field(default_factory=list)
     """The same per relaying process (server, agent / sshd, ssh), one list per run."""
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def relay(self) -> tuple[int, ...]:
+        return tuple(self.pair.pids) if self.pair else self.fixed_relay
 
     def result(self) -> dict[str, Any]:
         if not self.runs:
@@ -493,6 +548,17 @@ class Row:
             **relay_cpu,
             "errors": self.errors,
         }
+
+
+def _in_start_order(rows: Sequence[Row], order: Sequence[Pair]) -> list[Row]:
+    """``rows`` with the tunnel rows' slots refilled pair by pair in ``order`` (the pair
+    started first runs first); the other rows keep their places."""
+    rank = {pair.key: i for i, pair in enumerate(order)}
+    tunnel_rows = sorted(
+        (r for r in rows if r.pair), key=lambda r: rank[r.pair.key if r.pair else ""]
+    )
+    it = iter(tunnel_rows)
+    return [next(it) if row.pair else row for row in rows]
 
 
 async def _settle(row: Row, timeout: float = 30) -> None:
@@ -549,8 +615,10 @@ async def run(opts: Options) -> dict[str, Any]:
     keep = False
     procs = Procs()
     rows: list[Row] = []
+    pairs: list[Pair] = []
     ssh_info: dict[str, Any] | None = None
     ssh_error: str | None = None
+    start_order: list[list[str]] = []
     try:
         sink = await start_sink(procs, base)
         one, each, warm = opts.mib * MIB, opts.mib_each * MIB, opts.warmup_mib * MIB
@@ -562,28 +630,24 @@ async def run(opts: Options) -> dict[str, Any]:
             rows.append(Row("direct", "direct TCP", 1, direct, one, warm))
         n = opts.streams
         # The tunnel under test, and the baseline checkout's when asked: same sink, same run.
-        tunnels = [("tunnel", "ravenproxy tunnel", None)]
+        # Both pairs are started afresh every round, in alternating order (see Pair).
+        pairs = [Pair("tunnel", "ravenproxy tunnel", None)]
         if opts.baseline is not None:
-            tunnels.append(("base", f"baseline {opts.baseline.name}", opts.baseline))
-        for key, name, checkout in tunnels:
-            if not {"tunnel", "tunnel_x8"} & set(opts.only):
-                break
-            try:
-                front, pids = await start_tunnel(procs, base / key, sink, opts.profile, checkout)
-            except BaseException:
-                keep = True
-                raise
+            pairs.append(Pair("base", f"baseline {opts.baseline.name}", opts.baseline))
+        if not {"tunnel", "tunnel_x8"} & set(opts.only):
+            pairs = []
+        for pair in pairs:
 
             def tunnel(
-                f: int = front,
+                pair: Pair = pair,
             ) -> Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-                return open_tunnel("127.0.0.1", f, f"{EDGE_NODE}:{sink}")
+                return open_tunnel("127.0.0.1", pair.front, f"{EDGE_NODE}:{sink}")
 
-            relay = tuple(pids)
+            key, name = pair.key, pair.name
             if "tunnel" in opts.only:
-                rows.append(Row(key, name, 1, tunnel, one, warm, relay))
+                rows.append(Row(key, name, 1, tunnel, one, warm, pair=pair))
             if "tunnel_x8" in opts.only:
-                rows.append(Row(f"{key}_x8", f"{name} x{n}", n, tunnel, each, warm // n, relay))
+                rows.append(Row(f"{key}_x8", f"{name} x{n}", n, tunnel, each, warm // n, pair=pair))
         if {"ssh", "ssh_x8"} & set(opts.only):
             try:
                 ssh = await start_sshd(procs, base)
@@ -624,7 +688,16 @@ async def run(opts: Options) -> dict[str, Any]:
             rows.append(Row("direct_x8", f"direct TCP x{n}", n, direct, each, warm // n))
 
         for round_ in range(opts.repeat):
-            for row in rows:
+            # Odd rounds start (and run) the pairs in reverse: no pair is always the first.
+            order = pairs[::-1] if round_ % 2 else pairs
+            try:
+                for pair in order:
+                    await pair.start(procs, base / f"{pair.key}-{round_ + 1}", sink, opts.profile)
+            except BaseException:
+                keep = True
+                raise
+            start_order.append([p.key for p in order])
+            for row in _in_start_order(rows, order):
                 label = f"  round {round_ + 1}/{opts.repeat}  {row.name:<28}"
                 cpu_before = [relay_cpu_seconds((pid,)) for pid in row.relay]
                 try:
@@ -654,6 +727,8 @@ async def run(opts: Options) -> dict[str, Any]:
                     else ""
                 )
                 print(f"{label} {nbytes / seconds / 1e6:8.1f} MB/s{cpu}", flush=True)
+            for pair in reversed(order):
+                await pair.stop(procs)
     except BaseException:
         keep = True
         raise
@@ -667,6 +742,8 @@ async def run(opts: Options) -> dict[str, Any]:
                         print(f"--- {name} ---\n{text}", file=sys.stderr)
         shutil.rmtree(base, ignore_errors=True)
 
+    if opts.profile is not None:
+        merge_profiles(opts.profile, pairs)
     results = {r.key: r.result() for r in rows}
     ssh_aes = results.get("ssh_aes128")
     ssh_chacha = results.get("ssh_chacha20")
@@ -682,6 +759,7 @@ async def run(opts: Options) -> dict[str, Any]:
             "repeat": opts.repeat,
             "write_block_bytes": BLOCK,
             "profiled": opts.profile is not None,
+            "tunnel_start_order": start_order,
             "note": "MB/s = 1e6 bytes/s; median of the rounds; loopback, all processes on one host",
         },
         "rows": list(results.values()),
@@ -701,6 +779,7 @@ async def run(opts: Options) -> dict[str, Any]:
             "tunnel_x8/base_x8": _ratio(results.get("tunnel_x8"), results.get("base_x8")),
             # Relay CPU per GiB: below 1 means the tunnel spends less CPU than the other.
             "cpu tunnel/base": _ratio(results.get("tunnel"), results.get("base"), CPU),
+            "cpu tunnel_x8/base_x8": _ratio(results.get("tunnel_x8"), results.get("base_x8"), CPU),
             "cpu tunnel/ssh_aes128_gcm": _ratio(results.get("tunnel"), ssh_aes, CPU),
             "cpu tunnel_x8/ssh_x8_aes128_gcm": _ratio(
                 results.get("tunnel_x8"), results.get("ssh_aes128_x8"), CPU
