@@ -422,6 +422,13 @@ class Exchange:
             return []
         return self._failed("the connection to the target was lost")
 
+    def upstream_ended(self) -> list[Action]:
+        """The kept target connection ended between requests (the target closed it, or its
+        stream was reset or its tunnel lost): let it go now; the next request opens another."""
+        if self.phase != "head":
+            return []
+        return self._drop_upstream()
+
     def upstream_idle(self, timeout: float) -> list[Action]:
         """No byte either way for ``timeout`` seconds (--idle-timeout)."""
         if self.started:

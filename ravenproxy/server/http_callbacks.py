@@ -173,9 +173,21 @@ class CallbackPath:
 
     # -- callbacks ------------------------------------------------------------------------------
     def _on_upstream(self) -> None:
-        # Bytes (or the end) of an idle kept stream wait for the next request, as in the task.
-        if self.ex.phase == "forwarding":
+        phase = self.ex.phase
+        if phase == "forwarding":
             self._advance()
+        elif phase == "head":
+            # Between requests: bytes of the kept stream wait for the next request, as in the
+            # task; its end lets it go now, and with it the client's stream slot
+            # (--max-streams-per-client), not at the next request or the keep-alive timeout.
+            done, stream = self._exit, self._hooked
+            if done is None or done.done() or self._busy or stream is None or not stream.ended:
+                return
+            self._busy = True
+            try:
+                self._run(self.ex.upstream_ended())
+            finally:
+                self._busy = False
 
     def _advance(self) -> None:
         """Move the exchange on as far as it goes without waiting: the client socket's callback

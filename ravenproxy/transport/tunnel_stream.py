@@ -164,6 +164,12 @@ class TunnelStream:
         return self._error is not None
 
     @property
+    def ended(self) -> bool:
+        """Nothing more will arrive: the peer half-closed, or the stream was reset or lost
+        (chunks received before may still be waiting)."""
+        return self._eof or self._error is not None
+
+    @property
     def buffered(self) -> int:
         return sum(len(c) for c in self._chunks) if self._chunks else 0
 

@@ -43,3 +43,45 @@ async def test_request_after_the_target_closed_an_idle_connection(l7: L7) -> Non
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_kept_stream_the_target_ends_while_the_client_idles_is_let_go(l7: L7) -> None:
+    """The target closes its idle keep-alive connection: the server lets the kept tunnel stream
+    (and the client's stream slot, --max-streams-per-client) go at once, not at the client's
+    next request or its 300 s keep-alive timeout; that next request opens a fresh one."""
+    streams = "ravenproxy_server_streams_open"
+    served: list[int] = []
+
+    async def answer_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        served.append(1)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nhi\n")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()  # idle close, as a keep-alive timeout would
+
+    server = await asyncio.start_server(answer_then_close, EDGE_IP, l7.spare_port)
+    writer: asyncio.StreamWriter | None = None
+    try:
+        before = (await l7.cluster.metrics())[streams]
+        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+        request = (
+            f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n\r\n"
+        ).encode()
+        writer.write(request)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(3) == b"hi\n"
+        # The client idles on its kept-alive connection; the target has closed its side.
+        await l7.cluster.wait_metric(streams, lambda v: v <= before, timeout=10)
+        writer.write(request)  # the next request goes out on a fresh stream
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(3) == b"hi\n"
+        assert len(served) == 2
+    finally:
+        if writer is not None:
+            writer.close()
+        server.close()
+        await server.wait_closed()

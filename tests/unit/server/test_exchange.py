@@ -384,3 +384,17 @@ def test_a_proxy_connection_close_ends_the_connection_after_the_answer() -> None
     actions = ex.receive_upstream(OK)
     assert b"connection: close" in to_client(actions).lower()
     assert isinstance(actions[-1], Close)
+
+
+def test_a_kept_target_connection_that_ends_between_requests_is_let_go() -> None:
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(get("/", "edge-1:9100"))
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    assert ex.upstream_ended() == []  # while forwarding, the exchange reads the end itself
+    ex.receive_upstream(OK)
+    assert ex.phase == "head"
+    assert ex.upstream_ended() == [CloseUpstream()]
+    assert ex.upstream_ended() == []  # once
+    ex.receive_client(get("/", "edge-1:9100"))
+    assert kinds(ex.routed(route("edge-1"))) == [OpenUpstream]  # a fresh one
