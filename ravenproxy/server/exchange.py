@@ -118,8 +118,7 @@ class Exchange:
         self._info = False
         """The head being forwarded is a 1xx (its end writes nothing)."""
         self._body_out = "length"
-        """How the response body goes to the client: ``length`` (as it comes), ``chunked``
-        (each piece a chunk), ``none``."""
+        """How the response body goes to the client: ``length``, ``chunked`` or ``none``."""
         self._until_close = False
         """The response body ends when the target closes the connection."""
         self.body_done = False
@@ -127,8 +126,7 @@ class Exchange:
         self._body_error: Refuse | None = None
         self.started = False
         """Part of a response went to the client: a refusal can no longer be answered."""
-        # What the last request and response heads led to, reused while the next ones are
-        # the same objects (:attr:`Parsed._last`) and what else it depends on is unchanged.
+        # What the last heads led to, reused while the next are the same (Parsed._last) objects:
         self._seen: tuple[Head, bool, RouteRequest] | None = None
         self._built: tuple[Head, Route, Outbound] | None = None
         self._answered: tuple[tuple[object, ...], Framing] | None = None
@@ -177,8 +175,7 @@ class Exchange:
         return []  # bytes of a next request wait until this exchange is done
 
     poll = _client_events
-    """Act on client bytes already buffered (after a finished exchange): the same method (a
-    call less, twice a request)."""
+    """Act on client bytes already buffered (after a finished exchange); the same method."""
 
     def _on_request(self, request: Head) -> list[Action]:
         seen = self._seen
@@ -423,11 +420,8 @@ class Exchange:
         return self._failed("the connection to the target was lost")
 
     def upstream_ended(self) -> list[Action]:
-        """The kept target connection ended between requests (the target closed it, or its
-        stream was reset or its tunnel lost): let it go now; the next request opens another."""
-        if self.phase != "head":
-            return []
-        return self._drop_upstream()
+        """The kept target connection ended between requests: let it go (the next opens one)."""
+        return self._drop_upstream() if self.phase == "head" else []
 
     def upstream_idle(self, timeout: float) -> list[Action]:
         """No byte either way for ``timeout`` seconds (--idle-timeout)."""
