@@ -4,6 +4,7 @@ the client's connection goes out again on a fresh one (it had no body, so that i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -12,20 +13,26 @@ from tests.integration.l7.env import EDGE_IP, L7
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
-async def test_request_after_the_target_closed_an_idle_connection(l7: L7) -> None:
-    served: list[int] = []
+def answer_then_close(
+    served: list[int],
+) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """A target that answers one request, then closes the idle connection a moment later (as
+    a keep-alive timeout would); each request served is counted in ``served``."""
 
-    async def one_answer_then_close(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         served.append(1)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nhi\n")
         await writer.drain()
         await asyncio.sleep(0.2)
-        writer.close()  # idle close, as a keep-alive timeout would
+        writer.close()
 
-    server = await asyncio.start_server(one_answer_then_close, EDGE_IP, l7.spare_port)
+    return handle
+
+
+async def test_request_after_the_target_closed_an_idle_connection(l7: L7) -> None:
+    served: list[int] = []
+    server = await asyncio.start_server(answer_then_close(served), EDGE_IP, l7.spare_port)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
         request = (
@@ -51,16 +58,7 @@ async def test_a_kept_stream_the_target_ends_while_the_client_idles_is_let_go(l7
     next request or its 300 s keep-alive timeout; that next request opens a fresh one."""
     streams = "ravenproxy_server_streams_open"
     served: list[int] = []
-
-    async def answer_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        served.append(1)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nhi\n")
-        await writer.drain()
-        await asyncio.sleep(0.2)
-        writer.close()  # idle close, as a keep-alive timeout would
-
-    server = await asyncio.start_server(answer_then_close, EDGE_IP, l7.spare_port)
+    server = await asyncio.start_server(answer_then_close(served), EDGE_IP, l7.spare_port)
     writer: asyncio.StreamWriter | None = None
     try:
         before = (await l7.cluster.metrics())[streams]
