@@ -36,9 +36,15 @@ LEND_FROM = 64 * 1024
 of its own (see the module's doc); smaller traffic never does."""
 
 LEND_READ = 1024 * 1024 - 12
-"""Size of those buffers: the wire's default largest frame (``WireConfig.max_frame_size``, a
-1 MiB message with its 12-byte header), so a full read goes into the tunnel as one DATA frame,
-which the agent keeps in place."""
+"""Size of those buffers while the bulk is fast: the wire's default largest frame
+(``WireConfig.max_frame_size``, a 1 MiB message with its 12-byte header), so a full read goes
+into the tunnel as one DATA frame, which the agent keeps in place."""
+
+LEND_SMALL = 256 * 1024
+"""Size of those buffers to start with, and again once the reads are small: a read that fills
+all the room it was offered (the socket held more) makes the next buffers :data:`LEND_READ`;
+two reads in a row under :data:`LEND_FROM` make them this size again (as Netty's adaptive
+receive buffers: a slow upload does not hold a 1 MiB buffer and its spares)."""
 
 LEND_ROOM = 16 * 1024
 """Room a buffer must have left to be read into again before its views are let go."""
@@ -384,9 +390,12 @@ class _Lender(asyncio.BufferedProtocol):
         "connection_lost",
         "end",
         "eof_received",
+        "offered",
         "pause_writing",
         "pending",
         "resume_writing",
+        "size",
+        "small_reads",
         "spares",
         "stream",
         "views",
@@ -396,6 +405,10 @@ class _Lender(asyncio.BufferedProtocol):
         self.stream = stream
         self.buf: bytearray | None = None
         self.end = 0
+        self.size = LEND_SMALL
+        """Size of the next buffer made (:data:`LEND_SMALL` or :data:`LEND_READ`)."""
+        self.small_reads = 0  # reads in a row under LEND_FROM
+        self.offered = 0  # room of the last buffer given to the transport
         self.spares: list[bytearray] = []
         self.views: collections.deque[memoryview] = collections.deque()
         self.pending = 0
@@ -405,26 +418,38 @@ class _Lender(asyncio.BufferedProtocol):
         self.resume_writing = stream.resume_writing  # type: ignore[method-assign]
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self.buf is not None and sys.getrefcount(self.buf) <= _UNSHARED:
-            self.end = 0  # no view of it is held: read into it from the start
+        if self.buf is not None:
+            if len(self.buf) != self.size:
+                self.buf = None  # not the size wanted now: let it go (its views keep it)
+            elif sys.getrefcount(self.buf) <= _UNSHARED:
+                self.end = 0  # no view of it is held: read into it from the start
         if self.buf is None or len(self.buf) - self.end < LEND_ROOM:
             self._next_buffer()
         assert self.buf is not None
+        self.offered = len(self.buf) - self.end
         return memoryview(self.buf)[self.end :]
 
     def _next_buffer(self) -> None:
-        """A buffer no view is held of: a spare that is free again, else a new one; the one
-        whose views are still held becomes a spare."""
+        """A buffer of the wanted size no view is held of: a spare that is free again, else a
+        new one; the one whose views are still held becomes a spare (if of that size: spares
+        are all of it, see :meth:`_resize`)."""
         spares = self.spares
+        size = self.size
         fresh = None
         for i in range(len(spares)):
             if sys.getrefcount(spares[i]) <= _UNSHARED:
                 fresh = spares.pop(i)
                 break
-        if self.buf is not None and len(spares) < LEND_SPARES:
+        if self.buf is not None and len(self.buf) == size and len(spares) < LEND_SPARES:
             spares.append(self.buf)
-        self.buf = fresh if fresh is not None else bytearray(LEND_READ)
+        self.buf = fresh if fresh is not None else bytearray(size)
         self.end = 0
+
+    def _resize(self, size: int) -> None:
+        """Make the next buffers ``size``; spares of the old size go (the current one, once
+        no view of it is held)."""
+        self.size = size
+        self.spares.clear()
 
     def release(self) -> None:
         """Let go of the buffers (views handed out keep theirs alive as long as they need)."""
@@ -436,6 +461,14 @@ class _Lender(asyncio.BufferedProtocol):
         assert self.buf is not None
         start = self.end
         self.end += nbytes
-        if nbytes < LEND_ROOM and self.spares:
-            self.spares.clear()  # the bulk is over: an idle connection keeps one buffer
+        if nbytes < LEND_FROM:
+            self.small_reads += 1
+            if self.small_reads == 2 and self.size != LEND_SMALL:
+                self._resize(LEND_SMALL)
+            if nbytes < LEND_ROOM and self.spares:
+                self.spares.clear()  # the bulk is over: an idle connection keeps one buffer
+        else:
+            self.small_reads = 0
+            if nbytes == self.offered and self.size != LEND_READ:
+                self._resize(LEND_READ)  # the socket held more than the room: read more at once
         self.stream._lent(memoryview(self.buf)[start : self.end].toreadonly())

@@ -15,7 +15,7 @@ import uvloop
 
 from ravenproxy.transport import socket_stream
 from ravenproxy.transport.bytestream import READ_LIMIT
-from ravenproxy.transport.socket_stream import LEND_FROM, LEND_READ, SocketStream
+from ravenproxy.transport.socket_stream import LEND_FROM, LEND_READ, LEND_SMALL, SocketStream
 
 
 @contextlib.asynccontextmanager
@@ -241,3 +241,41 @@ def test_a_lending_stream_lets_its_buffers_go_once_idle(
 ) -> None:
     monkeypatch.setattr(socket_stream, "LEND_IDLE", 0.1)
     run(asyncio.wait_for(_lending_lets_its_buffers_go_once_idle(), 60))
+
+
+async def _lending_buffers_follow_the_pace() -> None:
+    """Buffers grow to LEND_READ while the socket holds more than a read takes (bulk), and go
+    back to LEND_SMALL once the reads are small (a trickle): a slow upload does not hold a
+    1 MiB buffer. The bytes stay whole and in order throughout."""
+    bulk, piece = os.urandom(8 << 20), os.urandom(8 * 1024)
+    async with accepted(limit=READ_LIMIT) as (stream, peer):
+        assert stream.lend_reads()
+        sender = asyncio.create_task(_send_all(peer, bulk))
+        got = bytearray()
+        held: list[memoryview | bytes] = []  # a lagging tunnel: every view held
+        most = 0
+        while len(got) < len(bulk):
+            chunk = await asyncio.wait_for(stream.read_chunk(READ_LIMIT), 10)
+            held.append(chunk)
+            got += chunk
+            most = max(most, stream.read_buffer_size)
+        await sender
+        assert got == bulk and b"".join(held) == bulk
+        assert most >= LEND_READ  # the reads filled what they were offered: large buffers
+        held.clear()  # the tunnel sent them all
+        trickle = bytearray()
+        for _ in range(8):
+            await _send_all(peer, piece)
+            trickle += await asyncio.wait_for(stream.read_chunk(READ_LIMIT), 5)
+            await asyncio.sleep(0.01)
+        assert trickle == piece * 8
+        assert 0 < stream.read_buffer_size <= LEND_SMALL  # small reads: a small buffer
+        peer.shutdown(socket.SHUT_WR)
+        assert await asyncio.wait_for(stream.read_chunk(100), 5) == b""
+
+
+@pytest.mark.parametrize("run", LOOPS)
+def test_lending_buffers_grow_for_bulk_and_shrink_for_a_trickle(
+    run: Callable[[Awaitable[None]], None],
+) -> None:
+    run(asyncio.wait_for(_lending_buffers_follow_the_pace(), 60))
