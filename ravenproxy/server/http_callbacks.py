@@ -234,7 +234,7 @@ class CallbackPath:
                     watch.retime(self.ctx.limits.idle_timeout)
             elif phase == "forwarding":
                 stream = self._hooked
-                if stream is None or sock.write_paused or sock.is_closing():
+                if stream is None or sock.write_paused or sock.transport.is_closing():
                     return self._leave([])  # the task waits for the client, or sees it gone
                 try:
                     chunk = stream.read_nowait()
