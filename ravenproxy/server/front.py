@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ravenproxy.errors import RoutingError
 from ravenproxy.log import kv
@@ -34,21 +34,35 @@ class FrontLimits:
     """This process's Via pseudonym (loop detection, :func:`ravenproxy.server.loops.via_token`)."""
 
 
+class Waiter(Protocol):
+    """A client connection served by callbacks (:meth:`Drain.follow`): ``waiting`` while it
+    waits for a next request."""
+
+    waiting: bool
+    writer: SocketWriter
+
+
 class Drain:
     """The fronts' side of a server drain. Client connections kept alive between requests
     register here while they wait for a next request: when the drain starts they are closed at
     once (they hold no request, and would otherwise hold the drain open up to --drain-timeout);
     a connection in the middle of an exchange finishes it, then closes instead of waiting for
-    another request."""
+    another request.
+
+    A connection served by callbacks, which waits for a next request once a request, is
+    followed for as long as it is in that mode (:meth:`follow`) and says whether it waits by
+    its ``waiting`` flag: an attribute set per request, not a set's add and discard."""
 
     def __init__(self) -> None:
         self.draining = False
         self._idle: set[SocketWriter] = set()
+        self._followed: set[Waiter] = set()
 
     def start(self) -> int:
         """Start draining; returns how many idle kept-alive connections it closed."""
         self.draining = True
         idle, self._idle = self._idle, set()
+        idle.update(waiter.writer for waiter in self._followed if waiter.waiting)
         for writer in idle:
             writer.close()  # the reader sees EOF: the connection ends as if the client left
         return len(idle)
@@ -59,6 +73,13 @@ class Drain:
 
     def busy(self, writer: SocketWriter) -> None:
         self._idle.discard(writer)
+
+    def follow(self, waiter: Waiter) -> None:
+        """Close ``waiter``'s connection when the drain starts if it is ``waiting`` then."""
+        self._followed.add(waiter)
+
+    def unfollow(self, waiter: Waiter) -> None:
+        self._followed.discard(waiter)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ class CallbackPath:
     """The callback mode of one client connection (a base of the connection, whose slots hold
     what it names below); :meth:`_by_callbacks` is the task's side of it."""
 
-    __slots__ = ("_busy", "_calls", "_exit", "_hooked", "routed")
+    __slots__ = ("_busy", "_calls", "_exit", "_hooked", "routed", "waiting")
 
     # The connection's own (see http_proxy._Connection).
     ex: Exchange
@@ -92,6 +92,8 @@ class CallbackPath:
         """The target's tunnel stream, while it calls back."""
         self._calls: IdleWatch | None = None
         self._busy = False
+        self.waiting = False
+        """In callback mode, waiting for a next request (closed if the server drains)."""
 
     def _close_upstream(self) -> None:
         raise NotImplementedError
@@ -126,6 +128,7 @@ class CallbackPath:
             self._hooked = upstream.stream
             upstream.stream.on_readable(self._on_upstream)
         sock.on_data(self._advance)
+        self.ctx.drain.follow(self)
         try:
             try:
                 async with watch:
@@ -144,7 +147,8 @@ class CallbackPath:
             self._exit = None
             sock.on_data(None)
             self._unhook()
-            self.ctx.drain.busy(sock)
+            self.waiting = False
+            self.ctx.drain.unfollow(self)
         if sock.write_paused:
             await sock.drain()  # a slow client: the task goes on once it took the bytes
         return rest
@@ -222,10 +226,10 @@ class CallbackPath:
                         return self._leave([])
                     data = sock.read_nowait(READ_LIMIT)
                     if data is None:
-                        drain.idle(sock)
+                        self.waiting = True  # the drain closes it (Drain.follow)
                         watch.retime(KEEPALIVE_TIMEOUT)
                         return None
-                    drain.busy(sock)
+                    self.waiting = False
                     actions = ex.receive_client(data)
                     if not actions:
                         continue
@@ -234,7 +238,7 @@ class CallbackPath:
                     watch.retime(self.ctx.limits.idle_timeout)
             elif phase == "forwarding":
                 stream = self._hooked
-                if stream is None or sock.write_paused or sock.is_closing():
+                if stream is None or sock.write_paused or sock.transport.is_closing():
                     return self._leave([])  # the task waits for the client, or sees it gone
                 try:
                     chunk = stream.read_nowait()

@@ -27,7 +27,7 @@ from websockets.protocol import State as WsState
 
 from ravenproxy.log import kv
 from ravenproxy.transport.flag import Flag
-from ravenproxy.transport.frame_batch import batched
+from ravenproxy.transport.frame_batch import batched, one_small
 from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
 from ravenproxy.transport.websocket import TunnelConnectionMixin
@@ -288,7 +288,8 @@ class Session(Intake):
                 self._taken.set()
                 if self._held is not None:
                     self._unpause()
-                for frames in batched(batch, mask=mask):
+                small = one_small(batch, mask=mask)
+                for frames in batched(batch, mask=mask) if small is None else (small,):
                     if ws.protocol.state is not WsState.OPEN:
                         return
                     ws.transport.writelines(frames)

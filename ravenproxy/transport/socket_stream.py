@@ -107,18 +107,24 @@ class SocketStream(asyncio.Protocol):
         "_read_paused",
         "_read_waiter",
         "_transport",
-        "_write_paused",
+        "transport",
+        "write_paused",
     )
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport
+        """The socket's transport, from ``connection_made`` on (a plain attribute, not a
+        property: read a few times a request)."""
         self._buffer: bytes | bytearray = b""
         self._eof = False
         self._lost = False
         self._error: BaseException | None = None
         self._read_paused = False
-        self._write_paused = False
+        self.write_paused = False
+        """The transport's write buffer is over its high mark (what :meth:`drain` waits out);
+        a plain attribute, kept by ``pause_writing``/``resume_writing``."""
         self._over_ssl = False
         self._read_waiter: asyncio.Future[None] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -128,7 +134,7 @@ class SocketStream(asyncio.Protocol):
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
+        self._transport = self.transport = cast(asyncio.Transport, transport)
         self._over_ssl = transport.get_extra_info("sslcontext") is not None
 
     def data_received(self, data: bytes) -> None:
@@ -169,10 +175,10 @@ class SocketStream(asyncio.Protocol):
             self._on_data()
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self.write_paused = True
 
     def resume_writing(self) -> None:
-        self._write_paused = False
+        self.write_paused = False
         self._wake_drainer()
 
     def _wake_drainer(self) -> None:
@@ -254,12 +260,6 @@ class SocketStream(asyncio.Protocol):
             return b"" if self._eof else None
         return self._take(n)
 
-    @property
-    def write_paused(self) -> bool:
-        """The transport's write buffer is over its high mark (what :meth:`drain` waits
-        out)."""
-        return self._write_paused
-
     def _take(self, n: int) -> bytes:
         buffer = self._buffer
         if n < 0 or n >= len(buffer):
@@ -333,11 +333,6 @@ class SocketStream(asyncio.Protocol):
         return view
 
     # -- SocketWriter -------------------------------------------------------------------------
-    @property
-    def transport(self) -> asyncio.Transport:
-        assert self._transport is not None
-        return self._transport
-
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.transport.write(data)
 
@@ -350,7 +345,7 @@ class SocketStream(asyncio.Protocol):
                 raise self._error
             if self._lost:
                 raise ConnectionResetError("Connection lost")
-            if not self._write_paused:
+            if not self.write_paused:
                 return
             waiter = self._drain_waiter
             if waiter is None or waiter.done():

@@ -15,6 +15,7 @@ from ravenproxy.transport.frame_batch import (
     FrameBatch,
     batched,
     binary_frame_header,
+    one_small,
 )
 
 
@@ -108,3 +109,41 @@ def test_masking_keys_are_drawn_fresh_for_every_batch() -> None:
     assert len(set(drawn)) == len(drawn)
     assert len(FrameBatch(mask=True, messages=5000).keys) == 20000  # beyond the pool
     assert FrameBatch(mask=False, messages=3).keys == b""
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [b"\x00\x01head", b"ok"],
+        [b"p" * 125],
+        [b"\x00\x02head", memoryview(b"x" * 200)],
+        [b"\x00\x03head", b"y" * (COALESCE - 40), b"z"],
+    ],
+)
+def test_one_small_message_is_the_frame_batched_makes(
+    masked: bool, pieces: list[bytes | memoryview]
+) -> None:
+    # The writer's usual batch at request rates, made without a FrameBatch: one write of the
+    # same frame (masked with a fresh key, so compared after unmasking).
+    batch: list[list[bytes | memoryview]] = [pieces]
+    small = one_small(batch, mask=masked)
+    assert small is not None and len(small) == 1
+    if not masked:
+        assert list(batched(batch, mask=False)) == [small]
+    [reference] = batched(batch, mask=masked)
+    assert len(small[0]) == sum(len(p) for p in reference)
+    assert parse(bytes(small[0]), masked=masked) == [b"".join(bytes(p) for p in pieces)]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_one_small_leaves_every_other_batch_to_batched(masked: bool) -> None:
+    assert one_small([], mask=masked) is None
+    assert one_small([[b"a"], [b"b"]], mask=masked) is None
+    assert one_small([[b"\x00\x04head", os.urandom(COALESCE)]], mask=masked) is None
+    assert one_small([[bytes(COALESCE - 16)]], mask=masked) is None
+
+
+def test_one_small_draws_a_fresh_masking_key_each_time() -> None:
+    frames = {bytes(one_small([[b"same"]], mask=True)[0]) for _ in range(200)}  # type: ignore[index]
+    assert len(frames) == 200
