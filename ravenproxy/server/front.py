@@ -49,9 +49,10 @@ class Drain:
     a connection in the middle of an exchange finishes it, then closes instead of waiting for
     another request.
 
-    A connection served by callbacks, which waits for a next request once a request, is
-    followed for as long as it is in that mode (:meth:`follow`) and says whether it waits by
-    its ``waiting`` flag: an attribute set per request, not a set's add and discard."""
+    A connection served by callbacks (which may wait for a next request after every answer) is
+    followed for as long as it is in that mode (:meth:`follow`, :meth:`unfollow`) and says
+    whether it waits by its ``waiting`` flag: an attribute set per request, not a set's add and
+    discard (as :meth:`idle` and :meth:`busy` do for a connection its task serves)."""
 
     def __init__(self) -> None:
         self.draining = False

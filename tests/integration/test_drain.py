@@ -1,6 +1,7 @@
 """Server drain on SIGTERM, through the CLI: ``/readyz`` turns 503 at once, the fronts stop
 accepting, a kept-alive idle client connection does not hold the drain open, an open stream
-finishes (every line), and the process exits 0 as soon as it has; a stream still open at
+finishes (every line; also as a kept-alive connection's second request, served by callbacks),
+and the process exits 0 as soon as it has; a stream still open at
 ``--drain-timeout`` is cut and the process exits anyway (bounded).
 
 The stream is a ``kubectl logs -f``-like chunked response from the fake kubelet (one line every
@@ -68,8 +69,11 @@ async def start(bed: Bed, drain_timeout: float) -> None:
 class LogStream:
     """A ``follow=true&lines=N`` response read line by line over the HTTP front."""
 
-    def __init__(self, bed: Bed, lines: int) -> None:
+    def __init__(self, bed: Bed, lines: int, *, kept_alive: bool = False) -> None:
         self.bed, self.lines = bed, lines
+        self.kept_alive = kept_alive
+        """The log is the connection's second request (the first answered): a kept-alive
+        connection's request, served by callbacks (server/http_callbacks.py)."""
         self.conn = h11.Connection(h11.CLIENT)
         self.received = 0
         self.complete = False
@@ -78,6 +82,16 @@ class LogStream:
 
     async def run(self) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.bed.cluster.http_port)
+        if self.kept_alive:
+            first = h11.Request(
+                method="GET", target="/healthz", headers=[("Host", self.bed.host())]
+            )
+            writer.write(self.conn.send(first) + self.conn.send(h11.EndOfMessage()))
+            while not isinstance(event := self.conn.next_event(), h11.EndOfMessage):
+                assert not isinstance(event, h11.ConnectionClosed), "closed before one answer"
+                if event is h11.NEED_DATA:
+                    self.conn.receive_data(await asyncio.wait_for(reader.read(65536), 10))
+            self.conn.start_next_cycle()
         target = f"/containerLogs/default/web-1/app?follow=true&lines={self.lines}"
         request = h11.Request(
             method="GET",
@@ -138,13 +152,17 @@ async def wait_exit(proc: Proc, within: float) -> tuple[int, float]:
     return code, time.monotonic()
 
 
-async def test_sigterm_drains_an_open_stream_then_exits_0(bed: Bed) -> None:
+@pytest.mark.parametrize("kept_alive", [False, True], ids=["first-request", "kept-alive"])
+async def test_sigterm_drains_an_open_stream_then_exits_0(bed: Bed, kept_alive: bool) -> None:
+    # kept_alive: the stream is the answer to a kept-alive connection's second request, in the
+    # middle of it when the drain starts: finished, not closed as a connection waiting for a
+    # next request would be.
     await start(bed, drain_timeout=30)
     health = bed.server.ports["health"]
     assert await readyz(health) == 200
     idle_reader, idle_writer = await idle_keepalive(bed)
     lines = 60  # 3 s of stream
-    stream = LogStream(bed, lines)
+    stream = LogStream(bed, lines, kept_alive=kept_alive)
     reading = asyncio.create_task(stream.run())
     try:
         await asyncio.wait_for(stream.first_line.wait(), 10)
