@@ -43,7 +43,7 @@ into the tunnel as one DATA frame, which the agent keeps in place."""
 LEND_SMALL = 256 * 1024
 """Size of those buffers to start with, and again once the reads are small: a read that fills
 all the room it was offered (the socket held more) makes the next buffers :data:`LEND_READ`;
-two reads in a row under :data:`LEND_FROM` make them this size again (as Netty's adaptive
+two reads in a row under :data:`LEND_FROM` that left room make them this size again (as Netty's adaptive
 receive buffers: a slow upload does not hold a 1 MiB buffer and its spares)."""
 
 LEND_ROOM = 16 * 1024
@@ -426,8 +426,8 @@ class _Lender(asyncio.BufferedProtocol):
 
     def _next_buffer(self) -> None:
         """A buffer of the wanted size no view is held of: a spare that is free again, else a
-        new one; the one whose views are still held becomes a spare (if of that size: spares
-        are all of it, see :meth:`_resize`)."""
+        new one; the one whose views are still held becomes a spare (spares are all of the
+        wanted size: see :meth:`_resize`)."""
         spares = self.spares
         size = self.size
         fresh = None
@@ -435,7 +435,7 @@ class _Lender(asyncio.BufferedProtocol):
             if sys.getrefcount(spares[i]) <= _UNSHARED:
                 fresh = spares.pop(i)
                 break
-        if self.buf is not None and len(self.buf) == size and len(spares) < LEND_SPARES:
+        if self.buf is not None and len(spares) < LEND_SPARES:  # of that size: see get_buffer
             spares.append(self.buf)
         self.buf = fresh if fresh is not None else bytearray(size)
         self.end = 0
@@ -456,7 +456,11 @@ class _Lender(asyncio.BufferedProtocol):
         assert self.buf is not None
         start = self.end
         self.end += nbytes
-        if nbytes < LEND_FROM:
+        if nbytes == self.offered:  # the socket held more than the room
+            self.small_reads = 0
+            if nbytes >= LEND_FROM and self.size != LEND_READ:
+                self._resize(LEND_READ)  # bulk: read more at once
+        elif nbytes < LEND_FROM:
             self.small_reads += 1
             if self.small_reads == 2 and self.size != LEND_SMALL:
                 self._resize(LEND_SMALL)
@@ -464,6 +468,4 @@ class _Lender(asyncio.BufferedProtocol):
                 self.spares.clear()  # the bulk is over: an idle connection keeps one buffer
         else:
             self.small_reads = 0
-            if nbytes == self.offered and self.size != LEND_READ:
-                self._resize(LEND_READ)  # the socket held more than the room: read more at once
         self.stream._lent(memoryview(self.buf)[start : self.end].toreadonly())
