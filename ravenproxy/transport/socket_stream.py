@@ -43,8 +43,8 @@ into the tunnel as one DATA frame, which the agent keeps in place."""
 LEND_SMALL = 256 * 1024
 """Size of those buffers to start with, and again once the reads are small: a read that fills
 all the room it was offered (the socket held more) makes the next buffers :data:`LEND_READ`;
-two reads in a row under :data:`LEND_FROM` that left room make them this size again (as Netty's adaptive
-receive buffers: a slow upload does not hold a 1 MiB buffer and its spares)."""
+two reads in a row under :data:`LEND_FROM` that left room make them this size again (as
+Netty's adaptive receive buffers: a slow upload does not hold a 1 MiB buffer and spares)."""
 
 LEND_ROOM = 16 * 1024
 """Room a buffer must have left to be read into again before its views are let go."""
