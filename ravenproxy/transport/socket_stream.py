@@ -447,10 +447,13 @@ class _Lender(asyncio.BufferedProtocol):
         self.spares.clear()
 
     def release(self) -> None:
-        """Let go of the buffers (views handed out keep theirs alive as long as they need)."""
+        """Let go of the buffers (views handed out keep theirs alive as long as they need); the
+        next ones start small again (the pace after an idle spell is not known)."""
         self.buf = None
         self.end = 0
         self.spares.clear()
+        self.size = LEND_SMALL
+        self.small_reads = 0
 
     def buffer_updated(self, nbytes: int) -> None:
         assert self.buf is not None

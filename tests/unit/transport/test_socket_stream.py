@@ -231,6 +231,7 @@ async def _lending_lets_its_buffers_go_once_idle() -> None:
             assert b"".join(held) == data  # the views held stayed intact
             await _send_all(peer, b"x")
             assert await asyncio.wait_for(waiting, 5) == b"x"
+            assert stream.read_buffer_size <= LEND_SMALL  # it starts small again
         peer.shutdown(socket.SHUT_WR)
         assert await asyncio.wait_for(stream.read_chunk(100), 5) == b""
 
