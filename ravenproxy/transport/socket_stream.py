@@ -385,7 +385,6 @@ class _Lender(asyncio.BufferedProtocol):
         "connection_lost",
         "end",
         "eof_received",
-        "offered",
         "pause_writing",
         "pending",
         "resume_writing",
@@ -402,8 +401,7 @@ class _Lender(asyncio.BufferedProtocol):
         self.end = 0
         self.size = LEND_SMALL
         """Size of the next buffer made (:data:`LEND_SMALL` or :data:`LEND_READ`)."""
-        self.small_reads = 0  # reads in a row under LEND_FROM
-        self.offered = 0  # room of the last buffer given to the transport
+        self.small_reads = 0  # reads in a row under LEND_FROM that left room
         self.spares: list[bytearray] = []
         self.views: collections.deque[memoryview] = collections.deque()
         self.pending = 0
@@ -421,7 +419,6 @@ class _Lender(asyncio.BufferedProtocol):
         if self.buf is None or len(self.buf) - self.end < LEND_ROOM:
             self._next_buffer()
         assert self.buf is not None
-        self.offered = len(self.buf) - self.end
         return memoryview(self.buf)[self.end :]
 
     def _next_buffer(self) -> None:
@@ -429,7 +426,6 @@ class _Lender(asyncio.BufferedProtocol):
         new one; the one whose views are still held becomes a spare (spares are all of the
         wanted size: see :meth:`_resize`)."""
         spares = self.spares
-        size = self.size
         fresh = None
         for i in range(len(spares)):
             if sys.getrefcount(spares[i]) <= _UNSHARED:
@@ -437,7 +433,7 @@ class _Lender(asyncio.BufferedProtocol):
                 break
         if self.buf is not None and len(spares) < LEND_SPARES:  # of that size: see get_buffer
             spares.append(self.buf)
-        self.buf = fresh if fresh is not None else bytearray(size)
+        self.buf = fresh if fresh is not None else bytearray(self.size)
         self.end = 0
 
     def _resize(self, size: int) -> None:
@@ -451,15 +447,14 @@ class _Lender(asyncio.BufferedProtocol):
         next ones start small again (the pace after an idle spell is not known)."""
         self.buf = None
         self.end = 0
-        self.spares.clear()
-        self.size = LEND_SMALL
+        self._resize(LEND_SMALL)
         self.small_reads = 0
 
     def buffer_updated(self, nbytes: int) -> None:
         assert self.buf is not None
         start = self.end
         self.end += nbytes
-        if nbytes == self.offered:  # the socket held more than the room
+        if nbytes == len(self.buf) - start:  # all the room offered: the socket held more
             self.small_reads = 0
             if nbytes >= LEND_FROM and self.size != LEND_READ:
                 self._resize(LEND_READ)  # bulk: read more at once
