@@ -12,7 +12,14 @@ keep-alive connections:
 - ``tunnel``: client → server HTTP front (``Host: edge-1:PORT``) → mTLS WebSocket tunnel →
   agent → target;
 - ``tunnel-base`` (with ``--baseline DIR``): the same through another checkout's server and
-  agent (``DIR/.venv/bin/python``), for a before/after in one run.
+  agent (``DIR/.venv/bin/python``), for a before/after in one run;
+- ``tunnel-connect``: each client connection first sends ``CONNECT edge-1:PORT`` to the same
+  front, then its GETs go through that one tunnel stream as bytes (the way an egress dialer such
+  as kube-apiserver's uses the proxy, and the way ``ssh -R`` forwards: nothing parsed per
+  request). Against ``tunnel`` it shows what parsing and routing every request costs;
+- ``floor`` (with ``--floor``): two minimal uvloop relays with mTLS between them
+  (``floor_relay.py``: no framing, no streams, one TLS connection per client connection), the
+  least two Python processes relaying with TLS cost.
 
 Each relay's CPU per request is the user+system time of its processes (server + agent; sshd
 with its per-connection children + ssh), from ``/proc/PID/stat`` over the row, divided by the
@@ -51,6 +58,7 @@ from typing import Any, cast
 
 import uvloop
 
+from ravenproxy.client import open_tunnel
 from ravenproxy.pki import init_pki
 
 SCRIPT = Path(__file__).resolve()
@@ -170,12 +178,17 @@ async def run_row(
     seconds: float,
     connections: int,
     pids: Callable[[], list[int]] | None = None,
+    connect: str | None = None,
 ) -> Row:
+    """``connect``: open every connection with ``CONNECT connect`` first (a byte tunnel)."""
     row = Row(name, rate, seconds)
     request = f"GET /ping HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: latency\r\n\r\n".encode()
     conns = []
     for _ in range(connections):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if connect is None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        else:
+            reader, writer = await open_tunnel("127.0.0.1", port, connect)
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conns.append((reader, writer))
     # Warm up every connection (and, through the tunnel, its stream) outside the timed part.
@@ -303,9 +316,9 @@ def _wait_port_file(path: Path, proc: subprocess.Popen[bytes]) -> int:
         if path.exists() and path.read_text():
             return int(path.read_text())
         if proc.poll() is not None:
-            raise RuntimeError("target exited")
+            raise RuntimeError(f"{path.stem} exited")
         time.sleep(0.05)
-    raise RuntimeError("target did not start")
+    raise RuntimeError(f"{path.stem} did not start")
 
 
 async def _wait_routable(http: int, host: str) -> None:
@@ -418,6 +431,25 @@ def start_tunnel(
     return Tunnel(name, http, [server.pid, agent.pid])
 
 
+def start_floor(base: Path, procs: Procs, target_port: int) -> tuple[int, list[int]]:
+    """Two ``floor_relay.py`` processes: client → A → (mTLS) → B → target."""
+    certs = base / "certs-floor"
+    init_pki(certs, ("localhost", "127.0.0.1"), ("edge-1",))
+    relay = [sys.executable, str(HERE / "floor_relay.py")]
+    b = procs.start(
+        "floor-b",
+        [*relay, str(base / "floor-b.port"), str(target_port), "--tls-in",
+         str(certs / "ca.crt"), str(certs / "server.crt"), str(certs / "server.key")],
+    )  # fmt: skip
+    b_port = _wait_port_file(base / "floor-b.port", b)
+    a = procs.start(
+        "floor-a",
+        [*relay, str(base / "floor-a.port"), str(b_port), "--tls-out",
+         str(certs / "ca.crt"), str(certs / "edge-1.crt"), str(certs / "edge-1.key")],
+    )  # fmt: skip
+    return _wait_port_file(base / "floor-a.port", a), [a.pid, b.pid]
+
+
 def _profiled(profile: Path | None, role: str) -> list[str]:
     return ["-m", "cProfile", "-o", str(profile / f"{role}.prof")] if profile else []
 
@@ -471,24 +503,33 @@ def start_ssh(base: Path, procs: Procs, target_port: int) -> tuple[int, list[int
 
 @dataclass
 class Way:
-    """One way to the target: its name, the port a client connects to, the Host it sends and
-    the processes whose CPU is the relay's (none: direct)."""
+    """One way to the target: its name, the port a client connects to, the Host it sends,
+    the processes whose CPU is the relay's (none: direct) and, for a byte tunnel, the
+    ``node:port`` each connection CONNECTs to first."""
 
     name: str
     port: int
     host: str
     pids: Callable[[], list[int]] | None = None
+    connect: str | None = None
 
 
 async def measure(args: argparse.Namespace, paths: list[Way]) -> list[dict[str, Any]]:
     for path in paths:
-        if path.name.startswith("tunnel"):
+        if path.name.startswith("tunnel") and path.connect is None:
             await _wait_routable(path.port, path.host)
     rows = []
     for rate in args.rates:
         for path in paths:
             row = await run_row(
-                path.name, path.port, path.host, rate, args.seconds, args.connections, path.pids
+                path.name,
+                path.port,
+                path.host,
+                rate,
+                args.seconds,
+                args.connections,
+                path.pids,
+                path.connect,
             )
             summary = row.summary()
             rows.append(summary)
@@ -520,8 +561,15 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             paths.append(Way("tunnel-base", old.http, host, _pids(old.pids, False)))
             machine["baseline"] = str(args.baseline)
             machine["baseline_commit"] = _commit(args.baseline)
+        if args.floor:
+            floor_port, floor_pids = start_floor(base, procs, target_port)
+            direct = f"127.0.0.1:{target_port}"
+            paths.append(Way("floor", floor_port, direct, _pids(floor_pids, False)))
         new = start_tunnel(base, procs, target_port, "new", sys.executable, None, args.profile)
         paths.append(Way("tunnel", new.http, host, _pids(new.pids, False)))
+        if not args.no_connect:
+            direct = f"127.0.0.1:{target_port}"
+            paths.append(Way("tunnel-connect", new.http, direct, _pids(new.pids, False), host))
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             rows = runner.run(measure(args, paths))
     finally:
@@ -540,7 +588,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                     "relay_cpu_us_per_request": r["relay_cpu_us_per_request"],
                 }
         ssh = entry.get("ssh")
-        for name in ("tunnel", "tunnel-base"):
+        for name in ("tunnel", "tunnel-base", "tunnel-connect", "floor"):
             t = entry.get(name)
             if ssh is not None and t is not None:
                 t["vs_ssh"] = {
@@ -664,6 +712,12 @@ def main() -> None:
         help="another checkout (with its .venv) whose server and agent get a row too",
     )
     parser.add_argument("--no-ssh", action="store_true", help="no ssh -R row")
+    parser.add_argument(
+        "--floor", action="store_true", help="a floor row: two minimal Python relays over mTLS"
+    )
+    parser.add_argument(
+        "--no-connect", action="store_true", help="no tunnel-connect row (CONNECT, then bytes)"
+    )
     parser.add_argument(
         "--profile", type=Path, help="run this checkout's server and agent under cProfile into DIR"
     )
