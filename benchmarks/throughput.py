@@ -480,6 +480,31 @@ class Pair:
         self.procs = []
 
 
+@dataclass
+class Forward:
+    """One ``ssh -R`` client (and so one sshd per-connection process, the other relaying end),
+    started afresh every round like the tunnel pairs: each round is an independent draw for
+    ssh too, not one process pair kept for the whole run."""
+
+    ssh: Ssh
+    cipher: str
+    port: int = 0
+    proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        # The sshd listener counts with its descendants: the per-connection child relays.
+        return [self.ssh.pid, self.proc.pid] if self.proc else []
+
+    async def start(self, procs: Procs, sink: int) -> None:
+        self.port, self.proc = await start_ssh_forward(procs, self.ssh, self.cipher, sink)
+
+    async def stop(self, procs: Procs) -> None:
+        if self.proc is not None:
+            await procs.stop_one(self.proc)
+        self.proc = None
+
+
 def merge_profiles(profile: Path, pairs: Sequence[Pair]) -> None:
     """The rounds' profiles into ``DIR/server.prof`` and ``DIR/agent.prof`` (the tunnel under
     test) and ``DIR/base-server.prof``, ``DIR/base-agent.prof``; the per-round ones go."""
@@ -509,6 +534,8 @@ class Row:
     to them. CPU time is a steadier A/B measure than MB/s on a shared machine."""
     pair: Pair | None = None
     """A tunnel row's server + agent (restarted every round): its relay PIDs are theirs."""
+    forward: Forward | None = None
+    """An ssh row's ``ssh -R`` (restarted every round): its relay PIDs are sshd's and its."""
     runs: list[tuple[int, float]] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     """Relay CPU seconds per GiB moved (warm-up included), one per run."""
@@ -518,7 +545,9 @@ class Row:
 
     @property
     def relay(self) -> tuple[int, ...]:
-        return tuple(self.pair.pids) if self.pair else self.fixed_relay
+        if self.pair:
+            return tuple(self.pair.pids)
+        return tuple(self.forward.pids) if self.forward else self.fixed_relay
 
     def result(self) -> dict[str, Any]:
         if not self.runs:
@@ -616,6 +645,7 @@ async def run(opts: Options) -> dict[str, Any]:
     procs = Procs()
     rows: list[Row] = []
     pairs: list[Pair] = []
+    forwards: list[Forward] = []
     ssh_info: dict[str, Any] | None = None
     ssh_error: str | None = None
     start_order: list[list[str]] = []
@@ -656,17 +686,20 @@ async def run(opts: Options) -> dict[str, Any]:
                     x8 = "ssh_x8" in opts.only and cipher == SSH_CIPHERS[0][1]
                     if "ssh" not in opts.only and not x8:
                         continue
-                    rport, client = await start_ssh_forward(procs, ssh, cipher, sink)
-                    relay = (ssh.pid, client.pid)  # sshd with its children, and the ssh client
+                    forward = Forward(ssh, cipher)
+                    await forward.start(procs, sink)  # fails here, not mid-run, if it cannot
+                    forwards.append(forward)
 
                     def via_ssh(
-                        p: int = rport,
+                        f: Forward = forward,
                     ) -> Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-                        return asyncio.open_connection("127.0.0.1", p, limit=256 * 1024)
+                        return asyncio.open_connection("127.0.0.1", f.port, limit=256 * 1024)
 
                     key = "ssh_" + label.split("-")[0]
                     if "ssh" in opts.only:
-                        rows.append(Row(key, f"ssh -R {label}", 1, via_ssh, one, warm, relay))
+                        rows.append(
+                            Row(key, f"ssh -R {label}", 1, via_ssh, one, warm, forward=forward)
+                        )
                         ssh_info["rows"].append(key)
                     if x8:
                         rows.append(
@@ -677,7 +710,7 @@ async def run(opts: Options) -> dict[str, Any]:
                                 via_ssh,
                                 each,
                                 warm // n,
-                                relay,
+                                forward=forward,
                             )
                         )
                         ssh_info["rows"].append(f"{key}_x8")
@@ -691,6 +724,9 @@ async def run(opts: Options) -> dict[str, Any]:
             # Odd rounds start (and run) the pairs in reverse: no pair is always the first.
             order = pairs[::-1] if round_ % 2 else pairs
             try:
+                for forward in forwards if round_ else ():  # round 1's were started above
+                    await forward.stop(procs)
+                    await forward.start(procs, sink)
                 for pair in order:
                     await pair.start(procs, base / f"{pair.key}-{round_ + 1}", sink, opts.profile)
             except BaseException:
