@@ -153,7 +153,11 @@ class CallbackPath:
             self._unhook()
             self.waiting = False
         if sock.write_paused:
-            await sock.drain()  # a slow client: the task goes on once it took the bytes
+            # A slow client: the task goes on once it took the bytes. Mid-answer, as a rule;
+            # between requests only once a drain has begun (it is why the callbacks left):
+            # then the exchange is done and its answer not yet taken, which the drain lets the
+            # client take (bounded by --drain-timeout), as it lets any exchange finish.
+            await sock.drain()
         return rest
 
     def _route_again(self, action: RouteRequest) -> list[Action]:
