@@ -35,45 +35,35 @@ class FrontLimits:
 
 
 class Waiter(Protocol):
-    """A client connection served by callbacks (:meth:`Drain.follow`): ``waiting`` while it
-    waits for a next request."""
+    """A client connection the drain follows (:meth:`Drain.follow`): ``waiting`` while it
+    waits for a next request, whether its task or callbacks serve it."""
 
     waiting: bool
     writer: SocketWriter
 
 
 class Drain:
-    """The fronts' side of a server drain. Client connections kept alive between requests
-    register here while they wait for a next request: when the drain starts they are closed at
-    once (they hold no request, and would otherwise hold the drain open up to --drain-timeout);
-    a connection in the middle of an exchange finishes it, then closes instead of waiting for
-    another request.
+    """The fronts' side of a server drain. A client connection kept alive between requests is
+    closed at once when the drain starts if it waits for a next request then (it holds no
+    request, and would otherwise hold the drain open up to --drain-timeout); a connection in
+    the middle of an exchange finishes it, then closes instead of waiting for another request.
 
-    A connection served by callbacks (which may wait for a next request after every answer) is
-    followed for as long as it is in that mode (:meth:`follow`, :meth:`unfollow`) and says
-    whether it waits by its ``waiting`` flag: an attribute set per request, not a set's add and
-    discard (as :meth:`idle` and :meth:`busy` do for a connection its task serves)."""
+    One mechanism for both ways a connection is served (its task, or callbacks): a connection
+    is followed once, for its life (:meth:`follow`, :meth:`unfollow`), and says whether it
+    waits by its own ``waiting`` flag, an attribute it sets per request — no set operation per
+    request. The drain reads the flags when it starts."""
 
     def __init__(self) -> None:
         self.draining = False
-        self._idle: set[SocketWriter] = set()
         self._followed: set[Waiter] = set()
 
     def start(self) -> int:
         """Start draining; returns how many idle kept-alive connections it closed."""
         self.draining = True
-        idle, self._idle = self._idle, set()
-        idle.update(waiter.writer for waiter in self._followed if waiter.waiting)
+        idle = [waiter.writer for waiter in self._followed if waiter.waiting]
         for writer in idle:
             writer.close()  # the reader sees EOF: the connection ends as if the client left
         return len(idle)
-
-    def idle(self, writer: SocketWriter) -> None:
-        """``writer``'s connection waits for a next request (closed if the drain starts)."""
-        self._idle.add(writer)
-
-    def busy(self, writer: SocketWriter) -> None:
-        self._idle.discard(writer)
 
     def follow(self, waiter: Waiter) -> None:
         """Close ``waiter``'s connection when the drain starts if it is ``waiting`` then."""

@@ -46,7 +46,12 @@ from ravenproxy.server.exchange_actions import (
 )
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.router import RouteMemo
-from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream, TunnelByteStream
+from ravenproxy.transport.bytestream import (
+    READ_LIMIT,
+    ByteStream,
+    TlsByteStream,
+    TunnelByteStream,
+)
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult
 from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
@@ -93,7 +98,9 @@ class CallbackPath:
         self._calls: IdleWatch | None = None
         self._busy = False
         self.waiting = False
-        """In callback mode, waiting for a next request (closed if the server drains)."""
+        """Waiting for a next request, served by callbacks or by the task (closed if the server
+        drains: :class:`~ravenproxy.server.front.Drain` follows the connection for its life
+        and reads this)."""
 
     def _close_upstream(self) -> None:
         raise NotImplementedError
@@ -123,16 +130,13 @@ class CallbackPath:
             watch = self._calls = IdleWatch(KEEPALIVE_TIMEOUT)
         done: asyncio.Future[list[Action]] = asyncio.get_running_loop().create_future()
         self._exit = done
-        upstream = self.upstream
-        if isinstance(upstream, TunnelByteStream):
-            self._hooked = upstream.stream
-            upstream.stream.on_readable(self._on_upstream)
+        self._hook_kept()
         sock.on_data(self._advance)
-        self.ctx.drain.follow(self)
         try:
             try:
                 async with watch:
                     self._advance()  # what the socket holds already
+                    self._kept_ended()
                     rest = await done
             except IdleTimeout as exc:
                 if self.ex.phase != "forwarding":
@@ -148,9 +152,12 @@ class CallbackPath:
             sock.on_data(None)
             self._unhook()
             self.waiting = False
-            self.ctx.drain.unfollow(self)
         if sock.write_paused:
-            await sock.drain()  # a slow client: the task goes on once it took the bytes
+            # A slow client: the task goes on once it took the bytes. Mid-answer, as a rule;
+            # between requests only once a drain has begun (it is why the callbacks left):
+            # then the exchange is done and its answer not yet taken, which the drain lets the
+            # client take (bounded by --drain-timeout), as it lets any exchange finish.
+            await sock.drain()
         return rest
 
     def _route_again(self, action: RouteRequest) -> list[Action]:
@@ -164,6 +171,24 @@ class CallbackPath:
         except RoutingError as exc:
             return list(self.ex.refused(exc.status, exc.node, exc.reason))
         return list(self.ex.routed(self.routed.route))
+
+    def _hook_kept(self) -> None:
+        """The kept tunnel stream calls back (:meth:`_on_upstream`): in callback mode, and
+        while the task waits for a next request — a stream under re-originated TLS too, whose
+        connection the callbacks do not serve — so that its end between requests is noticed
+        either way. Its end before the hook: :meth:`_kept_ended`, once ``waiting``."""
+        upstream = self.upstream
+        if type(upstream) is TlsByteStream:
+            upstream = upstream.inner
+        if type(upstream) is TunnelByteStream:
+            stream = self._hooked = upstream.stream
+            stream.on_readable(self._on_upstream)
+
+    def _kept_ended(self) -> None:
+        """The hooked stream ended before its hook (with the last answer): let it go now."""
+        stream = self._hooked
+        if stream is not None and stream.ended:
+            self._on_upstream()
 
     def _unhook(self) -> None:
         stream, self._hooked = self._hooked, None
@@ -181,11 +206,12 @@ class CallbackPath:
         if phase == "forwarding":
             self._advance()
         elif phase == "head":
-            # Between requests: bytes of the kept stream wait for the next request, as in the
-            # task; its end lets it go now, and with it the client's stream slot
-            # (--max-streams-per-client), not at the next request or the keep-alive timeout.
-            done, stream = self._exit, self._hooked
-            if done is None or done.done() or self._busy or stream is None or not stream.ended:
+            # Between requests (by callbacks or in the task): bytes of the kept stream wait for
+            # the next request; its end lets it go now, and with it the client's stream slot
+            # (--max-streams-per-client), not at the next request (which would go out on the
+            # dead stream: one with a body is then refused, 502) or the keep-alive timeout.
+            stream = self._hooked
+            if not self.waiting or self._busy or stream is None or not stream.ended:
                 return
             self._busy = True
             try:
@@ -226,7 +252,7 @@ class CallbackPath:
                         return self._leave([])
                     data = sock.read_nowait(READ_LIMIT)
                     if data is None:
-                        self.waiting = True  # the drain closes it (Drain.follow)
+                        self.waiting = True  # the drain closes it (Drain.start)
                         watch.retime(KEEPALIVE_TIMEOUT)
                         return None
                     self.waiting = False

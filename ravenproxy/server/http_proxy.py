@@ -162,8 +162,11 @@ class _Connection(CallbackPath):
 
     async def run(self) -> None:
         front = self.proxy.front
+        drain = self.ctx.drain
+        drain.follow(self)  # once: its waiting flag says when a drain may close it
         try:
             raw = await self._exchanges()
+            drain.unfollow(self)  # raw bytes from here: it never waits for a request again
             # Raw bytes both ways until both sides are done (the relay closes both ends),
             # relayed from this frame: an idle relay holds no frame of the exchange. Nor its
             # parser state (~1.5 KB): the exchange is over, nothing reads it from here on.
@@ -190,6 +193,7 @@ class _Connection(CallbackPath):
         except Exception:
             log.exception(f"{front} front: connection failed", extra=kv(peer=self.peer))
         finally:
+            drain.unfollow(self)
             await self._stop_pump()
             self._close_upstream()
             if not self.writer.is_closing():
@@ -216,10 +220,11 @@ class _Connection(CallbackPath):
         its first byte."""
         actions = self.ex.poll()
         if not actions and not self.ex.first and not self.ex.head_begun:
-            drain = self.ctx.drain
-            if drain.draining:  # the server drains: no next request on this connection
+            if self.ctx.drain.draining:  # the server drains: no next request on this connection
                 raise _Done
-            drain.idle(self.writer)
+            self.waiting = True  # the drain closes it (Drain.start)
+            self._hook_kept()
+            self._kept_ended()
             if self.keepalive is None:
                 self.keepalive = IdleWatch(KEEPALIVE_TIMEOUT)
             try:
@@ -228,7 +233,8 @@ class _Connection(CallbackPath):
             except IdleTimeout:
                 raise _Done from None
             finally:
-                drain.busy(self.writer)
+                self.waiting = False
+                self._unhook()
             actions = self.ex.receive_client(data)
         if not actions:
             timeout = self.ctx.limits.header_timeout

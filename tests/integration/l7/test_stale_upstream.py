@@ -4,6 +4,7 @@ the client's connection goes out again on a fresh one (it had no body, so that i
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -14,10 +15,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 def answer_then_close(
-    served: list[int],
+    served: list[int], *, abort: bool = False
 ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
     """A target that answers one request, then closes the idle connection a moment later (as
-    a keep-alive timeout would); each request served is counted in ``served``."""
+    a keep-alive timeout would); each request served is counted in ``served``. ``abort``: the
+    TCP connection goes at once (over TLS, asyncio's close would wait up to 30 s for the peer's
+    close_notify, which a kubelet does not)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -25,7 +28,10 @@ def answer_then_close(
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nhi\n")
         await writer.drain()
         await asyncio.sleep(0.2)
-        writer.close()
+        if abort:
+            writer.transport.abort()
+        else:
+            writer.close()
 
     return handle
 
@@ -74,6 +80,53 @@ async def test_a_kept_stream_the_target_ends_while_the_client_idles_is_let_go(l7
         # The client idles on its kept-alive connection; the target has closed its side.
         await l7.cluster.wait_metric(streams, lambda v: v <= before, timeout=10)
         writer.write(request)  # the next request goes out on a fresh stream
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(3) == b"hi\n"
+        assert len(served) == 2
+    finally:
+        if writer is not None:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+def tls_target(l7: L7) -> ssl.SSLContext:
+    """edge-1's serving certificate (the kubelet CA's): a target the server re-originates TLS
+    to (an ``https://`` request), verified as it verifies the kubelet."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    pki = l7.base / "kubelet-pki"
+    ctx.load_cert_chain(pki / "edge-1.crt", pki / "edge-1.key")
+    return ctx
+
+
+async def test_a_kept_tls_stream_the_target_ends_while_the_client_idles_is_let_go(l7: L7) -> None:
+    """As above, over re-originated TLS: the kept stream is TLS over a tunnel stream, and the
+    connection waits for its next request in its task, not by callbacks. The target's end is
+    noticed there too: the stream and the client's slot go at once, and the next request — a
+    POST, which is not sent again on a fresh connection once sent on a dead one — is answered
+    on a fresh stream."""
+    streams = "ravenproxy_server_streams_open"
+    served: list[int] = []
+    server = await asyncio.start_server(
+        answer_then_close(served, abort=True), EDGE_IP, l7.spare_port, ssl=tls_target(l7)
+    )
+    writer: asyncio.StreamWriter | None = None
+    try:
+        before = (await l7.cluster.metrics())[streams]
+        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+        get = f"GET https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n\r\n"
+        writer.write(get.encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(3) == b"hi\n"
+        # The client idles on its kept-alive connection; the target has closed its side.
+        await l7.cluster.wait_metric(streams, lambda v: v <= before, timeout=10)
+        post = (
+            f"POST https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n"
+            "Content-Length: 2\r\n\r\nhi"
+        )
+        writer.write(post.encode())
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         assert head.startswith(b"HTTP/1.1 200"), head
         assert await reader.readexactly(3) == b"hi\n"

@@ -1,7 +1,7 @@
-"""The fronts' drain closes the kept-alive connections that wait for a next request: those a
-task serves (registered per wait) and those served by callbacks (followed once, their
-``waiting`` flag read when the drain starts); a connection in the middle of an exchange is left
-to finish it."""
+"""The fronts' drain closes the kept-alive connections that wait for a next request, however
+they are served (their task or callbacks): each is followed once, for its life, and its own
+``waiting`` flag is read when the drain starts; a connection in the middle of an exchange is
+left to finish it, one no longer followed is not touched."""
 
 from __future__ import annotations
 
@@ -25,18 +25,14 @@ class Connection:
     writer: Any = field(default_factory=Writer)
 
 
-def test_the_drain_closes_waiting_connections_of_both_kinds_once() -> None:
+def test_the_drain_closes_the_waiting_connections_it_follows_once() -> None:
     drain = Drain()
-    by_task, busy_task = Writer(), Writer()
-    drain.idle(by_task)
-    drain.idle(busy_task)
-    drain.busy(busy_task)
-    waiting, busy, gone = Connection(waiting=False), Connection(waiting=False), Connection(True)
+    waiting, busy, gone = Connection(waiting=False), Connection(True), Connection(True)
     for conn in (waiting, busy, gone):
         drain.follow(conn)
-    drain.unfollow(gone)  # left callback mode (its task registers it if it waits)
+    drain.unfollow(gone)  # ended (or relays raw bytes: it never waits for a request again)
     waiting.waiting = True  # its flag, set per request
-    assert drain.start() == 2
+    busy.waiting = False
+    assert drain.start() == 1
     assert drain.draining
-    assert (by_task.closed, waiting.writer.closed) == (1, 1)
-    assert (busy_task.closed, busy.writer.closed, gone.writer.closed) == (0, 0, 0)
+    assert (waiting.writer.closed, busy.writer.closed, gone.writer.closed) == (1, 0, 0)
