@@ -179,8 +179,12 @@ async def run_row(
     connections: int,
     pids: Callable[[], list[int]] | None = None,
     connect: str | None = None,
+    on_start: Callable[[], None] | None = None,
+    on_stop: Callable[[], None] | None = None,
 ) -> Row:
-    """``connect``: open every connection with ``CONNECT connect`` first (a byte tunnel)."""
+    """One row. ``connect``: open every connection with ``CONNECT connect`` first (a byte
+    tunnel). ``on_start`` is called once the connections are warmed up (just before the timed
+    part), ``on_stop`` when the last answer is in (benchmarks/instructions.py's switch)."""
     row = Row(name, rate, seconds)
     request = f"GET /ping HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: latency\r\n\r\n".encode()
     conns = []
@@ -195,6 +199,8 @@ async def run_row(
     for reader, writer in conns:
         writer.write(request)
         await _read_response(reader)
+    if on_start is not None:
+        on_start()
     total = int(rate * seconds)
     now = time.perf_counter  # uvloop's loop.time() has millisecond resolution
     t0 = now() + 0.05
@@ -224,6 +230,8 @@ async def run_row(
     start = now()
     await asyncio.gather(*(worker(c) for c in range(connections)))
     row.elapsed = now() - start
+    if on_stop is not None:
+        on_stop()
     if pids is not None:
         after = {pid: cpu_seconds([pid]) for pid in pids()}
         row.cpu_by_pid = [after[pid] - before.get(pid, 0.0) for pid in after]
@@ -388,9 +396,12 @@ def start_tunnel(
     python: str,
     cwd: Path | None,
     profile: Path | None = None,
+    wrap: Callable[[str], list[str]] | None = None,
 ) -> Tunnel:
     """``ravenproxy server`` + ``ravenproxy agent`` run by ``python`` (in ``cwd``), under
-    cProfile into ``profile/{server,agent}.prof`` when given."""
+    cProfile into ``profile/{server,agent}.prof`` when given; ``wrap(role)`` is put before
+    the command line (a valgrind's, benchmarks/instructions.py's), so the PID is still its."""
+    prefix = wrap if wrap is not None else (lambda role: [])
     certs = base / f"certs-{name}"
     init_pki(certs, ("localhost", "127.0.0.1"), ("edge-1",))
     inventory = base / "inventory.yaml"
@@ -399,7 +410,7 @@ def start_tunnel(
     server = procs.start(
         f"server-{name}",
         [
-            python, *_profiled(profile, "server"), "-m", "ravenproxy", "server",
+            *prefix("server"), python, *_profiled(profile, "server"), "-m", "ravenproxy", "server",
             "--inventory", str(inventory),
             "--ca-file", str(certs / "ca.crt"),
             "--cert-file", str(certs / "server.crt"),
@@ -416,7 +427,7 @@ def start_tunnel(
     agent = procs.start(
         f"agent-{name}",
         [
-            python, *_profiled(profile, "agent"), "-m", "ravenproxy", "agent",
+            *prefix("agent"), python, *_profiled(profile, "agent"), "-m", "ravenproxy", "agent",
             "--node-name", "edge-1",
             "--server-addr", f"wss://127.0.0.1:{tunnel}",
             "--ca-file", str(certs / "ca.crt"),
