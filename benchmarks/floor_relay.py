@@ -31,9 +31,13 @@ class _Side(asyncio.Protocol):
         self.peer: _Side | None = None
         self.transport: asyncio.Transport | None = None
         self.early: list[bytes] = []  # what arrived for us before we were connected
+        self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        if self.peer is not None and self.peer.lost:  # it left while we were dialled
+            self.transport.close()
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -59,6 +63,7 @@ class _Side(asyncio.Protocol):
             self.peer.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         if self.peer is not None and self.peer.transport is not None:
             self.peer.transport.close()
 

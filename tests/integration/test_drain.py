@@ -11,6 +11,7 @@ The stream is a ``kubectl logs -f``-like chunked response from the fake kubelet 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
@@ -61,8 +62,13 @@ def bed(tmp_path: Path) -> Iterator[Bed]:
 
 
 async def start(bed: Bed, drain_timeout: float) -> None:
-    bed.cluster.start_server("--drain-timeout", str(drain_timeout))
-    bed.cluster.start_agent("edge-1", f"127.0.0.1:{bed.kubelet.http_port}")
+    # The kubelet's certificate is the cluster CA's (an https:// request verifies it).
+    kubelet_ca = str(bed.cluster.certs / "ca.crt")
+    bed.cluster.start_server("--drain-timeout", str(drain_timeout), "--kubelet-ca-file", kubelet_ca)
+    kubelet = bed.kubelet
+    bed.cluster.start_agent(
+        "edge-1", f"127.0.0.1:{kubelet.http_port}", f"127.0.0.1:{kubelet.tls_port}"
+    )
     await bed.cluster.wait_routable(bed.host())
 
 
@@ -121,10 +127,15 @@ class LogStream:
             writer.close()
 
 
-async def idle_keepalive(bed: Bed) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A client connection that got one answer and stays open, idle, kept alive."""
+async def idle_keepalive(
+    bed: Bed, *, tls: bool = False
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client connection that got one answer and stays open, idle, kept alive. ``tls``: its
+    request is an ``https://`` one (TLS re-originated to the kubelet's TLS port): a connection
+    its task serves between requests, not callbacks."""
     reader, writer = await asyncio.open_connection("127.0.0.1", bed.cluster.http_port)
-    writer.write(f"GET /healthz HTTP/1.1\r\nHost: {bed.host()}\r\n\r\n".encode())
+    target = f"https://edge-1:{bed.kubelet.tls_port}/healthz" if tls else "/healthz"
+    writer.write(f"GET {target} HTTP/1.1\r\nHost: {bed.host()}\r\n\r\n".encode())
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     assert head.startswith(b"HTTP/1.1 200"), head
     length = next(
@@ -211,6 +222,24 @@ async def test_sigterm_drains_an_open_stream_then_exits_0(bed: Bed, kept_alive: 
     log = bed.server.output()
     assert "server draining" in log
     assert "server drained" in log
+
+
+async def test_an_idle_connection_its_task_serves_does_not_hold_the_drain_open(bed: Bed) -> None:
+    """The drain closes a kept-alive connection waiting for a next request in its task (one
+    kept over re-originated TLS, which callbacks do not serve) as it closes one served by
+    callbacks: the server exits at once, not at --drain-timeout."""
+    await start(bed, drain_timeout=30)
+    reader, writer = await idle_keepalive(bed, tls=True)
+    try:
+        bed.server.kill(signal.SIGTERM)
+        signalled = time.monotonic()
+        code, exited = await wait_exit(bed.server, within=10)
+        with contextlib.suppress(ConnectionError):
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+    finally:
+        writer.close()
+    assert code == 0, bed.server.output()[-3000:]
+    assert exited - signalled < 5, f"exited {exited - signalled:.1f}s after SIGTERM"
 
 
 async def test_a_stream_open_at_the_drain_timeout_is_cut_and_the_server_exits(bed: Bed) -> None:
