@@ -135,6 +135,7 @@ async def measure(
                 args.rate,
                 args.requests / args.rate,
                 args.connections,
+                connect=host if args.connect else None,
                 on_start=counted.on,
                 on_stop=stop,
             )
@@ -225,6 +226,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "connections": args.connections,
             "rounds": args.rounds,
             "request": "GET /ping (keep-alive), 2-byte body, Host: edge-1:PORT",
+            "path": "tunnel-connect (CONNECT edge-1:PORT once per connection)"
+            if args.connect
+            else "tunnel (each request routed by its Host)",
             "counted": "callgrind Ir (user-space instructions) of server and agent from "
             "callgrind_control -i on to -i off around the requests, / requests served",
         },
@@ -242,6 +246,12 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="another checkout (with its .venv)")
+    parser.add_argument(
+        "--connect",
+        action="store_true",
+        help="latency.py's tunnel-connect path: CONNECT once per connection, then the GETs as "
+        "bytes (nothing parsed per request); without it, the tunnel path (Host: routing)",
+    )
     parser.add_argument(
         "--dumps", type=Path, help="keep the dumps here: callgrind-NAME-ROLE.out.ROUND"
     )
