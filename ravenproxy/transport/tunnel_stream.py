@@ -181,16 +181,17 @@ class TunnelStream:
                 raise self._error.fresh()
             if self._eof:
                 return b""
-            if self._read_waiters is None:
-                self._read_waiters = []
+            waiters = self._read_waiters
+            if waiters is None:
+                waiters = self._read_waiters = []
             # Waited here, not in a helper coroutine: an idle stream's reader holds one frame
             # less.
             fut = asyncio.get_running_loop().create_future()
-            self._read_waiters.append(fut)
+            waiters.append(fut)
             try:
                 await fut
             finally:
-                _forget(self._read_waiters, fut)
+                _forget(waiters, fut)
         chunk = self._chunks.popleft()
         self.bytes_in += len(chunk)
         self.session._consumed(self.id, len(chunk))
@@ -265,14 +266,15 @@ class TunnelStream:
             if room > 0:
                 return room
             self.session._wait_window(self)
-            if self._write_waiters is None:
-                self._write_waiters = []
+            waiters = self._write_waiters
+            if waiters is None:
+                waiters = self._write_waiters = []
             fut = asyncio.get_running_loop().create_future()
-            self._write_waiters.append(fut)
+            waiters.append(fut)
             try:
                 await fut
             finally:
-                _forget(self._write_waiters, fut)
+                _forget(waiters, fut)
 
     def write_eof(self) -> None:
         """Half-close: no more data from this side."""
@@ -317,8 +319,10 @@ def _wake(waiters: list[asyncio.Future[None]] | None) -> None:
 
 
 def _forget(waiters: list[asyncio.Future[None]], fut: asyncio.Future[None]) -> None:
-    """A waiter stops waiting: one cancelled (not woken) leaves the list, which the stream may
-    still hold; a woken one's list was already dropped."""
+    """A waiter stops waiting: one cancelled (not woken) leaves its list, which the stream may
+    still hold (a woken one's list the stream already dropped). The waiter's own list, not the
+    stream's attribute read again after the ``await``: a waiter cancelled just before the
+    stream woke its list finds the attribute ``None`` (mypy's narrowing hides it)."""
     if fut.cancelled():
         with contextlib.suppress(ValueError):
             waiters.remove(fut)

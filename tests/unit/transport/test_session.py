@@ -618,3 +618,34 @@ async def test_a_flag_wakes_every_waiter_but_a_cancelled_one() -> None:
         for w in waiters:
             w.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
+
+
+@pytest.mark.parametrize("direction", ["read", "write"])
+async def test_a_waiter_cancelled_as_the_stream_wakes_it_gets_its_cancellation(
+    direction: str,
+) -> None:
+    """A task waiting to read (or for send credit) is cancelled, and in the same callback the
+    stream is reset, which wakes its waiters and drops their list: the task must end with its
+    CancelledError. It used to raise AttributeError ('NoneType' object has no attribute
+    'remove'): the waiter looked for the stream's list again after the await, gone by then."""
+
+    async def hold(stream: TunnelStream) -> None:
+        stream.accept()  # and never read: the opener's writes soon run out of credit
+        with contextlib.suppress(StreamClosedError):
+            await asyncio.sleep(WAIT)
+
+    async with tunnel(on_open=hold) as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        if direction == "read":
+            waiter = asyncio.create_task(stream.read())
+        else:
+            waiter = asyncio.create_task(stream.write(b"x" * (4 * 1024 * 1024)))
+        for _ in range(200):  # until it waits on the stream
+            await asyncio.sleep(0.01)
+            if stream._read_waiters or stream._write_waiters:
+                break
+        assert stream._read_waiters or stream._write_waiters
+        waiter.cancel()
+        stream.reset()  # same callback: its waiters are woken, their list dropped
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiter, WAIT)
