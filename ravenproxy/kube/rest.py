@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -41,6 +42,19 @@ _TEXT_MESSAGE = 200
 """How much of an error answered in plain text becomes its message."""
 _REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 """Methods sent again when a kept-alive connection breaks before their answer."""
+
+MAX_HEAD = 1024 * 1024
+"""Bytes an answer's status line and headers may take, at most (kube-apiserver's are a few
+hundred; Go's client allows 10 MB, nginx's proxy 4 to 8 KiB a header line)."""
+
+MAX_BODY = 256 * 1024 * 1024
+"""Bytes of an answer read whole (a list, a get) held at once, at most: a LIST of 10 000 Nodes
+is ~150 MB of JSON. A larger one is dropped with a :class:`KubeError`, not read until memory
+runs out."""
+
+MAX_LINE = 16 * 1024 * 1024
+"""Bytes of one line of a streamed answer (a watch event: one object, which etcd keeps under
+1.5 MiB and kube-apiserver accepts up to 3 MiB), at most."""
 
 
 class KubeError(RavenProxyError):
@@ -82,6 +96,7 @@ class _Parse:
         self.headers_done = False
         self.complete = False
         self.body: list[bytes] = []
+        self.size = 0  # bytes in body
         self.chunked = False
         self.length = False
 
@@ -102,6 +117,7 @@ class _Parse:
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
+        self.size += len(body)
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -131,13 +147,25 @@ class _Connection:
             raise
 
 
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """How much of an answer the client holds, at most (bytes): see :data:`MAX_HEAD`,
+    :data:`MAX_BODY`, :data:`MAX_LINE`. Past one, the answer fails with a :class:`KubeError`
+    and its connection is dropped."""
+
+    head: int = MAX_HEAD
+    body: int = MAX_BODY
+    line: int = MAX_LINE
+
+
 class Response:
     """One answer: :attr:`status`, then the body whole (:meth:`read`, :meth:`json`) or as lines
     (:meth:`lines`), each read waiting at most ``read_timeout`` seconds for the next bytes."""
 
-    def __init__(self, conn: _Connection, read_timeout: float) -> None:
+    def __init__(self, conn: _Connection, read_timeout: float, limits: Limits) -> None:
         self._conn = conn
         self._read_timeout = read_timeout
+        self._limits = limits
         self._parse = _Parse()
         self._parser = httptools.HttpResponseParser(self._parse)
         self._parse.parser = self._parser
@@ -159,7 +187,13 @@ class Response:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             raise KubeError(0, f"not an HTTP answer: {exc}") from None
+        if not self._parse.headers_done and self.received > self._limits.head:
+            raise KubeError(0, f"answer head over {self._limits.head} bytes")
         return True
+
+    def _over(self, what: str, limit: int) -> KubeError:
+        """An answer past a limit (the caller drops its connection and logs the error)."""
+        return KubeError(self.status, f"{what} over {limit} bytes, dropped")
 
     async def start(self) -> None:
         while not self._parse.headers_done:
@@ -176,10 +210,15 @@ class Response:
         return self._parse.complete and self._parse.keep_alive
 
     async def read(self) -> bytes:
-        while not self._parse.complete:
+        while True:
+            if self._parse.size > self._limits.body:
+                raise self._over("answer body", self._limits.body)
+            if self._parse.complete:
+                break
             await self._more()
         body = b"".join(self._parse.body)
         self._parse.body.clear()
+        self._parse.size = 0
         return body
 
     async def json(self) -> dict[str, Any]:
@@ -197,17 +236,23 @@ class Response:
         # Pieces of a line not yet ended are kept apart and joined once its end arrives: a
         # large object in many pieces is not copied again for every piece.
         partial: list[bytes] = []
+        held = 0  # bytes in partial
         while True:
-            pieces, self._parse.body = self._parse.body, []
+            pieces, self._parse.body, self._parse.size = self._parse.body, [], 0
             for piece in pieces:
                 if b"\n" not in piece:
                     partial.append(piece)
+                    held += len(piece)
                     continue
                 *whole, rest = b"".join([*partial, piece]).split(b"\n")
-                partial = [rest] if rest else []
+                partial, held = ([rest], len(rest)) if rest else ([], 0)
                 for line in whole:
+                    if len(line) > self._limits.line:
+                        raise self._over("a line", self._limits.line)
                     if line.strip():
                         yield line
+            if held > self._limits.line:
+                raise self._over("a line", self._limits.line)
             if self._parse.complete:
                 break
             await self._more()
@@ -231,6 +276,7 @@ class RestClient:
         read_timeout: float = 60.0,
         max_idle: int = 4,
         user_agent: str = USER_AGENT,
+        limits: Limits | None = None,
     ) -> None:
         url = urlsplit(access.server)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -246,6 +292,7 @@ class RestClient:
         self.read_timeout = read_timeout
         self._max_idle = max_idle
         self._user_agent = user_agent
+        self.limits = limits or Limits()
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
         self._closed = False
@@ -355,7 +402,7 @@ class RestClient:
             if conn.writer.is_closing() or conn.reader.at_eof() or conn.reader.exception():
                 conn.abort()
                 continue
-            resp = Response(conn, timeout)
+            resp = Response(conn, timeout, self.limits)
             try:
                 conn.writer.write(head)
                 await conn.writer.drain()
@@ -370,7 +417,7 @@ class RestClient:
                 raise
             return conn, resp
         conn = await self._connect()
-        resp = Response(conn, timeout)
+        resp = Response(conn, timeout, self.limits)
         try:
             conn.writer.write(head)
             await conn.writer.drain()

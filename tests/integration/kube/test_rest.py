@@ -16,7 +16,10 @@ import pytest
 
 from ravenproxy.kube.kubeconfig import ClusterAccess
 from ravenproxy.kube.rest import (
+    MAX_HEAD,
     MERGE_PATCH,
+    KubeError,
+    Limits,
     RestClient,
     connect,
     resource_version,
@@ -310,6 +313,81 @@ async def test_lines_split_across_chunks_and_an_unended_last_line() -> None:
                 async with c.open("GET", path) as resp:
                     lines = [json.loads(line) async for line in resp.lines()]
                 assert lines == [json.loads(big), {"type": "BOOKMARK"}, {"a": 1}], path
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_answer_past_a_limit_fails_and_its_connection_is_dropped() -> None:
+    """A server that sends a head that never ends, a body or a chain of chunks larger than the
+    client holds, or a watch line that never ends: each call fails with a KubeError that says
+    which limit, in about the time the limit's bytes take (not when memory runs out), and the
+    connection is dropped (the server sees it go; the next call dials anew and succeeds)."""
+    gone: list[str] = []
+    pad = b"a" * 65536
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        path = ""
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split()[1].decode()
+                if path == "/ok":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                    continue
+                if path == "/endless-head":
+                    writer.write(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+                    while True:
+                        writer.write(pad)
+                        await writer.drain()
+                if path == "/big-body":  # an honest length, over the client's limit
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (4 << 20))
+                    for _ in range(64):
+                        writer.write(pad)
+                        await writer.drain()
+                    await reader.read()
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                chunk = pad if path == "/endless-line" else pad[:-1] + b"\n"
+                while True:  # /endless-chunks: lines, each short; /endless-line: one line
+                    writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            gone.append(path)
+        finally:
+            await close_writer(writer, 1)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    limits = Limits(body=1 << 20, line=1 << 20)
+    try:
+        async with RestClient(ClusterAccess(f"http://127.0.0.1:{port}")) as c:
+            async with asyncio.timeout(10):  # the old client read the endless head forever
+                with pytest.raises(KubeError, match=f"answer head over {MAX_HEAD} bytes"):
+                    await c.request("GET", "/endless-head")
+        async with RestClient(ClusterAccess(f"http://127.0.0.1:{port}"), limits=limits) as c:
+            async with asyncio.timeout(10):
+                for path in ("/big-body", "/endless-chunks"):
+                    with pytest.raises(KubeError, match="HTTP 200: answer body over 1048576"):
+                        await c.request("GET", path)
+                async with c.open("GET", "/endless-line") as resp:
+                    with pytest.raises(KubeError, match="a line over 1048576 bytes"):
+                        async for _ in resp.lines():
+                            pass
+                async with c.open("GET", "/endless-chunks") as resp:  # short lines: a watch
+                    n = 0
+                    async for line in resp.lines():
+                        assert len(line) == len(pad) - 1
+                        n += 1
+                        if n == 100:  # 6.5 MB through, over the body limit: lines are let go
+                            break
+                assert await c.request("GET", "/ok") == (200, {})
+                assert c.connects == 5, "a connection past a limit is not reused"
+            while len(gone) < 5:  # the server sees every dropped connection go
+                await asyncio.sleep(0.01)
+        assert sorted(p for p in gone if p != "/ok") == sorted(
+            ["/endless-head", "/big-body", "/endless-chunks", "/endless-line", "/endless-chunks"]
+        )
     finally:
         server.close()
         await server.wait_closed()
