@@ -58,6 +58,7 @@ from latency import (
     run_row,
     start_target,
     start_tunnel,
+    write_result,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results" / "instructions.json"
@@ -258,14 +259,7 @@ def main() -> None:
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run()'s cleanup still runs
-    result = run(args)
-    text = json.dumps(result, indent=2) + "\n"
-    if args.output == "-":
-        sys.stdout.write(text)
-    else:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output}", file=sys.stderr)
+    write_result(run(args), args.output)
 
 
 if __name__ == "__main__":

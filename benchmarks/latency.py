@@ -741,16 +741,28 @@ def main() -> None:
     # SIGTERM (a `timeout`, a CI stop) must still run run_benchmark's cleanup: the server,
     # agent and target are in sessions of their own and would outlive us otherwise.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    result = run_benchmark(args)
+    write_result(run_benchmark(args), args.output, plot)
+
+
+def write_result(
+    result: dict[str, Any],
+    output: str,
+    plot: Callable[[dict[str, Any], Path], None] | None = None,
+) -> None:
+    """``result`` as JSON to ``output`` (``-``: stdout); with ``plot``, its PNG beside it."""
     text = json.dumps(result, indent=2) + "\n"
-    if args.output == "-":
+    if output == "-":
         sys.stdout.write(text)
-    else:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text)
-        png = Path(args.output).with_suffix(".png")
-        plot(result, png)
-        print(f"wrote {args.output} and {png}", file=sys.stderr)
+        return
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if plot is None:
+        print(f"wrote {path}", file=sys.stderr)
+        return
+    png = path.with_suffix(".png")
+    plot(result, png)
+    print(f"wrote {path} and {png}", file=sys.stderr)
 
 
 if __name__ == "__main__":
