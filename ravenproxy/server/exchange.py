@@ -68,6 +68,8 @@ from ravenproxy.server.router import Route
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
+_COUNTS: dict[int, Count] = {}  # each status's Count action, made once
+
 
 @dataclass(frozen=True)
 class UpstreamKey:
@@ -110,10 +112,7 @@ class Exchange:
         """What went to the target: replayed on a retry (only kept when it is whole)."""
         self._up: Parsed | None = None
         self._up_key: UpstreamKey | None = None
-        self._up_used = False
-        self._up_keep = False
-        self._up_rest = b""
-        self._reused = False
+        self._up_used, self._up_keep, self._up_rest, self._reused = False, False, b"", False
         self._switched: Head | None = None
         self._info = False
         """The head being forwarded is a 1xx (its end writes nothing)."""
@@ -223,7 +222,16 @@ class Exchange:
         assert self.phase == "routing" and self._request is not None and self._dest is not None
         same = route is self.route and self._up is not None  # the driver reused the route
         self.route = route
-        self._build_outbound(self._request, self._dest, route)
+        self.body_done, self._body_error, self.started = False, None, False
+        # The head for the target, reused while the request head and the route are the same
+        # objects (a keep-alive client polling one URL); inline: it runs per request.
+        request, built = self._request, self._built
+        if built is None or built[0] is not request or built[1] is not route:
+            out = request_head(request, self._dest, route, self.via)
+            built = self._built = (request, route, out)
+        out = built[2]
+        self._outbound = [out.head]
+        self._upgrade, self._chunked_up = out.upgrade, out.chunked
         if same:
             return self._send()
         key = UpstreamKey.of(route)
@@ -253,17 +261,6 @@ class Exchange:
         self._up = None
         self._up_key = None
         return [CloseUpstream()]
-
-    def _build_outbound(self, request: Head, dest: Destination, route: Route) -> None:
-        self.body_done = False
-        self._body_error = None
-        self.started = False
-        built = self._built
-        if built is None or built[0] is not request or built[1] is not route:
-            built = self._built = (request, route, request_head(request, dest, route, self.via))
-        out = built[2]
-        self._outbound = [out.head]
-        self._upgrade, self._chunked_up = out.upgrade, out.chunked
 
     def _send(self) -> list[Action]:
         """The request (and the body bytes at hand) to the target connection."""
@@ -360,7 +357,8 @@ class Exchange:
                     head = f"HTTP/1.1 {value.status} {value.start}\r\n".encode("latin-1")
                     out.append(head + fields(value.headers) + b"\r\n")
                 else:
-                    actions.append(Count(value.status))
+                    status = value.status  # one Count per status, shared (it is frozen)
+                    actions.append(_COUNTS.get(status) or _COUNTS.setdefault(status, Count(status)))
                     out.append(self._response_head(value, bodiless=up.bodiless))
             elif kind == END:
                 if self._info:
