@@ -104,8 +104,7 @@ class Exchange:
         self._dest: Destination | None = None
         self._client_raw: bytes | None = None
         """Bytes past an upgrade's or a CONNECT's head (not HTTP: never parsed)."""
-        self._client_keep = True
-        self._upgrade = False
+        self._client_keep, self._upgrade = True, False
         self._chunked_up = False
         """The request body goes to the target chunked."""
         self._outbound: list[bytes] | None = None
@@ -258,8 +257,7 @@ class Exchange:
     def _drop_upstream(self) -> list[Action]:
         if self._up is None:
             return []
-        self._up = None
-        self._up_key = None
+        self._up = self._up_key = None
         return [CloseUpstream()]
 
     def _send(self) -> list[Action]:
@@ -271,6 +269,12 @@ class Exchange:
         self.phase = "forwarding"
         if self.body_done:  # a retry: the request went whole the first time
             return [WriteUpstream(b"".join(self._outbound))]
+        events = self.client.events
+        if events and events[0][0] == END and not self._chunked_up:
+            # A whole request without a body (most are): its head, as _body would send it.
+            events.popleft()
+            self.body_done = True
+            return [WriteUpstream(self._outbound[0])]
         actions = self._body(first=True, head=self._outbound[0])
         if not self.body_done and self.phase == "forwarding":
             self._outbound = None  # not whole: never retried
@@ -433,11 +437,9 @@ class Exchange:
     def switch(self) -> tuple[bytes, bytes, bytes]:
         """After :class:`SwitchProtocols`: the 101 for the client, the client's bytes read past
         its request, the target's bytes read past its 101."""
-        assert self._up is not None and self.phase == "switching"
-        self.phase = "closed"
         event = self._switched
-        assert event is not None
-        headers = event.headers
+        assert self._up is not None and self.phase == "switching" and event is not None
+        self.phase, headers = "closed", event.headers
         kept = forwardable(headers, upgrade=header(headers, "upgrade") or "websocket")
         head = f"HTTP/1.1 101 {event.start}\r\n".encode("latin-1") + fields(kept) + b"\r\n"
         return head, self._client_raw or b"", self._up_rest
