@@ -68,6 +68,8 @@ from ravenproxy.server.router import Route
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
+_COUNTS: dict[int, Count] = {}  # each status's Count action, made once
+
 
 @dataclass(frozen=True)
 class UpstreamKey:
@@ -102,18 +104,14 @@ class Exchange:
         self._dest: Destination | None = None
         self._client_raw: bytes | None = None
         """Bytes past an upgrade's or a CONNECT's head (not HTTP: never parsed)."""
-        self._client_keep = True
-        self._upgrade = False
+        self._client_keep, self._upgrade = True, False
         self._chunked_up = False
         """The request body goes to the target chunked."""
         self._outbound: list[bytes] | None = None
         """What went to the target: replayed on a retry (only kept when it is whole)."""
         self._up: Parsed | None = None
         self._up_key: UpstreamKey | None = None
-        self._up_used = False
-        self._up_keep = False
-        self._up_rest = b""
-        self._reused = False
+        self._up_used, self._up_keep, self._up_rest, self._reused = False, False, b"", False
         self._switched: Head | None = None
         self._info = False
         """The head being forwarded is a 1xx (its end writes nothing)."""
@@ -223,7 +221,16 @@ class Exchange:
         assert self.phase == "routing" and self._request is not None and self._dest is not None
         same = route is self.route and self._up is not None  # the driver reused the route
         self.route = route
-        self._build_outbound(self._request, self._dest, route)
+        self.body_done, self._body_error, self.started = False, None, False
+        # The head for the target, reused while the request head and the route are the same
+        # objects (a keep-alive client polling one URL); inline: it runs per request.
+        request, built = self._request, self._built
+        if built is None or built[0] is not request or built[1] is not route:
+            out = request_head(request, self._dest, route, self.via)
+            built = self._built = (request, route, out)
+        out = built[2]
+        self._outbound = [out.head]
+        self._upgrade, self._chunked_up = out.upgrade, out.chunked
         if same:
             return self._send()
         key = UpstreamKey.of(route)
@@ -250,20 +257,8 @@ class Exchange:
     def _drop_upstream(self) -> list[Action]:
         if self._up is None:
             return []
-        self._up = None
-        self._up_key = None
+        self._up = self._up_key = None
         return [CloseUpstream()]
-
-    def _build_outbound(self, request: Head, dest: Destination, route: Route) -> None:
-        self.body_done = False
-        self._body_error = None
-        self.started = False
-        built = self._built
-        if built is None or built[0] is not request or built[1] is not route:
-            built = self._built = (request, route, request_head(request, dest, route, self.via))
-        out = built[2]
-        self._outbound = [out.head]
-        self._upgrade, self._chunked_up = out.upgrade, out.chunked
 
     def _send(self) -> list[Action]:
         """The request (and the body bytes at hand) to the target connection."""
@@ -274,6 +269,12 @@ class Exchange:
         self.phase = "forwarding"
         if self.body_done:  # a retry: the request went whole the first time
             return [WriteUpstream(b"".join(self._outbound))]
+        events = self.client.events
+        if events and events[0][0] == END and not self._chunked_up:
+            # A whole request without a body (most are): its head, as _body would send it.
+            events.popleft()
+            self.body_done = True
+            return [WriteUpstream(self._outbound[0])]
         actions = self._body(first=True, head=self._outbound[0])
         if not self.body_done and self.phase == "forwarding":
             self._outbound = None  # not whole: never retried
@@ -360,7 +361,8 @@ class Exchange:
                     head = f"HTTP/1.1 {value.status} {value.start}\r\n".encode("latin-1")
                     out.append(head + fields(value.headers) + b"\r\n")
                 else:
-                    actions.append(Count(value.status))
+                    status = value.status  # one Count per status, shared (it is frozen)
+                    actions.append(_COUNTS.get(status) or _COUNTS.setdefault(status, Count(status)))
                     out.append(self._response_head(value, bodiless=up.bodiless))
             elif kind == END:
                 if self._info:
@@ -435,11 +437,9 @@ class Exchange:
     def switch(self) -> tuple[bytes, bytes, bytes]:
         """After :class:`SwitchProtocols`: the 101 for the client, the client's bytes read past
         its request, the target's bytes read past its 101."""
-        assert self._up is not None and self.phase == "switching"
-        self.phase = "closed"
         event = self._switched
-        assert event is not None
-        headers = event.headers
+        assert self._up is not None and self.phase == "switching" and event is not None
+        self.phase, headers = "closed", event.headers
         kept = forwardable(headers, upgrade=header(headers, "upgrade") or "websocket")
         head = f"HTTP/1.1 101 {event.start}\r\n".encode("latin-1") + fields(kept) + b"\r\n"
         return head, self._client_raw or b"", self._up_rest

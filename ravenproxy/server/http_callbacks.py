@@ -222,71 +222,77 @@ class CallbackPath:
     def _advance(self) -> None:
         """Move the exchange on as far as it goes without waiting: the client socket's callback
         (and the stream's, above). Runs in a callback (the socket's, the session reader's):
-        nothing may escape; what fails goes to the task."""
+        nothing may escape; what fails goes to the task. One function, not a guard calling the
+        loop: it runs twice a request."""
         done = self._exit
         if done is None or done.done() or self._busy:
             # Out of callback mode, or called back from inside (the loop below sees what
             # changed).
             return
         self._busy = True
+        ex, sock, watch = self.ex, self.reader, self._calls
         try:
-            self._steps(done)
+            assert type(sock) is SocketStream and watch is not None
+            client = ex.client
+            while not done.done():
+                phase = ex.phase
+                if phase == "head":
+                    # Exchange.poll and .head_begun inlined for their common case, nothing of
+                    # a next request parsed or begun (a call each, twice a request): poll
+                    # would answer [] (or a 431 past the head bound), head_begun False.
+                    if client.events or client.in_head or client.fed > ex.max_head:
+                        actions = ex.poll()
+                        if not actions:
+                            if ex.head_begun:  # a head in pieces: the task reads it (its clock)
+                                return self._leave([])
+                    else:
+                        actions = []
+                    if not actions:
+                        if self.ctx.drain.draining:  # no next request on this connection
+                            return self._leave([])
+                        data = sock.read_nowait(READ_LIMIT)
+                        if data is None:
+                            self.waiting = True  # the drain closes it (Drain.start)
+                            watch.retime(KEEPALIVE_TIMEOUT)
+                            return None
+                        self.waiting = False
+                        actions = ex.receive_client(data)
+                        if not actions:
+                            continue
+                    self._run(actions)
+                    if ex.phase == "forwarding":
+                        watch.retime(self.ctx.limits.idle_timeout)
+                elif phase == "forwarding":
+                    stream = self._hooked
+                    if stream is None or sock.write_paused or sock.transport.is_closing():
+                        return self._leave([])  # the task waits for the client, or sees it gone
+                    try:
+                        chunk = stream.read_nowait()
+                    except StreamClosedError:
+                        actions = ex.upstream_lost()
+                    else:
+                        if chunk is None:
+                            return None
+                        actions = ex.receive_upstream(bytes(chunk))  # a view of a tunnel message
+                    self._run(actions)
+                    if ex.phase == "forwarding":
+                        # More of the answer to wait for. (Once it is answered, the wait for a
+                        # next request retimes the watch, which stamps it too: not twice.)
+                        watch.touch()
+                else:
+                    return self._leave([])
         except Exception as exc:
             if not done.done():
                 done.set_exception(exc)
         finally:
             self._busy = False
-
-    def _steps(self, done: asyncio.Future[list[Action]]) -> None:
-        ex, sock, watch = self.ex, self.reader, self._calls
-        assert isinstance(sock, SocketStream) and watch is not None
-        while not done.done():
-            phase = ex.phase
-            if phase == "head":
-                actions = ex.poll()
-                if not actions:
-                    if ex.head_begun:  # a head in pieces: the task reads it, under its clock
-                        return self._leave([])
-                    drain = self.ctx.drain
-                    if drain.draining:  # no next request on this connection
-                        return self._leave([])
-                    data = sock.read_nowait(READ_LIMIT)
-                    if data is None:
-                        self.waiting = True  # the drain closes it (Drain.start)
-                        watch.retime(KEEPALIVE_TIMEOUT)
-                        return None
-                    self.waiting = False
-                    actions = ex.receive_client(data)
-                    if not actions:
-                        continue
-                self._run(actions)
-                if ex.phase == "forwarding":
-                    watch.retime(self.ctx.limits.idle_timeout)
-            elif phase == "forwarding":
-                stream = self._hooked
-                if stream is None or sock.write_paused or sock.transport.is_closing():
-                    return self._leave([])  # the task waits for the client, or sees it gone
-                try:
-                    chunk = stream.read_nowait()
-                except StreamClosedError:
-                    actions = ex.upstream_lost()
-                else:
-                    if chunk is None:
-                        return None
-                    watch.touch()
-                    actions = ex.receive_upstream(bytes(chunk))  # a view of a tunnel message
-                self._run(actions)
-            else:
-                return self._leave([])
         return None
 
     def _run(self, actions: list[Action]) -> None:
         """Carry out the actions that need no waiting, in order; from the first that does,
         leave them to the task."""
-        queue, done = actions, 0
-        while done < len(queue):
-            action = queue[done]
-            done += 1
+        # A list's iterator takes what is appended while it runs (a route's actions).
+        for done, action in enumerate(actions):
             # By exact type (no action class is subclassed): a comparison each, not a call.
             if type(action) is WriteClient:
                 self.writer.write(action.data)
@@ -295,16 +301,16 @@ class CallbackPath:
                 sent = stream.try_write(data) if stream is not None else 0
                 if sent < len(data):
                     rest = WriteUpstream(data[sent:]) if sent else action
-                    return self._leave([rest, *queue[done:]])
+                    return self._leave([rest, *actions[done + 1 :]])
             elif type(action) is Count:
                 self.proxy.count(action.status)
             elif type(action) is RouteRequest and self.proxy.egress is None:
-                queue.extend(self._route_again(action))
+                actions.extend(self._route_again(action))
             elif type(action) is CloseUpstream:
                 self._unhook()
                 self._close_upstream()
             elif type(action) is Looped:
                 self.ctx.metrics.loops.labels(kind="via").inc()
             else:
-                return self._leave(queue[done - 1 :])
+                return self._leave(actions[done:])
         return None
