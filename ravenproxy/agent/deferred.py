@@ -84,8 +84,31 @@ def _iscoroutinefunction(obj: object) -> bool:
     return result
 
 
+def _get_annotations(
+    obj: object,
+    *,
+    globals: dict[str, Any] | None = None,
+    locals: Any = None,
+    eval_str: bool = False,
+) -> dict[str, Any]:
+    """``inspect.get_annotations`` (Python 3.10-3.13) where the answer needs no ``inspect``: a
+    class's own annotations, not evaluated, copied (``{}`` for none). Anything else asks
+    ``inspect``. dataclasses reads it for every dataclass from Python 3.12 on."""
+    if isinstance(obj, type) and not eval_str:
+        ann = obj.__dict__.get("__annotations__")  # noqa: RUF063 (this is inspect's own read)
+        if ann is None or isinstance(ann, types.GetSetDescriptorType):
+            return {}
+        if isinstance(ann, dict):
+            return dict(ann)
+    result: dict[str, Any] = _inspect().get_annotations(
+        obj, globals=globals, locals=locals, eval_str=eval_str
+    )
+    return result
+
+
 STAND_INS: dict[str, dict[str, Callable[..., Any]]] = {
     "inspect": {
+        "get_annotations": _get_annotations,
         "isgenerator": _isgenerator,
         "iscoroutinefunction": _iscoroutinefunction,
         "isfunction": _isfunction,
@@ -98,8 +121,9 @@ and ``opcode``: ~0.9 MB of an idle agent): uvloop reads ``isgenerator`` and
 ``iscoroutinefunction`` at its import, and checks each signal handler and executor call with
 the latter; asyncio's repr of a callback (``unwrap``, ``isfunction``) runs at start-up, where
 ``signal.signal`` formats the handler asyncio.Runner installed for SIGINT, which refers to the
-main task. dataclasses reads ``inspect.signature`` for a class without a docstring only (the
-agent's have one: tests/unit/agent/test_imports.py); asyncio for a generator yielded to a task
+main task; dataclasses (Python 3.12 and later) reads ``get_annotations`` of every dataclass.
+dataclasses reads ``inspect.signature`` for a class without a docstring only (the agent's have
+one: tests/unit/agent/test_imports.py); asyncio for a generator yielded to a task
 or an awaitable that is not a coroutine."""
 
 
