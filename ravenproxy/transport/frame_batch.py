@@ -24,6 +24,9 @@ COALESCE = 16 * 1024
 are written as they are, after the gathered run is topped up to this size from their head."""
 
 
+_HEAD16 = struct.Struct("!BBH")
+
+
 class FrameBatch:
     """WebSocket frames of binary messages, gathered for one write: small pieces joined into
     runs of at most :data:`COALESCE` bytes, larger pieces (bulk payloads) left alone but for
@@ -109,10 +112,13 @@ def one_small(
     if size >= COALESCE - 16:  # a frame header and its key: the whole frame in one run
         return None
     payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    # binary_frame_header's two cases for a size under 64 KiB, written out.
     if mask:
         key = _keys.take(4)
-        return [binary_frame_header(size, masked=True) + key + apply_mask(payload, key)]
-    return [binary_frame_header(size) + payload]
+        head = bytes((0x82, 0x80 | size)) if size < 126 else _HEAD16.pack(0x82, 0xFE, size)
+        return [head + key + apply_mask(payload, key)]
+    head = bytes((0x82, size)) if size < 126 else _HEAD16.pack(0x82, 126, size)
+    return [head + payload]
 
 
 class _KeyPool:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from websockets.asyncio.connection import Connection as WsConnection
 
+    from ravenproxy.transport.tunnel_stream import TunnelStream
     from ravenproxy.transport.ws_client import TunnelClientConnection
 
     WebSocket: TypeAlias = WsConnection | TunnelClientConnection
@@ -60,6 +61,7 @@ class Intake:
     conn: Connection
     config: Limits
     fields: dict[str, object]
+    streams: dict[int, TunnelStream]
     _writer_task: asyncio.Task[None] | None
     _taken: Flag
 
@@ -88,8 +90,18 @@ class Intake:
             if not conn.should_read:
                 self._pause(batch[i:])
                 break
-            for event in conn.receive_message(message):
-                self._dispatch(event)
+            # The usual message, one DATA frame, by the wire's fast path: no event to match.
+            got = conn.receive_data(message)
+            if got is None:
+                for event in conn.receive_message(message):
+                    self._dispatch(event)
+                continue
+            sid, data = got
+            stream = self.streams.get(sid)
+            if stream is not None:
+                stream._feed(data)
+            else:  # as _dispatch: a stream this side already let go of
+                conn.consumed(sid, len(data))
         # Answers the messages asked for (PING acks above all) go out now, not with whatever
         # flushes next: protocol sections 4.7 and 11.
         self._flush()

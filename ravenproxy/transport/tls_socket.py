@@ -204,11 +204,11 @@ class TLSSocketTransport(asyncio.Transport):
 
     # -- writing ----------------------------------------------------------------------------
     def _after_write(self) -> None:
-        if self._writer or self._write_wants_read:
-            self._check_pause()  # already waiting for the socket: it writes on readiness
-            return
-        self._flush()
-        self._check_pause()
+        if not (self._writer or self._write_wants_read):  # else it writes on readiness
+            self._flush()
+        if not self._writing_paused and self._queued > self._high and not self._lost:
+            self._writing_paused = True  # _check_pause, written out (a write per message)
+            self._protocol.pause_writing()
 
     def _flush(self) -> None:
         """Write queued pieces until the socket takes no more."""

@@ -2,8 +2,10 @@
 
 Feed it WebSocket messages with :meth:`Connection.receive_message`, act on the events it
 returns, call its methods to open streams and send data, and write whatever
-:meth:`Connection.data_to_send` returns as WebSocket binary messages. It never does I/O and never
-reads a clock except through the ``clock`` it is given, so tests drive it with bytes alone.
+:meth:`Connection.data_to_send` returns as WebSocket binary messages. It never does I/O and
+never reads a clock except through the ``clock`` it is given, so tests drive it with bytes
+alone. :meth:`receive_data` (:mod:`ravenproxy.wire.data_path`) takes the common message, one
+DATA frame, for less.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import time
 from collections.abc import Callable
 
 from ravenproxy.wire import events as ev
-from ravenproxy.wire.codes import ErrorCode, Setting
+from ravenproxy.wire.codes import ErrorCode, FrameType, Setting
 from ravenproxy.wire.config import (
     DEFAULT_PEER_MAX_FRAME_SIZE,
     DEFAULT_PEER_MAX_STREAMS,
     WireConfig,
 )
+from ravenproxy.wire.data_path import DataPath
 from ravenproxy.wire.errors import (
     GoingAwayError,
     ProtocolError,
@@ -27,6 +30,7 @@ from ravenproxy.wire.errors import (
     WindowExceeded,
 )
 from ravenproxy.wire.frames import (
+    HEADER,
     MAX_FRAME_SIZE_LIMIT,
     MAX_WINDOW,
     MIN_FRAME_SIZE,
@@ -47,11 +51,13 @@ from ravenproxy.wire.frames import (
     text_setting,
 )
 from ravenproxy.wire.outbox import Outbox
-from ravenproxy.wire.streams import Input, State, Stream
+from ravenproxy.wire.streams import SENDING, Input, State, Stream
 from ravenproxy.wire.windows import RecvWindow, SendWindow
 
+_DATA = int(FrameType.DATA)  # packed as a plain int: no enum code per frame
 
-class Connection:
+
+class Connection(DataPath):
     def __init__(
         self,
         *,
@@ -218,17 +224,19 @@ class Connection:
         ``limit`` allow; returns how much (0: nothing, also on a stream that cannot send). One
         call where a small write made two, each looking the stream up and checking it."""
         stream = self.streams.get(stream_id)
-        if stream is None or not stream.can_send:
+        if stream is None or stream.state not in SENDING:  # not stream.can_send
             return 0
-        n = min(len(data), stream.send.available, self._conn_send.available, limit)
+        send, conn_send = stream.send, self._conn_send
+        n = min(len(data), send.available, conn_send.available, limit)
         if n <= 0:
             return 0
         step = min(self.peer_max_frame_size, self.config.max_message_size - 12)
         if n == len(data) and n <= step and type(data) is bytes:
-            # send_data's one-frame case (the checks above are its own).
-            stream.send.consume(n)
-            self._conn_send.consume(n)
-            self._out.data(encode_data_header(stream_id, n, False), data)
+            # send_data's one-frame case (the checks above are its own), its calls written
+            # out: SendWindow.consume of both windows (n is within both), encode_data_header.
+            send.available -= n
+            conn_send.available -= n
+            self._out.data(HEADER.pack(_DATA, 0, 0, stream_id, n), data)
             return n
         self.send_data(stream_id, data if n == len(data) else memoryview(data)[:n])
         return n
@@ -246,28 +254,6 @@ class Connection:
         # In order with OPEN and DATA: a RESET overtaking its stream's queued OPEN would name
         # a stream the peer has never heard of.
         self._out.ordered(encode(Reset(stream_id, code, _clip(message))))
-
-    def consumed(self, stream_id: int, n: int) -> bool:
-        """The application wrote or dropped ``n`` received bytes: return their credit. Returns
-        whether that queued a WINDOW_UPDATE (mostly not: credit goes back by half windows)."""
-        if n <= 0:
-            return False
-        now = self._clock()
-        inc = self._conn_recv.consume_shared(n)
-        queued = bool(inc)
-        if inc:
-            self._emit(WindowUpdate(0, inc))
-        stream = self.streams.get(stream_id)
-        if stream is None or stream.state not in (State.OPEN, State.HALF_CLOSED_LOCAL):
-            return queued  # the peer sends no more on it: stream credit would be wasted
-        # A window only grows while the connection budget is mostly free, so a few fast
-        # streams cannot claim the budget that stalled ones are holding.
-        may_grow = self._conn_recv.buffered < self.config.connection_window // 2
-        inc = stream.recv.consume(n, now, self.rtt, may_grow=may_grow)
-        if inc:
-            self._emit(WindowUpdate(stream_id, inc))
-            return True
-        return queued
 
     def ping(self) -> None:
         payload = os.urandom(8)

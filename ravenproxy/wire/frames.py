@@ -29,6 +29,11 @@ IN_PLACE_SHARE = 4
 """A received DATA payload stays a view into its message when it is at least 1/4 of it: what
 a stalled stream's buffered views keep alive is then at most 4 times what they hold."""
 
+COPY_BELOW = 512
+"""A DATA payload shorter than this is copied whatever its share of the message: a copy of a
+few hundred bytes costs less than a view (and than making a view bytes again downstream, as the
+server's HTTP front does)."""
+
 MAX_SETTING_TEXT = 256
 """Longest text a text setting (SERVER_ID) carries, in UTF-8 bytes: 64 entries."""
 
@@ -87,7 +92,7 @@ class Data:
     data: bytes | memoryview
     """Received: a view into the message it came in when it is a large part of it (parsed in
     place, no copy before it reaches a socket), else a copy (a small view must not keep a
-    large message alive)."""
+    large message alive; a payload under :data:`COPY_BELOW` bytes is always a copy)."""
     fin: bool = False
 
 
@@ -247,7 +252,7 @@ def _decode_one(
     size = len(payload)
     if type_ is FrameType.DATA:
         _need_stream(type_, stream_id)
-        in_place = 0 < message_size <= size * IN_PLACE_SHARE
+        in_place = 0 < message_size <= size * IN_PLACE_SHARE and size >= COPY_BELOW
         data = payload if in_place else bytes(payload)
         return Data(stream_id, data, bool(flags & _FIN))
     if type_ is FrameType.WINDOW_UPDATE:

@@ -70,6 +70,12 @@ class Outbox:
         outbox is empty afterwards."""
         if not self.pending_bytes:
             return []
+        ordered = self._ordered
+        if len(ordered) == 1 and not self._control:
+            # The usual batch at request rates: one frame (a GET, its answer), one message.
+            head, payload = ordered.pop()
+            self.pending_bytes = self.control_bytes = 0
+            return [[head, payload] if payload else [head]]
         limit = self.max_message_size
         messages: list[list[bytes | memoryview]] = []
         batch: list[bytes | memoryview] = []

@@ -66,6 +66,11 @@ for _state in State:
         TRANSITIONS[(_state, In.RECV_RESET)] = S.CLOSED
 del _state
 
+RECEIVING = frozenset(state for state, event in TRANSITIONS if event is In.RECV_DATA)
+"""The states in which the peer may send DATA."""
+SENDING = frozenset(state for state, event in TRANSITIONS if event is In.SEND_DATA)
+"""The states in which this side may send DATA (:attr:`Stream.can_send`)."""
+
 
 class Stream:
     """One stream's state and windows. The connection owns it and drives it."""
@@ -86,7 +91,7 @@ class Stream:
 
     @property
     def can_send(self) -> bool:
-        return self.state in (S.OPEN, S.HALF_CLOSED_REMOTE)
+        return self.state in SENDING
 
     def __repr__(self) -> str:
         return f"<Stream {self.id} {self.state.value}>"

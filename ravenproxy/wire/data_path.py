@@ -1,0 +1,114 @@
+"""The per-message DATA path of a :class:`~ravenproxy.wire.connection.Connection`: a base of
+it, which owns every attribute named here.
+
+At request rates nearly every tunnel message is one small DATA frame for an open stream, and
+nearly every chunk the application consumes returns no credit yet (credit goes back by half
+windows). The general path spends a frame object, an event object, a ``match`` each and half a
+dozen method calls on such a message; these do the same bookkeeping written out, and step
+aside (changing nothing) for anything else, which then takes the general path. Both paths give
+the same results for the same input (tests/unit/wire/test_data_path.py checks it over many
+inputs). Still sans-I/O: a method returns what the caller has to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ravenproxy.wire.codes import FrameType
+from ravenproxy.wire.config import WireConfig
+from ravenproxy.wire.frames import COPY_BELOW, HEADER, HEADER_SIZE, Frame, WindowUpdate
+from ravenproxy.wire.streams import RECEIVING, Stream
+from ravenproxy.wire.windows import RecvWindow
+
+_DATA = int(FrameType.DATA)  # compared with a plain int: no enum code per message
+
+
+class DataPath:
+    streams: dict[int, Stream]
+    config: WireConfig
+    closed: bool
+    last_received: float
+    rtt: float
+    _clock: Callable[[], float]
+    _settings_received: bool
+    _conn_recv: RecvWindow
+
+    if TYPE_CHECKING:  # the connection's
+
+        def _emit(self, frame: Frame) -> None: ...
+
+    def receive_data(
+        self, message: bytes | bytearray | memoryview
+    ) -> tuple[int, bytes | memoryview] | None:
+        """:meth:`receive_message` of a message that is exactly one DATA frame, without FIN,
+        for a stream the peer may send on, within both windows: its stream id and payload
+        (what ``receive_message`` returns as ``[DataReceived(stream_id, payload)]``), with the
+        same bookkeeping done. None, having changed nothing, for any other message: the
+        caller gives it to ``receive_message``, which handles it (and its errors)."""
+        total = len(message)
+        if type(message) is not bytes or total <= HEADER_SIZE or self.closed:
+            return None
+        type_byte, flags, reserved, sid, length = HEADER.unpack_from(message)
+        n = total - HEADER_SIZE
+        if (
+            type_byte != _DATA
+            or flags
+            or reserved
+            or length != n
+            or n > self.config.max_frame_size
+            or not self._settings_received
+        ):
+            return None
+        stream = self.streams.get(sid)
+        if stream is None or stream.state not in RECEIVING:
+            return None
+        conn_recv, recv = self._conn_recv, stream.recv
+        if n > conn_recv.available or n > recv.available:
+            return None  # the general path raises the flow-control error
+        # RecvWindow.receive of both windows, written out (checked just above).
+        conn_recv.available -= n
+        recv.available -= n
+        self.last_received = self._clock()
+        # As frames.decode_message keeps a payload: a single frame's is most of its message.
+        return sid, (message[HEADER_SIZE:] if n < COPY_BELOW else memoryview(message)[HEADER_SIZE:])
+
+    def consumed(self, stream_id: int, n: int) -> bool:
+        """The application wrote or dropped ``n`` received bytes: return their credit. Returns
+        whether that queued a WINDOW_UPDATE (mostly not: credit goes back by half windows)."""
+        if n <= 0:
+            return False
+        conn = self._conn_recv
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.state in RECEIVING:
+            # RecvWindow.consume_shared and consume, written out for the usual chunk, after
+            # which neither window is due an update: only the count of unreturned credit grows.
+            recv = stream.recv
+            conn_unacked = conn.unacked + n
+            unacked = recv.unacked + n
+            half = conn.size // 2
+            if (
+                conn_unacked < half
+                and conn.available >= half
+                and unacked < recv.size // 2
+                and conn_unacked + conn.available <= conn.size
+                and unacked + recv.available <= recv.size
+            ):
+                conn.unacked = conn_unacked
+                recv.unacked = unacked
+                return False
+        now = self._clock()
+        inc = conn.consume_shared(n)
+        queued = bool(inc)
+        if inc:
+            self._emit(WindowUpdate(0, inc))
+        if stream is None or stream.state not in RECEIVING:
+            return queued  # the peer sends no more on it: stream credit would be wasted
+        # A window only grows while the connection budget is mostly free, so a few fast
+        # streams cannot claim the budget that stalled ones are holding.
+        may_grow = conn.buffered < self.config.connection_window // 2
+        inc = stream.recv.consume(n, now, self.rtt, may_grow=may_grow)
+        if inc:
+            self._emit(WindowUpdate(stream_id, inc))
+            return True
+        return queued

@@ -1,0 +1,249 @@
+"""The DATA fast path (:mod:`ravenproxy.wire.data_path`) against the general path, over many
+inputs (hypothesis): the same messages and the same consumed calls, given to two connections in
+the same state, one through :meth:`Connection.receive_data` first (``receive_message`` when it
+steps aside) and the current ``consumed``, the other through ``receive_message`` alone and the
+window methods as ``consumed`` called them before it had a fast path, must give the same events
+(payload types included), the same errors, the same frames queued and the same state."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ravenproxy.wire import events as ev
+from ravenproxy.wire.codes import ErrorCode, FrameType
+from ravenproxy.wire.config import WireConfig
+from ravenproxy.wire.connection import Connection
+from ravenproxy.wire.errors import ProtocolError
+from ravenproxy.wire.frames import COPY_BELOW, HEADER, MIN_FRAME_SIZE, WindowUpdate
+from ravenproxy.wire.streams import State
+
+from .harness import Pair
+
+# Small windows, so that payloads of a few KiB exceed them and credit goes back often.
+CONFIG = WireConfig(
+    max_frame_size=MIN_FRAME_SIZE,
+    initial_stream_window=2048,
+    max_stream_window=8192,
+    connection_window=16384,
+)
+OPEN, HALF_LOCAL, HALF_REMOTE, AGENT_OPENED, RESET, NEVER = 1, 3, 5, 2, 7, 101
+STREAM_IDS = (OPEN, HALF_LOCAL, HALF_REMOTE, AGENT_OPENED, RESET, NEVER, 0, 9)
+
+
+def make() -> tuple[Pair, Connection]:
+    """A pair whose agent (the receiver under test) has streams in every state a DATA frame
+    can meet: open (opened by either side), half-closed either way, reset, and ids never
+    opened (9: the server's next, 101, 0)."""
+    pair = Pair(server_config=CONFIG, agent_config=CONFIG)
+    for _ in range(4):
+        pair.open()  # 1, 3, 5, 7
+    pair.open(pair.agent)  # 2
+    pair.agent.end_stream(HALF_LOCAL)
+    pair.server.end_stream(HALF_REMOTE)
+    pair.server.reset_stream(RESET, ErrorCode.CANCEL)
+    pair.pump()
+    return pair, pair.agent
+
+
+def old_consumed(conn: Connection, stream_id: int, n: int) -> bool:
+    """``Connection.consumed`` as it was before the fast path: the window methods, always."""
+    if n <= 0:
+        return False
+    now = conn._clock()
+    inc = conn._conn_recv.consume_shared(n)
+    queued = bool(inc)
+    if inc:
+        conn._emit(WindowUpdate(0, inc))
+    stream = conn.streams.get(stream_id)
+    if stream is None or stream.state not in (State.OPEN, State.HALF_CLOSED_LOCAL):
+        return queued
+    may_grow = conn._conn_recv.buffered < conn.config.connection_window // 2
+    inc = stream.recv.consume(n, now, conn.rtt, may_grow=may_grow)
+    if inc:
+        conn._emit(WindowUpdate(stream_id, inc))
+        return True
+    return queued
+
+
+def state(conn: Connection) -> Any:
+    def window(w: Any) -> tuple[Any, ...]:
+        return (w.size, w.available, w.unacked, w._last_update)
+
+    return (
+        conn.closed,
+        conn.last_received,
+        conn.goaway_sent,
+        window(conn._conn_recv),
+        conn._conn_send.available,
+        sorted((s.id, s.state, window(s.recv), s.send.available) for s in conn.streams.values()),
+        conn.data_to_send(),
+    )
+
+
+def plain(events: list[ev.Event]) -> list[tuple[Any, ...]]:
+    """Events as comparable values: a payload by its bytes and its type (view or copy)."""
+    out = []
+    for event in events:
+        values = []
+        for f in dataclasses.fields(event):
+            value = getattr(event, f.name)
+            if isinstance(value, bytes | memoryview):
+                value = (type(value), bytes(value))
+            values.append(value)
+        out.append((type(event), *values))
+    return out
+
+
+def fast(conn: Connection, message: bytes | bytearray | memoryview) -> list[ev.Event]:
+    got = conn.receive_data(message)
+    if got is None:
+        return conn.receive_message(message)
+    return [ev.DataReceived(*got)]
+
+
+def outcome(call: Any) -> Any:
+    try:
+        return ("ok", call())
+    except (ProtocolError, ValueError) as exc:
+        return ("error", type(exc), str(exc))
+
+
+sizes = st.one_of(
+    st.integers(0, 16),
+    st.integers(COPY_BELOW - 2, COPY_BELOW + 2),
+    st.integers(1000, 5000),
+    st.sampled_from([256, 1024, 2048, 4096, 8192]),  # to meet the half-window marks exactly
+    st.sampled_from([MIN_FRAME_SIZE, MIN_FRAME_SIZE + 1]),
+)
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> bytes | bytearray | memoryview:
+    """Mostly single DATA frames (the fast path's), and every way a message can differ from
+    one: flags, reserved bits, a length that does not match, another frame type, two frames,
+    a message cut short, a buffer that is not bytes."""
+    n = draw(sizes)
+    if draw(st.integers(0, 4)):  # the usual message: one DATA frame for a stream the peer sends on
+        sid = draw(st.sampled_from([OPEN, HALF_LOCAL, AGENT_OPENED]))
+        return HEADER.pack(FrameType.DATA, 0, 0, sid, n) + b"u" * n
+    sid = draw(st.sampled_from(STREAM_IDS))
+    type_ = draw(st.sampled_from([FrameType.DATA] * 6 + [FrameType.WINDOW_UPDATE]))
+    flags = draw(st.sampled_from([0, 0, 0, 1, 2]))
+    reserved = draw(st.sampled_from([0] * 9 + [1]))
+    length = n + draw(st.sampled_from([0] * 9 + [1, -1]))
+    raw = HEADER.pack(type_, flags, reserved, sid, max(length, 0)) + b"p" * n
+    if type_ is FrameType.WINDOW_UPDATE and draw(st.booleans()):
+        raw = HEADER.pack(type_, 0, 0, sid, 4) + (n + 1).to_bytes(4, "big")
+    if draw(st.integers(0, 9)) == 0:  # a second frame in the same message
+        raw += HEADER.pack(FrameType.DATA, 0, 0, OPEN, 3) + b"two"
+    if draw(st.integers(0, 19)) == 0:
+        raw = raw[: draw(st.integers(0, len(raw)))]
+    kind = draw(st.sampled_from(["bytes"] * 8 + ["bytearray", "view"]))
+    if kind == "bytearray":
+        return bytearray(raw)
+    if kind == "view":
+        return memoryview(raw).toreadonly()
+    return raw
+
+
+consumed_sizes = st.one_of(
+    # A share of what the stream holds (as the application reads it): valid calls, mostly.
+    st.sampled_from([0.25, 0.5, 1.0]),
+    st.integers(-1, 6000),
+    st.sampled_from([256, 512, 1023, 1024, 1025, 2048, 4096, 8192]),
+)
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("message"), messages()),
+        st.tuples(st.just("consume"), st.sampled_from(STREAM_IDS), consumed_sizes),
+        st.tuples(st.just("clock"), st.sampled_from([0.001, 0.05, 1.0])),
+    ),
+    max_size=40,
+)
+
+
+@settings(
+    max_examples=400,
+    deadline=timedelta(seconds=2),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(ops)
+def test_the_fast_path_and_the_general_path_agree(steps: list[tuple[Any, ...]]) -> None:
+    pair_a, a = make()
+    pair_b, b = make()
+    assert state(a) == state(b)
+    for step in steps:
+        if step[0] == "message":
+            message = step[1]
+            got_a = outcome(lambda: plain(fast(a, message)))  # noqa: B023
+            got_b = outcome(lambda: plain(b.receive_message(message)))  # noqa: B023
+        elif step[0] == "consume":
+            sid, n = step[1], step[2]
+            if isinstance(n, float):
+                stream = a.streams.get(sid)
+                n = max(1, int(n * (stream.recv.buffered if stream else a._conn_recv.buffered)))
+            got_a = outcome(lambda: a.consumed(sid, n))  # noqa: B023
+            got_b = outcome(lambda: old_consumed(b, sid, n))  # noqa: B023
+        else:
+            pair_a.clock.advance(step[1])
+            pair_b.clock.advance(step[1])
+            continue
+        assert got_a == got_b, step
+        assert state(a) == state(b), step
+
+
+def test_the_fast_path_takes_the_usual_message() -> None:
+    """One DATA frame for an open stream is taken by the fast path (not handed back), a small
+    payload as a copy and a large one as a view of the message; anything else is handed back
+    untouched."""
+    _, conn = make()
+    small = HEADER.pack(FrameType.DATA, 0, 0, OPEN, 5) + b"hello"
+    large = HEADER.pack(FrameType.DATA, 0, 0, OPEN, COPY_BELOW) + b"x" * COPY_BELOW
+    assert conn.receive_data(small) == (OPEN, b"hello")
+    got = conn.receive_data(large)
+    assert got is not None and type(got[1]) is memoryview and got[1].obj is large
+    fin = HEADER.pack(FrameType.DATA, 1, 0, OPEN, 1) + b"!"
+    before = state(conn)
+    for other in (fin, bytearray(small), small + small, small[:-1]):
+        assert conn.receive_data(other) is None
+    assert state(conn) == before
+
+
+@pytest.mark.parametrize("chunk", [256, 512, 1000, 1024, 2048])
+@pytest.mark.parametrize("lag", [0, 1, 3])
+@pytest.mark.parametrize("streams", [1, 3])
+def test_consumed_agrees_at_the_half_window_marks(chunk: int, lag: int, streams: int) -> None:
+    """Streams read in steady rounds (receive a chunk, consume the one ``lag`` rounds back),
+    so that the stream and connection counts meet their half-window marks exactly, windows
+    grow, and the connection's remaining credit falls below half: the same credit goes back,
+    fast path or not."""
+    pair_a, a = make()
+    pair_b, b = make()
+    sids = [OPEN, AGENT_OPENED, HALF_LOCAL][:streams]
+    backlog: list[int] = []
+    for i in range(200):
+        sid = sids[i % streams]
+        message = HEADER.pack(FrameType.DATA, 0, 0, sid, chunk) + b"c" * chunk
+        assert outcome(lambda: plain(fast(a, message))) == outcome(  # noqa: B023
+            lambda: plain(b.receive_message(message))  # noqa: B023
+        )
+        backlog.append(sid)
+        if len(backlog) > lag * streams:
+            old = backlog.pop(0)
+            assert outcome(lambda: a.consumed(old, chunk)) == outcome(  # noqa: B023
+                lambda: old_consumed(b, old, chunk)  # noqa: B023
+            ), i
+        assert state(a) == state(b), i
+        if a.closed:  # the chunk overran a window the sender had not been given back yet
+            break
+        # Both sides' credit goes back to the sender (the server), as the session would send
+        # it, so the stream windows open again and keep growing.
+        for conn, pair in ((a, pair_a), (b, pair_b)):
+            pair.server.receive_message(b"".join(m for m in conn.data_to_send()))
