@@ -171,6 +171,8 @@ class Response:
         self._parse.parser = self._parser
         self.status = 0
         self.received = 0
+        self._framing = 0
+        """Bytes read past the head that brought no body byte (trailers, chunk framing)."""
 
     async def _more(self) -> bool:
         """Feed the parser the next bytes; False once the connection has ended."""
@@ -183,12 +185,23 @@ class Response:
                 return False
             raise ConnectionResetError("the API server closed the connection mid-answer")
         self.received += len(data)
+        p = self._parse
+        past_head, size = p.headers_done, p.size
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             raise KubeError(0, f"not an HTTP answer: {exc}") from None
-        if not self._parse.headers_done and self.received > self._limits.head:
-            raise KubeError(0, f"answer head over {self._limits.head} bytes")
+        if not p.headers_done:
+            if self.received > self._limits.head:
+                raise KubeError(0, f"answer head over {self._limits.head} bytes")
+        elif past_head and p.size == size and not p.complete:
+            # No body byte: a chunked answer's trailers (httptools joins a field's pieces in
+            # memory) or its framing, bounded as a head is.
+            self._framing += len(data)
+            if self._framing > self._limits.head:
+                raise self._over("answer trailers (or framing)", self._limits.head)
+        else:
+            self._framing = 0
         return True
 
     def _over(self, what: str, limit: int) -> KubeError:

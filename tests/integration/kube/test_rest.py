@@ -393,6 +393,48 @@ async def test_an_answer_past_a_limit_fails_and_its_connection_is_dropped() -> N
         await server.wait_closed()
 
 
+async def test_a_chunked_answer_whose_trailers_never_end_fails() -> None:
+    """A chunked answer whose body ends but whose trailer section never does (a field value
+    without end: httptools joins its pieces in memory): read whole or as lines, the call fails
+    with a KubeError once the bytes past the body reach the head limit, not when memory runs
+    out (the old client read it until the test's timeout)."""
+    pad = b"a" * 65536
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(b"3\r\n{}\n\r\n0\r\nX-Pad: ")
+            while True:
+                writer.write(pad)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            await close_writer(writer, 1)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    limits = Limits(head=1 << 20)
+    try:
+        async with RestClient(ClusterAccess(f"http://127.0.0.1:{port}"), limits=limits) as c:
+            async with asyncio.timeout(10):
+                with pytest.raises(
+                    KubeError, match=r"answer trailers \(or framing\) over 1048576 bytes"
+                ):
+                    await c.request("GET", "/whole")
+                async with c.open("GET", "/watch") as resp:
+                    with pytest.raises(
+                        KubeError, match=r"answer trailers \(or framing\) over 1048576 bytes"
+                    ):
+                        async for line in resp.lines():
+                            assert line == b"{}"
+            assert c.connects == 2, "a connection past a limit is not reused"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_write_is_not_sent_twice_when_its_connection_breaks_unanswered() -> None:
     """A kept-alive connection that breaks after a request reached the server, before its
     answer: a read is sent again on a new connection, a POST or PATCH is not (the server may

@@ -154,3 +154,29 @@ async def test_a_client_gone_mid_answer_releases_the_stream(l7: L7) -> None:
     async with asyncio.timeout(20):  # the endless answer's stream is reset
         while (await l7.cluster.metrics())[streams] > before:
             await asyncio.sleep(0.1)
+
+
+async def test_a_later_head_over_the_limit_is_refused_whole_in_pieces_or_pipelined(
+    l7: L7,
+) -> None:
+    """A kept-alive connection's next head over --max-header-size (the callbacks look at the
+    parser only once something of it was parsed or begun) is refused with 431 as a first one
+    is: arriving in one write, in pieces, or begun in the write of the request before it."""
+    over = request(l7, "/ok", extra=f"X-Big: {'a' * 80_000}\r\n")
+    for how in ("whole", "pieces", "pipelined"):
+        async with client(l7) as (reader, writer):
+            writer.write(request(l7, "/ok"))
+            assert await answer(reader) == (200, b"ok")
+            if how == "whole":
+                writer.write(over)
+            elif how == "pieces":
+                for cut in range(0, len(over), 20_000):
+                    writer.write(over[cut : cut + 20_000])
+                    await asyncio.sleep(0.05)
+            else:
+                writer.write(request(l7, "/ok") + over[:100])
+                assert await answer(reader) == (200, b"ok")
+                await asyncio.sleep(0.05)
+                writer.write(over[100:])
+            status, _ = await answer(reader)
+            assert status == 431, how

@@ -149,6 +149,20 @@ async def test_slow_heads_are_closed_after_the_header_timeout(cluster: Cluster) 
             writer.close()
         assert time.monotonic() - started >= 1.0
         assert data.startswith(b"HTTP/1.1 408 "), data
+        # And one whose next head begins in the write of a request the callbacks serve (the
+        # head is begun once that answer is out: the task reads the rest under its clock).
+        reader, writer = await asyncio.open_connection("127.0.0.1", front)
+        try:
+            request = f"GET / HTTP/1.1\r\nHost: edge-1:{http_port}\r\n\r\n".encode()
+            writer.write(request)
+            async with asyncio.timeout(10):
+                assert (await reader.readuntil(b"hello\n")).startswith(b"HTTP/1.1 200 OK")
+            writer.write(request + b"GET / HT")
+            data = await closed_within(reader, 10)
+        finally:
+            writer.close()
+        assert data.startswith(b"HTTP/1.1 200 OK"), data
+        assert b"HTTP/1.1 408 " in data, data
 
 
 async def test_front_connection_cap_keeps_health_answering(cluster: Cluster) -> None:
