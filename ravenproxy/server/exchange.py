@@ -95,7 +95,7 @@ class Exchange:
     def __init__(self, *, via: str, max_head: int) -> None:
         self.via = via
         self.max_head = max_head
-        self.client = Parsed(response=False)
+        self.client = Parsed(response=False, max_tail=max_head)
         self.phase = "head"
         self.first = True
         """No request has begun on this connection yet."""
@@ -250,7 +250,7 @@ class Exchange:
     def upstream_opened(self) -> list[Action]:
         """The target connection :class:`OpenUpstream` asked for is open."""
         assert self.phase == "opening"
-        self._up = Parsed(response=True)
+        self._up = Parsed(response=True, max_tail=self.max_head)
         self._up_used = False
         return self._send()
 

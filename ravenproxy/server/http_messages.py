@@ -68,10 +68,12 @@ class Parsed:
         "fed",
         "in_body",
         "in_head",
+        "max_tail",
         "parser",
+        "tail",
     )
 
-    def __init__(self, *, response: bool) -> None:
+    def __init__(self, *, response: bool, max_tail: int = 64 * 1024) -> None:
         self.events: deque[tuple[int, object]] = deque()
         self.parser: HttpRequestParser | HttpResponseParser = (
             HttpResponseParser(self) if response else HttpRequestParser(self)
@@ -82,6 +84,12 @@ class Parsed:
             self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
         self.fed = 0
         """Bytes fed while no head was complete: what an unfinished head may have taken."""
+        self.tail = 0
+        """Bytes fed inside a body since its last body byte: chunk sizes, extensions and
+        trailers, which llhttp parses (a trailer field it holds whole) but no event carries."""
+        self.max_tail = max_tail
+        """More than this in :attr:`tail` is an ERROR (the sender's head limit): a trailer that
+        never ends would otherwise grow in the parser until memory runs out."""
         self.in_head = False
         self.in_body = False
         self.bodiless = False
@@ -110,9 +118,12 @@ class Parsed:
             return None
         # The parser leaves that state: what it held is remembered anew (or not at all).
         self._again = None
+        if self.tail > self.max_tail:  # refused (below): nothing more goes into the parser
+            return None
         fresh = not events and not self.in_head and not self.in_body
         if not self.in_body:
             self.fed += len(data)
+        queued = len(events)
         try:
             self.parser.feed_data(data)
         except HttpParserUpgrade as exc:
@@ -121,6 +132,10 @@ class Parsed:
             if not isinstance(exc.__context__, _Stop):
                 events.append((ERROR, str(exc) or type(exc).__name__))
             return None
+        if self.in_body and len(events) == queued:  # inside a body, and nothing of it came
+            self.tail += len(data)
+            if self.tail > self.max_tail:
+                events.append((ERROR, f"chunk framing or trailers over {self.max_tail} bytes"))
         if (
             fresh
             and len(events) == 2
@@ -168,7 +183,7 @@ class Parsed:
             self._trailers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.in_head, self.in_body, self.fed = False, True, 0
+        self.in_head, self.in_body, self.fed, self.tail = False, True, 0, 0
         parser = self.parser
         version = parser.get_http_version()
         kind: object = (
@@ -217,6 +232,7 @@ class Parsed:
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
+        self.tail = 0
 
     def on_message_complete(self) -> None:
         self.in_body = False

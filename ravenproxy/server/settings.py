@@ -171,7 +171,7 @@ class ServerSettings:
         DEFAULT_MAX_HEADER_SIZE,
         "--max-header-size",
         "BYTES",
-        "largest HTTP request/response head the fronts accept",
+        "largest HTTP request/response head the fronts accept (and chunked trailers)",
     )
     """Largest request or response head the HTTP fronts accept (431 / 502 beyond)."""
     dial_timeout: float = setting(

@@ -410,3 +410,39 @@ async def test_a_later_request_without_an_answer_ends_after_the_idle_timeout(
             m = await cluster.metrics()
             key = 'ravenproxy_server_idle_timeouts_total{front="http",relay="request"}'
             assert m[key] == 1
+
+
+async def test_a_chunked_body_whose_trailers_never_end_is_refused(cluster: Cluster) -> None:
+    """A chunked request body's trailer section that never ends (a field that goes on, or
+    endless fields) is bounded like the head: 400 once past --max-header-size, and the
+    connection closed; the old front fed it to the parser, which held it all, until memory ran
+    out."""
+    async with tcp_server(silent) as silent_port:
+        async with bed(cluster, "--max-header-size", "16384", allow=(silent_port,)):
+            assert cluster.server is not None
+            reader, writer = await asyncio.open_connection("127.0.0.1", cluster.http_port)
+
+            async def trailers_forever() -> None:
+                head = (
+                    f"POST / HTTP/1.1\r\nHost: edge-1:{silent_port}\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nX-Pad: "
+                )
+                writer.write(head.encode())
+                with contextlib.suppress(ConnectionError):
+                    # 64 KiB, then a pause (the old front waited for the rest): more while the
+                    # front closes would reset the connection before its answer is read.
+                    for _ in range(16):
+                        writer.write(b"a" * 4096)
+                        await writer.drain()
+
+            sender = asyncio.create_task(trailers_forever())
+            try:
+                answer = await closed_within(reader, 15)
+            finally:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+                writer.transport.abort()
+            assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+            assert answer.endswith(b"chunk framing or trailers over 16384 bytes\n"), answer
+            m = await cluster.metrics()
+            assert m['ravenproxy_server_front_requests_total{front="http",status="400"}'] == 1

@@ -12,9 +12,9 @@ GET = b"GET /metrics HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: prom\r\n\r\n"
 class Counted(Parsed):
     """Counts the messages llhttp began to parse (to see whether it ran)."""
 
-    def __init__(self, *, response: bool = False) -> None:
+    def __init__(self, *, response: bool = False, max_tail: int = 64 * 1024) -> None:
         self.begun = 0
-        super().__init__(response=response)
+        super().__init__(response=response, max_tail=max_tail)
 
     def on_message_begin(self) -> None:
         self.begun += 1
@@ -123,3 +123,40 @@ def test_after_proxy_connection_close_the_parser_decides() -> None:
     closing = GET.replace(b"User-Agent: prom", b"Proxy-Connection: close")
     assert [e[0] for e in take_after(parsed, closing)] == [HEAD, END]
     assert [e[0] for e in take_after(parsed, closing)] == [ERROR]
+
+
+POST_CHUNKED = b"POST /up HTTP/1.1\r\nHost: edge-1\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def test_trailers_that_never_end_are_an_error_and_no_more_is_parsed() -> None:
+    """Inside a body, bytes that bring no body byte (chunk sizes, extensions, trailers) count
+    against ``max_tail``: past it, one ERROR, and nothing more goes into the parser (llhttp
+    would hold an unfinished trailer field whole)."""
+    for response in (False, True):
+        parsed = Counted(response=response, max_tail=1000)
+        start = (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" if response else POST_CHUNKED
+        )
+        parsed.feed(start + b"3\r\nabc\r\n0\r\nX-Pad: ")
+        assert [kind for kind, _ in take(parsed)] == [HEAD, DATA]
+        for _ in range(9):
+            parsed.feed(b"a" * 100)
+        assert take(parsed) == []  # 900 of 1000 (the read that brought "abc" is a body's)
+        parsed.feed(b"a" * 200)
+        assert take(parsed) == [(ERROR, "chunk framing or trailers over 1000 bytes")]
+        parsed.feed(b"a" * 10_000 + b"\r\n\r\n")
+        assert take(parsed) == [] and parsed.tail == 1100  # not fed: not counted
+
+
+def test_a_body_in_many_small_reads_and_trailers_within_the_limit_are_not() -> None:
+    """Body bytes reset the count: a long chunked body fed a byte at a time, and trailers under
+    the limit, are a body and trailers (the limit is on what comes between body bytes)."""
+    parsed = Counted(max_tail=64)
+    body = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in [b"x" * 40] * 50)
+    message = POST_CHUNKED + body + b"0\r\nX-Sum: 7\r\n\r\n"
+    for i in range(len(message)):
+        parsed.feed(message[i : i + 1])
+    events = take(parsed)
+    assert [kind for kind, _ in events if kind != DATA] == [HEAD, END]
+    assert b"".join(v for k, v in events if k == DATA) == b"x" * 2000  # type: ignore[misc]
+    assert events[-1] == (END, [("X-Sum", "7")])
