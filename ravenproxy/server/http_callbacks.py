@@ -273,12 +273,12 @@ class CallbackPath:
                     else:
                         if chunk is None:
                             return None
+                        # Stamped before the answer's end is acted on, also for its last chunk:
+                        # a watch that fires before the next wait retimes it must not find the
+                        # connection idle (a pipelined request handed to the task would be lost).
+                        watch.touch()
                         actions = ex.receive_upstream(bytes(chunk))  # a view of a tunnel message
                     self._run(actions)
-                    if ex.phase == "forwarding":
-                        # More of the answer to wait for. (Once it is answered, the wait for a
-                        # next request retimes the watch, which stamps it too: not twice.)
-                        watch.touch()
                 else:
                     return self._leave([])
         except Exception as exc:

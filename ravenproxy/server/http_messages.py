@@ -85,8 +85,10 @@ class Parsed:
         self.fed = 0
         """Bytes fed while no head was complete: what an unfinished head may have taken."""
         self.tail = 0
-        """Bytes fed inside a body since its last body byte: chunk sizes, extensions and
-        trailers, which llhttp parses (a trailer field it holds whole) but no event carries."""
+        """Bytes of the reads inside a body that brought no body byte, since the last that did:
+        chunk sizes, extensions and trailers, which llhttp parses (a trailer field it holds
+        whole) but no event carries. (What a read brings after its last body byte is let
+        through: one read's worth, before the next read counts.)"""
         self.max_tail = max_tail
         """More than this in :attr:`tail` is an ERROR (the sender's head limit): a trailer that
         never ends would otherwise grow in the parser until memory runs out."""
