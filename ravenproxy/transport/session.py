@@ -127,6 +127,9 @@ class Session(Intake):
         server_id: str = "",
     ) -> None:
         self.ws = ws
+        self.loop = asyncio.get_running_loop()
+        """The loop it runs in, kept: on 3.11 each ``get_running_loop()`` is a ``getpid()``
+        syscall, and a stream's reads and writes make futures."""
         self.config = config or SessionConfig()
         # server_id: announced in SETTINGS (SERVER_ID) when given (the server side's identity).
         self.conn = Connection(
@@ -277,7 +280,7 @@ class Session(Intake):
 
     async def _writer(self) -> None:
         # A batch: what every stream queued since the writer last ran, in few large writes.
-        mask, ws, loop = not self.conn.server_side, self.ws, asyncio.get_running_loop()
+        mask, ws, loop = not self.conn.server_side, self.ws, self.loop
         try:
             while True:
                 if not self._wake:
@@ -306,7 +309,7 @@ class Session(Intake):
     def _schedule_keepalive(self) -> None:
         # A timer, not a task: an idle tunnel holds a timer handle, not a task, its coroutine
         # and the future of its sleep. Cancelled by run() when the session ends.
-        self._keepalive_timer = asyncio.get_running_loop().call_later(
+        self._keepalive_timer = self.loop.call_later(
             self.config.ping_interval, self._keepalive
         )
 
