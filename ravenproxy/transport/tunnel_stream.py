@@ -225,7 +225,8 @@ class TunnelStream:
             return 0
         session = self.session
         conn = session.conn
-        n = conn.send_upto(self.id, data, session.config.wire.max_message_size - conn.pending_bytes)
+        limit = session.config.wire.max_message_size
+        n = conn.send_upto(self.id, data, limit - conn.outbox.pending_bytes)
         if n:
             self.bytes_out += n
             session._flush()
@@ -239,7 +240,7 @@ class TunnelStream:
             session.conn.send_data(self.id, data)
             self.bytes_out += len(data)
             session._flush()
-            if session.conn.pending_bytes > session.config.wire.max_message_size:
+            if session.conn.outbox.pending_bytes > session.config.wire.max_message_size:
                 await session._drained()
             return
         view = memoryview(data)
