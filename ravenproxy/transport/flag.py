@@ -10,18 +10,20 @@ class Flag:
     keeps a deque of waiters, ~0.8 KiB, for each of a session's five flags). Waiters share one
     future, each behind a shield: one waiter cancelled cancels no other."""
 
-    __slots__ = ("_set", "_waiter")
+    __slots__ = ("_set", "waiter")
 
     def __init__(self) -> None:
         self._set = False
-        self._waiter: asyncio.Future[None] | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        """The future the waiters share; None while nobody waits. A flag every waiter clears
+        right before it waits needs no :meth:`set` while this is None (a hot setter checks)."""
 
     def is_set(self) -> bool:
         return self._set
 
     def set(self) -> None:
         self._set = True
-        waiter, self._waiter = self._waiter, None
+        waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
@@ -31,7 +33,7 @@ class Flag:
     async def wait(self) -> None:
         if self._set:
             return
-        waiter = self._waiter
+        waiter = self.waiter
         if waiter is None:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            waiter = self.waiter = asyncio.get_running_loop().create_future()
         await asyncio.shield(waiter)

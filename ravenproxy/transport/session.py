@@ -127,6 +127,9 @@ class Session(Intake):
         server_id: str = "",
     ) -> None:
         self.ws = ws
+        self.loop = asyncio.get_running_loop()
+        """The loop it runs in, kept: on 3.11 each ``get_running_loop()`` is a ``getpid()``
+        syscall, and a stream's reads and writes make futures."""
         self.config = config or SessionConfig()
         # server_id: announced in SETTINGS (SERVER_ID) when given (the server side's identity).
         self.conn = Connection(
@@ -263,7 +266,7 @@ class Session(Intake):
 
     # -- I/O --------------------------------------------------------------------------------
     def _flush(self) -> None:
-        if not self._wake and self.conn.pending_bytes:  # called several times a request
+        if not self._wake and self.conn.outbox.pending_bytes:  # several times a request
             self._wake = True
             waiter, self._wake_writer = self._wake_writer, None
             if waiter is not None and not waiter.done():
@@ -277,15 +280,18 @@ class Session(Intake):
 
     async def _writer(self) -> None:
         # A batch: what every stream queued since the writer last ran, in few large writes.
-        mask, ws, loop = not self.conn.server_side, self.ws, asyncio.get_running_loop()
+        mask, ws, loop = not self.conn.server_side, self.ws, self.loop
+        taken, drained, outbox = self._taken, self._drain_event, self.conn.outbox
         try:
             while True:
                 if not self._wake:
                     self._wake_writer = waiter = loop.create_future()
                     await waiter
                 self._wake = False
-                batch = self.conn.pieces_to_send()
-                self._taken.set()
+                batch = outbox.take_pieces()  # conn.pieces_to_send(), one call less
+                # Both flags are waited for only right after a clear(): set while waited for.
+                if taken.waiter is not None:
+                    taken.set()
                 if self._held is not None:
                     self._unpause()
                 small = one_small(batch, mask=mask)
@@ -296,7 +302,8 @@ class Session(Intake):
                     # drain() waits only while paused (or yields once while closing).
                     if ws.paused or ws.transport.is_closing():
                         await ws.drain()
-                self._drain_event.set()
+                if drained.waiter is not None:
+                    drained.set()
         except ConnectionClosed:
             pass
         finally:
@@ -306,9 +313,7 @@ class Session(Intake):
     def _schedule_keepalive(self) -> None:
         # A timer, not a task: an idle tunnel holds a timer handle, not a task, its coroutine
         # and the future of its sleep. Cancelled by run() when the session ends.
-        self._keepalive_timer = asyncio.get_running_loop().call_later(
-            self.config.ping_interval, self._keepalive
-        )
+        self._keepalive_timer = self.loop.call_later(self.config.ping_interval, self._keepalive)
 
     def _keepalive(self) -> None:
         self._keepalive_timer = None

@@ -101,6 +101,7 @@ class SocketStream(asyncio.Protocol):
         "_error",
         "_lend",
         "_limit",
+        "_loop",
         "_lost",
         "_on_data",
         "_over_ssl",
@@ -135,6 +136,9 @@ class SocketStream(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = self.transport = cast(asyncio.Transport, transport)
+        # Kept: on 3.11 each get_running_loop() is a getpid() syscall, and a future is made
+        # per read that waits.
+        self._loop = asyncio.get_running_loop()
         self._over_ssl = transport.get_extra_info("sslcontext") is not None
 
     def data_received(self, data: bytes) -> None:
@@ -226,7 +230,7 @@ class SocketStream(asyncio.Protocol):
         buffers go: a connection idle after a bulk upload holds none (the next read takes one
         again). Not sooner: a bulk upload's reader catches up with the socket at most reads,
         and a buffer made anew per read costs its zeroing and page faults."""
-        timer = asyncio.get_running_loop().call_later(LEND_IDLE, lender.release)
+        timer = self._loop.call_later(LEND_IDLE, lender.release)
         try:
             await self._wait_data()
         finally:
@@ -235,7 +239,7 @@ class SocketStream(asyncio.Protocol):
     async def _wait_data(self) -> None:
         if self._read_waiter is not None:
             raise RuntimeError("read() called while another coroutine is waiting")
-        self._read_waiter = asyncio.get_running_loop().create_future()
+        self._read_waiter = self._loop.create_future()
         try:
             await self._read_waiter
         finally:
@@ -349,7 +353,7 @@ class SocketStream(asyncio.Protocol):
                 return
             waiter = self._drain_waiter
             if waiter is None or waiter.done():
-                waiter = self._drain_waiter = asyncio.get_running_loop().create_future()
+                waiter = self._drain_waiter = self._loop.create_future()
             await waiter
 
     async def wait_closed(self) -> None:
@@ -357,7 +361,7 @@ class SocketStream(asyncio.Protocol):
         while not self._lost:
             waiter = self._drain_waiter  # connection_lost wakes the drainer
             if waiter is None or waiter.done():
-                waiter = self._drain_waiter = asyncio.get_running_loop().create_future()
+                waiter = self._drain_waiter = self._loop.create_future()
             await waiter
 
     def can_write_eof(self) -> bool:

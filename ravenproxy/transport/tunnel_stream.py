@@ -34,6 +34,9 @@ class StreamOwner(Protocol):
     @property
     def config(self) -> _Config: ...
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
     def _consumed(self, sid: int, n: int) -> None: ...
 
     def _wait_window(self, stream: TunnelStream) -> None: ...
@@ -108,7 +111,7 @@ class TunnelStream:
     # -- called by the session ------------------------------------------------------------
     def _opening(self) -> asyncio.Future[None]:
         """The future the peer's OPEN_RESULT completes (this side opened the stream)."""
-        self._opened = asyncio.get_running_loop().create_future()
+        self._opened = self.session.loop.create_future()
         return self._opened
 
     def _accepted(self) -> None:
@@ -186,7 +189,7 @@ class TunnelStream:
                 waiters = self._read_waiters = []
             # Waited here, not in a helper coroutine: an idle stream's reader holds one frame
             # less.
-            fut = asyncio.get_running_loop().create_future()
+            fut = self.session.loop.create_future()
             waiters.append(fut)
             try:
                 await fut
@@ -222,7 +225,8 @@ class TunnelStream:
             return 0
         session = self.session
         conn = session.conn
-        n = conn.send_upto(self.id, data, session.config.wire.max_message_size - conn.pending_bytes)
+        limit = session.config.wire.max_message_size
+        n = conn.send_upto(self.id, data, limit - conn.outbox.pending_bytes)
         if n:
             self.bytes_out += n
             session._flush()
@@ -236,7 +240,7 @@ class TunnelStream:
             session.conn.send_data(self.id, data)
             self.bytes_out += len(data)
             session._flush()
-            if session.conn.pending_bytes > session.config.wire.max_message_size:
+            if session.conn.outbox.pending_bytes > session.config.wire.max_message_size:
                 await session._drained()
             return
         view = memoryview(data)
@@ -269,7 +273,7 @@ class TunnelStream:
             waiters = self._write_waiters
             if waiters is None:
                 waiters = self._write_waiters = []
-            fut = asyncio.get_running_loop().create_future()
+            fut = self.session.loop.create_future()
             waiters.append(fut)
             try:
                 await fut

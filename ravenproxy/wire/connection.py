@@ -78,7 +78,10 @@ class Connection(DataPath):
         self.streams: dict[int, Stream] = {}
         self._local_open = 0
         self._peer_open = 0
-        self._out = Outbox(self.config.max_message_size)
+        self.outbox = Outbox(self.config.max_message_size)
+        """What is queued to send. Read-only outside: its ``pending_bytes``, an attribute,
+        is what :attr:`pending_bytes` returns, for an adapter that checks it a few times a
+        message without a property call."""
         self._settings_received = False
         self.peer_max_frame_size = DEFAULT_PEER_MAX_FRAME_SIZE
         self.peer_max_streams = DEFAULT_PEER_MAX_STREAMS
@@ -109,7 +112,7 @@ class Connection(DataPath):
     # -- output ---------------------------------------------------------------------------
 
     def _emit(self, frame: Frame) -> None:
-        self._out.control(encode(frame))
+        self.outbox.control(encode(frame))
 
     def data_to_send(self) -> list[bytes]:
         """Everything queued, as WebSocket messages. Connection-level frames, credit and open
@@ -123,17 +126,17 @@ class Connection(DataPath):
     def pieces_to_send(self) -> list[list[bytes | memoryview]]:
         """As :meth:`data_to_send`, each message still in pieces (frame headers and payloads)
         for a writer that can send them without joining them first."""
-        return self._out.take_pieces()
+        return self.outbox.take_pieces()
 
     @property
     def pending_bytes(self) -> int:
-        return self._out.pending_bytes
+        return self.outbox.pending_bytes
 
     @property
     def control_pending(self) -> int:
         """Bytes queued that are not DATA: control frames (answers to the peer among them),
         OPEN and RESET."""
-        return self._out.control_bytes
+        return self.outbox.control_bytes
 
     @property
     def should_read(self) -> bool:
@@ -143,7 +146,7 @@ class Connection(DataPath):
         does not read our answers is not read either, until :meth:`data_to_send` has taken the
         output. An adapter that stays paused too long gives up with :meth:`fail` and
         ``ENHANCE_YOUR_CALM`` (docs/protocol.md, section 8)."""
-        return self._out.control_bytes <= self.config.max_control_pending
+        return self.outbox.control_bytes <= self.config.max_control_pending
 
     # -- local actions ----------------------------------------------------------------------
 
@@ -165,7 +168,7 @@ class Connection(DataPath):
         self._local_open += 1
         # OPEN travels in order with DATA: if it overtook the DATA+FIN that closed an earlier
         # stream, the peer could still count that stream against its limit.
-        self._out.ordered(raw)
+        self.outbox.ordered(raw)
         return sid
 
     def accept_stream(self, stream_id: int) -> None:
@@ -200,7 +203,7 @@ class Connection(DataPath):
         # Never build a message larger than our own message limit, whatever the peer allows.
         step = min(self.peer_max_frame_size, self.config.max_message_size - 12)
         if 0 < n <= step and type(data) is bytes:  # one frame, nothing to copy (small writes)
-            self._out.data(encode_data_header(stream_id, n, fin), data)
+            self.outbox.data(encode_data_header(stream_id, n, fin), data)
             if fin:
                 self._transition(stream, Input.SEND_FIN)
             return
@@ -213,9 +216,9 @@ class Connection(DataPath):
             chunk = view[pos : pos + step]
             last = pos + step >= n
             # Header and payload stay one entry: a frame never spans two messages.
-            self._out.data(encode_data_header(stream_id, len(chunk), fin and last), chunk)
+            self.outbox.data(encode_data_header(stream_id, len(chunk), fin and last), chunk)
         if n == 0 and fin:
-            self._out.data(encode_data_header(stream_id, 0, True), b"")
+            self.outbox.data(encode_data_header(stream_id, 0, True), b"")
         if fin:
             self._transition(stream, Input.SEND_FIN)
 
@@ -236,7 +239,7 @@ class Connection(DataPath):
             # out: SendWindow.consume of both windows (n is within both), encode_data_header.
             send.available -= n
             conn_send.available -= n
-            self._out.data(HEADER.pack(_DATA, 0, 0, stream_id, n), data)
+            self.outbox.data(HEADER.pack(_DATA, 0, 0, stream_id, n), data)
             return n
         self.send_data(stream_id, data if n == len(data) else memoryview(data)[:n])
         return n
@@ -253,7 +256,7 @@ class Connection(DataPath):
         self._transition(stream, Input.SEND_RESET)
         # In order with OPEN and DATA: a RESET overtaking its stream's queued OPEN would name
         # a stream the peer has never heard of.
-        self._out.ordered(encode(Reset(stream_id, code, _clip(message))))
+        self.outbox.ordered(encode(Reset(stream_id, code, _clip(message))))
 
     def ping(self) -> None:
         payload = os.urandom(8)
@@ -274,7 +277,7 @@ class Connection(DataPath):
         reason, queue ``GOAWAY(code)`` and mark the connection closed. Flush, then close."""
         if code is ErrorCode.OK:
             raise ValueError("fail needs an error code")
-        self._out.clear()
+        self.outbox.clear()
         self.closed = True
         self.goaway_sent = GoAway(self._highest_peer_id, code, _clip(reason))
         self._emit(self.goaway_sent)

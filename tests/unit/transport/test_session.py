@@ -596,16 +596,18 @@ async def test_a_flag_wakes_every_waiter_but_a_cancelled_one() -> None:
     """The session's flags (asyncio.Event's set/clear/wait, no waiter deque held): one waiter
     cancelled leaves the others waiting, a set wakes them all, a set flag does not block."""
     flag = Flag()
+    assert flag.waiter is None  # nobody waits: the session's writer skips set()
     waiters = [asyncio.create_task(flag.wait(), name=f"flag-waiter:{i}") for i in range(3)]
     try:
         await asyncio.sleep(0)
+        assert flag.waiter is not None
         waiters[0].cancel()
         await asyncio.sleep(0)
         assert waiters[0].cancelled()
         assert not any(w.done() for w in waiters[1:])
         flag.set()
         await asyncio.wait_for(asyncio.gather(*waiters[1:]), 1)
-        assert flag.is_set()
+        assert flag.is_set() and flag.waiter is None
         await asyncio.wait_for(flag.wait(), 1)  # set: returns at once
         flag.clear()
         late = asyncio.create_task(flag.wait(), name="flag-waiter:late")
