@@ -247,12 +247,12 @@ class TunnelStream:
         while view:
             room = await self.writable()
             chunk = view[:room]
-            self.session.conn.send_data(self.id, chunk)
+            session.conn.send_data(self.id, chunk)
             self.bytes_out += len(chunk)
             view = view[room:]
-            self.session._flush()
-        if self.session.conn.pending_bytes > self.session.config.wire.max_message_size:
-            await self.session._drained()
+            session._flush()
+        if session.conn.outbox.pending_bytes > session.config.wire.max_message_size:
+            await session._drained()
 
     def room(self) -> int:
         """The credit available now (0: :meth:`writable` would wait); 1 on a failed stream,
