@@ -107,6 +107,12 @@ class Parsed:
         """The last bytes fed, when they were one whole request, bodiless and kept alive, and
         its head: the same bytes again are that request again (:meth:`feed`)."""
 
+    @property
+    def midway(self) -> bool:
+        """A message has begun and is not through (or the parser stopped inside it): its
+        sender may still be sending it."""
+        return self.in_head or self.in_body
+
     def feed(self, data: bytes) -> bytes | None:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
         ended the HTTP part of the connection. An error is queued after what came before it."""

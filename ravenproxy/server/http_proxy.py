@@ -49,6 +49,7 @@ from ravenproxy.server.http_callbacks import KEEPALIVE_TIMEOUT, CallbackPath
 from ravenproxy.server.limits import StreamLease
 from ravenproxy.server.router import Route
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
+from ravenproxy.transport.linger import lingering_close
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult, relay
 from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError
@@ -129,6 +130,7 @@ class _Connection(CallbackPath):
         "ex",
         "keepalive",
         "lease",
+        "linger",
         "peer",
         "proxy",
         "pump",
@@ -159,6 +161,9 @@ class _Connection(CallbackPath):
         entered once per read: entering stamps the activity of the last event."""
         self.keepalive: IdleWatch | None = None
         """Guards the wait for a next request (KEEPALIVE_TIMEOUT), from the second one on."""
+        self.linger = False
+        """The connection ends while the client may still be sending (a refusal, an answer
+        before the request body was through): closed by :func:`lingering_close`."""
 
     async def run(self) -> None:
         front = self.proxy.front
@@ -193,9 +198,13 @@ class _Connection(CallbackPath):
         except Exception:
             log.exception(f"{front} front: connection failed", extra=kv(peer=self.peer))
         finally:
-            drain.unfollow(self)
             await self._stop_pump()
             self._close_upstream()
+            if self.linger and not drain.draining and not self.writer.is_closing():
+                self.waiting = True  # a drain that starts now closes it
+                dropped = await lingering_close(self.reader, self.writer)
+                log.debug(f"{front} front: closed", extra=kv(peer=self.peer, dropped=dropped))
+            drain.unfollow(self)
             if not self.writer.is_closing():
                 self.writer.close()
 
@@ -277,6 +286,7 @@ class _Connection(CallbackPath):
             if not pump.done() or pump.exception() is not None:
                 # The target answered before the client's body was through (or it failed):
                 # the connection cannot carry another request.
+                self.linger = self.ex.client.midway
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
                 raise _Done
@@ -332,6 +342,7 @@ class _Connection(CallbackPath):
             elif isinstance(action, Refuse):
                 await self._refuse(action.status, action.node, action.reason)
             elif isinstance(action, Close):
+                self.linger = self.ex.client.midway  # (an answer before the body was through)
                 log.debug(
                     f"{self.proxy.front} front: closing",
                     extra=kv(peer=self.peer, reason=action.reason),
@@ -383,6 +394,9 @@ class _Connection(CallbackPath):
         with contextlib.suppress(*_IO_ERRORS):
             self.writer.write(error_response(status, body))
             await self.writer.drain()
+            # The rest of the request may be on its way; not waited for from a client that
+            # was too slow to send a head (408).
+            self.linger = status != 408 and self.ex.client.midway
         raise _Done
 
     # -- raw relays ---------------------------------------------------------------------------

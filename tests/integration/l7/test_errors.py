@@ -3,6 +3,9 @@ labelled counter — through the HTTP front (Host, forward proxy, CONNECT) and t
 
 from __future__ import annotations
 
+import asyncio
+import ssl
+
 import pytest
 
 from tests.helpers import run
@@ -74,6 +77,38 @@ async def test_terminated_https_errors(l7: L7) -> None:
     after = await l7.cluster.metrics()
     assert front_count(after, "https", 404) == front_count(before, "https", 404) + 1
     assert "https front: refused" in l7.server_log()
+
+
+@pytest.mark.parametrize("front", ["http", "https"])
+async def test_a_refused_upload_gets_its_answer(l7: L7, front: str) -> None:
+    """A request refused before its body was read (here: an unknown node) is answered, and the
+    answer reaches a client that writes the whole body before it reads: the front half-closes
+    (plain HTTP) and reads and drops what the client still sends until it is done, instead of
+    closing a socket that holds unread bytes — which resets the connection (RST), so the
+    client's writes fail and its answer is lost, as the old front did (a lingering close, as
+    nginx's lingering_close, Apache's lingering_close and HAProxy do)."""
+    size = 32 * 1024 * 1024  # more than loopback's socket buffers hold on both ends
+    tls = None
+    if front == "https":
+        tls = ssl.create_default_context(cafile=str(l7.ca))
+    port = l7.http if front == "http" else l7.https
+    before = await l7.cluster.metrics()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
+    try:
+        head = f"POST /upload HTTP/1.1\r\nHost: edge-9:80\r\nContent-Length: {size}\r\n\r\n"
+        writer.write(head.encode())
+        chunk = b"x" * (256 * 1024)
+        async with asyncio.timeout(30):
+            for _ in range(size // len(chunk)):
+                writer.write(chunk)
+                await writer.drain()  # the old front's reset fails this
+            answer = await reader.read()
+    finally:
+        writer.transport.abort()
+    assert answer.startswith(b"HTTP/1.1 404 "), answer[:200]
+    assert answer.endswith(b"edge-9: unknown node\n"), answer
+    after = await l7.cluster.metrics()
+    assert front_count(after, front, 404) == front_count(before, front, 404) + 1
 
 
 async def test_bad_requests(l7: L7) -> None:

@@ -449,3 +449,43 @@ async def test_a_chunked_body_whose_trailers_never_end_is_refused(cluster: Clust
             assert answer.endswith(b"chunk framing or trailers over 16384 bytes\n"), answer
             m = await cluster.metrics()
             assert m['ravenproxy_server_front_requests_total{front="http",status="400"}'] == 1
+
+
+async def refuses_uploads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A target that answers 401 as soon as it has a request head, before the body (a kubelet
+    refusing an unauthenticated upload), then drops what comes until the stream ends (closing
+    with the body unread would reset the agent's connection, which may lose the answer)."""
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 13\r\n\r\nUnauthorized\n")
+    await writer.drain()
+    while await reader.read(65536):
+        pass
+
+
+async def test_an_answer_before_the_upload_is_through_reaches_the_client(
+    cluster: Cluster,
+) -> None:
+    """The target answers before the client's body is through: the front relays the answer,
+    and since the connection cannot carry another request, ends it with a lingering close (it
+    reads and drops the rest of the body until the client is done). The old front closed the
+    socket with the body's bytes unread: the reset failed the client's writes and lost the
+    401 it had been sent."""
+    async with tcp_server(refuses_uploads) as port:
+        async with bed(cluster, allow=(port,)):
+            reader, writer = await asyncio.open_connection("127.0.0.1", cluster.http_port)
+            size = 32 * 1024 * 1024
+            try:
+                head = (
+                    f"PUT /upload HTTP/1.1\r\nHost: edge-1:{port}\r\nContent-Length: {size}\r\n\r\n"
+                )
+                writer.write(head.encode())
+                chunk = b"x" * (256 * 1024)
+                async with asyncio.timeout(30):
+                    for _ in range(size // len(chunk)):
+                        writer.write(chunk)
+                        await writer.drain()  # the old front's reset fails this
+                    answer = await reader.read()
+            finally:
+                writer.transport.abort()
+            assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+            assert answer.endswith(b"Unauthorized\n"), answer

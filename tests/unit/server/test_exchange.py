@@ -398,3 +398,26 @@ def test_a_kept_target_connection_that_ends_between_requests_is_let_go() -> None
     assert ex.upstream_ended() == []  # once
     ex.receive_client(get("/", "edge-1:9100"))
     assert kinds(ex.routed(route("edge-1"))) == [OpenUpstream]  # a fresh one
+
+
+@pytest.mark.parametrize(
+    ("sent", "midway"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: edge-9:80\r\n\r\n", False),
+        (b"GET / HTTP/1.1\r\nHost: edge", True),  # the head is not through
+        (b"POST / HTTP/1.1\r\nHost: edge-9:80\r\nContent-Length: 3\r\n\r\nabc", False),
+        (b"POST / HTTP/1.1\r\nHost: edge-9:80\r\nContent-Length: 9\r\n\r\nabc", True),
+        (
+            b"POST / HTTP/1.1\r\nHost: edge-9:80\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n",
+            True,
+        ),
+        (b"CONNECT edge-9:80 HTTP/1.1\r\nHost: edge-9:80\r\n\r\n", False),
+        (b"G\x01T / HTTP/1.1\r\n\r\n", True),  # the parser stopped inside the head
+    ],
+)
+def test_midway_says_whether_more_of_the_request_may_come(sent: bytes, midway: bool) -> None:
+    """What the front's lingering close is decided by: a refusal of a request not all sent
+    lingers (the client may still be writing it), one of a whole request closes at once."""
+    ex = Exchange(via="1.1 s", max_head=16384)
+    ex.receive_client(sent)
+    assert ex.client.midway is midway
