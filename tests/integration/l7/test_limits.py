@@ -432,8 +432,8 @@ async def test_a_chunked_body_whose_trailers_never_end_is_refused(cluster: Clust
                 # brings a body byte does not count (a read bounds what it lets through).
                 await asyncio.sleep(0.3)
                 with contextlib.suppress(ConnectionError):
-                    # 64 KiB, then a pause (the old front waited for the rest): more while the
-                    # front closes would reset the connection before its answer is read.
+                    # 64 KiB, then a pause (the old front waited for the rest); the front
+                    # answers, half-closes and drops what else comes (a lingering close).
                     for _ in range(16):
                         writer.write(b"a" * 4096)
                         await writer.drain()
