@@ -9,7 +9,8 @@ response, switch protocols (101), tunnel (CONNECT), refuse with a status, or clo
 I/O and knows no clock, so every rule below is tested with bytes alone.
 
 The rules: one client connection carries any number of requests (keep-alive), each routed on
-its own; the target connection is kept for the next request with the same :class:`UpstreamKey`.
+its own; the target connection is kept for the next request with the same
+:class:`~ravenproxy.server.router.UpstreamKey`.
 Bodies stream both ways, never buffered whole. ``Expect: 100-continue`` is carried (the target's
 ``100`` goes back). ``Connection: Upgrade`` becomes a raw relay once the target answers ``101``;
 ``CONNECT node:port`` one at once. Hop-by-hop fields are dropped (RFC 9110 §7.6.1); a request
@@ -25,8 +26,6 @@ client's bytes are read only when the exchange wants them, which bounds their qu
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from ravenproxy.server.exchange_actions import (
     Action,
@@ -64,27 +63,11 @@ from ravenproxy.server.http_messages import (
 )
 from ravenproxy.server.loops import via_received_by
 from ravenproxy.server.podroutes import Destination, find_destination, forwardable
-from ravenproxy.server.router import Route
+from ravenproxy.server.router import Route, UpstreamKey
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 _COUNTS: dict[int, Count] = {}  # each status's Count action, made once
-
-
-@dataclass(frozen=True)
-class UpstreamKey:
-    """What a kept target connection must match to carry the next request."""
-
-    session: int
-    """``id()`` of the agent session that carries it; 0: dialled by the server itself."""
-    host: str
-    port: int
-    tls: bool
-
-    @classmethod
-    def of(cls, route: Route) -> UpstreamKey:
-        session = id(route.session) if route.session is not None else 0
-        return cls(session, route.target.host, route.target.port, route.tls)
 
 
 class Exchange:
@@ -139,6 +122,9 @@ class Exchange:
         """Bytes from the client; ``b""``: it closed its side."""
         if self.phase == "closed":
             return []
+        seen = self._seen
+        if seen is not None and self.phase == "head" and self.client.again(data, seen[0]):
+            return self._on_request(seen[0])  # the last request again: no HEAD event queued
         if not data:
             self.client.events.append((EOF, None))
         elif self._client_raw is not None:

@@ -170,7 +170,7 @@ class CallbackPath:
             )
         except RoutingError as exc:
             return list(self.ex.refused(exc.status, exc.node, exc.reason))
-        return list(self.ex.routed(self.routed.route))
+        return self.ex.routed(self.routed.route)  # a new list: extended by the caller
 
     def _hook_kept(self) -> None:
         """The kept tunnel stream calls back (:meth:`_on_upstream`): in callback mode, and

@@ -9,6 +9,7 @@ answered): what they parse is queued as events and taken when the exchange is re
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from httptools import (
@@ -60,9 +61,12 @@ class Parsed:
     __slots__ = (
         "_again",
         "_fields",
+        "_kind",
         "_last",
+        "_response",
         "_start",
         "_trailers",
+        "_version",
         "bodiless",
         "events",
         "fed",
@@ -75,13 +79,23 @@ class Parsed:
 
     def __init__(self, *, response: bool, max_tail: int = 64 * 1024) -> None:
         self.events: deque[tuple[int, object]] = deque()
-        self.parser: HttpRequestParser | HttpResponseParser = (
-            HttpResponseParser(self) if response else HttpRequestParser(self)
-        )
+        self.parser: HttpRequestParser | HttpResponseParser
+        self._kind: Callable[[], object]
+        """The status code's getter (a response) or the method's (a request)."""
         if response:
+            self.parser = HttpResponseParser(self)
+            self._kind = self.parser.get_status_code
             # RFC 9112 §6.3: a response with both framings is read by its Transfer-Encoding
             # (a request with both is refused).
             self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
+        else:
+            self.parser = HttpRequestParser(self)
+            self._kind = self.parser.get_method
+        self._response = response
+        self._version: str | None = None
+        """The HTTP version of the message being parsed when its first bytes were seen to be
+        ``HTTP/1.1 `` (a response that began a read): llhttp's version, known without asking
+        for it (``get_http_version`` formats a new string, per response)."""
         self.fed = 0
         """Bytes fed while no head was complete: what an unfinished head may have taken."""
         self.tail = 0
@@ -131,6 +145,8 @@ class Parsed:
         fresh = not events and not self.in_head and not self.in_body
         if not self.in_body:
             self.fed += len(data)
+            if not self.in_head and self._response:
+                self._version = "1.1" if data.startswith(b"HTTP/1.1 ") else None
         queued = len(events)
         try:
             self.parser.feed_data(data)
@@ -152,6 +168,24 @@ class Parsed:
         ):
             self._remember(data)
         return None
+
+    def again(self, data: bytes, head: Head) -> bool:
+        """:meth:`feed` with ``head`` taken at once: True when ``data`` is the last request
+        again (``_again``), whole and bodiless, that request's head is ``head`` and no event
+        waits — its END is queued; else False, and nothing was fed."""
+        again = self._again
+        if (
+            again is None
+            or again[1] is not head
+            or self.events
+            or self.in_head
+            or self.in_body
+            or data != again[0]
+        ):
+            return False
+        self.events.append((END, []))
+        self.fed = 0
+        return True
 
     def _remember(self, data: bytes) -> None:
         """Keep ``data`` for :meth:`feed` when it was one whole request that leaves the parser
@@ -193,12 +227,12 @@ class Parsed:
     def on_headers_complete(self) -> None:
         self.in_head, self.in_body, self.fed, self.tail = False, True, 0, 0
         parser = self.parser
-        version = parser.get_http_version()
-        kind: object = (
-            parser.get_status_code()
-            if isinstance(parser, HttpResponseParser)
-            else parser.get_method()
-        )
+        version = self._version
+        if version is None:
+            version = parser.get_http_version()
+        else:  # only the message whose start it saw
+            self._version = None
+        kind = self._kind()
         last = self._last
         if (
             last is not None

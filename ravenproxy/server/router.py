@@ -79,6 +79,25 @@ class RouteMemo:
     model: Model
     agents: int
     route: Route
+    dest: Destination
+    """The destination it was decided for: the same object again (a keep-alive client's
+    same request, :class:`~ravenproxy.server.exchange.Exchange` reuses it) needs no key."""
+
+
+@dataclass(frozen=True)
+class UpstreamKey:
+    """What a kept target connection must match to carry the next request."""
+
+    session: int
+    """``id()`` of the agent session that carries it; 0: dialled by the server itself."""
+    host: str
+    port: int
+    tls: bool
+
+    @classmethod
+    def of(cls, route: Route) -> UpstreamKey:
+        session = id(route.session) if route.session is not None else 0
+        return cls(session, route.target.host, route.target.port, route.tls)
 
 
 def _named(model: Model, host: str) -> Node | None:
@@ -180,14 +199,17 @@ class Router:
         request names the same node, port, pod and scheme, and neither the model nor the
         connected agents changed since, and its agent still takes streams: the next request
         of a connection goes where the last one went without routing it again."""
-        key = (dest.host, dest.port, dest.pod, dest.scheme, over_tls)
         model, agents = self.store.model, self.registry.generation
         if (
             memo is not None
             and memo.model is model
             and memo.agents == agents
-            and memo.key == key
             and (memo.route.session is None or self.registry.live(memo.route.session))
         ):
-            return memo
-        return RouteMemo(key, model, agents, self.route_request(dest, over_tls=over_tls))
+            key = memo.key
+            if memo.dest is dest and key[4] is over_tls:
+                return memo
+            if key == (dest.host, dest.port, dest.pod, dest.scheme, over_tls):
+                return memo
+        key = (dest.host, dest.port, dest.pod, dest.scheme, over_tls)
+        return RouteMemo(key, model, agents, self.route_request(dest, over_tls=over_tls), dest)

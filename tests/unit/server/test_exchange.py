@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from ravenproxy.model import Node, NodeAddress
-from ravenproxy.server.exchange import Exchange, UpstreamKey
+from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
     Close,
@@ -23,7 +23,7 @@ from ravenproxy.server.exchange_actions import (
     WriteClient,
     WriteUpstream,
 )
-from ravenproxy.server.router import Route
+from ravenproxy.server.router import Route, UpstreamKey
 from ravenproxy.wire.frames import Target
 
 VIA = "ravenproxy-test-0000"

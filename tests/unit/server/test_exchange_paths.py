@@ -1,6 +1,7 @@
-"""The exchange's shortcut for a whole request without a body (its head goes to the target as
-is, :meth:`Exchange._send`) against the general path (the body events forwarded one by one, as
-before the shortcut): the same bytes to the target and to the client, and the same actions,
+"""The exchange's shortcuts for a whole request without a body (its head goes to the target as
+is, :meth:`Exchange._send`; the last one again is taken at once, :meth:`Parsed.again`) against
+the general path (the body events forwarded one by one, every head queued as an event, as
+before the shortcuts): the same bytes to the target and to the client, and the same actions,
 for many requests on one connection — bodiless, with a length, chunked (trailers too),
 pipelined, HEAD, in pieces, and one that ends the connection."""
 
@@ -24,13 +25,27 @@ from ravenproxy.server.exchange_actions import (
     WriteClient,
     WriteUpstream,
 )
+from ravenproxy.server.http_messages import Head, Parsed
 from ravenproxy.server.router import Route
 
 from .test_exchange import OK, VIA, route
 
 
+class Parsing(Parsed):
+    """Every request fed to the parser's events (none taken at once by :meth:`Parsed.again`)."""
+
+    def again(self, data: bytes, head: Head) -> bool:
+        return False
+
+
 class General(Exchange):
-    """:meth:`Exchange._send` without the shortcut: every request through ``_body``."""
+    """:meth:`Exchange._send` without the shortcut: every request through ``_body``; and
+    :meth:`Exchange.receive_client` without the last request's again (its HEAD queued and
+    taken as any other)."""
+
+    def __init__(self, *, via: str, max_head: int) -> None:
+        super().__init__(via=via, max_head=max_head)
+        self.client = Parsing(response=False, max_tail=max_head)
 
     def _send(self) -> list[Action]:
         assert self._up is not None and self._outbound is not None and self._request is not None
@@ -139,3 +154,10 @@ def test_random_pieces_the_same_as_the_general_path(seed: int) -> None:
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     log = both(chunks)
     assert [d for w, d in log if w == "count"] == [b"200"] * 13
+
+
+def test_each_request_again_and_again_the_same_as_the_general_path() -> None:
+    """Each request three times in a row, one read each (the same again is taken at once when
+    it is whole and bodiless), then the first again after the others."""
+    log = both([r for r in REQUESTS for _ in range(3)] + [REQUESTS[0], CLOSING])
+    assert [d for w, d in log if w == "count"] == [b"200"] * (3 * len(REQUESTS) + 2)

@@ -160,3 +160,45 @@ def test_a_body_in_many_small_reads_and_trailers_within_the_limit_are_not() -> N
     assert [kind for kind, _ in events if kind != DATA] == [HEAD, END]
     assert b"".join(v for k, v in events if k == DATA) == b"x" * 2000  # type: ignore[misc]
     assert events[-1] == (END, [("X-Sum", "7")])
+
+
+class Asking(Parsed):
+    """Asks llhttp for every head's version (no hint taken from the bytes a read began with)."""
+
+    def on_headers_complete(self) -> None:
+        self._version = None
+        super().on_headers_complete()
+
+
+def versions(parsed: Parsed, chunks: list[bytes]) -> list[tuple[str, int]]:
+    seen = []
+    for piece in chunks:
+        parsed.feed(piece)
+        for kind, value in take(parsed):
+            if kind == HEAD:
+                assert isinstance(value, Head)
+                seen.append((value.version, value.status))
+            assert kind != ERROR, value
+    return seen
+
+
+def test_a_response_s_version_is_llhttp_s_whether_its_read_began_with_it_or_not() -> None:
+    """A response whose read begins with ``HTTP/1.1 `` takes that version without asking
+    llhttp; one that begins inside a read (after a body, after another response, in pieces)
+    asks: both give what llhttp parsed, the same head (same fields) under another version
+    being another Head."""
+    one = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    zero = b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok"
+    early = b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+    cases = [
+        [one, one, zero, one],
+        [one + zero, zero + one],  # a second response in the read: not the one it began with
+        [early + zero],
+        [one[:5], one[5:] + one[:20], one[20:] + zero[:3], zero[3:]],  # heads in pieces
+        [one[:-1], one[-1:] + zero],  # a read that begins inside a body
+    ]
+    for chunks in cases:
+        expected = versions(Asking(response=True), chunks)
+        assert versions(Parsed(response=True), chunks) == expected
+        assert {v for v, _ in expected} == {"1.0", "1.1"} or chunks == [early + zero]
+    assert versions(Parsed(response=True), [early + zero]) == [("1.1", 103), ("1.0", 200)]

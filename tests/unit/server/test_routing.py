@@ -237,7 +237,9 @@ def test_route_again_reuses_the_last_route_until_something_it_depends_on_changes
     metrics = Destination("host", "a", 9100, target="/metrics")
     memo = router.route_again(metrics, over_tls=False, memo=None)
     assert memo.route.session is first
-    # Another path to the same node and port: the same route, not decided again.
+    # The same destination again (the exchange's same request), or another path to the same
+    # node and port: the same route, not decided again.
+    assert router.route_again(metrics, over_tls=False, memo=memo) is memo
     other_path = dataclasses.replace(metrics, target="/healthz")
     assert router.route_again(other_path, over_tls=False, memo=memo) is memo
     # Another port, or TLS from the client: routed anew.
