@@ -167,21 +167,26 @@ class Noise:
     client: float = 0.0
     others: float = 0.0
     steal: float = 0.0
+    busy: float = 0.0
+    ours: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def sample(cls, ours: list[int]) -> Noise:
-        """Totals so far: this process, the machine's busy time less ``ours``, steal."""
+        """Totals so far: this process, the machine's busy time, steal, each of ``ours``."""
         fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         # user nice system idle iowait irq softirq steal (USER_HZ ticks)
         busy = sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / CLK_TCK
         own = os.times()
-        client = own.user + own.system
-        return cls(client, busy - client - cpu_seconds(ours), int(fields[7]) / CLK_TCK)
+        mine = {pid: cpu_seconds([pid]) for pid in ours}
+        return cls(own.user + own.system, 0.0, int(fields[7]) / CLK_TCK, busy, mine)
 
     def since(self, before: Noise) -> Noise:
-        return Noise(
-            self.client - before.client, self.others - before.others, self.steal - before.steal
-        )
+        """The row's: a process of ours counts only over both samples (one that ended in
+        between would otherwise hand all its CPU to the others)."""
+        client = self.client - before.client
+        mine = sum(cpu - before.ours[pid] for pid, cpu in self.ours.items() if pid in before.ours)
+        others = self.busy - before.busy - client - mine
+        return Noise(client, others, self.steal - before.steal)
 
     def summary(self, served: int, elapsed: float) -> dict[str, Any]:
         return {
