@@ -124,6 +124,7 @@ class Row:
     elapsed: float = 0.0
     cpu_seconds: float | None = None
     cpu_by_pid: list[float] = field(default_factory=list)
+    noise: Noise | None = None
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -152,6 +153,46 @@ class Row:
             "relay_cpu_us_per_request_by_process": [
                 round(cpu / len(lat) * 1e6, 1) for cpu in self.cpu_by_pid if lat
             ],
+            **(self.noise.summary(len(lat), self.elapsed) if self.noise is not None else {}),
+        }
+
+
+@dataclass
+class Noise:
+    """The CPU around a row that is not the relay's: this client's own, and the machine's
+    other processes' (not this benchmark's) and steal, as cores over the row. The p99 at a high
+    rate moves with them (2 cores shared by client, target, relays): a row whose others' share
+    or steal is up is a noisy row, not a slower relay."""
+
+    client: float = 0.0
+    others: float = 0.0
+    steal: float = 0.0
+    busy: float = 0.0
+    ours: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def sample(cls, ours: list[int]) -> Noise:
+        """Totals so far: this process, the machine's busy time, steal, each of ``ours``."""
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        # user nice system idle iowait irq softirq steal (USER_HZ ticks)
+        busy = sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / CLK_TCK
+        own = os.times()
+        mine = {pid: cpu_seconds([pid]) for pid in ours}
+        return cls(own.user + own.system, 0.0, int(fields[7]) / CLK_TCK, busy, mine)
+
+    def since(self, before: Noise) -> Noise:
+        """The row's: a process of ours counts only over both samples (one that ended in
+        between would otherwise hand all its CPU to the others)."""
+        client = self.client - before.client
+        mine = sum(cpu - before.ours[pid] for pid, cpu in self.ours.items() if pid in before.ours)
+        others = self.busy - before.busy - client - mine
+        return Noise(client, others, self.steal - before.steal)
+
+    def summary(self, served: int, elapsed: float) -> dict[str, Any]:
+        return {
+            "client_cpu_us_per_request": round(self.client / served * 1e6, 1) if served else None,
+            "others_cpu_cores": round(max(self.others, 0.0) / elapsed, 3) if elapsed else None,
+            "steal_cores": round(self.steal / elapsed, 3) if elapsed else None,
         }
 
 
@@ -181,10 +222,13 @@ async def run_row(
     connect: str | None = None,
     on_start: Callable[[], None] | None = None,
     on_stop: Callable[[], None] | None = None,
+    ours: Callable[[], list[int]] | None = None,
 ) -> Row:
     """One row. ``connect``: open every connection with ``CONNECT connect`` first (a byte
     tunnel). ``on_start`` is called once the connections are warmed up (just before the timed
-    part), ``on_stop`` when the last answer is in (benchmarks/instructions.py's switch)."""
+    part), ``on_stop`` when the last answer is in (benchmarks/instructions.py's switch).
+    ``ours``: every process of the benchmark but this one (target, relays): the row's
+    :class:`Noise` is measured around them."""
     row = Row(name, rate, seconds)
     request = f"GET /ping HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: latency\r\n\r\n".encode()
     conns = []
@@ -227,9 +271,12 @@ async def run_row(
             row.latencies.append(now() - due)
 
     before = {pid: cpu_seconds([pid]) for pid in pids()} if pids is not None else {}
+    noise = Noise.sample(ours()) if ours is not None else None
     start = now()
     await asyncio.gather(*(worker(c) for c in range(connections)))
     row.elapsed = now() - start
+    if ours is not None and noise is not None:
+        row.noise = Noise.sample(ours()).since(noise)
     if on_stop is not None:
         on_stop()
     if pids is not None:
@@ -525,7 +572,9 @@ class Way:
     connect: str | None = None
 
 
-async def measure(args: argparse.Namespace, paths: list[Way]) -> list[dict[str, Any]]:
+async def measure(
+    args: argparse.Namespace, paths: list[Way], ours: Callable[[], list[int]] | None = None
+) -> list[dict[str, Any]]:
     for path in paths:
         if path.name.startswith("tunnel") and path.connect is None:
             await _wait_routable(path.port, path.host)
@@ -541,6 +590,7 @@ async def measure(args: argparse.Namespace, paths: list[Way]) -> list[dict[str, 
                 args.connections,
                 path.pids,
                 path.connect,
+                ours=ours,
             )
             summary = row.summary()
             rows.append(summary)
@@ -582,7 +632,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             direct = f"127.0.0.1:{target_port}"
             paths.append(Way("tunnel-connect", new.http, direct, _pids(new.pids, False), host))
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            rows = runner.run(measure(args, paths))
+            started = [proc.pid for proc in procs.procs]
+            rows = runner.run(measure(args, paths, lambda: with_descendants(started)))
     finally:
         procs.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -622,6 +673,9 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "relay_cpu": "utime+stime from /proc/PID/stat over the row / requests served: "
             "server+agent (tunnel), sshd with its children+ssh (ssh); by process in that "
             "order (the ssh row's processes by PID)",
+            "noise": "client_cpu_us_per_request: this client's own CPU; others_cpu_cores: the "
+            "machine's busy time less this benchmark's processes', steal_cores: steal, both "
+            "in cores over the row (/proc/stat); a row with either up is a noisy row",
         },
         "rows": rows,
         "added_latency": added,
