@@ -249,6 +249,35 @@ def relay_cpu_seconds(pids: Iterable[int]) -> float:
     return total
 
 
+def relay_counters(pid: int) -> dict[str, float]:
+    """Cumulative counters of one relaying process and its descendants, as
+    :func:`relay_cpu_seconds` counts: user and system CPU seconds (``/proc/PID/stat``), read-
+    and write-type syscalls (``/proc/PID/io`` syscr, syscw), voluntary and involuntary context
+    switches (``/proc/PID/status``)."""
+    out: dict[str, float] = {}
+    todo = [pid]
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            found: dict[str, float] = {
+                "user_s": int(fields[11]) / _TICK,
+                "sys_s": int(fields[12]) / _TICK,
+            }
+            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in ("syscr", "syscw"):
+                    found[key] = int(value)
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                    found[key.split("_")[0] + "_cs"] = int(value)
+            for key, count in found.items():
+                out[key] = out.get(key, 0) + count
+        todo += _children(pid)
+    return out
+
+
 def _children(pid: int) -> list[int]:
     kids = []
     for entry in Path("/proc").iterdir():
@@ -541,6 +570,8 @@ class Row:
     """Relay CPU seconds per GiB moved (warm-up included), one per run."""
     cpu_each: list[list[float]] = field(default_factory=list)
     """The same per relaying process (server, agent / sshd, ssh), one list per run."""
+    counters: list[list[dict[str, float]]] = field(default_factory=list)
+    """Per run, per relaying process: :func:`relay_counters` per MiB moved (CPU per GiB)."""
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -563,6 +594,10 @@ class Row:
         if cpu:
             relay_cpu[CPU] = round(cpu[len(cpu) // 2], 3)
             relay_cpu["relay_cpu_each_runs"] = [[round(c, 3) for c in r] for r in self.cpu_each]
+        if self.counters:
+            relay_cpu["relay_per_mib_each_runs"] = [
+                [{k: round(v, 3) for k, v in each.items()} for each in run] for run in self.counters
+            ]
         rates = [b / s / 1e6 for b, s in self.runs]
         median = sorted(range(len(rates)), key=rates.__getitem__)[len(rates) // 2]
         nbytes, seconds = self.runs[median]
@@ -577,6 +612,16 @@ class Row:
             **relay_cpu,
             "errors": self.errors,
         }
+
+
+def _per_mib(after: dict[str, float], before: dict[str, float], moved: int) -> dict[str, float]:
+    """Counters' growth per MiB moved (CPU seconds per GiB)."""
+    out = {}
+    for key, value in after.items():
+        if key in before:
+            scale = GIB if key.endswith("_s") else MIB
+            out[key] = (value - before[key]) * scale / moved
+    return out
 
 
 def _in_start_order(rows: Sequence[Row], order: Sequence[Pair]) -> list[Row]:
@@ -736,6 +781,7 @@ async def run(opts: Options) -> dict[str, Any]:
             for row in _in_start_order(rows, order):
                 label = f"  round {round_ + 1}/{opts.repeat}  {row.name:<28}"
                 cpu_before = [relay_cpu_seconds((pid,)) for pid in row.relay]
+                counters_before = [relay_counters(pid) for pid in row.relay]
                 try:
                     nbytes, seconds = await asyncio.wait_for(
                         measure(row.connect, row.streams, row.nbytes, row.warmup),
@@ -756,12 +802,24 @@ async def run(opts: Options) -> dict[str, Any]:
                     ]
                     row.cpu.append(sum(each_cpu))
                     row.cpu_each.append(each_cpu)
+                    row.counters.append(
+                        [
+                            _per_mib(relay_counters(pid), before, moved)
+                            for pid, before in zip(row.relay, counters_before, strict=True)
+                        ]
+                    )
                 cpu = (
                     f"  relay CPU {row.cpu[-1]:.2f} s/GiB "
                     f"({' + '.join(f'{c:.2f}' for c in row.cpu_each[-1])})"
                     if row.cpu
                     else ""
                 )
+                if row.counters:
+                    cpu += "  read/write/cs per MiB " + " + ".join(
+                        f"{c.get('syscr', 0):.1f}/{c.get('syscw', 0):.1f}/"
+                        f"{c.get('voluntary_cs', 0) + c.get('nonvoluntary_cs', 0):.1f}"
+                        for c in row.counters[-1]
+                    )
                 print(f"{label} {nbytes / seconds / 1e6:8.1f} MB/s{cpu}", flush=True)
             for pair in reversed(order):
                 await pair.stop(procs)
