@@ -382,8 +382,10 @@ class Exchange:
         return self._failed(f"bad response from the target: {what}", status=502)
 
     def _response_head(self, response: Head, *, bodiless: bool) -> bytes:
-        """The head for the client, and how the body after it is framed."""
-        key = (response, bodiless, self._request, self._client_keep, self._up is not None)
+        """The head for the client, and how the body after it is framed. An answer before the
+        request body is through closes the connection after it (:meth:`_finished`): it says so."""
+        client_keep = self._client_keep and self.body_done
+        key = (response, bodiless, self._request, client_keep, self._up is not None)
         answered = self._answered
         if answered is not None and answered[0] == key:
             framing = answered[1]
@@ -393,7 +395,7 @@ class Exchange:
                 response,
                 bodiless=bodiless,
                 request_version=self._request.version,
-                client_keep=self._client_keep,
+                client_keep=client_keep,
                 upstream=self._up is not None,
             )
             self._answered = (key, framing)

@@ -202,7 +202,7 @@ class _Connection(CallbackPath):
             self._close_upstream()
             if self.linger and not drain.draining and not self.writer.is_closing():
                 self.waiting = True  # a drain that starts now closes it
-                dropped = await lingering_close(self.reader, self.writer)
+                dropped = await lingering_close(self.reader, self.writer, through=self._through)
                 log.debug(f"{front} front: closed", extra=kv(peer=self.peer, dropped=dropped))
             drain.unfollow(self)
             if not self.writer.is_closing():
@@ -375,6 +375,14 @@ class _Connection(CallbackPath):
         if self.lease is not None:
             self.lease.release()
             self.lease = None
+
+    def _through(self, data: bytes) -> bool:
+        """What a lingering close drops, parsed as the rest of the request: True once it is
+        through (the client has no more to send; over TLS it is not waited for)."""
+        client = self.ex.client
+        client.feed(data)
+        client.events.clear()  # dropped (a body's chunks, its end, an error)
+        return not client.midway
 
     async def _stop_pump(self) -> None:
         if self.pump is not None:

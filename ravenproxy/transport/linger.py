@@ -10,12 +10,15 @@ and HAProxy do, the connection is half-closed first (plain TCP: the peer reads t
 EOF), and what the peer still sends is read and dropped until it closes its side too, stays
 silent for :data:`LINGER_TIMEOUT`, has lingered :data:`LINGER_TIME` in all, or has sent
 :data:`LINGER_BYTES`; then the connection is closed. TLS has no half-close: the answer carries
-``Connection: close`` and a length, which tells an HTTP client it is over.
+``Connection: close`` and a length, which tells an HTTP client it is over. Nor is a peer that
+has sent all it meant to (its request is through) waited for: ``through`` says when, and a
+client over TLS that reads to EOF gets it then, not after :data:`LINGER_TIMEOUT` of silence.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
 
@@ -41,10 +44,13 @@ async def lingering_close(
     timeout: float = LINGER_TIMEOUT,
     total: float = LINGER_TIME,
     budget: int = LINGER_BYTES,
+    through: Callable[[bytes], bool] | None = None,
 ) -> int:
     """Half-close ``writer`` when the transport can, drop what ``reader`` still gets until
-    the peer is done or a bound is reached (see the module's doc), then close. Returns the
-    bytes dropped. Errors of the connection end it quietly: it is being closed anyway."""
+    the peer is done or a bound is reached (see the module's doc), then close. ``through``:
+    given each chunk dropped, True once the peer has sent all it meant to (no more is waited
+    for). Returns the bytes dropped. Errors of the connection end it quietly: it is being
+    closed anyway."""
     dropped = 0
     try:
         if writer.can_write_eof():
@@ -56,6 +62,8 @@ async def lingering_close(
                 if not data:
                     break
                 dropped += len(data)
+                if through is not None and through(data):
+                    break
     except (TimeoutError, ConnectionError, OSError):
         pass
     finally:

@@ -8,6 +8,7 @@ import ssl
 
 import pytest
 
+from ravenproxy.transport.linger import LINGER_TIMEOUT
 from tests.helpers import run
 from tests.integration.l7.env import L7, curl
 
@@ -102,6 +103,9 @@ async def test_a_refused_upload_gets_its_answer(l7: L7, front: str) -> None:
             for _ in range(size // len(chunk)):
                 writer.write(chunk)
                 await writer.drain()  # the old front's reset fails this
+        # The whole request is sent: the front waits for no more (over TLS, which has no
+        # half-close, it closes once the body is through, not after LINGER_TIMEOUT of silence).
+        async with asyncio.timeout(LINGER_TIMEOUT / 2):
             answer = await reader.read()
     finally:
         writer.transport.abort()

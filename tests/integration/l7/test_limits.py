@@ -469,7 +469,8 @@ async def test_an_answer_before_the_upload_is_through_reaches_the_client(
     and since the connection cannot carry another request, ends it with a lingering close (it
     reads and drops the rest of the body until the client is done). The old front closed the
     socket with the body's bytes unread: the reset failed the client's writes and lost the
-    401 it had been sent."""
+    401 it had been sent. The answer says ``Connection: close``: a keep-alive client must not
+    send its next request on the lingering connection."""
     async with tcp_server(refuses_uploads) as port:
         async with bed(cluster, allow=(port,)):
             reader, writer = await asyncio.open_connection("127.0.0.1", cluster.http_port)
@@ -489,3 +490,5 @@ async def test_an_answer_before_the_upload_is_through_reaches_the_client(
                 writer.transport.abort()
             assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
             assert answer.endswith(b"Unauthorized\n"), answer
+            # It says the connection ends (over TLS nothing else would: no half-close).
+            assert b"\r\nConnection: close\r\n" in answer, answer

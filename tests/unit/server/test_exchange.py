@@ -421,3 +421,23 @@ def test_midway_says_whether_more_of_the_request_may_come(sent: bytes, midway: b
     ex = Exchange(via="1.1 s", max_head=16384)
     ex.receive_client(sent)
     assert ex.client.midway is midway
+
+
+def test_an_answer_before_the_request_body_is_through_says_connection_close() -> None:
+    """The target answers (a kubelet's 401) before the client's body is through: the connection
+    cannot carry another request (the rest of the body would be read as one), so the front
+    closes it after the answer — with a lingering close, whose end over TLS (no half-close)
+    comes only when the client stops sending. The answer's head says so (``Connection:
+    close``), or a keep-alive client that read it whole would send its next request on the
+    lingering connection, where it is dropped unanswered."""
+    ex = Exchange(via=VIA, max_head=4096)
+    head = b"PUT /upload HTTP/1.1\r\nHost: edge-1:9100\r\nContent-Length: 9\r\n\r\nabc"
+    only(ex.receive_client(head), RouteRequest)
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    answer = b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 2\r\n\r\nno"
+    actions = ex.receive_upstream(answer)
+    assert isinstance(actions[-1], Close) and ex.client.midway
+    sent = to_client(actions)
+    assert b"\r\nConnection: close\r\n" in sent, sent
+    assert sent.endswith(b"\r\n\r\nno")

@@ -101,3 +101,21 @@ async def test_a_peer_that_trickles_is_closed_after_the_total() -> None:
         dropped = await asyncio.wait_for(closing, 5)
         assert 0 < dropped < 200 and sent < 200
         assert stream.is_closing()
+
+
+async def test_a_peer_whose_message_is_through_is_not_waited_for() -> None:
+    """``through`` says the peer sent all it meant to: closed then, though it keeps its side
+    open (over TLS, no half-close tells a client that reads to EOF that the answer is over)."""
+    loop = asyncio.get_running_loop()
+    async with accepted() as (stream, peer):
+        body, seen = 3 * 131072, []
+
+        def through(data: bytes) -> bool:
+            seen.append(len(data))
+            return sum(seen) >= body
+
+        closing = asyncio.create_task(lingering_close(stream, stream, timeout=60, through=through))
+        await loop.sock_sendall(peer, b"x" * body)  # and never closes nor goes silent long
+        assert await asyncio.wait_for(closing, 5) == body
+        assert stream.is_closing()
+        assert await asyncio.wait_for(read_to_eof(peer), 5) == b""  # a FIN: no reset
