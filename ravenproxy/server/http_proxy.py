@@ -198,15 +198,18 @@ class _Connection(CallbackPath):
         except Exception:
             log.exception(f"{front} front: connection failed", extra=kv(peer=self.peer))
         finally:
-            await self._stop_pump()
-            self._close_upstream()
-            if self.linger and not drain.draining and not self.writer.is_closing():
-                self.waiting = True  # a drain that starts now closes it
-                dropped = await lingering_close(self.reader, self.writer, through=self._through)
-                log.debug(f"{front} front: closed", extra=kv(peer=self.peer, dropped=dropped))
-            drain.unfollow(self)
-            if not self.writer.is_closing():
-                self.writer.close()
+            try:
+                await self._stop_pump()
+                self._close_upstream()
+                if self.linger and not drain.draining and not self.writer.is_closing():
+                    self.waiting = True  # a drain that starts now closes it
+                    dropped = await lingering_close(self.reader, self.writer, through=self._through)
+                    log.debug(f"{front} front: closed", extra=kv(peer=self.peer, dropped=dropped))
+            finally:  # also when cancelled in the waits above (at shutdown)
+                self._close_upstream()
+                drain.unfollow(self)
+                if not self.writer.is_closing():
+                    self.writer.close()
 
     async def _exchanges(self) -> _RawRelay:
         """Requests, until one turns the connection into raw bytes (returned: the relay runs
