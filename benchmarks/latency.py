@@ -25,9 +25,16 @@ Each relay's CPU per request is the user+system time of its processes (server + 
 with its per-connection children + ssh), from ``/proc/PID/stat`` over the row, divided by the
 requests served.
 
-    .venv/bin/python benchmarks/latency.py              # 1 000, 2 000 and 4 000 req/s, 5 s each
+Per rate the rows run ``--rounds`` times (default 2): direct, ssh, tunnel-base, floor, tunnel,
+tunnel-connect in even rounds, the other way round in odd ones, each row after ``--warmup``
+seconds (default 1) at its rate, untimed. Run once in a fixed order, the rows carried a
+row-order effect (of two tunnel rows, the one run second won). A row's figures pool its rounds
+(percentiles of all the samples, CPU total / requests total); each
+round's own are in ``rows[].rounds``.
+
+    .venv/bin/python benchmarks/latency.py              # 1 000, 2 000 and 4 000 req/s, 2 rounds
     .venv/bin/python benchmarks/latency.py --baseline /work/other-checkout
-    .venv/bin/python benchmarks/latency.py --rates 500 --seconds 2 --output -   # quick look
+    .venv/bin/python benchmarks/latency.py --rates 500 --seconds 2 --rounds 1 --output -  # a look
 
 Results (p50/p90/p99/max and CPU µs/request per row, and the added p50/p99 = path - direct) go
 to ``benchmarks/results/latency.json``, the plot to ``latency.png`` beside it. Loopback numbers
