@@ -25,9 +25,16 @@ Each relay's CPU per request is the user+system time of its processes (server + 
 with its per-connection children + ssh), from ``/proc/PID/stat`` over the row, divided by the
 requests served.
 
-    .venv/bin/python benchmarks/latency.py              # 1 000, 2 000 and 4 000 req/s, 5 s each
+Per rate the rows run ``--rounds`` times (default 2): direct, ssh, tunnel-base, floor, tunnel,
+tunnel-connect in even rounds, the other way round in odd ones, each row after ``--warmup``
+seconds (default 1) at its rate, untimed. Run once in a fixed order, the rows carried a
+row-order effect (of two tunnel rows, the one run second won). A row's figures pool its rounds
+(percentiles of all the samples, CPU total / requests total); each
+round's own are in ``rows[].rounds``.
+
+    .venv/bin/python benchmarks/latency.py              # 1 000, 2 000 and 4 000 req/s, 2 rounds
     .venv/bin/python benchmarks/latency.py --baseline /work/other-checkout
-    .venv/bin/python benchmarks/latency.py --rates 500 --seconds 2 --output -   # quick look
+    .venv/bin/python benchmarks/latency.py --rates 500 --seconds 2 --rounds 1 --output -  # a look
 
 Results (p50/p90/p99/max and CPU µs/request per row, and the added p50/p99 = path - direct) go
 to ``benchmarks/results/latency.json``, the plot to ``latency.png`` beside it. Loopback numbers
@@ -126,6 +133,31 @@ class Row:
     cpu_by_pid: list[float] = field(default_factory=list)
     noise: Noise | None = None
 
+    @classmethod
+    def pooled(cls, rows: list[Row]) -> Row:
+        """One row of several rounds' runs of the same path and rate: all their samples and
+        errors, their times and CPU added up (by process when every round saw the same
+        processes), so the percentiles are over all the samples and the CPU per request is
+        total CPU / total requests."""
+        first = rows[0]
+        out = cls(first.name, first.rate, sum(r.seconds for r in rows))
+        for r in rows:
+            out.latencies += r.latencies
+            out.errors += r.errors
+            out.elapsed += r.elapsed
+        cpus = [r.cpu_seconds for r in rows]
+        out.cpu_seconds = None if None in cpus else sum(c for c in cpus if c is not None)
+        noises = [r.noise for r in rows if r.noise is not None]
+        if len(noises) == len(rows):
+            out.noise = Noise(
+                sum(n.client for n in noises),
+                sum(n.others for n in noises),
+                sum(n.steal for n in noises),
+            )
+        if len({len(r.cpu_by_pid) for r in rows}) == 1:
+            out.cpu_by_pid = [sum(col) for col in zip(*(r.cpu_by_pid for r in rows), strict=True)]
+        return out
+
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
 
@@ -222,11 +254,14 @@ async def run_row(
     connect: str | None = None,
     on_start: Callable[[], None] | None = None,
     on_stop: Callable[[], None] | None = None,
+    warmup: float = 0.0,
     ours: Callable[[], list[int]] | None = None,
 ) -> Row:
     """One row. ``connect``: open every connection with ``CONNECT connect`` first (a byte
-    tunnel). ``on_start`` is called once the connections are warmed up (just before the timed
-    part), ``on_stop`` when the last answer is in (benchmarks/instructions.py's switch).
+    tunnel). ``warmup``: seconds of the same schedule at the same rate over the same
+    connections before the timed part, neither timed nor in the CPU (its errors are kept).
+    ``on_start`` is called once the connections are warmed up (just before the timed part),
+    ``on_stop`` when the last answer is in (benchmarks/instructions.py's switch).
     ``ours``: every process of the benchmark but this one (target, relays): the row's
     :class:`Noise` is measured around them."""
     row = Row(name, rate, seconds)
@@ -243,9 +278,35 @@ async def run_row(
     for reader, writer in conns:
         writer.write(request)
         await _read_response(reader)
+    if warmup > 0:
+        scratch = Row(name, rate, warmup)
+        await _paced(conns, request, scratch)
+        row.errors += [f"warm-up: {e}" for e in scratch.errors]
     if on_start is not None:
         on_start()
-    total = int(rate * seconds)
+    before = {pid: cpu_seconds([pid]) for pid in pids()} if pids is not None else {}
+    noise = Noise.sample(ours()) if ours is not None else None
+    await _paced(conns, request, row)
+    if ours is not None and noise is not None:
+        row.noise = Noise.sample(ours()).since(noise)
+    if on_stop is not None:
+        on_stop()
+    if pids is not None:
+        after = {pid: cpu_seconds([pid]) for pid in pids()}
+        row.cpu_by_pid = [after[pid] - before.get(pid, 0.0) for pid in after]
+        row.cpu_seconds = sum(row.cpu_by_pid)
+    for _, writer in conns:
+        writer.close()
+    return row
+
+
+async def _paced(
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]], request: bytes, row: Row
+) -> None:
+    """``row.rate`` requests a second for ``row.seconds`` over ``conns`` on an open-loop
+    schedule; latencies and errors into ``row``, the time it took into ``row.elapsed``."""
+    rate, connections = row.rate, len(conns)
+    total = int(rate * row.seconds)
     now = time.perf_counter  # uvloop's loop.time() has millisecond resolution
     t0 = now() + 0.05
 
@@ -270,22 +331,9 @@ async def run_row(
                 continue
             row.latencies.append(now() - due)
 
-    before = {pid: cpu_seconds([pid]) for pid in pids()} if pids is not None else {}
-    noise = Noise.sample(ours()) if ours is not None else None
     start = now()
     await asyncio.gather(*(worker(c) for c in range(connections)))
     row.elapsed = now() - start
-    if ours is not None and noise is not None:
-        row.noise = Noise.sample(ours()).since(noise)
-    if on_stop is not None:
-        on_stop()
-    if pids is not None:
-        after = {pid: cpu_seconds([pid]) for pid in pids()}
-        row.cpu_by_pid = [after[pid] - before.get(pid, 0.0) for pid in after]
-        row.cpu_seconds = sum(row.cpu_by_pid)
-    for _, writer in conns:
-        writer.close()
-    return row
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -580,21 +628,33 @@ async def measure(
             await _wait_routable(path.port, path.host)
     rows = []
     for rate in args.rates:
+        runs: dict[str, list[tuple[int, Row]]] = {path.name: [] for path in paths}
+        for r in range(args.rounds):
+            # Every other round the other way round: no row is always the one after another
+            # path's busy row, the tunnel and tunnel-base rows swap places.
+            order = paths if r % 2 == 0 else paths[::-1]
+            for position, path in enumerate(order):
+                row = await run_row(
+                    path.name,
+                    path.port,
+                    path.host,
+                    rate,
+                    args.seconds,
+                    args.connections,
+                    path.pids,
+                    path.connect,
+                    warmup=args.warmup,
+                    ours=ours,
+                )
+                runs[path.name].append((position, row))
+                print(json.dumps({"round": r, **row.summary()}), file=sys.stderr)
         for path in paths:
-            row = await run_row(
-                path.name,
-                path.port,
-                path.host,
-                rate,
-                args.seconds,
-                args.connections,
-                path.pids,
-                path.connect,
-                ours=ours,
-            )
-            summary = row.summary()
+            summary = Row.pooled([row for _, row in runs[path.name]]).summary()
+            summary["rounds"] = [
+                {"round": r, "position": position, **row.summary()}
+                for r, (position, row) in enumerate(runs[path.name])
+            ]
             rows.append(summary)
-            print(json.dumps(summary), file=sys.stderr)
     return rows
 
 
@@ -667,6 +727,14 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {
             "rates": args.rates,
             "seconds_per_row": args.seconds,
+            "rounds": args.rounds,
+            "warmup_seconds_per_row": args.warmup,
+            "order": "per rate, the rows in the order of `rows` in even rounds (from 0), "
+            "reversed in odd ones; each row first warms up at its rate (untimed)",
+            "pooling": "a row's figures are over all its rounds together: percentiles of all "
+            "the samples, relay CPU per request = total CPU / total requests, rate achieved = "
+            "total requests / total time; rows[].rounds has each round's own (position: its "
+            "place in that round's order)",
             "connections": args.connections,
             "request": "GET /ping (keep-alive), 2-byte body",
             "schedule": "open loop; latency measured from each request's due time",
@@ -750,6 +818,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_yscale("symlog", linthresh=0.1)  # an added latency can be below 0
     fig.suptitle(
         f"small keep-alive GETs, {result['settings']['connections']} connections, "
+        f"{result['settings'].get('rounds', 1)} rounds of "
         f"{result['settings']['seconds_per_row']:g} s per row ({result['date']})"
     )
     fig.tight_layout()
@@ -768,7 +837,20 @@ def main() -> None:
     parser.add_argument(
         "--rates", type=lambda s: [int(x) for x in s.split(",")], default=[1000, 2000, 4000]
     )
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=5.0, help="per row and round (5)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="every rate's rows run this many times, the order reversed every other round; "
+        "a row's figures pool its rounds (2)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=1.0,
+        help="seconds each row first runs at its rate, untimed, before its timed part (1)",
+    )
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
     parser.add_argument(

@@ -1,0 +1,104 @@
+"""benchmarks/latency.py's rounds (``--rounds``, ``--warmup``): every rate's rows run once per
+round, the order reversed every other round, and a row's figures pool its rounds — percentiles
+over all the samples (not a median of the rounds' percentiles), CPU per request = total CPU /
+total requests. Real processes: the script's own target, server and agent."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "latency.py"
+
+
+@pytest.fixture(scope="module")
+def latency() -> Iterator[ModuleType]:
+    spec = importlib.util.spec_from_file_location("latency_under_test", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_pooled_row_takes_percentiles_over_all_samples_and_cpu_over_all_requests(
+    latency: ModuleType,
+) -> None:
+    # Round 0: 100 fast answers (1 ms); round 1: 100 slow ones (9 ms) and one error.
+    a = latency.Row("tunnel", 100, 1.0, [0.001] * 100, [], 1.0, 0.02, [0.01, 0.01])
+    b = latency.Row("tunnel", 100, 1.0, [0.009] * 100, ["boom"], 1.0, 0.06, [0.04, 0.02])
+    pooled = latency.Row.pooled([a, b]).summary()
+    assert pooled["requests"] == 200
+    assert pooled["errors"] == 1
+    assert pooled["rate_achieved"] == 100.0
+    # The median of the two rounds' p99s would be 5 ms; over all samples the p99 is 9 ms, the
+    # p50 the slow half's first.
+    assert pooled["p99_ms"] == 9.0
+    assert pooled["p50_ms"] == 9.0
+    assert pooled["p90_ms"] == 9.0
+    assert latency.Row.pooled([a]).summary()["p99_ms"] == 1.0
+    # 0.08 s over 200 requests, not the mean of 200 and 600 µs per request by chance alone.
+    assert pooled["relay_cpu_us_per_request"] == 400.0
+    assert pooled["relay_cpu_us_per_request_by_process"] == [250.0, 150.0]
+
+
+def test_pooled_row_drops_per_process_cpu_when_the_processes_differ(latency: ModuleType) -> None:
+    a = latency.Row("ssh", 100, 1.0, [0.001] * 10, [], 1.0, 0.03, [0.01, 0.02])
+    b = latency.Row("ssh", 100, 1.0, [0.001] * 10, [], 1.0, 0.03, [0.01, 0.01, 0.01])
+    summary = latency.Row.pooled([a, b]).summary()
+    assert summary["relay_cpu_us_per_request"] == 3000.0
+    assert summary["relay_cpu_us_per_request_by_process"] == []
+
+
+def test_rounds_alternate_the_order_and_the_rows_pool_them(tmp_path: Path) -> None:
+    out = tmp_path / "latency.json"
+    args = [
+        sys.executable, str(SCRIPT), "--rates", "200,300", "--seconds", "0.3", "--rounds", "3",
+        "--warmup", "0.2", "--no-ssh", "--output", str(out),
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # the script stops its processes on SIGTERM
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    result = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
+    settings = result["settings"]
+    assert (settings["rounds"], settings["warmup_seconds_per_row"]) == (3, 0.2)
+    assert [(r["path"], r["rate_target"]) for r in result["rows"]] == [
+        (path, rate) for rate in (200, 300) for path in ("direct", "tunnel", "tunnel-connect")
+    ]
+    for row in result["rows"]:
+        assert row["errors"] == 0, row
+        rounds = row["rounds"]
+        assert [r["round"] for r in rounds] == [0, 1, 2]
+        first = ("direct", "tunnel", "tunnel-connect").index(row["path"])
+        assert [r["position"] for r in rounds] == [first, 2 - first, first]
+        assert (
+            row["requests"]
+            == sum(r["requests"] for r in rounds)
+            == 3 * int(row["rate_target"] * 0.3)
+        )
+        lows, highs = min(r["p50_ms"] for r in rounds), max(r["p50_ms"] for r in rounds)
+        assert lows <= row["p50_ms"] <= highs
+        assert row["max_ms"] == max(r["max_ms"] for r in rounds)
+        if row["path"] != "direct":
+            cpu = sum(r["relay_cpu_us_per_request"] * r["requests"] for r in rounds)
+            assert row["relay_cpu_us_per_request"] == pytest.approx(cpu / row["requests"], abs=0.2)
+    added = {e["rate"]: e for e in result["added_latency"]}
+    assert set(added) == {200, 300}
+    assert set(added[200]) == {"rate", "tunnel", "tunnel-connect"}
