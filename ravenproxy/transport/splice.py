@@ -51,7 +51,12 @@ from ravenproxy.transport.relay import (
     relay,
     tune,
 )
-from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
+from ravenproxy.transport.socket_stream import (
+    LEND_FROM,
+    SocketReader,
+    SocketStream,
+    SocketWriter,
+)
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
 from ravenproxy.wire.codes import ErrorCode
 
@@ -355,7 +360,9 @@ class FrontSplice(Splice):
                 return
         try:
             while not self._pending and self._sender is None and not self._up_eof:
-                data = sock.read_chunk_nowait(READ_LIMIT)
+                # As the relay: as much as has credit (without any, a chunk for the sender).
+                room = stream.room()
+                data = sock.read_chunk_nowait(min(room, READ_LIMIT) if room else READ_LIMIT)
                 if data is None:
                     return
                 if not data:
@@ -364,7 +371,13 @@ class FrontSplice(Splice):
                     self._send_eof()
                     self._check()
                     return
-                self._give(stream, data)
+                if len(data) < LEND_FROM:
+                    self._give(stream, data)
+                else:
+                    # Bulk: by the sender, whose write sends all the credit in one frame
+                    # (try_write would cut it at the session's output room, and the rest make
+                    # a second frame, a second write on the agent's side).
+                    self._queue(data)
         except Exception as exc:
             self._fail_socket(exc)
 
