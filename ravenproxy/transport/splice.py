@@ -211,8 +211,11 @@ class Splice(asyncio.Protocol):
         try:
             while self._pending:
                 data = self._pending.pop(0)
-                await stream.write(data)
-                self.result.bytes_up += len(data)
+                sent = stream.bytes_out
+                try:
+                    await stream.write(data)
+                finally:  # what went, also of a write cut short
+                    self.result.bytes_up += stream.bytes_out - sent
                 if self._watch is not None:
                     self._watch.touch()
         except StreamClosedError as exc:
@@ -360,9 +363,7 @@ class FrontSplice(Splice):
                 return
         try:
             while not self._pending and self._sender is None and not self._up_eof:
-                # As the relay: as much as has credit (without any, a chunk for the sender).
-                room = stream.room()
-                data = sock.read_chunk_nowait(min(room, READ_LIMIT) if room else READ_LIMIT)
+                data = sock.read_chunk_nowait(READ_LIMIT)
                 if data is None:
                     return
                 if not data:
@@ -374,9 +375,10 @@ class FrontSplice(Splice):
                 if len(data) < LEND_FROM:
                     self._give(stream, data)
                 else:
-                    # Bulk: by the sender, whose write sends all the credit in one frame
-                    # (try_write would cut it at the session's output room, and the rest make
-                    # a second frame, a second write on the agent's side).
+                    # Bulk: by the sender, whose write sends each credit in one frame, as the
+                    # relay's (try_write would cut it at the session's output room, and the rest
+                    # make a second frame, a second write on the agent's side). No look at the
+                    # credit per small read: 6 % of the server's instructions per request.
                     self._queue(data)
         except Exception as exc:
             self._fail_socket(exc)
