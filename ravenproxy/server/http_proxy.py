@@ -50,8 +50,9 @@ from ravenproxy.server.limits import StreamLease
 from ravenproxy.server.router import Route
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
 from ravenproxy.transport.linger import lingering_close
-from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult, relay
+from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult
 from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
+from ravenproxy.transport.splice import splice_or_relay
 from ravenproxy.transport.tunnel_stream import StreamClosedError
 
 log = logging.getLogger(__name__)
@@ -175,9 +176,10 @@ class _Connection(CallbackPath):
             # Raw bytes both ways until both sides are done (the relay closes both ends),
             # relayed from this frame: an idle relay holds no frame of the exchange. Nor its
             # parser state (~1.5 KB): the exchange is over, nothing reads it from here on.
+            # Over a tunnel stream, spliced by callbacks (no task wake-up per chunk).
             del self.ex
             try:
-                result = await relay(
+                result = await splice_or_relay(
                     raw.upstream,
                     self.reader,
                     self.writer,

@@ -26,7 +26,7 @@ from ravenproxy.server.accept import FrontListener, streams
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http_proxy import HttpProxy
 from ravenproxy.transport.bytestream import READ_LIMIT
-from ravenproxy.transport.relay import relay
+from ravenproxy.transport.splice import splice_or_relay
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,9 @@ class HttpsFront:
             upstream.close()
             raise
         self._handed.add(conn)
-        result = await relay(upstream, reader, writer, idle_timeout=self.kit.limits.idle_timeout)
+        result = await splice_or_relay(
+            upstream, reader, writer, idle_timeout=self.kit.limits.idle_timeout
+        )
         self.kit.relay_done(self.name, "passthrough", result, peer=peer, node=node)
 
     async def _terminate(

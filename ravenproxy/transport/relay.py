@@ -1,8 +1,9 @@
 """The one relay: socket ⇄ any :class:`~ravenproxy.transport.bytestream.ByteStream` (a tunnel
 stream, a dialled socket, TLS on either), with backpressure both ways and half-close carried
-through. The server's fronts relay their clients (CONNECT, upgrades, SNI passthrough) to the
-route's target with it; the agent splices its streams to their dialled targets by callbacks
-under the same rules (:mod:`ravenproxy.transport.splice`).
+through. The server's fronts relay their clients (CONNECT, upgrades, SNI passthrough) to a
+route's directly dialled target (or re-originated TLS) with it; a tunnel stream is spliced to
+the client's socket by callbacks under the same rules (:mod:`ravenproxy.transport.splice`), as
+the agent splices its streams to their dialled targets.
 
 Socket → stream: read only as much as the stream accepts now (:meth:`ByteStream.writable`, a
 tunnel stream's credit), so a slow tunnel stops reading the socket (TCP pushes back on the

@@ -104,6 +104,7 @@ class SocketStream(asyncio.Protocol):
         "_loop",
         "_lost",
         "_on_data",
+        "_on_writing",
         "_over_ssl",
         "_read_paused",
         "_read_waiter",
@@ -130,6 +131,7 @@ class SocketStream(asyncio.Protocol):
         self._read_waiter: asyncio.Future[None] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
         self._on_data: Callable[[], None] | None = None
+        self._on_writing: asyncio.BaseProtocol | None = None
         self._lend: bool | _Lender = False
         """True: may switch to lending at a large read; the lender once it did."""
 
@@ -180,10 +182,14 @@ class SocketStream(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self._on_writing is not None:
+            self._on_writing.pause_writing()
 
     def resume_writing(self) -> None:
         self.write_paused = False
         self._wake_drainer()
+        if self._on_writing is not None:
+            self._on_writing.resume_writing()
 
     def _wake_drainer(self) -> None:
         waiter, self._drain_waiter = self._drain_waiter, None
@@ -254,11 +260,30 @@ class SocketStream(asyncio.Protocol):
         :meth:`read_nowait`. None: stop."""
         self._on_data = callback
 
+    def on_writing(self, protocol: asyncio.BaseProtocol | None) -> None:
+        """``pause_writing`` and ``resume_writing`` go on to ``protocol`` too. None: stop."""
+        self._on_writing = protocol
+
+    @property
+    def lost(self) -> bool:
+        """The connection is gone (``connection_lost`` ran)."""
+        return self._lost
+
     def read_nowait(self, n: int = -1) -> bytes | None:
         """:meth:`read` without waiting: None while nothing is buffered."""
         if not self._buffer:
             if type(self._lend) is _Lender and self._lend.views:
                 return bytes(self._take_lent(n))
+            if self._error is not None:
+                raise self._error
+            return b"" if self._eof else None
+        return self._take(n)
+
+    def read_chunk_nowait(self, n: int = -1) -> bytes | memoryview | None:
+        """:meth:`read_chunk` without waiting: None while nothing is buffered."""
+        if not self._buffer:
+            if type(self._lend) is _Lender and self._lend.views:
+                return self._take_lent(n)
             if self._error is not None:
                 raise self._error
             return b"" if self._eof else None

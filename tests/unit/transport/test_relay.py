@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from ravenproxy.transport import relay as relay_module
+from ravenproxy.transport import splice as splice_module
 from ravenproxy.transport.bytestream import (
     READ_LIMIT,
     SocketByteStream,
@@ -25,6 +26,7 @@ from ravenproxy.transport.bytestream import (
 from ravenproxy.transport.relay import RelayResult, relay
 from ravenproxy.transport.session import SessionConfig, StreamClosedError, TunnelStream
 from ravenproxy.transport.socket_stream import SocketStream
+from ravenproxy.transport.splice import splice_or_relay
 from ravenproxy.wire.config import WireConfig
 from tests.unit.transport.test_session import TARGET, WAIT, tunnel
 
@@ -216,10 +218,19 @@ async def accepting(
         await server.wait_closed()
 
 
-@pytest.mark.parametrize("kind", ["asyncio", "socketstream", "unix"])
+@pytest.mark.parametrize(
+    ("kind", "how"),
+    [
+        ("asyncio", "relay"),
+        ("socketstream", "relay"),
+        ("unix", "relay"),
+        ("socketstream", "splice"),
+        ("unix", "splice"),
+    ],
+)
 @pytest.mark.parametrize("reading", ["reading", "paused"])
 async def test_a_client_reset_while_its_upload_waits_for_credit_ends_the_relay(
-    reading: str, kind: str, tmp_path: Any
+    reading: str, kind: str, how: str, tmp_path: Any
 ) -> None:
     """The client's upload waits for the tunnel's credit (the agent's side reads nothing) and
     nothing comes down; then the client resets. The relay ends within a few seconds with the
@@ -227,7 +238,9 @@ async def test_a_client_reset_while_its_upload_waits_for_credit_ends_the_relay(
     noticed until the idle timeout (4 h by default) held the stream, the client's slot and the
     socket. ``paused``: so much is uploaded that reading the client socket is paused, and only
     the kernel hears of the reset. ``unix``: the egress front's Unix socket, whose client has no
-    reset (a close, with no TCP state to look at; the kernel's poll says the peer is gone)."""
+    reset (a close, with no TCP state to look at; the kernel's poll says the peer is gone).
+    ``splice``: the front's splice by callbacks (:func:`splice_or_relay`) rather than the
+    relay."""
     held: asyncio.Queue[TunnelStream] = asyncio.Queue()
     release = asyncio.Event()
 
@@ -255,7 +268,8 @@ async def test_a_client_reset_while_its_upload_waits_for_credit_ends_the_relay(
         try:
             reader, writer = await asyncio.wait_for(front_side.get(), WAIT)
             stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
-            task = asyncio.create_task(relay(TunnelByteStream(stream), reader, writer))
+            run = splice_or_relay if how == "splice" else relay
+            task = asyncio.create_task(run(TunnelByteStream(stream), reader, writer))
             task.add_done_callback(lambda done: results.append(done.result()))
             agent_stream = await asyncio.wait_for(held.get(), WAIT)
             client.setblocking(False)
@@ -294,12 +308,14 @@ async def test_a_client_reset_while_its_upload_waits_for_credit_ends_the_relay(
                 await asyncio.gather(task, return_exceptions=True)
 
 
+@pytest.mark.parametrize("how", ["relay", "splice"])
 async def test_a_half_closed_unix_client_is_not_taken_for_gone(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     """A Unix-socket client that shuts its sending side down (a half-close: it still reads the
-    answer) while its upload waits for credit is not gone: the relay goes on."""
+    answer) while its upload waits for credit is not gone: the relay (or the splice) goes on."""
     monkeypatch.setattr(relay_module, "CREDIT_PROBE", 0.05)
+    monkeypatch.setattr(splice_module, "CREDIT_PROBE", 0.05)
     release = asyncio.Event()
 
     async def hold(stream: TunnelStream) -> None:
@@ -318,7 +334,8 @@ async def test_a_half_closed_unix_client_is_not_taken_for_gone(
             client.connect(unix)
             reader, writer = await asyncio.wait_for(front_side.get(), WAIT)
             stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
-            task = asyncio.create_task(relay(TunnelByteStream(stream), reader, writer))
+            run = splice_or_relay if how == "splice" else relay
+            task = asyncio.create_task(run(TunnelByteStream(stream), reader, writer))
             client.sendall(b"u" * (WINDOW + 4096))
             client.shutdown(socket.SHUT_WR)
             await asyncio.sleep(0.5)  # ten looks at the socket

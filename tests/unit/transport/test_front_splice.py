@@ -1,0 +1,218 @@
+"""The server front's splice of a client socket to a tunnel stream by callbacks
+(:class:`~ravenproxy.transport.splice.FrontSplice`, what :func:`splice_or_relay` runs for a
+front's :class:`SocketStream` and a tunnel stream): the relay's rules kept — bytes both ways
+past the window, what was read before on either side, half-close both ways, --idle-timeout, a
+half-closed client that resets, a reset stream, cancellation. (The client reset while its upload
+waits for credit: test_relay's test, run for the splice too.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from ravenproxy.transport import splice as splice_module
+from ravenproxy.transport.bytestream import TunnelByteStream
+from ravenproxy.transport.relay import IDLE_ERROR, RelayResult
+from ravenproxy.transport.session import StreamClosedError, TunnelStream
+from ravenproxy.transport.socket_stream import SocketStream
+from ravenproxy.transport.splice import splice_or_relay
+from tests.unit.transport.test_relay import accepting
+from tests.unit.transport.test_session import TARGET, WAIT, StreamHandler, echo, tunnel
+
+
+class Front:
+    """A client socket accepted by a front and spliced to a stream through the tunnel."""
+
+    def __init__(self, client: socket.socket, task: asyncio.Task[RelayResult]) -> None:
+        self.client = client
+        self.task = task
+
+    async def result(self) -> RelayResult:
+        return await asyncio.wait_for(asyncio.shield(self.task), WAIT)
+
+
+@contextlib.asynccontextmanager
+async def front(
+    on_open: StreamHandler = echo,
+    *,
+    idle_timeout: float | None = None,
+    initial_up: bytes = b"",
+    initial_down: bytes = b"",
+    clients: int = 1,
+) -> AsyncIterator[list[Front]]:
+    async with tunnel(on_open) as t, accepting("socketstream") as (port, accepted):
+        fronts: list[Front] = []
+        try:
+            for _ in range(clients):
+                client = socket.create_connection(("127.0.0.1", port))
+                client.setblocking(False)
+                sock, _writer = await asyncio.wait_for(accepted.get(), WAIT)
+                assert type(sock) is SocketStream
+                stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+                splice = splice_or_relay(
+                    TunnelByteStream(stream),
+                    sock,
+                    sock,
+                    initial_up=initial_up,
+                    initial_down=initial_down,
+                    idle_timeout=idle_timeout,
+                )
+                assert splice.__qualname__ == "Splice.wait"  # spliced, not relayed
+                fronts.append(Front(client, asyncio.create_task(splice)))
+            yield fronts
+        finally:
+            for f in fronts:
+                f.client.close()
+                if not f.task.done():
+                    f.task.cancel()
+                await asyncio.gather(f.task, return_exceptions=True)
+
+
+async def recv_all(client: socket.socket) -> bytes:
+    loop = asyncio.get_running_loop()
+    out = bytearray()
+    while data := await asyncio.wait_for(loop.sock_recv(client, 1 << 16), WAIT):
+        out += data
+    return bytes(out)
+
+
+async def test_bulk_both_ways_with_initial_bytes_and_half_close() -> None:
+    """8 MiB up and its digest plus 8 MiB down, past the stream window both ways, with bytes
+    read before on each side (a CONNECT's pipelined first bytes, a 101's target bytes): every
+    byte in order, the client's EOF reaches the target, whose answer after it still comes back,
+    and the splice ends cleanly with the byte counts the metrics use."""
+    payload = os.urandom(8 << 20)
+
+    async def digest_then_send(stream: TunnelStream) -> None:
+        stream.accept()
+        h = hashlib.sha256()
+        while data := await stream.read():
+            h.update(data)
+        await stream.write(h.digest() + payload)
+        stream.write_eof()
+        with contextlib.suppress(StreamClosedError):
+            await stream.read()
+
+    async with front(digest_then_send, initial_up=b"init", initial_down=b"down") as (f,):
+        loop = asyncio.get_running_loop()
+        upload = os.urandom(8 << 20)
+        received = asyncio.create_task(recv_all(f.client))
+        await asyncio.wait_for(loop.sock_sendall(f.client, upload), WAIT)
+        f.client.shutdown(socket.SHUT_WR)
+        data = await asyncio.wait_for(received, WAIT)
+        assert data[:4] == b"down"
+        assert data[4:36] == hashlib.sha256(b"init" + upload).digest()
+        assert data[36:] == payload
+        result = await f.result()
+        assert (result.error, result.idle) == ("", False)
+        assert (result.bytes_up, result.bytes_down) == (4 + len(upload), len(data))
+
+
+async def test_small_exchanges_on_one_spliced_connection() -> None:
+    async with front() as (f,):
+        loop = asyncio.get_running_loop()
+        for i in range(50):
+            message = b"request %d" % i
+            await loop.sock_sendall(f.client, message)
+            got = b""
+            while len(got) < len(message):
+                got += await asyncio.wait_for(loop.sock_recv(f.client, 1024), WAIT)
+            assert got == message
+
+
+async def test_idle_timeout_closes_an_idle_splice_not_a_busy_one() -> None:
+    async with front(idle_timeout=0.3, clients=2) as (idle, busy):
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        while time.monotonic() - started < 1.0:
+            await loop.sock_sendall(busy.client, b"x")
+            assert await asyncio.wait_for(loop.sock_recv(busy.client, 1), WAIT) == b"x"
+            await asyncio.sleep(0.1)
+        result = await idle.result()
+        assert (result.error, result.idle) == (IDLE_ERROR, True)
+        assert not busy.task.done()
+        with contextlib.suppress(ConnectionError):  # closed (aborted) for idleness
+            assert await asyncio.wait_for(loop.sock_recv(idle.client, 1), WAIT) == b""
+
+
+async def test_a_half_closed_client_that_resets_while_the_target_is_silent_ends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the relay: the request, the client's half-close, then its reset while the target has
+    not answered: noticed within a few looks at the socket, the stream reset."""
+    monkeypatch.setattr(splice_module, "CREDIT_PROBE", 0.1)
+    streams: asyncio.Queue[TunnelStream] = asyncio.Queue()
+    release = asyncio.Event()
+
+    async def silent(stream: TunnelStream) -> None:
+        stream.accept()
+        await streams.put(stream)
+        await release.wait()
+
+    async with front(silent) as (f,):
+        try:
+            await asyncio.get_running_loop().sock_sendall(f.client, b"request")
+            f.client.shutdown(socket.SHUT_WR)
+            agent_stream = await asyncio.wait_for(streams.get(), WAIT)
+            await asyncio.sleep(0.3)  # the splice waits for the answer now
+            assert not f.task.done()
+            f.client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            f.client.close()  # RST
+            result = await f.result()
+            assert "client connection gone while not read" in result.error, result
+            assert result.bytes_up == len(b"request")
+            with pytest.raises(StreamClosedError):
+                while await asyncio.wait_for(agent_stream.read(), WAIT):
+                    pass
+        finally:
+            release.set()
+
+
+async def test_a_stream_reset_ends_it_while_the_client_is_silent() -> None:
+    streams: asyncio.Queue[TunnelStream] = asyncio.Queue()
+
+    async def hold(stream: TunnelStream) -> None:
+        stream.accept()
+        await streams.put(stream)
+        with contextlib.suppress(StreamClosedError):
+            await stream.read()
+
+    async with front(hold) as (f,):
+        agent_stream = await asyncio.wait_for(streams.get(), WAIT)
+        agent_stream.reset()
+        result = await f.result()
+        assert result.error.startswith("CANCEL"), result
+        with contextlib.suppress(ConnectionError):
+            assert await recv_all(f.client) == b""
+
+
+async def test_cancelling_it_stays_a_cancellation_and_closes_both_ends() -> None:
+    """Server shutdown: the connection's task is cancelled while it awaits the splice."""
+    streams: asyncio.Queue[TunnelStream] = asyncio.Queue()
+
+    async def hold(stream: TunnelStream) -> None:
+        stream.accept()
+        await streams.put(stream)
+        with contextlib.suppress(StreamClosedError):
+            while await stream.read():
+                pass
+
+    async with front(hold) as (f,):
+        agent_stream = await asyncio.wait_for(streams.get(), WAIT)
+        await asyncio.sleep(0.05)
+        f.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await f.task
+        with contextlib.suppress(ConnectionError):
+            assert await recv_all(f.client) == b""
+        with pytest.raises(StreamClosedError):
+            while await asyncio.wait_for(agent_stream.read(), WAIT):
+                pass
