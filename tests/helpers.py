@@ -186,6 +186,17 @@ async def close_writer(writer: asyncio.StreamWriter, timeout: float = 5) -> None
 
 
 # -- HTTP and metrics -------------------------------------------------------------------------
+async def upload(writer: asyncio.StreamWriter, head: str, size: int) -> None:
+    """Write a request ``head`` and ``size`` bytes of body after it, all before reading (as a
+    client uploading a body does), waiting out TCP's push-back (within 30 s)."""
+    writer.write(head.encode())
+    chunk = b"x" * (256 * 1024)
+    async with asyncio.timeout(30):
+        for _ in range(size // len(chunk)):
+            writer.write(chunk)
+            await writer.drain()  # a front that resets the connection fails this
+
+
 async def raw_exchange(
     port: int, request: bytes, *, timeout: float = 15, source: str | None = None
 ) -> bytes:

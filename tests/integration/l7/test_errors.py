@@ -9,7 +9,7 @@ import ssl
 import pytest
 
 from ravenproxy.transport.linger import LINGER_TIMEOUT
-from tests.helpers import run
+from tests.helpers import run, upload
 from tests.integration.l7.env import L7, curl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -97,12 +97,7 @@ async def test_a_refused_upload_gets_its_answer(l7: L7, front: str) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
     try:
         head = f"POST /upload HTTP/1.1\r\nHost: edge-9:80\r\nContent-Length: {size}\r\n\r\n"
-        writer.write(head.encode())
-        chunk = b"x" * (256 * 1024)
-        async with asyncio.timeout(30):
-            for _ in range(size // len(chunk)):
-                writer.write(chunk)
-                await writer.drain()  # the old front's reset fails this
+        await upload(writer, head, size)  # the old front's reset fails it
         # The whole request is sent: the front waits for no more (over TLS, which has no
         # half-close, it closes once the body is through, not after LINGER_TIMEOUT of silence).
         async with asyncio.timeout(LINGER_TIMEOUT / 2):

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from ravenproxy.client import ConnectRefused, open_tunnel
-from tests.helpers import http_get
+from tests.helpers import http_get, upload
 from tests.integration.cluster import INVENTORY, Cluster
 from tests.integration.targets import echo, tcp_server
 
@@ -479,12 +479,8 @@ async def test_an_answer_before_the_upload_is_through_reaches_the_client(
                 head = (
                     f"PUT /upload HTTP/1.1\r\nHost: edge-1:{port}\r\nContent-Length: {size}\r\n\r\n"
                 )
-                writer.write(head.encode())
-                chunk = b"x" * (256 * 1024)
+                await upload(writer, head, size)  # the old front's reset fails it
                 async with asyncio.timeout(30):
-                    for _ in range(size // len(chunk)):
-                        writer.write(chunk)
-                        await writer.drain()  # the old front's reset fails this
                     answer = await reader.read()
             finally:
                 writer.transport.abort()
