@@ -223,7 +223,7 @@ class Splice(asyncio.Protocol):
             return
         finally:
             self._sender = None
-        if not self._lost and not self._done.done():
+        if not self._done.done():
             self._release()
         self._send_eof()
 
@@ -235,7 +235,8 @@ class Splice(asyncio.Protocol):
     def _release(self) -> None:
         """They went: take the socket's bytes again."""
         assert self.transport is not None
-        self.transport.resume_reading()
+        if not self._lost:
+            self.transport.resume_reading()
 
     def _send_eof(self) -> None:
         stream = self.stream
@@ -389,6 +390,8 @@ class FrontSplice(Splice):
         self._nudge()
 
     def _release(self) -> None:
+        # Also once the socket is lost: what it read before (a TLS client's close closes the
+        # transport), and its EOF, still go up.
         self._pull()
 
     async def _until_done(self) -> None:
