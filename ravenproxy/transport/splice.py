@@ -337,11 +337,11 @@ class FrontSplice(Splice):
         """Start: ``initial_down`` (read from the target already) to the socket, ``initial_up``
         (read from the socket already) and whatever the socket holds up the stream."""
         sock = self._sock
+        sock.on_writing(self)  # first: initial_down may fill the socket's buffer past its mark
         if initial_down:
             sock.transport.write(initial_down)
             self.result.bytes_down += len(initial_down)
         sock.lend_reads()
-        sock.on_writing(self)
         sock.on_data(self._pull)
         self.start(stream)
         if initial_up:

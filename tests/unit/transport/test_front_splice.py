@@ -293,3 +293,26 @@ async def test_a_tls_client_closing_while_its_upload_waits_for_credit_still_gets
 async def _until(check: Callable[[], bool]) -> None:
     while not check():
         await asyncio.sleep(0.01)
+
+
+async def test_initial_down_past_the_write_mark_pauses_the_stream_to_a_slow_client() -> None:
+    """``initial_down`` (a 101's first target bytes) that fills the socket's write buffer past
+    its high mark: the splice takes nothing more from the stream until the client reads (the
+    pause came before the splice listened for it)."""
+    streams: asyncio.Queue[TunnelStream] = asyncio.Queue()
+    wrote = asyncio.Event()
+
+    async def flood(stream: TunnelStream) -> None:
+        stream.accept()
+        await streams.put(stream)
+        with contextlib.suppress(StreamClosedError):
+            await stream.write(b"y" * (8 << 20))
+            wrote.set()
+            await stream.read()
+
+    async with front(flood, initial_down=b"x" * (16 << 20)) as (f,):
+        await asyncio.wait_for(streams.get(), WAIT)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wrote.wait(), 1.0)
+        assert not wrote.is_set()  # the client reads nothing: nor does the splice
+        assert not f.task.done()
