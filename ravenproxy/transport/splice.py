@@ -53,6 +53,7 @@ from ravenproxy.transport.relay import (
 )
 from ravenproxy.transport.socket_stream import (
     LEND_FROM,
+    LEND_IDLE,
     SocketReader,
     SocketStream,
     SocketWriter,
@@ -404,9 +405,15 @@ class FrontSplice(Splice):
         async with watch:
             while not done.done():
                 if self._sender is None and not (self._up_eof and not self._down_done):
-                    self._wake = done.get_loop().create_future()
+                    self._wake = wake = done.get_loop().create_future()
                     try:
-                        await self._wake
+                        if sock.read_buffer_size:  # as a relay's reader: let them go if idle
+                            up = self.result.bytes_up
+                            await asyncio.wait((wake,), timeout=LEND_IDLE)
+                            if not wake.done() and self.result.bytes_up == up:
+                                sock.let_go_reads()
+                        else:
+                            await wake
                     finally:
                         self._wake = None
                     continue

@@ -24,9 +24,9 @@ from ravenproxy.pki.authority import generate_ca, issue_server_cert
 from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_key
 from ravenproxy.transport import splice as splice_module
 from ravenproxy.transport.bytestream import READ_LIMIT, TunnelByteStream
-from ravenproxy.transport.relay import IDLE_ERROR, RelayResult
+from ravenproxy.transport.relay import CREDIT_PROBE, IDLE_ERROR, RelayResult
 from ravenproxy.transport.session import StreamClosedError, TunnelStream
-from ravenproxy.transport.socket_stream import SocketStream
+from ravenproxy.transport.socket_stream import LEND_IDLE, SocketStream
 from ravenproxy.transport.splice import splice_or_relay
 from tests.unit.transport.test_relay import accepting
 from tests.unit.transport.test_session import TARGET, WAIT, StreamHandler, echo, tunnel
@@ -35,8 +35,11 @@ from tests.unit.transport.test_session import TARGET, WAIT, StreamHandler, echo,
 class Front:
     """A client socket accepted by a front and spliced to a stream through the tunnel."""
 
-    def __init__(self, client: socket.socket, task: asyncio.Task[RelayResult]) -> None:
+    def __init__(
+        self, client: socket.socket, sock: SocketStream, task: asyncio.Task[RelayResult]
+    ) -> None:
         self.client = client
+        self.sock = sock
         self.task = task
 
     async def result(self) -> RelayResult:
@@ -70,7 +73,7 @@ async def front(
                     idle_timeout=idle_timeout,
                 )
                 assert splice.__qualname__ == "Splice.wait"  # spliced, not relayed
-                fronts.append(Front(client, asyncio.create_task(splice)))
+                fronts.append(Front(client, sock, asyncio.create_task(splice)))
             yield fronts
         finally:
             for f in fronts:
@@ -315,4 +318,29 @@ async def test_initial_down_past_the_write_mark_pauses_the_stream_to_a_slow_clie
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wrote.wait(), 1.0)
         assert not wrote.is_set()  # the client reads nothing: nor does the splice
+        assert not f.task.done()
+
+
+async def test_a_connection_idle_after_a_bulk_upload_lets_its_read_buffers_go() -> None:
+    """As under the relay (:data:`LEND_IDLE`): the socket's lending buffers (up to 1 MiB and
+    spares) are let go once no byte came up for a while, not held by every idle connection
+    that once uploaded in bulk."""
+    got: asyncio.Queue[int] = asyncio.Queue()
+
+    async def sink(stream: TunnelStream) -> None:
+        stream.accept()
+        total = 0
+        with contextlib.suppress(StreamClosedError):
+            while data := await stream.read():
+                total += len(data)
+                if total >= 8 << 20:
+                    await got.put(total)
+
+    async with front(sink) as (f,):
+        loop = asyncio.get_running_loop()
+        await asyncio.wait_for(loop.sock_sendall(f.client, os.urandom(8 << 20)), WAIT)
+        assert await asyncio.wait_for(got.get(), WAIT) == 8 << 20
+        assert f.sock.read_buffer_size > 0  # it lent the bulk's reads
+        await asyncio.sleep(CREDIT_PROBE + LEND_IDLE * 2)  # the sender's last probe, then idle
+        assert f.sock.read_buffer_size == 0
         assert not f.task.done()
