@@ -2,8 +2,7 @@
 
 What the fronts and the relay use of asyncio's streams — ``read(n)`` on the reader; ``write``,
 ``drain``, ``write_eof``, ``close`` … on the writer — typed as :class:`SocketReader` and
-:class:`SocketWriter`, which asyncio's :class:`~asyncio.StreamReader` and
-:class:`~asyncio.StreamWriter` also satisfy.
+:class:`SocketWriter`, which asyncio's ``StreamReader`` and ``StreamWriter`` also satisfy.
 
 :class:`SocketStream` is both, for the server's accepted front sockets and every dialled target
 connection (:func:`ravenproxy.transport.bytestream.open_connection`): idle connections are the
@@ -303,8 +302,7 @@ class SocketStream(asyncio.Protocol):
     # -- lending -------------------------------------------------------------------------------
     @property
     def read_buffer_size(self) -> int:
-        """Bytes of lending buffers this stream holds (0 until it lends): its current one and
-        its spares; buffers only the views handed out still hold are not counted."""
+        """Bytes of lending buffers held (0 until it lends; views handed out not counted)."""
         lender = self._lend
         if type(lender) is not _Lender:
             return 0
@@ -320,6 +318,10 @@ class SocketStream(asyncio.Protocol):
         if self._lend is False:
             self._lend = True
         return True
+
+    def let_go_reads(self) -> None:  # no read for LEND_IDLE, by a reader that does not wait
+        if type(self._lend) is _Lender:
+            self._lend.release()
 
     def _start_lending(self) -> None:
         transport = self._transport

@@ -53,6 +53,7 @@ from ravenproxy.transport.relay import (
 )
 from ravenproxy.transport.socket_stream import (
     LEND_FROM,
+    LEND_IDLE,
     SocketReader,
     SocketStream,
     SocketWriter,
@@ -223,7 +224,7 @@ class Splice(asyncio.Protocol):
             return
         finally:
             self._sender = None
-        if not self._lost and not self._done.done():
+        if not self._done.done():
             self._release()
         self._send_eof()
 
@@ -235,7 +236,8 @@ class Splice(asyncio.Protocol):
     def _release(self) -> None:
         """They went: take the socket's bytes again."""
         assert self.transport is not None
-        self.transport.resume_reading()
+        if not self._lost:
+            self.transport.resume_reading()
 
     def _send_eof(self) -> None:
         stream = self.stream
@@ -336,11 +338,11 @@ class FrontSplice(Splice):
         """Start: ``initial_down`` (read from the target already) to the socket, ``initial_up``
         (read from the socket already) and whatever the socket holds up the stream."""
         sock = self._sock
+        sock.on_writing(self)  # first: initial_down may fill the socket's buffer past its mark
         if initial_down:
             sock.transport.write(initial_down)
             self.result.bytes_down += len(initial_down)
         sock.lend_reads()
-        sock.on_writing(self)
         sock.on_data(self._pull)
         self.start(stream)
         if initial_up:
@@ -389,6 +391,8 @@ class FrontSplice(Splice):
         self._nudge()
 
     def _release(self) -> None:
+        # Also once the socket is lost: what it read before (a TLS client's close closes the
+        # transport), and its EOF, still go up.
         self._pull()
 
     async def _until_done(self) -> None:
@@ -401,9 +405,15 @@ class FrontSplice(Splice):
         async with watch:
             while not done.done():
                 if self._sender is None and not (self._up_eof and not self._down_done):
-                    self._wake = done.get_loop().create_future()
+                    self._wake = wake = done.get_loop().create_future()
                     try:
-                        await self._wake
+                        if sock.read_buffer_size:  # as a relay's reader: let them go if idle
+                            up = self.result.bytes_up
+                            await asyncio.wait((wake,), timeout=LEND_IDLE)
+                            if not wake.done() and self.result.bytes_up == up:
+                                sock.let_go_reads()
+                        else:
+                            await wake
                     finally:
                         self._wake = None
                     continue

@@ -12,17 +12,21 @@ import contextlib
 import hashlib
 import os
 import socket
+import ssl
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 
+from ravenproxy.pki.authority import generate_ca, issue_server_cert
+from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_key
 from ravenproxy.transport import splice as splice_module
-from ravenproxy.transport.bytestream import TunnelByteStream
-from ravenproxy.transport.relay import IDLE_ERROR, RelayResult
+from ravenproxy.transport.bytestream import READ_LIMIT, TunnelByteStream
+from ravenproxy.transport.relay import CREDIT_PROBE, IDLE_ERROR, RelayResult
 from ravenproxy.transport.session import StreamClosedError, TunnelStream
-from ravenproxy.transport.socket_stream import SocketStream
+from ravenproxy.transport.socket_stream import LEND_IDLE, SocketStream
 from ravenproxy.transport.splice import splice_or_relay
 from tests.unit.transport.test_relay import accepting
 from tests.unit.transport.test_session import TARGET, WAIT, StreamHandler, echo, tunnel
@@ -31,8 +35,11 @@ from tests.unit.transport.test_session import TARGET, WAIT, StreamHandler, echo,
 class Front:
     """A client socket accepted by a front and spliced to a stream through the tunnel."""
 
-    def __init__(self, client: socket.socket, task: asyncio.Task[RelayResult]) -> None:
+    def __init__(
+        self, client: socket.socket, sock: SocketStream, task: asyncio.Task[RelayResult]
+    ) -> None:
         self.client = client
+        self.sock = sock
         self.task = task
 
     async def result(self) -> RelayResult:
@@ -66,7 +73,7 @@ async def front(
                     idle_timeout=idle_timeout,
                 )
                 assert splice.__qualname__ == "Splice.wait"  # spliced, not relayed
-                fronts.append(Front(client, asyncio.create_task(splice)))
+                fronts.append(Front(client, sock, asyncio.create_task(splice)))
             yield fronts
         finally:
             for f in fronts:
@@ -216,3 +223,124 @@ async def test_cancelling_it_stays_a_cancellation_and_closes_both_ends() -> None
         with pytest.raises(StreamClosedError):
             while await asyncio.wait_for(agent_stream.read(), WAIT):
                 pass
+
+
+async def test_a_tls_client_closing_while_its_upload_waits_for_credit_still_gets_it_all_up(
+    tmp_path: Path,
+) -> None:
+    """A TLS front's client (no half-close: its close_notify closes the transport, a clean
+    connection_lost) sends more than the stream's window and closes while the rest waits for
+    credit: what the socket still holds, and the EOF, go up once credit comes (as the relay
+    reads them), not lost with the splice hanging until the idle timeout."""
+    ca, key = generate_ca("test-front-ca")
+    cert, cert_key = issue_server_cert(ca, key, ["front"])
+    write_pem_cert(tmp_path / "ca.crt", ca)
+    write_pem_cert(tmp_path / "s.crt", cert)
+    write_pem_key(tmp_path / "s.key", cert_key)
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(tmp_path / "s.crt", tmp_path / "s.key")
+    client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client_ctx.load_verify_locations(tmp_path / "ca.crt")
+    upload = os.urandom(512 * 1024)  # past the initial 256 KiB window
+    release = asyncio.Event()
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def slow_reader(stream: TunnelStream) -> None:
+        stream.accept()
+        await release.wait()
+        data = bytearray()
+        with contextlib.suppress(StreamClosedError):
+            while chunk := await stream.read():
+                data += chunk
+        await got.put(bytes(data))
+
+    accepted: asyncio.Queue[SocketStream] = asyncio.Queue()
+
+    def made() -> SocketStream:
+        sock = SocketStream(READ_LIMIT)
+        accepted.put_nowait(sock)
+        return sock
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(made, "127.0.0.1", 0, ssl=server_ctx)
+    task: asyncio.Task[RelayResult] | None = None
+    try:
+        async with tunnel(slow_reader) as t:
+            port = server.sockets[0].getsockname()[1]
+            _r, writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", port, ssl=client_ctx, server_hostname="front"),
+                WAIT,
+            )
+            sock = await asyncio.wait_for(accepted.get(), WAIT)
+            stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+            task = asyncio.create_task(splice_or_relay(TunnelByteStream(stream), sock, sock))
+            writer.write(upload)
+            await asyncio.wait_for(writer.drain(), WAIT)
+            writer.close()
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                await asyncio.wait_for(writer.wait_closed(), WAIT)
+            await asyncio.wait_for(_until(lambda: sock.lost), WAIT)
+            release.set()
+            assert await asyncio.wait_for(got.get(), WAIT) == upload
+            stream.write_eof()
+            result = await asyncio.wait_for(task, WAIT)
+            assert result.bytes_up == len(upload)
+    finally:
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    while not check():
+        await asyncio.sleep(0.01)
+
+
+async def test_initial_down_past_the_write_mark_pauses_the_stream_to_a_slow_client() -> None:
+    """``initial_down`` (a 101's first target bytes) that fills the socket's write buffer past
+    its high mark: the splice takes nothing more from the stream until the client reads (the
+    pause came before the splice listened for it)."""
+    streams: asyncio.Queue[TunnelStream] = asyncio.Queue()
+    wrote = asyncio.Event()
+
+    async def flood(stream: TunnelStream) -> None:
+        stream.accept()
+        await streams.put(stream)
+        with contextlib.suppress(StreamClosedError):
+            await stream.write(b"y" * (8 << 20))
+            wrote.set()
+            await stream.read()
+
+    async with front(flood, initial_down=b"x" * (16 << 20)) as (f,):
+        await asyncio.wait_for(streams.get(), WAIT)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wrote.wait(), 1.0)
+        assert not wrote.is_set()  # the client reads nothing: nor does the splice
+        assert not f.task.done()
+
+
+async def test_a_connection_idle_after_a_bulk_upload_lets_its_read_buffers_go() -> None:
+    """As under the relay (:data:`LEND_IDLE`): the socket's lending buffers (up to 1 MiB and
+    spares) are let go once no byte came up for a while, not held by every idle connection
+    that once uploaded in bulk."""
+    got: asyncio.Queue[int] = asyncio.Queue()
+
+    async def sink(stream: TunnelStream) -> None:
+        stream.accept()
+        total = 0
+        with contextlib.suppress(StreamClosedError):
+            while data := await stream.read():
+                total += len(data)
+                if total >= 8 << 20:
+                    await got.put(total)
+
+    async with front(sink) as (f,):
+        loop = asyncio.get_running_loop()
+        await asyncio.wait_for(loop.sock_sendall(f.client, os.urandom(8 << 20)), WAIT)
+        assert await asyncio.wait_for(got.get(), WAIT) == 8 << 20
+        assert f.sock.read_buffer_size > 0  # it lent the bulk's reads
+        await asyncio.sleep(CREDIT_PROBE + LEND_IDLE * 2)  # the sender's last probe, then idle
+        assert f.sock.read_buffer_size == 0
+        assert not f.task.done()
