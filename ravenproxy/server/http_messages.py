@@ -127,14 +127,23 @@ class Parsed:
         sender may still be sending it."""
         return self.in_head or self.in_body
 
+    def _repeated(self, data: bytes) -> Head | None:
+        """The remembered request's head when ``data`` is its bytes again and the parser is
+        where that request left it (no head or body begun); else None."""
+        again = self._again
+        if again is not None and not self.in_head and not self.in_body and data == again[0]:
+            return again[1]
+        return None
+
     def feed(self, data: bytes) -> bytes | None:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
         ended the HTTP part of the connection. An error is queued after what came before it."""
-        events, again = self.events, self._again
-        if again is not None and not self.in_head and not self.in_body and data == again[0]:
+        events = self.events
+        head = self._repeated(data)
+        if head is not None:
             # A keep-alive client sending the same request again (a scrape, a probe): the
             # parser is where that request left it, so it would make the same two events.
-            events.append((HEAD, again[1]))
+            events.append((HEAD, head))
             events.append((END, []))
             self.fed = 0
             return None
@@ -173,15 +182,7 @@ class Parsed:
         """:meth:`feed` with ``head`` taken at once: True when ``data`` is the last request
         again (``_again``), whole and bodiless, that request's head is ``head`` and no event
         waits — its END is queued; else False, and nothing was fed."""
-        again = self._again
-        if (
-            again is None
-            or again[1] is not head
-            or self.events
-            or self.in_head
-            or self.in_body
-            or data != again[0]
-        ):
+        if self.events or self._repeated(data) is not head:
             return False
         self.events.append((END, []))
         self.fed = 0

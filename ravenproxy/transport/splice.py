@@ -404,7 +404,7 @@ class FrontSplice(Splice):
         assert watch is not None
         async with watch:
             while not done.done():
-                if self._sender is None and not (self._up_eof and not self._down_done):
+                if not self._watching_client():
                     self._wake = wake = done.get_loop().create_future()
                     try:
                         if sock.read_buffer_size:  # as a relay's reader: let them go if idle
@@ -420,10 +420,15 @@ class FrontSplice(Splice):
                 await asyncio.wait((done,), timeout=CREDIT_PROBE)
                 if done.done():
                     return
-                if self._sender is not None or (self._up_eof and not self._down_done):
+                if self._watching_client():
                     gone = client_gone(sock, sock, eof_sent=self._eof_sent)
                     if gone:
                         self._fail_socket(ConnectionResetError(gone))
+
+    def _watching_client(self) -> bool:
+        """An upload waits for credit, or the client half-closed and the target has not
+        finished: the client's socket is looked at for a reset (nothing else would notice)."""
+        return self._sender is not None or (self._up_eof and not self._down_done)
 
     async def _close(self) -> None:
         self._sock.on_data(None)
