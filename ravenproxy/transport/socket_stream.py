@@ -2,7 +2,8 @@
 
 What the fronts and the relay use of asyncio's streams — ``read(n)`` on the reader; ``write``,
 ``drain``, ``write_eof``, ``close`` … on the writer — typed as :class:`SocketReader` and
-:class:`SocketWriter`, which asyncio's ``StreamReader`` and ``StreamWriter`` also satisfy.
+:class:`SocketWriter`, which asyncio's :class:`~asyncio.StreamReader` and
+:class:`~asyncio.StreamWriter` also satisfy.
 
 :class:`SocketStream` is both, for the server's accepted front sockets and every dialled target
 connection (:func:`ravenproxy.transport.bytestream.open_connection`): idle connections are the
@@ -17,52 +18,19 @@ is lost; an EOF keeps the transport open for writing (half-close), except over T
 Bulk uploads through the relay are read without the copy an :class:`asyncio.Protocol` costs
 (uvloop reads into a buffer of its own, then copies each read into a new ``bytes``): a stream
 the relay allows to (:meth:`SocketStream.lend_reads`) switches, at its first large read, to a
-:class:`_Lender` (an :class:`asyncio.BufferedProtocol`) that reads into buffers of its own and
-hands the bytes on as read-only views of them (:meth:`SocketStream.read_chunk`). A buffer is
-read into again once no view of it is held (as the tunnel's WebSocket reader does it).
+:class:`~ravenproxy.transport.lender.Lender` (an :class:`asyncio.BufferedProtocol`) that reads
+into buffers of its own and hands the bytes on as read-only views of them
+(:meth:`SocketStream.read_chunk`). A buffer is read into again once no view of it is held (as
+the tunnel's WebSocket reader does it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import sys
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-LEND_FROM = 64 * 1024
-"""A read at least this large (bulk) switches a stream that may lend to reading into buffers
-of its own (see the module's doc); smaller traffic never does."""
-
-LEND_READ = 1024 * 1024 - 12
-"""Size of those buffers while the bulk is fast: the wire's default largest frame
-(``WireConfig.max_frame_size``, a 1 MiB message with its 12-byte header), so a full read goes
-into the tunnel as one DATA frame, which the agent keeps in place."""
-
-LEND_SMALL = 256 * 1024
-"""Size of those buffers to start with, and again once the reads are small: a read that fills
-all the room it was offered (the socket held more) makes the next buffers :data:`LEND_READ`;
-two reads in a row under :data:`LEND_FROM` that left room make them this size again (as
-Netty's adaptive receive buffers: a slow upload does not hold a 1 MiB buffer and spares)."""
-
-LEND_ROOM = 16 * 1024
-"""Room a buffer must have left to be read into again before its views are let go."""
-
-LEND_SPARES = 4
-"""Buffers a lending stream keeps to read into once the views of them are let go."""
-
-LEND_IDLE = 1.0
-"""Seconds a lending stream's reader waits for data before the stream lets its buffers go."""
-
-
-def _unshared_refs() -> int:
-    buf = bytearray()
-    return sys.getrefcount(buf)
-
-
-_UNSHARED = _unshared_refs()
-"""What ``sys.getrefcount`` says of a buffer with one reference (an attribute, a list slot):
-more means a view of it is still held by whoever read it."""
+from ravenproxy.transport.lender import LEND_FROM, LEND_IDLE, Lender
 
 
 class SocketReader(Protocol):
@@ -131,7 +99,7 @@ class SocketStream(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._on_data: Callable[[], None] | None = None
         self._on_writing: asyncio.BaseProtocol | None = None
-        self._lend: bool | _Lender = False
+        self._lend: bool | Lender = False
         """True: may switch to lending at a large read; the lender once it did."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -203,7 +171,7 @@ class SocketStream(asyncio.Protocol):
     # -- SocketReader -------------------------------------------------------------------------
     async def read(self, n: int = -1) -> bytes:
         while not self._buffer:
-            if type(self._lend) is _Lender and self._lend.views:
+            if type(self._lend) is Lender and self._lend.views:
                 return bytes(self._take_lent(n))
             if self._error is not None:
                 raise self._error
@@ -218,19 +186,19 @@ class SocketStream(asyncio.Protocol):
         into again while the view is held."""
         while not self._buffer:
             lender = self._lend
-            if type(lender) is _Lender and lender.views:
+            if type(lender) is Lender and lender.views:
                 return self._take_lent(n)
             if self._error is not None:
                 raise self._error
             if self._eof:
                 return b""
-            if type(lender) is _Lender:
+            if type(lender) is Lender:
                 await self._wait_lending(lender)
             else:
                 await self._wait_data()
         return self._take(n)
 
-    async def _wait_lending(self, lender: _Lender) -> None:
+    async def _wait_lending(self, lender: Lender) -> None:
         """Wait for data; once none came for :data:`LEND_IDLE` seconds, the lender lets its
         buffers go: a connection idle after a bulk upload holds none (the next read takes one
         again). Not sooner: a bulk upload's reader catches up with the socket at most reads,
@@ -271,7 +239,7 @@ class SocketStream(asyncio.Protocol):
     def read_nowait(self, n: int = -1) -> bytes | None:
         """:meth:`read` without waiting: None while nothing is buffered."""
         if not self._buffer:
-            if type(self._lend) is _Lender and self._lend.views:
+            if type(self._lend) is Lender and self._lend.views:
                 return bytes(self._take_lent(n))
             if self._error is not None:
                 raise self._error
@@ -281,7 +249,7 @@ class SocketStream(asyncio.Protocol):
     def read_chunk_nowait(self, n: int = -1) -> bytes | memoryview | None:
         """:meth:`read_chunk` without waiting: None while nothing is buffered."""
         if not self._buffer:
-            if type(self._lend) is _Lender and self._lend.views:
+            if type(self._lend) is Lender and self._lend.views:
                 return self._take_lent(n)
             if self._error is not None:
                 raise self._error
@@ -302,9 +270,10 @@ class SocketStream(asyncio.Protocol):
     # -- lending -------------------------------------------------------------------------------
     @property
     def read_buffer_size(self) -> int:
-        """Bytes of lending buffers held (0 until it lends; views handed out not counted)."""
+        """Bytes of lending buffers this stream holds (0 until it lends): its current one and
+        its spares; buffers only the views handed out still hold are not counted."""
         lender = self._lend
-        if type(lender) is not _Lender:
+        if type(lender) is not Lender:
             return 0
         held = len(lender.buf) if lender.buf is not None else 0
         return held + sum(len(spare) for spare in lender.spares)
@@ -319,14 +288,16 @@ class SocketStream(asyncio.Protocol):
             self._lend = True
         return True
 
-    def let_go_reads(self) -> None:  # no read for LEND_IDLE, by a reader that does not wait
-        if type(self._lend) is _Lender:
+    def let_go_reads(self) -> None:
+        """Let the lending buffers go: no read came for :data:`LEND_IDLE`, and no reader
+        waits to see it (the splice's sender)."""
+        if type(self._lend) is Lender:
             self._lend.release()
 
     def _start_lending(self) -> None:
         transport = self._transport
         assert transport is not None
-        lender = self._lend = _Lender(self)
+        lender = self._lend = Lender(self)
         transport.set_protocol(lender)
         if not self._read_paused:
             # uvloop picks its read callbacks (into our buffer, or into bytes of its own) when
@@ -336,7 +307,7 @@ class SocketStream(asyncio.Protocol):
 
     def _lent(self, view: memoryview) -> None:
         lender = self._lend
-        assert type(lender) is _Lender
+        assert type(lender) is Lender
         lender.views.append(view)
         lender.pending += len(view)
         if not self._read_paused and lender.pending > 2 * self._limit:
@@ -349,7 +320,7 @@ class SocketStream(asyncio.Protocol):
 
     def _take_lent(self, n: int) -> memoryview:
         lender = self._lend
-        assert type(lender) is _Lender
+        assert type(lender) is Lender
         views = lender.views
         view = views[0]
         if 0 <= n < len(view):
@@ -405,96 +376,3 @@ class SocketStream(asyncio.Protocol):
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.transport.get_extra_info(name, default)
-
-
-class _Lender(asyncio.BufferedProtocol):
-    """A lending :class:`SocketStream`'s protocol: reads into buffers of its own and hands each
-    read to the stream as a read-only view; every other callback goes to the stream."""
-
-    __slots__ = (
-        "buf",
-        "connection_lost",
-        "end",
-        "eof_received",
-        "pause_writing",
-        "pending",
-        "resume_writing",
-        "size",
-        "small_reads",
-        "spares",
-        "stream",
-        "views",
-    )
-
-    def __init__(self, stream: SocketStream) -> None:
-        self.stream = stream
-        self.buf: bytearray | None = None
-        self.end = 0
-        self.size = LEND_SMALL
-        """Size of the next buffer made (:data:`LEND_SMALL` or :data:`LEND_READ`)."""
-        self.small_reads = 0  # reads in a row under LEND_FROM that left room
-        self.spares: list[bytearray] = []
-        self.views: collections.deque[memoryview] = collections.deque()
-        self.pending = 0
-        self.eof_received = stream.eof_received  # type: ignore[method-assign]
-        self.connection_lost = stream.connection_lost  # type: ignore[method-assign]
-        self.pause_writing = stream.pause_writing  # type: ignore[method-assign]
-        self.resume_writing = stream.resume_writing  # type: ignore[method-assign]
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self.buf is not None:
-            if len(self.buf) != self.size:
-                self.buf = None  # not the size wanted now: let it go (its views keep it)
-            elif sys.getrefcount(self.buf) <= _UNSHARED:
-                self.end = 0  # no view of it is held: read into it from the start
-        if self.buf is None or len(self.buf) - self.end < LEND_ROOM:
-            self._next_buffer()
-        assert self.buf is not None
-        return memoryview(self.buf)[self.end :]
-
-    def _next_buffer(self) -> None:
-        """A buffer of the wanted size no view is held of: a spare that is free again, else a
-        new one; the one whose views are still held becomes a spare (spares are all of the
-        wanted size: see :meth:`_resize`)."""
-        spares = self.spares
-        fresh = None
-        for i in range(len(spares)):
-            if sys.getrefcount(spares[i]) <= _UNSHARED:
-                fresh = spares.pop(i)
-                break
-        if self.buf is not None and len(spares) < LEND_SPARES:  # of that size: see get_buffer
-            spares.append(self.buf)
-        self.buf = fresh if fresh is not None else bytearray(self.size)
-        self.end = 0
-
-    def _resize(self, size: int) -> None:
-        """Make the next buffers ``size``; spares of the old size go (the current one, once
-        no view of it is held)."""
-        self.size = size
-        self.spares.clear()
-
-    def release(self) -> None:
-        """Let go of the buffers (views handed out keep theirs alive as long as they need); the
-        next ones start small again (the pace after an idle spell is not known)."""
-        self.buf = None
-        self.end = 0
-        self._resize(LEND_SMALL)
-        self.small_reads = 0
-
-    def buffer_updated(self, nbytes: int) -> None:
-        assert self.buf is not None
-        start = self.end
-        self.end += nbytes
-        if nbytes == len(self.buf) - start:  # all the room offered: the socket held more
-            self.small_reads = 0
-            if nbytes >= LEND_FROM and self.size != LEND_READ:
-                self._resize(LEND_READ)  # bulk: read more at once
-        elif nbytes < LEND_FROM:
-            self.small_reads += 1
-            if self.small_reads == 2 and self.size != LEND_SMALL:
-                self._resize(LEND_SMALL)
-            if nbytes < LEND_ROOM and self.spares:
-                self.spares.clear()  # the bulk is over: an idle connection keeps one buffer
-        else:
-            self.small_reads = 0
-        self.stream._lent(memoryview(self.buf)[start : self.end].toreadonly())

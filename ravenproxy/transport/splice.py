@@ -41,6 +41,7 @@ from typing import Any, cast
 
 from ravenproxy.log import kv
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream, TunnelByteStream
+from ravenproxy.transport.lender import LEND_FROM, LEND_IDLE
 from ravenproxy.transport.relay import (
     CREDIT_PROBE,
     IDLE_ERROR,
@@ -51,13 +52,7 @@ from ravenproxy.transport.relay import (
     relay,
     tune,
 )
-from ravenproxy.transport.socket_stream import (
-    LEND_FROM,
-    LEND_IDLE,
-    SocketReader,
-    SocketStream,
-    SocketWriter,
-)
+from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
 from ravenproxy.wire.codes import ErrorCode
 

@@ -24,9 +24,10 @@ from ravenproxy.pki.authority import generate_ca, issue_server_cert
 from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_key
 from ravenproxy.transport import splice as splice_module
 from ravenproxy.transport.bytestream import READ_LIMIT, TunnelByteStream
+from ravenproxy.transport.lender import LEND_IDLE
 from ravenproxy.transport.relay import CREDIT_PROBE, IDLE_ERROR, RelayResult
 from ravenproxy.transport.session import StreamClosedError, TunnelStream
-from ravenproxy.transport.socket_stream import LEND_IDLE, SocketStream
+from ravenproxy.transport.socket_stream import SocketStream
 from ravenproxy.transport.splice import splice_or_relay
 from tests.unit.transport.test_relay import accepting
 from tests.unit.transport.test_session import TARGET, WAIT, StreamHandler, echo, tunnel

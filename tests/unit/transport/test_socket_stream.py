@@ -15,7 +15,8 @@ import uvloop
 
 from ravenproxy.transport import socket_stream
 from ravenproxy.transport.bytestream import READ_LIMIT
-from ravenproxy.transport.socket_stream import LEND_FROM, LEND_READ, LEND_SMALL, SocketStream
+from ravenproxy.transport.lender import LEND_FROM, LEND_READ, LEND_SMALL
+from ravenproxy.transport.socket_stream import SocketStream
 
 
 @contextlib.asynccontextmanager
