@@ -49,6 +49,7 @@ from ravenproxy.server.router import RouteMemo
 from ravenproxy.transport.bytestream import (
     READ_LIMIT,
     ByteStream,
+    SocketByteStream,
     TlsByteStream,
     TunnelByteStream,
 )
@@ -76,7 +77,7 @@ class CallbackPath:
     """The callback mode of one client connection (a base of the connection, whose slots hold
     what it names below); :meth:`_by_callbacks` is the task's side of it."""
 
-    __slots__ = ("_busy", "_calls", "_exit", "_hooked", "routed", "waiting")
+    __slots__ = ("_busy", "_calls", "_exit", "_hooked", "_hooked_direct", "routed", "waiting")
 
     # The connection's own (see http_proxy._Connection).
     ex: Exchange
@@ -94,6 +95,9 @@ class CallbackPath:
         self._exit: asyncio.Future[list[Action]] | None = None
         """Set while in callback mode: its result, what is left for the task to carry out."""
         self._hooked: TunnelStream | None = None
+        self._hooked_direct: SocketStream | None = None
+        """A direct route's kept connection (no agent), hooked between requests as
+        :attr:`_hooked` is: only its end is looked for."""
         """The target's tunnel stream, while it calls back."""
         self._calls: IdleWatch | None = None
         self._busy = False
@@ -176,24 +180,34 @@ class CallbackPath:
         """The kept tunnel stream calls back (:meth:`_on_upstream`): in callback mode, and
         while the task waits for a next request — a stream under re-originated TLS too, whose
         connection the callbacks do not serve — so that its end between requests is noticed
-        either way. Its end before the hook: :meth:`_kept_ended`, once ``waiting``."""
+        either way. Its end before the hook: :meth:`_kept_ended`, once ``waiting``. A direct
+        route's connection (the task waits for the next request) calls :meth:`_on_direct`."""
         upstream = self.upstream
         if type(upstream) is TlsByteStream:
             upstream = upstream.inner
         if type(upstream) is TunnelByteStream:
             stream = self._hooked = upstream.stream
             stream.on_readable(self._on_upstream)
+        elif type(upstream) is SocketByteStream and type(upstream.reader) is SocketStream:
+            sock = self._hooked_direct = upstream.reader
+            sock.on_data(self._on_direct)
 
     def _kept_ended(self) -> None:
         """The hooked stream ended before its hook (with the last answer): let it go now."""
         stream = self._hooked
         if stream is not None and stream.ended:
             self._on_upstream()
+        sock = self._hooked_direct
+        if sock is not None and sock.ended:
+            self._on_direct()
 
     def _unhook(self) -> None:
         stream, self._hooked = self._hooked, None
         if stream is not None:
             stream.on_readable(None)
+        sock, self._hooked_direct = self._hooked_direct, None
+        if sock is not None:
+            sock.on_data(None)
 
     def _leave(self, rest: list[Action]) -> None:
         done = self._exit
@@ -206,18 +220,26 @@ class CallbackPath:
         if phase == "forwarding":
             self._advance()
         elif phase == "head":
-            # Between requests (by callbacks or in the task): bytes of the kept stream wait for
-            # the next request; its end lets it go now, and with it the client's stream slot
-            # (--max-streams-per-client), not at the next request (which would go out on the
-            # dead stream: one with a body is then refused, 502) or the keep-alive timeout.
             stream = self._hooked
-            if not self.waiting or self._busy or stream is None or not stream.ended:
-                return
-            self._busy = True
-            try:
-                self._run(self.ex.upstream_ended())
-            finally:
-                self._busy = False
+            self._let_go_if(stream is not None and stream.ended)
+
+    def _on_direct(self) -> None:
+        """The direct connection's callback between requests: data, its end or its loss."""
+        sock = self._hooked_direct
+        self._let_go_if(self.ex.phase == "head" and sock is not None and sock.ended)
+
+    def _let_go_if(self, ended: bool) -> None:
+        """Between requests (by callbacks or in the task): bytes of the kept connection wait
+        for the next request; its end lets it go now, and with it the client's stream slot
+        (--max-streams-per-client), not at the next request (which would go out on the dead
+        connection: one with a body is then refused, 502) or the keep-alive timeout."""
+        if not ended or not self.waiting or self._busy:
+            return
+        self._busy = True
+        try:
+            self._run(self.ex.upstream_ended())
+        finally:
+            self._busy = False
 
     def _advance(self) -> None:
         """Move the exchange on as far as it goes without waiting: the client socket's callback

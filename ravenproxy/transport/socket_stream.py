@@ -168,6 +168,12 @@ class SocketStream(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    @property
+    def ended(self) -> bool:
+        """Nothing more will arrive: the peer half-closed, or the connection was lost (bytes
+        received before may still be buffered)."""
+        return self._eof
+
     # -- SocketReader -------------------------------------------------------------------------
     async def read(self, n: int = -1) -> bytes:
         while not self._buffer:

@@ -106,7 +106,8 @@ class Kubelet:
 
 def kubelet_pki(base: Path, edge_ip: str, client_cn: str) -> Path:
     """``base/kubelet-pki``: a cluster CA (``ca.crt``), edge-1's kubelet serving certificate
-    for its name and ``edge_ip`` (``edge-1.crt``/``.key``) and a kubelet-client certificate with CN
+    for its name and ``edge_ip`` (``edge-1.crt``/``.key``), cloud-1's (``cloud-1.crt``/``.key``)
+    and a kubelet-client certificate with CN
     ``client_cn`` (``client.crt``/``.key``)."""
     kpki = base / "kubelet-pki"
     kpki.mkdir()
@@ -115,6 +116,10 @@ def kubelet_pki(base: Path, edge_ip: str, client_cn: str) -> Path:
     serving, serving_key = issue_server_cert(ca, ca_key, ["edge-1", edge_ip], common_name="edge-1")
     write_pem_cert(kpki / "edge-1.crt", serving)
     write_pem_key(kpki / "edge-1.key", serving_key)
+    # cloud-1's kubelet, which the server dials itself (a test listens with it on cloud_port).
+    cloud, cloud_key = issue_server_cert(ca, ca_key, ["cloud-1", CLOUD_IP], common_name="cloud-1")
+    write_pem_cert(kpki / "cloud-1.crt", cloud)
+    write_pem_key(kpki / "cloud-1.key", cloud_key)
     client, client_key = issue_client_cert(ca, ca_key, client_cn)
     write_pem_cert(kpki / "client.crt", client)
     write_pem_key(kpki / "client.key", client_key)
@@ -161,6 +166,8 @@ class L7:
     refused_port: int
     spare_port: int
     """Allowed on edge-1's address; free for a test to listen on."""
+    cloud_port: int
+    """cloud-1's kubelet port (the server dials it directly); free for a test to listen on."""
     sockets: list[socket.socket] = field(default_factory=list)
 
     @property
@@ -232,13 +239,14 @@ def start_l7(base: Path) -> L7:
         hole.getsockname()[1],
         refused_port,
         spare_port,
+        free_port(CLOUD_IP),
         [hole, *fillers],
     )
     try:
         cluster.inventory.write_text(
             INVENTORY.format(
                 cloud_ip=CLOUD_IP,
-                cloud_port=free_port(CLOUD_IP),
+                cloud_port=env.cloud_port,
                 edge_ip=EDGE_IP,
                 edge2_ip=EDGE2_IP,
                 edge3_ip=EDGE3_IP,

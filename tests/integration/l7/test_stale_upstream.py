@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, L7
+from tests.integration.l7.env import CLOUD_IP, EDGE_IP, L7
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -91,12 +91,13 @@ async def test_a_kept_stream_the_target_ends_while_the_client_idles_is_let_go(l7
         await server.wait_closed()
 
 
-def tls_target(l7: L7) -> ssl.SSLContext:
-    """edge-1's serving certificate (the kubelet CA's): a target the server re-originates TLS
-    to (an ``https://`` request), verified as it verifies the kubelet."""
+def tls_target(l7: L7, node: str = "edge-1") -> ssl.SSLContext:
+    """``node``'s kubelet serving certificate (the kubelet CA's): a target the server
+    re-originates TLS to (an ``https://`` request, or a node's kubelet port), verified as it
+    verifies the kubelet."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     pki = l7.base / "kubelet-pki"
-    ctx.load_cert_chain(pki / "edge-1.crt", pki / "edge-1.key")
+    ctx.load_cert_chain(pki / f"{node}.crt", pki / f"{node}.key")
     return ctx
 
 
@@ -126,6 +127,43 @@ async def test_a_kept_tls_stream_the_target_ends_while_the_client_idles_is_let_g
             f"POST https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n"
             "Content-Length: 2\r\n\r\nhi"
         )
+        writer.write(post.encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(3) == b"hi\n"
+        assert len(served) == 2
+    finally:
+        if writer is not None:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_kept_direct_connection_the_target_ends_while_the_client_idles_is_let_go(
+    l7: L7,
+) -> None:
+    """As above, on a direct route (the server's own node, no agent; its kubelet port, so TLS
+    re-originated over the server's own connection): the server notices the target's end of the
+    kept connection while the client idles and lets it go, so the next request — a POST, not
+    sent again once sent on a dead connection — goes out on a fresh one (before: it went out on
+    the dead one and was answered 502)."""
+    served: list[int] = []
+    server = await asyncio.start_server(
+        answer_then_close(served, abort=True),
+        CLOUD_IP,
+        l7.cloud_port,
+        ssl=tls_target(l7, "cloud-1"),
+    )
+    writer: asyncio.StreamWriter | None = None
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+        target = f"X-Tunnel-Proxy-Host: cloud-1:{l7.cloud_port}\r\n"
+        writer.write(f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n".encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(3) == b"hi\n"
+        await asyncio.sleep(0.6)  # the client idles; the target closes its side meanwhile
+        post = f"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}Content-Length: 2\r\n\r\nhi"
         writer.write(post.encode())
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         assert head.startswith(b"HTTP/1.1 200"), head
