@@ -5,6 +5,7 @@ total requests. Real processes: the script's own target, server and agent."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import signal
@@ -13,8 +14,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any, cast
 
 import pytest
+import uvloop
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "latency.py"
 
@@ -102,3 +105,38 @@ def test_rounds_alternate_the_order_and_the_rows_pool_them(tmp_path: Path) -> No
     added = {e["rate"]: e for e in result["added_latency"]}
     assert set(added) == {200, 300}
     assert set(added[200]) == {"rate", "tunnel", "tunnel-connect"}
+
+
+def test_summary_names_the_stall_and_keeps_its_samples(latency: ModuleType) -> None:
+    # 99 answers of 1 ms, one of 80 ms due 4.95 s into the row (the ssh -N stall's shape).
+    due = [i * 0.05 for i in range(100)]
+    lat = [0.001] * 100
+    lat[99] = 0.080
+    row = latency.Row("ssh-N", 20, 5.0, lat, [], 5.0, due=due)
+    summary = row.summary()
+    assert (summary["max_ms"], summary["over_10x_p50"], summary["max_at_s"]) == (80.0, 1, 4.95)
+    assert summary["requests"] == 100  # not dropped
+    pooled = latency.Row.pooled([latency.Row("ssh-N", 20, 5.0, [0.001] * 100, due=due), row])
+    assert pooled.summary()["max_at_s"] == 4.95
+    assert pooled.summary()["over_10x_p50"] == 1
+
+
+def test_rate_achieved_counts_only_the_timed_window(latency: ModuleType) -> None:
+    """A path that keeps up reads the offered rate: the 0.05 s lead-in before the first
+    request is due is not part of the row (a 0.25 s row read 0.84 of its rate with it)."""
+
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(latency._Target, "127.0.0.1", 0)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            row = await latency.run_row("direct", port, f"127.0.0.1:{port}", 400, 0.25, 4)
+            return cast(dict[str, Any], row.summary())
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        summary = runner.run(main())
+    assert summary["requests"] == 100
+    assert 0.95 * 400 <= summary["rate_achieved"] <= 400
