@@ -8,9 +8,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -140,3 +144,48 @@ def test_rate_achieved_counts_only_the_timed_window(latency: ModuleType) -> None
         summary = runner.run(main())
     assert summary["requests"] == 100
     assert 0.95 * 400 <= summary["rate_achieved"] <= 400
+
+
+@pytest.mark.skipif(
+    not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("ssh") is None,
+    reason="sshd or ssh not installed",
+)
+def test_ssh_rows_forward_and_leave_no_process_behind(latency: ModuleType, tmp_path: Path) -> None:
+    """Both ssh rows' forwards answer, the ``ssh`` row's runs its session (the remote command,
+    under sshd), and stopping the processes ends that command too (a ``sleep`` outlived it)."""
+    procs = latency.Procs(tmp_path)
+    try:
+        target = latency.start_target(tmp_path, procs)
+        rports, pids, _ = latency.start_ssh(tmp_path, procs, target, no_session=True)
+        assert len(rports) == 2 and len(pids) == 3
+        for rport in rports:
+            with socket.create_connection(("127.0.0.1", rport), timeout=10) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                assert s.recv(4096).startswith(b"HTTP/1.1 200 OK")
+        deadline = time.monotonic() + 10
+        while not (
+            commands := [_cmdline(p) for p in latency.with_descendants(pids[:1])]
+        ) or not any("tail" in c for c in commands):
+            assert time.monotonic() < deadline, commands
+            time.sleep(0.05)
+        started = latency.with_descendants(pids)
+    finally:
+        procs.stop()
+    deadline = time.monotonic() + 5
+    while alive := [pid for pid in started if _running(pid)]:
+        assert time.monotonic() < deadline, [_cmdline(pid) for pid in alive]
+        time.sleep(0.1)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
