@@ -8,7 +8,10 @@ so a stall is charged to every request it delays — no coordinated omission) ov
 keep-alive connections:
 
 - ``direct``: client → target;
-- ``ssh``: client → sshd's remote-forwarded port → ssh client → target (aes128-gcm);
+- ``ssh``: client → sshd's remote-forwarded port → ssh client → target (aes128-gcm), the ssh
+  client running a remote command (a session, so sshd sets TCP_NODELAY: see start_ssh);
+- ``ssh-N`` (with ``--ssh-n``): the same forwarded by ``ssh -N`` (no session): sshd leaves
+  Nagle on, and the row stalls 40-85 ms whenever the channels' window adjusts go out;
 - ``tunnel``: client → server HTTP front (``Host: edge-1:PORT``) → mTLS WebSocket tunnel →
   agent → target;
 - ``tunnel-base`` (with ``--baseline DIR``): the same through another checkout's server and
@@ -132,6 +135,7 @@ class Row:
     cpu_seconds: float | None = None
     cpu_by_pid: list[float] = field(default_factory=list)
     noise: Noise | None = None
+    due: list[float] = field(default_factory=list)  # each sample's due time, s into the row
 
     @classmethod
     def pooled(cls, rows: list[Row]) -> Row:
@@ -143,6 +147,7 @@ class Row:
         out = cls(first.name, first.rate, sum(r.seconds for r in rows))
         for r in rows:
             out.latencies += r.latencies
+            out.due += r.due
             out.errors += r.errors
             out.elapsed += r.elapsed
         cpus = [r.cpu_seconds for r in rows]
@@ -159,6 +164,9 @@ class Row:
         return out
 
     def summary(self) -> dict[str, Any]:
+        """The row's figures. Beside the percentiles over every sample, a stall is named (none
+        dropped): ``over_10x_p50`` requests took more than 10 times the p50, and the slowest was due
+        ``max_at_s`` seconds into its round's timed part."""
         lat = sorted(self.latencies)
 
         def pct(p: float) -> float | None:
@@ -177,6 +185,12 @@ class Row:
             "p90_ms": pct(0.90),
             "p99_ms": pct(0.99),
             "max_ms": round(lat[-1] * 1000, 3) if lat else None,
+            "over_10x_p50": sum(1 for x in lat if x > 10 * lat[len(lat) // 2]) if lat else 0,
+            "max_at_s": (
+                round(self.due[self.latencies.index(lat[-1])], 3)
+                if lat and len(self.due) == len(lat)
+                else None
+            ),
             "relay_cpu_us_per_request": (
                 round(self.cpu_seconds / len(lat) * 1e6, 1)
                 if self.cpu_seconds is not None and lat
@@ -304,7 +318,9 @@ async def _paced(
     conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]], request: bytes, row: Row
 ) -> None:
     """``row.rate`` requests a second for ``row.seconds`` over ``conns`` on an open-loop
-    schedule; latencies and errors into ``row``, the time it took into ``row.elapsed``."""
+    schedule; latencies (and when each was due) and errors into ``row``, the timed window
+    into ``row.elapsed``: from the first request's due time to the schedule's end or the last
+    answer, whichever is later (not the lead-in before the first is due)."""
     rate, connections = row.rate, len(conns)
     total = int(rate * row.seconds)
     now = time.perf_counter  # uvloop's loop.time() has millisecond resolution
@@ -330,10 +346,10 @@ async def _paced(
                 row.errors.append(f"HTTP {status}")
                 continue
             row.latencies.append(now() - due)
+            row.due.append(i / rate)
 
-    start = now()
     await asyncio.gather(*(worker(c) for c in range(connections)))
-    row.elapsed = now() - start
+    row.elapsed = max(total / rate, now() - t0)
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -565,9 +581,24 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def start_ssh(base: Path, procs: Procs, target_port: int) -> tuple[int, list[int], str]:
-    """A private sshd and an ``ssh -R`` forward to the target (as benchmarks/throughput.py
-    sets them up); returns (the forwarded port, [sshd, ssh], the OpenSSH version)."""
+# The ssh row's remote command: a session that lasts as long as its connection (tail polls the
+# session's sshd once a second; a plain ``sleep`` outlived the connection). See start_ssh.
+SSH_SESSION = "exec tail --pid=$PPID -f /dev/null"
+
+
+def start_ssh(
+    base: Path, procs: Procs, target_port: int, no_session: bool = False
+) -> tuple[list[int], list[int], str]:
+    """A private sshd (as benchmarks/throughput.py sets it up) and ``ssh -R`` forwards to the
+    target: one with a remote command (a session), and with ``no_session`` a second one with
+    ``-N``. Returns (the forwarded ports, [sshd, ssh, ...], the OpenSSH version).
+
+    Why a session: sshd sets TCP_NODELAY on its end of the connection only when a session
+    starts (``ssh_packet_set_interactive``), so under ``ssh -N`` its writes to the client are
+    Nagle'd. Each time the forwarded channels send their window adjusts (every 96 KiB a
+    channel consumes: at 4 000 req/s over 16 connections, 6 s into a row's traffic, all at
+    once), a small write waits for the client's delayed ACK: 40-85 ms for every connection
+    (benchmarks/README.md, "The ssh -N stall")."""
     sys.path.insert(0, str(HERE))
     from throughput import SSHD, _ssh_files
 
@@ -586,25 +617,30 @@ def start_ssh(base: Path, procs: Procs, target_port: int) -> tuple[int, list[int
         sshd = None
     if sshd is None:
         raise RuntimeError("sshd did not start (see its logs)")
-    rport = free_port()
-    ssh = procs.start(
-        "ssh",
-        [
-            "ssh", "-F", "/dev/null", "-N", "-T",
-            "-R", f"127.0.0.1:{rport}:127.0.0.1:{target_port}",
-            "-p", str(port), "-i", str(d / "client_key"), "-c", SSH_CIPHER,
-            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "Compression=no",
-            "-o", "ExitOnForwardFailure=yes", "-o", "LogLevel=ERROR",
-            f"{os.environ.get('USER') or 'root'}@127.0.0.1",
-        ],
-    )  # fmt: skip
-    deadline = time.monotonic() + 15
-    while not _port_open(rport):
-        if ssh.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("ssh -R forward did not come up")
-        time.sleep(0.05)
-    return rport, [sshd.pid, ssh.pid], version
+    rports, pids = [], [sshd.pid]
+    for name, n in (("ssh", []), ("ssh-N", ["-N"]))[: 2 if no_session else 1]:
+        rport = free_port()
+        ssh = procs.start(
+            name,
+            [
+                "ssh", "-F", "/dev/null", *n, "-T",
+                "-R", f"127.0.0.1:{rport}:127.0.0.1:{target_port}",
+                "-p", str(port), "-i", str(d / "client_key"), "-c", SSH_CIPHER,
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "Compression=no",
+                "-o", "ExitOnForwardFailure=yes", "-o", "LogLevel=ERROR",
+                f"{os.environ.get('USER') or 'root'}@127.0.0.1",
+                *([] if n else [SSH_SESSION]),
+            ],
+        )  # fmt: skip
+        deadline = time.monotonic() + 15
+        while not _port_open(rport):
+            if ssh.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} -R forward did not come up")
+            time.sleep(0.05)
+        rports.append(rport)
+        pids.append(ssh.pid)
+    return rports, pids, version
 
 
 @dataclass
@@ -669,13 +705,22 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         paths = [Way("direct", target_port, f"127.0.0.1:{target_port}")]
         if not args.no_ssh:
             try:
-                rport, ssh_pids, version = start_ssh(base, procs, target_port)
+                rports, ssh_pids, version = start_ssh(base, procs, target_port, args.ssh_n)
             except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
                 ssh_info = {"error": str(exc)}
                 print(f"ssh row skipped: {exc}", file=sys.stderr)
             else:
-                ssh_info = {"openssh": version, "cipher": SSH_CIPHER}
-                paths.append(Way("ssh", rport, f"127.0.0.1:{target_port}", _pids(ssh_pids, True)))
+                ssh_info = {
+                    "openssh": version,
+                    "cipher": SSH_CIPHER,
+                    "ssh": f"ssh -T -R ... '{SSH_SESSION}' (a session: TCP_NODELAY at both ends)",
+                }
+                if args.ssh_n:
+                    ssh_info["ssh-N"] = "ssh -N -T -R ... (no session: sshd's writes Nagle'd)"
+                for name, rport, pid in zip(("ssh", "ssh-N"), rports, ssh_pids[1:], strict=False):
+                    # sshd's per-connection children are both rows' (the other's idles).
+                    pids = _pids([ssh_pids[0], pid], True)
+                    paths.append(Way(name, rport, f"127.0.0.1:{target_port}", pids))
         if args.baseline is not None:
             python = str(args.baseline / ".venv" / "bin" / "python")
             old = start_tunnel(base, procs, target_port, "base", python, args.baseline)
@@ -858,7 +903,13 @@ def main() -> None:
         type=Path,
         help="another checkout (with its .venv) whose server and agent get a row too",
     )
-    parser.add_argument("--no-ssh", action="store_true", help="no ssh -R row")
+    parser.add_argument("--no-ssh", action="store_true", help="no ssh -R rows")
+    parser.add_argument(
+        "--ssh-n",
+        action="store_true",
+        help="an ssh-N row too: ssh -N -R (no session, so sshd leaves Nagle on: it stalls "
+        "40-85 ms whenever the channels' window adjusts go out)",
+    )
     parser.add_argument(
         "--floor", action="store_true", help="a floor row: two minimal Python relays over mTLS"
     )

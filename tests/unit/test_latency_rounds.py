@@ -5,16 +5,23 @@ total requests. Real processes: the script's own target, server and agent."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
+import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any, cast
 
 import pytest
+import uvloop
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "latency.py"
 
@@ -102,3 +109,83 @@ def test_rounds_alternate_the_order_and_the_rows_pool_them(tmp_path: Path) -> No
     added = {e["rate"]: e for e in result["added_latency"]}
     assert set(added) == {200, 300}
     assert set(added[200]) == {"rate", "tunnel", "tunnel-connect"}
+
+
+def test_summary_names_the_stall_and_keeps_its_samples(latency: ModuleType) -> None:
+    # 99 answers of 1 ms, one of 80 ms due 4.95 s into the row (the ssh -N stall's shape).
+    due = [i * 0.05 for i in range(100)]
+    lat = [0.001] * 100
+    lat[99] = 0.080
+    row = latency.Row("ssh-N", 20, 5.0, lat, [], 5.0, due=due)
+    summary = row.summary()
+    assert (summary["max_ms"], summary["over_10x_p50"], summary["max_at_s"]) == (80.0, 1, 4.95)
+    assert summary["requests"] == 100  # not dropped
+    pooled = latency.Row.pooled([latency.Row("ssh-N", 20, 5.0, [0.001] * 100, due=due), row])
+    assert pooled.summary()["max_at_s"] == 4.95
+    assert pooled.summary()["over_10x_p50"] == 1
+
+
+def test_rate_achieved_counts_only_the_timed_window(latency: ModuleType) -> None:
+    """A path that keeps up reads the offered rate: the 0.05 s lead-in before the first
+    request is due is not part of the row (a 0.25 s row read 0.84 of its rate with it)."""
+
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(latency._Target, "127.0.0.1", 0)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            row = await latency.run_row("direct", port, f"127.0.0.1:{port}", 400, 0.25, 4)
+            return cast(dict[str, Any], row.summary())
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        summary = runner.run(main())
+    assert summary["requests"] == 100
+    assert 0.95 * 400 <= summary["rate_achieved"] <= 400
+
+
+@pytest.mark.skipif(
+    not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("ssh") is None,
+    reason="sshd or ssh not installed",
+)
+def test_ssh_rows_forward_and_leave_no_process_behind(latency: ModuleType, tmp_path: Path) -> None:
+    """Both ssh rows' forwards answer, the ``ssh`` row's runs its session (the remote command,
+    under sshd), and stopping the processes ends that command too (a ``sleep`` outlived it)."""
+    procs = latency.Procs(tmp_path)
+    try:
+        target = latency.start_target(tmp_path, procs)
+        rports, pids, _ = latency.start_ssh(tmp_path, procs, target, no_session=True)
+        assert len(rports) == 2 and len(pids) == 3
+        for rport in rports:
+            with socket.create_connection(("127.0.0.1", rport), timeout=10) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                assert s.recv(4096).startswith(b"HTTP/1.1 200 OK")
+        deadline = time.monotonic() + 10
+        while not (
+            commands := [_cmdline(p) for p in latency.with_descendants(pids[:1])]
+        ) or not any("tail" in c for c in commands):
+            assert time.monotonic() < deadline, commands
+            time.sleep(0.05)
+        started = latency.with_descendants(pids)
+    finally:
+        procs.stop()
+    deadline = time.monotonic() + 5
+    while alive := [pid for pid in started if _running(pid)]:
+        assert time.monotonic() < deadline, [_cmdline(pid) for pid in alive]
+        time.sleep(0.1)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
