@@ -109,7 +109,7 @@ class Exchange:
         """Part of a response went to the client: a refusal can no longer be answered."""
         # What the last heads led to, reused while the next are the same (Parsed._last) objects:
         self._seen: tuple[Head, bool, RouteRequest] | None = None
-        self._built: tuple[Head, Route, Outbound] | None = None
+        self._built: tuple[Head, Route, Outbound, WriteUpstream] | None = None
         self._answered: tuple[tuple[object, ...], Framing] | None = None
 
     # -- the client side ----------------------------------------------------------------------
@@ -213,7 +213,7 @@ class Exchange:
         request, built = self._request, self._built
         if built is None or built[0] is not request or built[1] is not route:
             out = request_head(request, self._dest, route, self.via)
-            built = self._built = (request, route, out)
+            built = self._built = (request, route, out, WriteUpstream(out.head))
         out = built[2]
         self._outbound = [out.head]
         self._upgrade, self._chunked_up = out.upgrade, out.chunked
@@ -257,10 +257,12 @@ class Exchange:
             return [WriteUpstream(b"".join(self._outbound))]
         events = self.client.events
         if events and events[0][0] == END and not self._chunked_up:
-            # A whole request without a body (most are): its head, as _body would send it.
+            # A whole request without a body (most are): its head, as _body would send it
+            # (the action made with the head: this is the head in _outbound).
             events.popleft()
             self.body_done = True
-            return [WriteUpstream(self._outbound[0])]
+            assert self._built is not None
+            return [self._built[3]]
         actions = self._body(first=True, head=self._outbound[0])
         if not self.body_done and self.phase == "forwarding":
             self._outbound = None  # not whole: never retried
@@ -357,7 +359,13 @@ class Exchange:
                 assert isinstance(value, list)
                 if self._body_out == "chunked":
                     out.append(last_chunk(value))
-                return self._flushed(out, actions, self._finished())
+                if out:
+                    actions.append(WriteClient(b"".join(out)))
+                if self._up_keep and self._client_keep and self.body_done:
+                    if self._client_raw is None:  # _finished's common case, inline (per request)
+                        self.phase = "head"
+                        return actions
+                return actions + self._finished()
             elif kind == ERROR:
                 return self._flushed(out, actions, self._bad_response(str(value)))
             elif self._until_close and self.started:  # EOF ends a body framed by the close

@@ -139,7 +139,7 @@ class Parsed:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
         ended the HTTP part of the connection. An error is queued after what came before it."""
         events = self.events
-        head = self._repeated(data)
+        head = self._repeated(data) if self._again is not None else None
         if head is not None:
             # A keep-alive client sending the same request again (a scrape, a probe): the
             # parser is where that request left it, so it would make the same two events.
