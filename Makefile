@@ -11,7 +11,7 @@ PIP := PIP_CONFIG_FILE=$(PIP_CONFIG) $(VENV)/bin/pip
 
 # Debian packages the test suite drives for real (curl clients, sshd for the benchmark, iptables,
 # Prometheus, dig, strongSwan + wireguard-go for L3 tunnels, socat/conntrack/ipset for netns tests).
-APT_PACKAGES := curl iproute2 iptables ipset conntrack socat openssh-server openssh-client \
+APT_PACKAGES := curl iproute2 iptables ipset conntrack socat openssh-server openssh-client strace \
 	prometheus bind9-dnsutils wireguard-tools wireguard-go \
 	strongswan-swanctl strongswan-charon strongswan-libcharon libcharon-extra-plugins \
 	libstrongswan-standard-plugins libstrongswan-extra-plugins

@@ -1,0 +1,81 @@
+"""benchmarks/syscalls.py's counting: ``strace -c -f`` attached to a real running process for a
+while, read back by kind, with the calls that failed counted apart; and the context switches and
+CPU sampled from /proc for it."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "syscalls.py"
+
+# Per millisecond: a getppid (succeeds) and a stat of a missing path (fails with ENOENT).
+CHILD = """
+import os, time
+while True:
+    os.getppid()
+    try:
+        os.stat("/nonexistent-ravenproxy-syscalls-test")
+    except FileNotFoundError:
+        pass
+    time.sleep(0.001)
+"""
+
+
+@pytest.fixture(scope="module")
+def syscalls() -> Iterator[ModuleType]:
+    spec = importlib.util.spec_from_file_location("syscalls_under_test", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_traced_counts_a_running_process_by_kind_with_failures_apart(
+    syscalls: ModuleType, child: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    time.sleep(0.2)  # the child's imports are done
+    traced = syscalls.Traced(tmp_path, [child.pid])
+    traced.start()
+    time.sleep(0.5)
+    counts = traced.stop()[child.pid]
+    assert child.poll() is None  # detached, not killed
+    calls, errors = counts["getppid"]
+    assert calls >= 50 and errors == 0
+    stat_kind = next(k for k in ("newfstatat", "stat", "statx") if k in counts)
+    calls, errors = counts[stat_kind]
+    assert calls >= 50 and errors == calls
+
+
+def test_sample_reads_context_switches_and_cpu(
+    syscalls: ModuleType, child: subprocess.Popen[bytes]
+) -> None:
+    before = syscalls.sample([child.pid])[child.pid]
+    time.sleep(0.3)
+    after = syscalls.sample([child.pid])[child.pid]
+    assert after[0] - before[0] >= 50  # voluntary: each sleep
+    assert all(a >= b for a, b in zip(after, before, strict=True))
+    assert syscalls.sample([2**22 + 1]) == {2**22 + 1: [0, 0, 0, 0]}  # no such process
