@@ -95,10 +95,10 @@ class CallbackPath:
         self._exit: asyncio.Future[list[Action]] | None = None
         """Set while in callback mode: its result, what is left for the task to carry out."""
         self._hooked: TunnelStream | None = None
+        """The target's tunnel stream, while it calls back."""
         self._hooked_direct: SocketStream | None = None
         """A direct route's kept connection (no agent), hooked between requests as
         :attr:`_hooked` is: only its end is looked for."""
-        """The target's tunnel stream, while it calls back."""
         self._calls: IdleWatch | None = None
         self._busy = False
         self.waiting = False
