@@ -30,6 +30,7 @@ answer is awaited (each chunk of it pushes that back).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 from ravenproxy.errors import RoutingError
@@ -95,10 +96,10 @@ class CallbackPath:
         self._exit: asyncio.Future[list[Action]] | None = None
         """Set while in callback mode: its result, what is left for the task to carry out."""
         self._hooked: TunnelStream | None = None
+        """The target's tunnel stream, while it calls back."""
         self._hooked_direct: SocketStream | None = None
         """A direct route's kept connection (no agent), hooked between requests as
         :attr:`_hooked` is: only its end is looked for."""
-        """The target's tunnel stream, while it calls back."""
         self._calls: IdleWatch | None = None
         self._busy = False
         self.waiting = False
@@ -193,12 +194,13 @@ class CallbackPath:
             sock.on_data(self._on_direct)
 
     def _kept_ended(self) -> None:
-        """The hooked stream ended before its hook (with the last answer): let it go now."""
+        """The hooked stream ended before its hook (with the last answer; under TLS, maybe
+        only TLS did): let it go now."""
         stream = self._hooked
-        if stream is not None and stream.ended:
+        if stream is not None and (stream.ended or self._tls_idle()):
             self._on_upstream()
         sock = self._hooked_direct
-        if sock is not None and sock.ended:
+        if sock is not None and (sock.ended or self._tls_idle()):
             self._on_direct()
 
     def _unhook(self) -> None:
@@ -221,18 +223,50 @@ class CallbackPath:
             self._advance()
         elif phase == "head":
             stream = self._hooked
-            self._let_go_if(stream is not None and stream.ended)
+            if stream is not None and self._tls_idle():
+                self._let_go_if(self._tls_ended(stream.read_nowait))
+            else:
+                self._let_go_if(stream is not None and stream.ended)
 
     def _on_direct(self) -> None:
         """The direct connection's callback between requests: data, its end or its loss."""
         sock = self._hooked_direct
-        self._let_go_if(self.ex.phase == "head" and sock is not None and sock.ended)
+        if sock is not None and self._tls_idle():
+            self._let_go_if(self._tls_ended(sock.read_nowait))
+        else:
+            self._let_go_if(self.ex.phase == "head" and sock is not None and sock.ended)
+
+    def _tls_idle(self) -> bool:
+        """The kept connection is under re-originated TLS and waits for the next request: what
+        comes is taken into TLS at once (:meth:`_tls_ended`)."""
+        return (
+            type(self.upstream) is TlsByteStream
+            and self.ex.phase == "head"
+            and self.waiting
+            and not self._busy
+        )
+
+    def _tls_ended(self, read: Callable[[], bytes | memoryview | None]) -> bool:
+        """A kept TLS connection between requests: what its carrier holds (``read``) taken
+        into TLS; whether the carrier ended or TLS did — a close_notify, maybe with the TCP
+        side still open (asyncio's waits for ours): the next request would go out on a dead
+        session — there or in what TLS held already (it came with the last answer)."""
+        upstream = self.upstream
+        assert type(upstream) is TlsByteStream
+        try:
+            while (data := read()) is not None:
+                if not data or upstream.absorb(data):
+                    return True
+        except (StreamClosedError, OSError):  # the carrier's loss, raised by its read
+            return True
+        return upstream.absorb(b"")
 
     def _let_go_if(self, ended: bool) -> None:
         """Between requests (by callbacks or in the task): bytes of the kept connection wait
-        for the next request; its end lets it go now, and with it the client's stream slot
-        (--max-streams-per-client), not at the next request (which would go out on the dead
-        connection: one with a body is then refused, 502) or the keep-alive timeout."""
+        for the next request (under TLS, in it: :meth:`_tls_ended`); its end lets it go now,
+        and with it the client's stream slot (--max-streams-per-client), not at the next
+        request (which would go out on the dead connection: one with a body is then refused,
+        502) or the keep-alive timeout."""
         if not ended or not self.waiting or self._busy:
             return
         self._busy = True

@@ -145,6 +145,8 @@ class TlsByteStream:
             self._in, self._out, server_side=False, server_hostname=server_hostname
         )
         self._eof = False
+        self._held = b""
+        """Plaintext :meth:`absorb` took in, for the next :meth:`read`."""
 
     async def handshake(self) -> None:
         while True:
@@ -176,6 +178,9 @@ class TlsByteStream:
         return True
 
     async def read(self) -> bytes:
+        if self._held:
+            data, self._held = self._held, b""
+            return data
         while True:
             if self._eof:
                 return b""
@@ -195,6 +200,22 @@ class TlsByteStream:
             if not data:
                 self._eof = True
             return data
+
+    def absorb(self, data: bytes | memoryview) -> bool:
+        """Bytes the inner stream got while no answer is awaited (a kept connection between
+        requests), taken into TLS now: True when TLS ended with them — the peer's close_notify
+        (its TCP side may stay open a while: asyncio's waits for ours) or a TLS error. Their
+        plaintext, if any, waits for the next :meth:`read`."""
+        try:
+            self._in.write(data)
+            while plain := self._tls.read(READ_LIMIT):
+                self._held += plain
+        except ssl.SSLWantReadError:
+            return False
+        except ssl.SSLError:  # close_notify (SSLZeroReturnError) or a broken session
+            pass
+        self._eof = True
+        return True
 
     async def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)

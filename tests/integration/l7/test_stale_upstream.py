@@ -174,3 +174,92 @@ async def test_a_kept_direct_connection_the_target_ends_while_the_client_idles_i
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+def close_notify_target(
+    served: list[int], targets: list[asyncio.StreamWriter]
+) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """:func:`answer_then_close` over TLS, closing as asyncio does: a close_notify, then the
+    TCP side kept open up to 30 s for the peer's (so only TLS ends); the connections go in
+    ``targets`` (for the test to abort)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        targets.append(writer)
+        await answer_then_close(served)(reader, writer)
+
+    return handle
+
+
+async def test_a_kept_direct_tls_connection_the_target_ends_with_close_notify_is_let_go(
+    l7: L7,
+) -> None:
+    """As above, the target ending only TLS (a close_notify; its TCP side open): the kept
+    connection is let go all the same, and the POST goes out on a fresh one (before: it went
+    out on the ended TLS session and was answered 502)."""
+    served: list[int] = []
+    targets: list[asyncio.StreamWriter] = []
+    server = await asyncio.start_server(
+        close_notify_target(served, targets),
+        CLOUD_IP,
+        l7.cloud_port,
+        ssl=tls_target(l7, "cloud-1"),
+    )
+    writer: asyncio.StreamWriter | None = None
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+        target = f"X-Tunnel-Proxy-Host: cloud-1:{l7.cloud_port}\r\n"
+        writer.write(f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n".encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(3) == b"hi\n"
+        await asyncio.sleep(0.6)  # the client idles; the target sends its close_notify
+        post = f"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}Content-Length: 2\r\n\r\nhi"
+        writer.write(post.encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(3) == b"hi\n"
+        assert len(served) == 2
+    finally:
+        if writer is not None:
+            writer.close()
+        for each in targets:  # those still waiting out their TLS shutdown
+            each.transport.abort()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_kept_tls_stream_the_target_ends_with_close_notify_is_let_go(l7: L7) -> None:
+    """The same over a tunnel stream (an agent's target): its stream and the client's slot
+    go while the client idles, and the POST is answered on a fresh stream (before: 502)."""
+    streams = "ravenproxy_server_streams_open"
+    served: list[int] = []
+    targets: list[asyncio.StreamWriter] = []
+    server = await asyncio.start_server(
+        close_notify_target(served, targets), EDGE_IP, l7.spare_port, ssl=tls_target(l7)
+    )
+    writer: asyncio.StreamWriter | None = None
+    try:
+        before = (await l7.cluster.metrics())[streams]
+        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+        get = f"GET https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n\r\n"
+        writer.write(get.encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(3) == b"hi\n"
+        await l7.cluster.wait_metric(streams, lambda v: v <= before, timeout=10)
+        post = (
+            f"POST https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n"
+            "Content-Length: 2\r\n\r\nhi"
+        )
+        writer.write(post.encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await reader.readexactly(3) == b"hi\n"
+        assert len(served) == 2
+    finally:
+        if writer is not None:
+            writer.close()
+        for each in targets:
+            each.transport.abort()
+        server.close()
+        await server.wait_closed()

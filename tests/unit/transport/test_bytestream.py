@@ -181,3 +181,27 @@ async def test_relay_over_tls_with_half_close(half_close_server: int, pki: dict[
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_absorb_keeps_plaintext_and_sees_close_notify(
+    tls_server: int, pki: dict[str, Path]
+) -> None:
+    """What a kept TLS connection gets between requests, taken into TLS (:meth:`absorb`): its
+    plaintext waits for the next read; the peer's close_notify ends it (True), though the TCP
+    side is not closed yet."""
+    stream = await tls_to(tls_server, client_ctx(pki["ca"]))
+    inner = stream.inner
+    assert isinstance(inner, SocketByteStream)
+    await stream.write(b"echo:hello")
+    assert await asyncio.wait_for(stream.read(), 5) == b"hello"  # and the session tickets
+    await stream.write(b"world")
+    assert not stream.absorb(await inner.reader.read(65536))
+    assert await asyncio.wait_for(stream.read(), 5) == b"world"  # held: none left on the wire
+    await stream.write_eof()  # our close_notify: the server closes its TLS with its own
+    ended = False
+    while not ended:
+        raw = await inner.reader.read(65536)
+        assert raw, "the TCP side closed before the close_notify was seen"
+        ended = stream.absorb(raw)
+    assert await stream.read() == b""
+    stream.close()
