@@ -27,7 +27,7 @@ from websockets.protocol import State as WsState
 
 from ravenproxy.log import kv
 from ravenproxy.transport.flag import Flag
-from ravenproxy.transport.frame_batch import WRITE_THROUGH, writes
+from ravenproxy.transport.frame_batch import batched, one_small
 from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
 from ravenproxy.transport.websocket import TunnelConnectionMixin
@@ -266,41 +266,11 @@ class Session(Intake):
 
     # -- I/O --------------------------------------------------------------------------------
     def _flush(self) -> None:
-        # Several times a request. Deferred: the read round being taken flushes at its end.
-        outbox = self.conn.outbox
-        if self._wake or self._deferred or not outbox.pending_bytes:
-            return
-        waiter = self._wake_writer
-        if waiter is None or waiter.done():  # the writer is busy (or gone)
+        if not self._wake and self.conn.outbox.pending_bytes:  # several times a request
             self._wake = True
-            return
-        if outbox.pending_bytes < WRITE_THROUGH and self._write_through():
-            return
-        self._wake = True
-        self._wake_writer = None
-        waiter.set_result(None)
-
-    def _write_through(self) -> bool:
-        """Write what is queued in the caller's turn, for the idle writer: no task step and no
-        loop turn between a request (its answer) and its write. False (the writer's turn)
-        while the transport is paused or closing, or the reader holds messages back (taking
-        them re-enters :meth:`_flush`: its write would go before this one)."""
-        ws = self.ws
-        if (
-            ws.paused
-            or self._held is not None
-            or ws.protocol.state is not WsState.OPEN
-            or ws.transport.is_closing()
-        ):
-            return False
-        batch = self.conn.outbox.take_pieces()
-        if self._taken.waiter is not None:
-            self._taken.set()
-        for frames in writes(batch, mask=not self.conn.server_side):
-            ws.transport.writelines(frames)
-        if self._drain_event.waiter is not None:
-            self._drain_event.set()
-        return True
+            waiter, self._wake_writer = self._wake_writer, None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     async def _drained(self) -> None:
         """Wait until the writer caught up, so producers cannot queue without bound."""
@@ -324,7 +294,8 @@ class Session(Intake):
                     taken.set()
                 if self._held is not None:
                     self._unpause()
-                for frames in writes(batch, mask=mask):
+                small = one_small(batch, mask=mask)
+                for frames in batched(batch, mask=mask) if small is None else (small,):
                     if ws.protocol.state is not WsState.OPEN:
                         return
                     ws.transport.writelines(frames)
@@ -336,7 +307,6 @@ class Session(Intake):
         except ConnectionClosed:
             pass
         finally:
-            self._wake_writer = None  # stopped: nothing writes through any more
             self._drain_event.set()
             self._taken.set()
 
