@@ -113,7 +113,13 @@ class Splice(asyncio.Protocol):
         if stream is None or self._pending or self._sender is not None:
             self._queue(data)
             return
-        self._give(stream, data)
+        # _give, written out: a read a request on the agent.
+        sent = stream.try_write(data)
+        self.result.bytes_up += sent
+        if self._watch is not None:
+            self._watch.touch()
+        if sent < len(data):
+            self._queue(memoryview(data)[sent:])
 
     def _give(self, stream: TunnelStream, data: bytes | memoryview) -> None:
         """Up with ``data``: what has credit at hand goes now, the rest to the sender."""
@@ -164,8 +170,11 @@ class Splice(asyncio.Protocol):
         try:
             # A reset (or the tunnel gone) ends the splice even while the socket takes nothing
             # or after the stream's end (a target that reads nothing, or sends nothing back,
-            # would otherwise hold both ends): read_nowait raises.
-            while stream.closed or (not self._write_paused and not self._down_done):
+            # would otherwise hold both ends): read_nowait raises. Whether it was reset is asked
+            # only then (a property: twice a request on the agent, where the socket takes all).
+            while True:
+                if (self._write_paused or self._down_done) and not stream.closed:
+                    return
                 chunk = stream.read_nowait()
                 if chunk is None:
                     return

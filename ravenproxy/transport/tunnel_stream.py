@@ -128,8 +128,9 @@ class TunnelStream:
         if waiters is not None:
             self._read_waiters = None
             _wake(waiters)
-        if self._on_readable is not None:
-            self._on_readable()
+        callback = self._on_readable
+        if callback is not None:
+            callback()
 
     def _feed_eof(self) -> None:
         self._eof = True

@@ -47,7 +47,6 @@ over), the rest of the connection is read through ``websockets`` (``async for``)
 from __future__ import annotations
 
 import asyncio
-import enum
 import sys
 import threading
 from collections.abc import Callable
@@ -56,7 +55,7 @@ from typing import TYPE_CHECKING
 from websockets.datastructures import Headers
 from websockets.protocol import Side, State
 
-from ravenproxy.transport.wsframes import Control, Failure, FrameParser, Handover
+from ravenproxy.transport.wsframes import MESSAGE, Control, Failure, FrameParser, Handover
 
 MIN_READ = 4 * 1024
 """The smallest read offered: an idle tunnel (PINGs, small streams) holds a buffer this size."""
@@ -106,11 +105,12 @@ Receiver = Callable[[list[bytes | memoryview]], None]
 :meth:`TunnelConnectionMixin.deliver`)."""
 
 
-class _Mode(enum.Enum):
-    HANDSHAKE = 1  # the HTTP head still arriving: to websockets, up to its end
-    AWAIT_OPEN = 2  # server side: the request is in, the 101 not sent yet
-    FRAMES = 3  # ours
-    WEBSOCKETS = 4  # every byte to websockets, to the end
+# The reader's modes: ints, not an Enum, whose members looked up on their class go through
+# EnumType.__getattr__ on Python 3.11 (~850 instructions each; 5 a small request on the agent).
+_HANDSHAKE = 1  # the HTTP head still arriving: to websockets, up to its end
+_AWAIT_OPEN = 2  # server side: the request is in, the 101 not sent yet
+_FRAMES = 3  # ours
+_WEBSOCKETS = 4  # every byte to websockets, to the end
 
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class TunnelConnectionMixin(_Base):
         self._start = 0
         self._end = 0
         self._fed = 0
-        self._mode = _Mode.HANDSHAKE
+        self._mode = _HANDSHAKE
         self._parser: FrameParser | None = None
         self._messages: list[bytes | memoryview] = []
         self._waiter: asyncio.Future[None] | None = None
@@ -178,7 +178,7 @@ class TunnelConnectionMixin(_Base):
         """The binary messages received, at least one, in order; None once the reader has
         nothing more and every further message is ``websockets``' (read it there)."""
         while not self._messages:
-            if self._mode is _Mode.WEBSOCKETS or self._lost:
+            if self._mode == _WEBSOCKETS or self._lost:
                 return None
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -207,7 +207,7 @@ class TunnelConnectionMixin(_Base):
                     self._reading_paused = False
                     self.transport.resume_reading()
                 self._hand(batch)
-            while self._delivery_error is None and self._mode is not _Mode.WEBSOCKETS:
+            while self._delivery_error is None and self._mode != _WEBSOCKETS:
                 if self._lost:
                     break
                 self._waiter = asyncio.get_running_loop().create_future()
@@ -253,7 +253,7 @@ class TunnelConnectionMixin(_Base):
         # the read size: a large frame then starts at the front of the buffer, and moving the
         # unparsed bytes to make room for the next one copies little.
         parser = self._parser
-        wanted = parser.wanted if parser is not None and self._mode is _Mode.FRAMES else 0
+        wanted = parser.wanted if parser is not None and self._mode == _FRAMES else 0
         room = self._read_size
         if self._lent:
             self._lent = False
@@ -261,7 +261,7 @@ class TunnelConnectionMixin(_Base):
                 self._swap_lent()
         buf = self._buf
         if buf is None:  # nothing pending (see _release)
-            if self._mode is _Mode.FRAMES and wanted <= room <= MIN_READ:
+            if self._mode == _FRAMES and wanted <= room <= MIN_READ:
                 self._in_scratch = True
                 return memoryview(_scratch.buf)[:room]
             buf = self._buf = bytearray(max(room, wanted))
@@ -280,13 +280,13 @@ class TunnelConnectionMixin(_Base):
             self._in_scratch = False
             self._buf = _scratch.buf
         self._end += nbytes
-        if self._mode is _Mode.FRAMES:
+        if self._mode == _FRAMES:
             self._read_frames()
             if self._buf is _scratch.buf:  # bytes left unparsed: a buffer of our own for them
                 self._keep_pending()
-        elif self._mode is _Mode.HANDSHAKE:
+        elif self._mode == _HANDSHAKE:
             self._read_head()
-        elif self._mode is _Mode.AWAIT_OPEN:
+        elif self._mode == _AWAIT_OPEN:
             self._opened()
         else:
             self._to_websockets()
@@ -321,7 +321,7 @@ class TunnelConnectionMixin(_Base):
             buf[:keep] = buf[self._end - keep : self._end]
             self._start, self._end, self._fed = 0, keep, keep
             if self.protocol.state is not State.CONNECTING:
-                self._mode = _Mode.WEBSOCKETS
+                self._mode = _WEBSOCKETS
                 self._start = self._end = 0
                 self._wake()
             return
@@ -333,21 +333,21 @@ class TunnelConnectionMixin(_Base):
         if state is State.OPEN:  # the client side: websockets took the 101 at once
             self._take_over()
         elif state is State.CONNECTING and not leftover:  # the server side, before its 101
-            self._mode = _Mode.AWAIT_OPEN
+            self._mode = _AWAIT_OPEN
             self._start = self._end = 0
         else:
-            self._mode = _Mode.WEBSOCKETS
+            self._mode = _WEBSOCKETS
             self._to_websockets()
 
     def _opened(self) -> None:
         if self.protocol.state is State.OPEN:
             self._take_over()
         else:
-            self._mode = _Mode.WEBSOCKETS
+            self._mode = _WEBSOCKETS
             self._to_websockets()
 
     def _take_over(self) -> None:
-        self._mode = _Mode.FRAMES
+        self._mode = _FRAMES
         self._parser = FrameParser(
             masked=self.protocol.side is Side.SERVER,
             max_size=self.protocol.max_message_size or 2**63,
@@ -364,24 +364,24 @@ class TunnelConnectionMixin(_Base):
         self._start += used
         messages = self._messages
         for event in events:
-            if isinstance(event, bytes | memoryview):
+            if isinstance(event, MESSAGE):
                 messages.append(event)
             elif isinstance(event, Control):
                 self._websockets_receive(event.raw)
             elif isinstance(event, Handover):
-                self._mode = _Mode.WEBSOCKETS
+                self._mode = _WEBSOCKETS
                 self._to_websockets()
             elif isinstance(event, Failure):
                 self._stop_frames()
                 self.protocol.fail(event.code, event.reason)
                 self.send_data()
-        if parser.stopped and self._mode is _Mode.FRAMES:  # after a CLOSE
-            self._mode = _Mode.WEBSOCKETS
+        if parser.stopped and self._mode == _FRAMES:  # after a CLOSE
+            self._mode = _WEBSOCKETS
             self._to_websockets()
         if self._start == self._end:
             self._start = self._end = 0
             self._fed = 0
-            if self._read_size <= MIN_READ and self._mode is _Mode.FRAMES:
+            if self._read_size <= MIN_READ and self._mode == _FRAMES:
                 self._buf = None  # idle: hold no buffer (the next read goes to the scratch)
                 self._spares, self._lent = [], False
             elif self._read_size < MAX_READ and len(self._buf) > SHRINK_AFTER * max(
@@ -392,7 +392,7 @@ class TunnelConnectionMixin(_Base):
         if messages and self._receiver is not None:
             self._messages = []
             self._hand(messages)
-            if self._mode is not _Mode.FRAMES:
+            if self._mode != _FRAMES:
                 self._wake()
         elif messages:
             high = self.max_queue_high
@@ -400,13 +400,13 @@ class TunnelConnectionMixin(_Base):
                 self._reading_paused = True
                 self.transport.pause_reading()
             self._wake()
-        elif self._mode is not _Mode.FRAMES:
+        elif self._mode != _FRAMES:
             self._wake()
 
     def _stop_frames(self) -> None:
         """The connection failed: nothing more is parsed or delivered (websockets discards)."""
-        if self._mode is _Mode.FRAMES:
-            self._mode = _Mode.WEBSOCKETS
+        if self._mode == _FRAMES:
+            self._mode = _WEBSOCKETS
             self._start = self._end = 0
             self._wake()
 

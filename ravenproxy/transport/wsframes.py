@@ -66,6 +66,9 @@ class Failure:
 
 Event = bytes | memoryview | Control | Handover | Failure
 """A whole binary message's payload (a view only if lent), or one of the above."""
+MESSAGE = (bytes, memoryview)
+"""The events that are binary messages, for ``isinstance`` (a tuple: ``bytes | memoryview`` in a
+loop makes a union object each time)."""
 
 
 class FrameParser:
@@ -121,11 +124,20 @@ class FrameParser:
             elif length == 127:
                 length = int.from_bytes(data[pos + 2 : pos + 10], "big")
             fin = b0 & 0x80
-            problem = self._check(b0 & 0x70, opcode, bool(b1 & 0x80) == masked, fin, length)
-            if problem is not None:
-                self.stopped = True
-                events.append(problem)
-                break
+            # The usual frame (a whole binary message, no RSV bits, masked as it should be)
+            # passes _check's tests without the call.
+            if (
+                opcode != OP_BINARY
+                or b0 & 0x70
+                or bool(b1 & 0x80) != masked
+                or self._in_message
+                or length > self.max_size
+            ):
+                problem = self._check(b0 & 0x70, opcode, bool(b1 & 0x80) == masked, fin, length)
+                if problem is not None:
+                    self.stopped = True
+                    events.append(problem)
+                    break
             end = pos + head + length
             if end > total:
                 self.wanted = head + length

@@ -151,6 +151,17 @@ def test_what_it_does_not_handle_is_handed_over_where_it_starts(
         assert protocol.close_sent.code == websockets_closes_with
 
 
+def test_a_masked_frame_to_the_client_side_is_handed_over() -> None:
+    # The other direction of the test above's unmasked-client case (the checks the parser makes
+    # inline for a usual binary frame include the mask bit, both ways).
+    before = encode(Frame(Opcode.BINARY, b"ok"), False)
+    parser = FrameParser(masked=False, max_size=MAX)
+    events, consumed = parser.parse(memoryview(before + encode(Frame(Opcode.BINARY, b"x"), True)))
+    assert events == [b"ok", Handover()]
+    assert consumed == len(before)
+    assert parser.stopped
+
+
 def test_a_fragmented_message_over_the_limit_fails_with_1009() -> None:
     data = encode(Frame(Opcode.BINARY, bytes(MAX), fin=False), False) + encode(
         Frame(Opcode.CONT, b"x"), False
