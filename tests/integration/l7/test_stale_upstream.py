@@ -14,6 +14,16 @@ from tests.integration.l7.env import CLOUD_IP, EDGE_IP, L7
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
+async def ask(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: str | bytes
+) -> None:
+    """Send ``request`` on the client's connection; its answer is the target's 200 "hi"."""
+    writer.write(request.encode() if isinstance(request, str) else request)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert await reader.readexactly(3) == b"hi\n"
+
+
 def answer_then_close(
     served: list[int], *, abort: bool = False
 ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
@@ -46,10 +56,7 @@ async def test_request_after_the_target_closed_an_idle_connection(l7: L7) -> Non
             f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n\r\n"
         ).encode()
         for _ in range(2):
-            writer.write(request)
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            assert head.startswith(b"HTTP/1.1 200"), head
-            assert await reader.readexactly(3) == b"hi\n"
+            await ask(reader, writer, request)
             await asyncio.sleep(0.5)  # the target closes its side meanwhile
         writer.close()
         assert len(served) == 2
@@ -73,16 +80,10 @@ async def test_a_kept_stream_the_target_ends_while_the_client_idles_is_let_go(l7
             f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n\r\n"
         ).encode()
-        writer.write(request)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        assert await reader.readexactly(3) == b"hi\n"
+        await ask(reader, writer, request)
         # The client idles on its kept-alive connection; the target has closed its side.
         await l7.cluster.wait_metric(streams, lambda v: v <= before, timeout=10)
-        writer.write(request)  # the next request goes out on a fresh stream
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        assert await reader.readexactly(3) == b"hi\n"
+        await ask(reader, writer, request)  # the next request goes out on a fresh stream
         assert len(served) == 2
     finally:
         if writer is not None:
@@ -117,20 +118,14 @@ async def test_a_kept_tls_stream_the_target_ends_while_the_client_idles_is_let_g
         before = (await l7.cluster.metrics())[streams]
         reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
         get = f"GET https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n\r\n"
-        writer.write(get.encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        assert await reader.readexactly(3) == b"hi\n"
+        await ask(reader, writer, get)
         # The client idles on its kept-alive connection; the target has closed its side.
         await l7.cluster.wait_metric(streams, lambda v: v <= before, timeout=10)
         post = (
             f"POST https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n"
             "Content-Length: 2\r\n\r\nhi"
         )
-        writer.write(post.encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        assert await reader.readexactly(3) == b"hi\n"
+        await ask(reader, writer, post)
         assert len(served) == 2
     finally:
         if writer is not None:
@@ -158,16 +153,10 @@ async def test_a_kept_direct_connection_the_target_ends_while_the_client_idles_i
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
         target = f"X-Tunnel-Proxy-Host: cloud-1:{l7.cloud_port}\r\n"
-        writer.write(f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n".encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        assert await reader.readexactly(3) == b"hi\n"
+        await ask(reader, writer, f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n")
         await asyncio.sleep(0.6)  # the client idles; the target closes its side meanwhile
         post = f"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}Content-Length: 2\r\n\r\nhi"
-        writer.write(post.encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        assert await reader.readexactly(3) == b"hi\n"
+        await ask(reader, writer, post)
         assert len(served) == 2
     finally:
         if writer is not None:
@@ -208,16 +197,10 @@ async def test_a_kept_direct_tls_connection_the_target_ends_with_close_notify_is
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
         target = f"X-Tunnel-Proxy-Host: cloud-1:{l7.cloud_port}\r\n"
-        writer.write(f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n".encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        assert await reader.readexactly(3) == b"hi\n"
+        await ask(reader, writer, f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n")
         await asyncio.sleep(0.6)  # the client idles; the target sends its close_notify
         post = f"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}Content-Length: 2\r\n\r\nhi"
-        writer.write(post.encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        assert await reader.readexactly(3) == b"hi\n"
+        await ask(reader, writer, post)
         assert len(served) == 2
     finally:
         if writer is not None:
@@ -242,19 +225,13 @@ async def test_a_kept_tls_stream_the_target_ends_with_close_notify_is_let_go(l7:
         before = (await l7.cluster.metrics())[streams]
         reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
         get = f"GET https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n\r\n"
-        writer.write(get.encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        assert await reader.readexactly(3) == b"hi\n"
+        await ask(reader, writer, get)
         await l7.cluster.wait_metric(streams, lambda v: v <= before, timeout=10)
         post = (
             f"POST https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n"
             "Content-Length: 2\r\n\r\nhi"
         )
-        writer.write(post.encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        assert await reader.readexactly(3) == b"hi\n"
+        await ask(reader, writer, post)
         assert len(served) == 2
     finally:
         if writer is not None:
