@@ -124,8 +124,9 @@ class FrameParser:
             elif length == 127:
                 length = int.from_bytes(data[pos + 2 : pos + 10], "big")
             fin = b0 & 0x80
-            # The usual frame (a whole binary message, no RSV bits, masked as it should be)
-            # passes _check's tests without the call.
+            # The usual frame (a binary message's only or first frame, no RSV bits, masked as
+            # it should be, within the limit, no message open) passes _check's tests without
+            # the call.
             if (
                 opcode != OP_BINARY
                 or b0 & 0x70

@@ -124,8 +124,10 @@ def handed_over_to_websockets(data: bytes) -> ServerProtocol:
         (encode(Frame(Opcode.BINARY, bytes(MAX + 1)), True), CloseCode.MESSAGE_TOO_BIG),
         # A client's frame must be masked.
         (encode(Frame(Opcode.BINARY, b"x"), False), CloseCode.PROTOCOL_ERROR),
-        # Reserved bits (no extension negotiated).
+        # Reserved bits (no extension negotiated): each of RSV1, RSV2, RSV3 on its own.
         (bytes([0xC2]) + encode(Frame(Opcode.BINARY, b"x"), True)[1:], CloseCode.PROTOCOL_ERROR),
+        (bytes([0xA2]) + encode(Frame(Opcode.BINARY, b"x"), True)[1:], CloseCode.PROTOCOL_ERROR),
+        (bytes([0x92]) + encode(Frame(Opcode.BINARY, b"x"), True)[1:], CloseCode.PROTOCOL_ERROR),
         # A continuation with no message to continue.
         (encode(Frame(Opcode.CONT, b"x"), True), CloseCode.PROTOCOL_ERROR),
         # A fragmented control frame.
