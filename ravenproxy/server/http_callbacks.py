@@ -222,19 +222,22 @@ class CallbackPath:
         if phase == "forwarding":
             self._advance()
         elif phase == "head":
-            stream = self._hooked
-            if stream is not None and self._tls_idle():
-                self._let_go_if(self._tls_ended(stream.read_nowait))
-            else:
-                self._let_go_if(stream is not None and stream.ended)
+            self._kept_news(self._hooked)
 
     def _on_direct(self) -> None:
         """The direct connection's callback between requests: data, its end or its loss."""
-        sock = self._hooked_direct
-        if sock is not None and self._tls_idle():
-            self._let_go_if(self._tls_ended(sock.read_nowait))
+        if self.ex.phase == "head":
+            self._kept_news(self._hooked_direct)
+
+    def _kept_news(self, kept: TunnelStream | SocketStream | None) -> None:
+        """Between requests, the kept connection (a tunnel stream, a direct socket) got bytes
+        or ended: under TLS what came is taken into it at once; it is let go if it ended."""
+        if kept is None:
+            return
+        if self._tls_idle():
+            self._let_go_if(self._tls_ended(kept.read_nowait))
         else:
-            self._let_go_if(self.ex.phase == "head" and sock is not None and sock.ended)
+            self._let_go_if(kept.ended)
 
     def _tls_idle(self) -> bool:
         """The kept connection is under re-originated TLS and waits for the next request: what
