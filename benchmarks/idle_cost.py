@@ -15,7 +15,9 @@ process: it accepts and holds connections), ``ravenproxy server`` and ``ravenpro
   inventory, ``--allow``: no metrics, Kubernetes or L3), tunnel up, one stream opened and
   closed; then the same for the agent as shipped (k8s/agent.yaml: ``--kube-model --cert-dir``,
   the model from the tests' Kubernetes API emulator, a valid certificate in the directory);
-  beside them an idle ``ssh -R`` client through a private sshd (throughput.py's).
+  beside them an idle ``ssh -R`` client through a private sshd (throughput.py's), running a
+  session as the other benchmarks' ssh rows do (benchmarks/sshrow.py); with ``--ssh-n`` an idle
+  ``ssh -N -R`` client too.
 
 A CONNECT takes one front connection, and the server caps its front connections at 7/16 of its
 descriptor limit (an eighth kept in reserve, two descriptors per connection): with a hard limit
@@ -376,9 +378,10 @@ async def _streams_row(base: Path, n: int) -> dict[str, Any]:
         procs.stop()
 
 
-async def _ssh_client_rss(base: Path, target_port: int) -> dict[str, Any]:
-    """An idle ``ssh -R`` client (a private sshd, throughput.py's) forwarding to the target:
-    its VmRSS, KiB; the reason instead when sshd cannot run here."""
+async def _ssh_client_rss(base: Path, target_port: int, ssh_n: bool = False) -> dict[str, Any]:
+    """An idle ``ssh -R`` client (a private sshd, throughput.py's) forwarding to the target,
+    running a session as the other benchmarks' ssh rows do: its VmRSS, KiB; with ``ssh_n``
+    also an idle ``ssh -N -R`` client's; the reason instead when sshd cannot run here."""
     # throughput.py sits beside this file: importable as benchmarks.throughput under -m, as
     # throughput when this file runs as a script (its folder is then sys.path[0]).
     throughput: Any = importlib.import_module(
@@ -387,11 +390,22 @@ async def _ssh_client_rss(base: Path, target_port: int) -> dict[str, Any]:
     procs = throughput.Procs()
     try:
         ssh = await throughput.start_sshd(procs, base)
-        _, client = await throughput.start_ssh_forward(
-            procs, ssh, "aes128-gcm@openssh.com", target_port
-        )
+        cipher = throughput.SSH_CIPHERS[0][1]
+        _, client = await throughput.start_ssh_forward(procs, ssh, cipher, target_port)
+        no_session = None
+        if ssh_n:
+            _, no_session = await throughput.start_ssh_forward(
+                procs, ssh, cipher, target_port, session=False
+            )
         await asyncio.sleep(SETTLE)
-        return {"ssh_client_rss_kib": rss_kib(client.pid), "ssh_version": ssh.version}
+        row = {
+            "ssh_client_rss_kib": rss_kib(client.pid),
+            "ssh_client": throughput.describe(session=True),
+            "ssh_version": ssh.version,
+        }
+        if no_session is not None:
+            row["ssh_n_client_rss_kib"] = rss_kib(no_session.pid)
+        return row
     except RuntimeError as exc:
         return {"ssh_client_rss_kib": None, "ssh_error": str(exc)}
     finally:
@@ -412,11 +426,11 @@ def bytecode_env(mode: str, base: Path) -> dict[str, str] | None:
     return env
 
 
-async def agent_process(bytecode: str = "cached") -> dict[str, Any]:
+async def agent_process(bytecode: str = "cached", ssh_n: bool = False) -> dict[str, Any]:
     """VmRSS of an idle ``ravenproxy agent`` process started with the flags an edge node needs
     (server address, certificates, inventory, ``--allow``; no metrics, no Kubernetes, no L3),
-    its tunnel up and one stream opened and closed; beside it, an idle ``ssh -R`` client.
-    ``bytecode``: see :func:`bytecode_env`."""
+    its tunnel up and one stream opened and closed; beside it, an idle ``ssh -R`` client (and
+    with ``ssh_n`` an idle ``ssh -N -R`` one). ``bytecode``: see :func:`bytecode_env`."""
     base = Path(tempfile.mkdtemp(prefix="ravenproxy-idle-agent-"))
     env = bytecode_env(bytecode, base)
     procs = Procs(base)
@@ -446,7 +460,7 @@ async def agent_process(bytecode: str = "cached") -> dict[str, Any]:
         with _api_emulator() as (api, call):
             flags = kube_agent_flags(base, api, call)
             row["agent_kube_cert_dir_rss_kib"] = await idle_rss(flags)
-        row.update(await _ssh_client_rss(base, target_port))
+        row.update(await _ssh_client_rss(base, target_port, ssh_n))
         if row.get("ssh_client_rss_kib"):
             row["ratio"] = round(row["agent_rss_kib"] / row["ssh_client_rss_kib"], 1)
             row["ratio_kube_cert_dir"] = round(
@@ -556,7 +570,11 @@ def _commit(where: Path = HERE) -> str:
 
 
 async def run(
-    streams: list[int], agents: int, process: bool = True, bytecode: str = "cached"
+    streams: list[int],
+    agents: int,
+    process: bool = True,
+    bytecode: str = "cached",
+    ssh_n: bool = False,
 ) -> dict[str, Any]:
     fd_limit = raise_fd_limit()
     return {
@@ -573,7 +591,7 @@ async def run(
         },
         "streams": await stream_cost(streams) if streams else [],
         "agents": await agent_cost(agents) if agents else None,
-        "agent_process": await agent_process(bytecode) if process else None,
+        "agent_process": await agent_process(bytecode, ssh_n) if process else None,
     }
 
 
@@ -595,6 +613,12 @@ def main() -> None:
         help="the idle agent process's modules: from cached bytecode, as an image runs them "
         "(default), or as this environment runs them (here: compiled at start)",
     )
+    parser.add_argument(
+        "--ssh-n",
+        action="store_true",
+        help="beside the idle ssh -R client (a session, as the other benchmarks' ssh rows), an "
+        "idle ssh -N -R client too (no session)",
+    )
     parser.add_argument("--label", default="", help="key to store the run under in --output")
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
     parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
@@ -607,7 +631,13 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         result = runner.run(
-            run(args.streams, args.agents, not args.no_agent_process, args.agent_bytecode)
+            run(
+                args.streams,
+                args.agents,
+                not args.no_agent_process,
+                args.agent_bytecode,
+                args.ssh_n,
+            )
         )
     result["machine"]["loadavg_at_end"] = list(os.getloadavg())
     if args.output == "-":

@@ -71,6 +71,9 @@ import uvloop
 from ravenproxy.client import open_tunnel
 from ravenproxy.pki import init_pki
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sshrow import describe, forward_argv, ssh_files, sshd_attempts
+
 SCRIPT = Path(__file__).resolve()
 HERE = SCRIPT.parent
 RESULTS = HERE / "results" / "latency.json"
@@ -581,17 +584,12 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-# The ssh row's remote command: a session that lasts as long as its connection (tail polls the
-# session's sshd once a second; a plain ``sleep`` outlived the connection). See start_ssh.
-SSH_SESSION = "exec tail --pid=$PPID -f /dev/null"
-
-
 def start_ssh(
     base: Path, procs: Procs, target_port: int, no_session: bool = False
 ) -> tuple[list[int], list[int], str]:
-    """A private sshd (as benchmarks/throughput.py sets it up) and ``ssh -R`` forwards to the
-    target: one with a remote command (a session), and with ``no_session`` a second one with
-    ``-N``. Returns (the forwarded ports, [sshd, ssh, ...], the OpenSSH version).
+    """A private sshd (benchmarks/sshrow.py's, as throughput.py's) and ``ssh -R`` forwards to
+    the target: one with a remote command (a session), and with ``no_session`` a second one
+    with ``-N``. Returns (the forwarded ports, [sshd, ssh, ...], the OpenSSH version).
 
     Why a session: sshd sets TCP_NODELAY on its end of the connection only when a session
     starts (``ssh_packet_set_interactive``), so under ``ssh -N`` its writes to the client are
@@ -599,14 +597,9 @@ def start_ssh(
     channel consumes: at 4 000 req/s over 16 connections, 6 s into a row's traffic, all at
     once), a small write waits for the client's delayed ACK: 40-85 ms for every connection
     (benchmarks/README.md, "The ssh -N stall")."""
-    sys.path.insert(0, str(HERE))
-    from throughput import SSHD, _ssh_files
-
-    d, port, version = _ssh_files(base)
-    plain = [SSHD, "-D", "-e", "-f", str(d / "sshd_config")]
-    private_run = "mount -t tmpfs tmpfs /run && mkdir -p /run/sshd && exec " + " ".join(plain)
+    d, port, version = ssh_files(base)
     sshd = None
-    for argv in (plain, ["unshare", "-m", "sh", "-c", private_run]):
+    for _, argv in sshd_attempts(d):
         sshd = procs.start(f"sshd-{len(procs.procs)}", argv)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and sshd.poll() is None and not _port_open(port):
@@ -618,21 +611,10 @@ def start_ssh(
     if sshd is None:
         raise RuntimeError("sshd did not start (see its logs)")
     rports, pids = [], [sshd.pid]
-    for name, n in (("ssh", []), ("ssh-N", ["-N"]))[: 2 if no_session else 1]:
+    for name, session in (("ssh", True), ("ssh-N", False))[: 2 if no_session else 1]:
         rport = free_port()
-        ssh = procs.start(
-            name,
-            [
-                "ssh", "-F", "/dev/null", *n, "-T",
-                "-R", f"127.0.0.1:{rport}:127.0.0.1:{target_port}",
-                "-p", str(port), "-i", str(d / "client_key"), "-c", SSH_CIPHER,
-                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-                "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "Compression=no",
-                "-o", "ExitOnForwardFailure=yes", "-o", "LogLevel=ERROR",
-                f"{os.environ.get('USER') or 'root'}@127.0.0.1",
-                *([] if n else [SSH_SESSION]),
-            ],
-        )  # fmt: skip
+        argv = forward_argv(port, d / "client_key", SSH_CIPHER, rport, target_port, session)
+        ssh = procs.start(name, argv)
         deadline = time.monotonic() + 15
         while not _port_open(rport):
             if ssh.poll() is not None or time.monotonic() > deadline:
@@ -713,10 +695,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 ssh_info = {
                     "openssh": version,
                     "cipher": SSH_CIPHER,
-                    "ssh": f"ssh -T -R ... '{SSH_SESSION}' (a session: TCP_NODELAY at both ends)",
+                    "ssh": describe(session=True),
                 }
                 if args.ssh_n:
-                    ssh_info["ssh-N"] = "ssh -N -T -R ... (no session: sshd's writes Nagle'd)"
+                    ssh_info["ssh-N"] = describe(session=False)
                 for name, rport, pid in zip(("ssh", "ssh-N"), rports, ssh_pids[1:], strict=False):
                     # sshd's per-connection children are both rows' (the other's idles).
                     pids = _pids([ssh_pids[0], pid], True)

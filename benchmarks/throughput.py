@@ -6,7 +6,8 @@ One run measures, with the same client code and the same sink process:
 - ``tunnel``: client → server HTTP front ``CONNECT edge-1:SINK`` → mTLS WebSocket tunnel →
   agent → sink, with ``ravenproxy server`` and ``ravenproxy agent`` started through the CLI;
 - ``ssh -R``: client → sshd's remote-forwarded port → ssh client → sink, through a private
-  ``sshd`` (aes128-gcm and chacha20-poly1305 rows);
+  ``sshd`` (aes128-gcm and chacha20-poly1305 rows), the ssh client running a session (as
+  latency.py's: benchmarks/sshrow.py); with ``--ssh-n`` also ``ssh -N -R`` aes128-gcm rows;
 - ``direct x8`` / ``tunnel x8``: eight concurrent streams, aggregate rate.
 
 Every stream speaks a tiny protocol to the sink: ``u64 length`` then ``length`` bytes; the sink
@@ -50,6 +51,9 @@ from ravenproxy.client import open_tunnel
 from ravenproxy.demo import CLOUD_NODE, EDGE_NODE, INVENTORY, _Procs, _wait_for_agent, free_port
 from ravenproxy.pki import init_pki
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sshrow import SSH_CIPHERS, describe, forward_argv, ssh_files, sshd_attempts
+
 MIB = 1 << 20
 GIB = 1 << 30
 BLOCK = MIB
@@ -58,11 +62,6 @@ _LEN = struct.Struct("!Q")
 SCRIPT = Path(__file__).resolve()
 HERE = SCRIPT.parent
 RESULTS = HERE / "results" / "throughput.json"
-SSHD = "/usr/sbin/sshd"
-SSH_CIPHERS = (
-    ("aes128-gcm", "aes128-gcm@openssh.com"),
-    ("chacha20-poly1305", "chacha20-poly1305@openssh.com"),
-)
 ROWS = ("direct", "tunnel", "ssh", "direct_x8", "tunnel_x8", "ssh_x8")
 PLOT_SUFFIX = ".png"
 
@@ -383,46 +382,11 @@ async def _port_open(port: int) -> bool:
     return True
 
 
-def _ssh_files(base: Path) -> tuple[Path, int, str]:
-    """Host and client keys, authorized_keys and sshd_config in ``base/ssh``; returns
-    (that directory, the sshd port, the OpenSSH version)."""
-    if not os.access(SSHD, os.X_OK) or shutil.which("ssh") is None:
-        raise RuntimeError(f"{SSHD} or ssh not installed")
-    d = base / "ssh"
-    d.mkdir()
-    for name in ("host_key", "client_key"):
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)],
-            check=True,
-            capture_output=True,
-        )
-    shutil.copy(d / "client_key.pub", d / "authorized_keys")
-    port = free_port()
-    ciphers = ",".join(c for _, c in SSH_CIPHERS)
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\n"
-        f"PidFile {d / 'sshd.pid'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
-        "UsePAM no\nStrictModes no\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
-        "PermitRootLogin prohibit-password\nAllowTcpForwarding yes\nGatewayPorts no\n"
-        f"Ciphers {ciphers}\nLogLevel ERROR\n"
-    )
-    version = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
-    return d, port, version
-
-
 async def start_sshd(procs: Procs, base: Path) -> Ssh:
     """A private sshd on a free loopback port; raises RuntimeError with the reason."""
-    d, port, version = await asyncio.to_thread(_ssh_files, base)
-    plain = [SSHD, "-D", "-e", "-f", str(d / "sshd_config")]
-    # sshd needs /run/sshd (privilege separation); give it a private /run if the host has none.
-    private_run = "mount -t tmpfs tmpfs /run && mkdir -p /run/sshd && exec " + " ".join(plain)
-    attempts = [
-        ("plain", plain),
-        ("unshare -m, private /run", ["unshare", "-m", "sh", "-c", private_run]),
-    ]
+    d, port, version = await asyncio.to_thread(ssh_files, base)
     errors: list[str] = []
-    for mode, argv in attempts:
+    for mode, argv in sshd_attempts(d):
         log = d / f"sshd-{len(errors)}.log"
         proc = await procs.spawn(argv, log)
         deadline = time.monotonic() + 5
@@ -436,19 +400,14 @@ async def start_sshd(procs: Procs, base: Path) -> Ssh:
 
 
 async def start_ssh_forward(
-    procs: Procs, ssh: Ssh, cipher: str, sink_port: int
+    procs: Procs, ssh: Ssh, cipher: str, sink_port: int, session: bool = True
 ) -> tuple[int, asyncio.subprocess.Process]:
+    """An ``ssh -R`` client forwarding a free port of sshd's to ``sink_port``, running a
+    session (``session=False``: ``ssh -N``; see benchmarks/sshrow.py); returns the forwarded
+    port and the client."""
     rport = free_port()
-    argv = [
-        "ssh", "-F", "/dev/null", "-N", "-T",
-        "-R", f"127.0.0.1:{rport}:127.0.0.1:{sink_port}",
-        "-p", str(ssh.port), "-i", str(ssh.key), "-c", cipher,
-        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-        "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "Compression=no",
-        "-o", "ExitOnForwardFailure=yes", "-o", "LogLevel=ERROR",
-        f"{os.environ.get('USER') or 'root'}@127.0.0.1",
-    ]  # fmt: skip
-    log = ssh.base / f"ssh-{cipher.split('@')[0]}.log"
+    argv = forward_argv(ssh.port, ssh.key, cipher, rport, sink_port, session)
+    log = ssh.base / f"ssh-{cipher.split('@')[0]}{'' if session else '-N'}.log"
     proc = await procs.spawn(argv, log)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
@@ -474,6 +433,8 @@ class Options:
     output: Path | None
     baseline: Path | None = None
     run_timeout: float = 300.0
+    ssh_n: bool = False
+    """Also ``ssh -N -R`` aes128-gcm rows (no session: sshd leaves Nagle on its socket)."""
 
 
 @dataclass
@@ -513,10 +474,12 @@ class Pair:
 class Forward:
     """One ``ssh -R`` client (and so one sshd per-connection process, the other relaying end),
     started afresh every round like the tunnel pairs: each round is an independent draw for
-    ssh too, not one process pair kept for the whole run."""
+    ssh too, not one process pair kept for the whole run. ``session``: the client runs a
+    remote command (the default rows), else ``ssh -N`` (``--ssh-n``'s rows)."""
 
     ssh: Ssh
     cipher: str
+    session: bool = True
     port: int = 0
     proc: asyncio.subprocess.Process | None = None
 
@@ -526,7 +489,9 @@ class Forward:
         return [self.ssh.pid, self.proc.pid] if self.proc else []
 
     async def start(self, procs: Procs, sink: int) -> None:
-        self.port, self.proc = await start_ssh_forward(procs, self.ssh, self.cipher, sink)
+        self.port, self.proc = await start_ssh_forward(
+            procs, self.ssh, self.cipher, sink, self.session
+        )
 
     async def stop(self, procs: Procs) -> None:
         if self.proc is not None:
@@ -624,15 +589,20 @@ def _per_mib(after: dict[str, float], before: dict[str, float], moved: int) -> d
     return out
 
 
-def _in_start_order(rows: Sequence[Row], order: Sequence[Pair]) -> list[Row]:
+def _in_start_order(
+    rows: Sequence[Row], order: Sequence[Pair], forwards: Sequence[Forward] = ()
+) -> list[Row]:
     """``rows`` with the tunnel rows' slots refilled pair by pair in ``order`` (the pair
-    started first runs first); the other rows keep their places."""
-    rank = {pair.key: i for i, pair in enumerate(order)}
-    tunnel_rows = sorted(
-        (r for r in rows if r.pair), key=lambda r: rank[r.pair.key if r.pair else ""]
+    started first runs first), and the ssh rows' slots forward by forward in ``forwards``'
+    order; the other rows keep their places."""
+    rank = {id(owner): i for i, owner in enumerate([*order, *forwards])}
+    tunnel = iter(sorted((r for r in rows if r.pair), key=lambda r: rank[id(r.pair)]))
+    ssh = iter(
+        sorted((r for r in rows if id(r.forward) in rank), key=lambda r: rank[id(r.forward)])
     )
-    it = iter(tunnel_rows)
-    return [next(it) if row.pair else row for row in rows]
+    return [
+        next(tunnel) if row.pair else next(ssh) if id(row.forward) in rank else row for row in rows
+    ]
 
 
 async def _settle(row: Row, timeout: float = 30) -> None:
@@ -726,12 +696,21 @@ async def run(opts: Options) -> dict[str, Any]:
         if {"ssh", "ssh_x8"} & set(opts.only):
             try:
                 ssh = await start_sshd(procs, base)
-                ssh_info = {"openssh": ssh.version, "sshd_mode": ssh.mode, "rows": []}
-                for label, cipher in SSH_CIPHERS:
+                ssh_info = {
+                    "openssh": ssh.version,
+                    "sshd_mode": ssh.mode,
+                    "rows": [],
+                    "ssh": describe(session=True),
+                }
+                forms = [(label, cipher, True) for label, cipher in SSH_CIPHERS]
+                if opts.ssh_n:
+                    ssh_info["ssh-N"] = describe(session=False)
+                    forms.append((*SSH_CIPHERS[0], False))
+                for label, cipher, session in forms:
                     x8 = "ssh_x8" in opts.only and cipher == SSH_CIPHERS[0][1]
                     if "ssh" not in opts.only and not x8:
                         continue
-                    forward = Forward(ssh, cipher)
+                    forward = Forward(ssh, cipher, session)
                     await forward.start(procs, sink)  # fails here, not mid-run, if it cannot
                     forwards.append(forward)
 
@@ -740,17 +719,16 @@ async def run(opts: Options) -> dict[str, Any]:
                     ) -> Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
                         return asyncio.open_connection("127.0.0.1", f.port, limit=256 * 1024)
 
-                    key = "ssh_" + label.split("-")[0]
+                    key = ("ssh_" if session else "ssh-N_") + label.split("-")[0]
+                    how = f"ssh -R {label}" if session else f"ssh -N -R {label}"
                     if "ssh" in opts.only:
-                        rows.append(
-                            Row(key, f"ssh -R {label}", 1, via_ssh, one, warm, forward=forward)
-                        )
+                        rows.append(Row(key, how, 1, via_ssh, one, warm, forward=forward))
                         ssh_info["rows"].append(key)
                     if x8:
                         rows.append(
                             Row(
                                 f"{key}_x8",
-                                f"ssh -R {label} x{n}",
+                                f"{how} x{n}",
                                 n,
                                 via_ssh,
                                 each,
@@ -766,11 +744,14 @@ async def run(opts: Options) -> dict[str, Any]:
             rows.append(Row("direct_x8", f"direct TCP x{n}", n, direct, each, warm // n))
 
         for round_ in range(opts.repeat):
-            # Odd rounds start (and run) the pairs in reverse: no pair is always the first.
+            # Odd rounds start (and run) the pairs in reverse: no pair is always the first;
+            # the ssh forwards likewise (with --ssh-n: ssh and ssh -N take turns going first).
             order = pairs[::-1] if round_ % 2 else pairs
+            forward_order = forwards[::-1] if round_ % 2 else forwards
             try:
-                for forward in forwards if round_ else ():  # round 1's were started above
+                for forward in forward_order if round_ else ():  # round 1's were started above
                     await forward.stop(procs)
+                for forward in forward_order if round_ else ():
                     await forward.start(procs, sink)
                 for pair in order:
                     await pair.start(procs, base / f"{pair.key}-{round_ + 1}", sink, opts.profile)
@@ -778,7 +759,7 @@ async def run(opts: Options) -> dict[str, Any]:
                 keep = True
                 raise
             start_order.append([p.key for p in order])
-            for row in _in_start_order(rows, order):
+            for row in _in_start_order(rows, order, forward_order):
                 label = f"  round {round_ + 1}/{opts.repeat}  {row.name:<28}"
                 cpu_before = [relay_cpu_seconds((pid,)) for pid in row.relay]
                 counters_before = [relay_counters(pid) for pid in row.relay]
@@ -841,6 +822,12 @@ async def run(opts: Options) -> dict[str, Any]:
     results = {r.key: r.result() for r in rows}
     ssh_aes = results.get("ssh_aes128")
     ssh_chacha = results.get("ssh_chacha20")
+    ssh_n: dict[str, float | None] = {}
+    if opts.ssh_n:  # below 1: the session row is slower than -N (MB/s) or cheaper (CPU)
+        for x in ("", "_x8"):
+            session, no_session = results.get(f"ssh_aes128{x}"), results.get(f"ssh-N_aes128{x}")
+            ssh_n[f"ssh_aes128{x}/ssh-N_aes128{x}"] = _ratio(session, no_session)
+            ssh_n[f"cpu ssh_aes128{x}/ssh-N_aes128{x}"] = _ratio(session, no_session, CPU)
     return {
         "benchmark": "throughput",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -878,6 +865,7 @@ async def run(opts: Options) -> dict[str, Any]:
             "cpu tunnel_x8/ssh_x8_aes128_gcm": _ratio(
                 results.get("tunnel_x8"), results.get("ssh_aes128_x8"), CPU
             ),
+            **ssh_n,
         },
     }
 
@@ -909,7 +897,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in report["rows"] if r["mb_s"] is not None]
-    colours = {"direct": "#999999", "tunnel": "#1f77b4", "base": "#9ecae1", "ssh": "#ff7f0e"}
+    colours = {
+        "direct": "#999999",
+        "tunnel": "#1f77b4",
+        "base": "#9ecae1",
+        "ssh": "#ff7f0e",
+        "ssh-N": "#ffbb78",
+    }
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
     names = [r["name"] for r in rows]
     values = [float(r["mb_s"]) for r in rows]
@@ -961,6 +955,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="also measure the tunnel of another checkout with its own .venv (rows base, "
         "base_x8), e.g. main's, for an A/B in the same run",
     )
+    p.add_argument(
+        "--ssh-n",
+        action="store_true",
+        help="also ssh -N -R aes128-gcm rows (ssh-N_aes128, ssh-N_aes128_x8): no session, so "
+        "sshd leaves Nagle on its socket (the ssh rows run a session; see benchmarks/sshrow.py)",
+    )
     p.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -987,7 +987,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = args.profile.resolve() if args.profile else None
     if profile:
         profile.mkdir(parents=True, exist_ok=True)
-    full = set(only) == set(ROWS) and not args.quick and profile is None
+    full = set(only) == set(ROWS) and not args.quick and profile is None and not args.ssh_n
     output = args.output
     if output is None:
         output = RESULTS if full else None
@@ -996,6 +996,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = Options(
         args.mib, args.mib_each, args.streams, args.warmup_mib, max(1, args.repeat), only,
         profile, output, args.baseline.resolve() if args.baseline else None,
+        ssh_n=args.ssh_n,
     )  # fmt: skip
     try:
         report = uvloop.run(_main(opts))
