@@ -46,7 +46,7 @@ from ravenproxy.server.exchange_actions import (
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http1 import error_response
 from ravenproxy.server.http_callbacks import KEEPALIVE_TIMEOUT, CallbackPath
-from ravenproxy.server.http_messages import HEAD
+from ravenproxy.server.http_messages import ERROR, HEAD
 from ravenproxy.server.limits import StreamLease
 from ravenproxy.server.router import Route
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
@@ -406,8 +406,8 @@ class _Connection(CallbackPath):
         sending what has not arrived yet: an optimistic CONNECT, pipelined requests); over TLS
         (no half-close) a client that reads to EOF would wait for the lingering to end."""
         client = self.ex.client
-        if raw or any(kind == HEAD for kind, _ in client.events):
-            return _QUIET
+        if raw or any(kind == HEAD or kind == ERROR for kind, _ in client.events):
+            return _QUIET  # (an error: what came after a "Connection: close" request, say)
         if client.midway:
             return _THROUGH
         return _QUIET if tcp and self.writer.can_write_eof() else 0
@@ -420,7 +420,7 @@ class _Connection(CallbackPath):
             return False
         client = self.ex.client
         client.feed(data)
-        pipelined = any(kind == HEAD for kind, _ in client.events)
+        pipelined = any(kind == HEAD or kind == ERROR for kind, _ in client.events)
         client.events.clear()  # dropped (a body's chunks, its end, an error)
         if pipelined:
             self.linger = _QUIET

@@ -81,6 +81,25 @@ async def test_a_refused_optimistic_connect_gets_its_answer(l7: L7, front: str) 
     assert front_count(after, front, 404) == front_count(before, front, 404) + 1
 
 
+async def test_an_answer_that_closes_the_connection_reaches_a_pipelining_client(l7: L7) -> None:
+    """A request that says ``Connection: close``, pipelined requests after it still arriving:
+    its answer is sent, then the connection lingers as after a refusal (before: closed at once,
+    and the bytes still coming reset it, the answer with it)."""
+    served: list[int] = []
+    server = await asyncio.start_server(answer_then_close(served), EDGE_IP, l7.spare_port)
+    try:
+        target = f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n"
+        head = f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}Connection: close\r\n\r\n"
+        follower = f"GET /y HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n".encode() * 500
+        answer = await refused_while_sending(l7, "http", head.encode(), follower)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+        assert answer.endswith(b"\r\n\r\nhi\n"), answer
+        assert len(served) == 1
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_pipelined_request_after_the_target_closed_goes_on_a_fresh_stream(
     l7: L7,
 ) -> None:
