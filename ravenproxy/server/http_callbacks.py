@@ -203,6 +203,30 @@ class CallbackPath:
         if sock is not None and (sock.ended or self._tls_idle()):
             self._on_direct()
 
+    def _let_go_ended(self) -> None:
+        """A next request came with no wait for it since the last answer (pipelined: parsed
+        already, or in the socket, or its head in pieces), so no hook looked for the kept
+        connection's end meanwhile: if it is known to have ended, let it go now, before the
+        request goes out on it. Nothing of the request was sent, so it goes on a fresh one
+        whatever its method (sent on the dead one, a POST would be answered 502)."""
+        upstream = self.upstream
+        if type(upstream) is TlsByteStream:
+            inner = upstream.inner
+            if type(inner) is TunnelByteStream:
+                ended = self._tls_ended(inner.stream.read_nowait)
+            elif type(inner) is SocketByteStream and type(inner.reader) is SocketStream:
+                ended = self._tls_ended(inner.reader.read_nowait)
+            else:
+                return
+        elif type(upstream) is TunnelByteStream:
+            ended = upstream.stream.ended
+        elif type(upstream) is SocketByteStream and type(upstream.reader) is SocketStream:
+            ended = upstream.reader.ended
+        else:
+            return
+        if ended:
+            self._run(self.ex.upstream_ended())
+
     def _unhook(self) -> None:
         stream, self._hooked = self._hooked, None
         if stream is not None:
@@ -300,6 +324,8 @@ class CallbackPath:
                     # a next request parsed or begun (a call each, twice a request): poll
                     # would answer [] (or a 431 past the head bound), head_begun False.
                     if client.events or client.in_head or client.fed > ex.max_head:
+                        if self.upstream is not None:  # a pipelined request (no wait before it)
+                            self._let_go_ended()
                         actions = ex.poll()
                         if not actions:
                             if ex.head_begun:  # a head in pieces: the task reads it (its clock)
@@ -314,6 +340,10 @@ class CallbackPath:
                             self.waiting = True  # the drain closes it (Drain.start)
                             watch.retime(KEEPALIVE_TIMEOUT)
                             return None
+                        if not self.waiting and self.upstream is not None:
+                            # The bytes were there when the last answer ended (pipelined): no
+                            # hook looked for the kept stream's end since.
+                            self._let_go_ended()
                         self.waiting = False
                         actions = ex.receive_client(data)
                         if not actions:

@@ -46,6 +46,7 @@ from ravenproxy.server.exchange_actions import (
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http1 import error_response
 from ravenproxy.server.http_callbacks import KEEPALIVE_TIMEOUT, CallbackPath
+from ravenproxy.server.http_messages import ERROR, HEAD
 from ravenproxy.server.limits import StreamLease
 from ravenproxy.server.router import Route
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
@@ -60,6 +61,13 @@ log = logging.getLogger(__name__)
 _IO_ERRORS = (ConnectionError, StreamClosedError, OSError)
 
 __all__ = ["KEEPALIVE_TIMEOUT", "HttpProxy"]
+
+# How a connection that ends while its client may still be sending is closed (_Connection.linger):
+_THROUGH = 1
+"""Lingering until the request being sent is through (:meth:`_Connection._through`)."""
+_QUIET = 2
+"""Lingering until the client stops sending (or a bound of :func:`lingering_close`): what it
+sends past the request has no end to wait for (pipelined requests, a CONNECT's tunnel bytes)."""
 
 
 class HttpProxy:
@@ -162,9 +170,11 @@ class _Connection(CallbackPath):
         entered once per read: entering stamps the activity of the last event."""
         self.keepalive: IdleWatch | None = None
         """Guards the wait for a next request (KEEPALIVE_TIMEOUT), from the second one on."""
-        self.linger = False
+        self.linger = 0
         """The connection ends while the client may still be sending (a refusal, an answer
-        before the request body was through): closed by :func:`lingering_close`."""
+        before the request body was through, pipelined requests): closed by
+        :func:`lingering_close` — until the request is through (:data:`_THROUGH`), or the client
+        stops (:data:`_QUIET`); 0: closed at once."""
 
     async def run(self) -> None:
         front = self.proxy.front
@@ -205,7 +215,8 @@ class _Connection(CallbackPath):
                 self._close_upstream()
                 if self.linger and not drain.draining and not self.writer.is_closing():
                     self.waiting = True  # a drain that starts now closes it
-                    dropped = await lingering_close(self.reader, self.writer, through=self._through)
+                    through = self._through if self.linger == _THROUGH else None
+                    dropped = await lingering_close(self.reader, self.writer, through=through)
                     log.debug(f"{front} front: closed", extra=kv(peer=self.peer, dropped=dropped))
             finally:  # also when cancelled in the waits above (at shutdown)
                 self._close_upstream()
@@ -232,6 +243,8 @@ class _Connection(CallbackPath):
         arrive whole within --header-timeout of the accept; a later one may keep the
         connection idle up to KEEPALIVE_TIMEOUT, then must be whole within --header-timeout of
         its first byte."""
+        if self.upstream is not None and self.ex.client.events:
+            self._let_go_ended()  # a pipelined request, parsed already: no wait before it
         actions = self.ex.poll()
         if not actions and not self.ex.first and not self.ex.head_begun:
             if self.ctx.drain.draining:  # the server drains: no next request on this connection
@@ -255,7 +268,10 @@ class _Connection(CallbackPath):
             try:
                 async with asyncio.timeout(timeout) as head:
                     while not actions:
-                        actions = self.ex.receive_client(await self.reader.read(READ_LIMIT))
+                        data = await self.reader.read(READ_LIMIT)
+                        if self.upstream is not None:  # the head came in pieces, unhooked
+                            self._let_go_ended()
+                        actions = self.ex.receive_client(data)
             except TimeoutError:
                 if not head.expired():
                     raise
@@ -291,7 +307,7 @@ class _Connection(CallbackPath):
             if not pump.done() or pump.exception() is not None:
                 # The target answered before the client's body was through (or it failed):
                 # the connection cannot carry another request.
-                self.linger = self.ex.client.midway
+                self.linger = _THROUGH if self.ex.client.midway else 0
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
                 raise _Done
@@ -347,7 +363,8 @@ class _Connection(CallbackPath):
             elif isinstance(action, Refuse):
                 await self._refuse(action.status, action.node, action.reason)
             elif isinstance(action, Close):
-                self.linger = self.ex.client.midway  # (an answer before the body was through)
+                # An answer before the body was through, pipelined requests after this one.
+                self.linger = self._lingers(raw=False, tcp=False)
                 log.debug(
                     f"{self.proxy.front} front: closing",
                     extra=kv(peer=self.peer, reason=action.reason),
@@ -381,12 +398,33 @@ class _Connection(CallbackPath):
             self.lease.release()
             self.lease = None
 
+    def _lingers(self, *, raw: bool, tcp: bool) -> int:
+        """How the connection ends after its last answer (:attr:`linger`): lingering while the
+        client may still be sending — pipelined requests after this one (or ``raw``: a
+        CONNECT's tunnel bytes) have no end to wait for; a request not through yet has. ``tcp``:
+        else too on plain TCP, where the half-close tells the client at once (it may be
+        sending what has not arrived yet: an optimistic CONNECT, pipelined requests); over TLS
+        (no half-close) a client that reads to EOF would wait for the lingering to end."""
+        client = self.ex.client
+        if raw or any(kind == HEAD or kind == ERROR for kind, _ in client.events):
+            return _QUIET  # (an error: what came after a "Connection: close" request, say)
+        if client.midway:
+            return _THROUGH
+        return _QUIET if tcp and self.writer.can_write_eof() else 0
+
     def _through(self, data: bytes) -> bool:
         """What a lingering close drops, parsed as the rest of the request: True once it is
-        through (the client has no more to send; over TLS it is not waited for)."""
+        through (the client has no more to send; over TLS it is not waited for). A next request
+        after it (pipelined) has no end to wait for: lingering goes on until the client stops."""
+        if self.linger == _QUIET:
+            return False
         client = self.ex.client
         client.feed(data)
+        pipelined = any(kind == HEAD or kind == ERROR for kind, _ in client.events)
         client.events.clear()  # dropped (a body's chunks, its end, an error)
+        if pipelined:
+            self.linger = _QUIET
+            return False
         return not client.midway
 
     async def _stop_pump(self) -> None:
@@ -395,7 +433,7 @@ class _Connection(CallbackPath):
             await asyncio.gather(self.pump, return_exceptions=True)
             self.pump = None
 
-    async def _refuse(self, status: int, node: str, reason: str) -> NoReturn:
+    async def _refuse(self, status: int, node: str, reason: str, *, raw: bool = False) -> NoReturn:
         await self._stop_pump()
         self._close_upstream()
         log.info(
@@ -407,9 +445,9 @@ class _Connection(CallbackPath):
         with contextlib.suppress(*_IO_ERRORS):
             self.writer.write(error_response(status, body))
             await self.writer.drain()
-            # The rest of the request may be on its way; not waited for from a client that
-            # was too slow to send a head (408).
-            self.linger = status != 408 and self.ex.client.midway
+            # The rest of the request, or more, may be on its way (``raw``: a CONNECT's tunnel
+            # bytes); not waited for from a client that was too slow to send a head (408).
+            self.linger = 0 if status == 408 else self._lingers(raw=raw, tcp=True)
         raise _Done
 
     # -- raw relays ---------------------------------------------------------------------------
@@ -432,14 +470,14 @@ class _Connection(CallbackPath):
         try:
             lease = self.ctx.stream_lease(self.proxy.front, self.peer)
         except RoutingError as exc:
-            await self._refuse(exc.status, exc.node, exc.reason)
+            await self._refuse(exc.status, exc.node, exc.reason, raw=bool(action.rest))
         try:
             r = self.ctx.router.route(action.dest.host, action.dest.port)
             stream = await self.ctx.connector.connect(r)
         except BaseException as exc:
             lease.release()
             if isinstance(exc, RoutingError):
-                await self._refuse(exc.status, exc.node, exc.reason)
+                await self._refuse(exc.status, exc.node, exc.reason, raw=bool(action.rest))
             raise
         self.proxy.count(200)
         self.writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")

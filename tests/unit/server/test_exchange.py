@@ -416,8 +416,10 @@ def test_a_kept_target_connection_that_ends_between_requests_is_let_go() -> None
     ],
 )
 def test_midway_says_whether_more_of_the_request_may_come(sent: bytes, midway: bool) -> None:
-    """What the front's lingering close is decided by: a refusal of a request not all sent
-    lingers (the client may still be writing it), one of a whole request closes at once."""
+    """What the front's lingering close is decided by, in part: a refusal of a request not all
+    sent lingers until it is through (the client may still be writing it); one of a whole
+    request lingers only when more may come (pipelined requests, a CONNECT's tunnel bytes, any
+    refusal on plain TCP: http_proxy._Connection._lingers)."""
     ex = Exchange(via="1.1 s", max_head=16384)
     ex.receive_client(sent)
     assert ex.client.midway is midway
