@@ -275,7 +275,7 @@ class TunnelConnectionMixin(_Base):
         size = self._read_size
         if nbytes >= size:
             self._read_size = min(MAX_READ, size * 2)
-        elif nbytes * 4 < size:
+        elif nbytes * 4 < size and size > MIN_READ:  # no max() per small read at MIN_READ
             self._read_size = max(MIN_READ, size // 2)
         if self._in_scratch:
             self._in_scratch = False
