@@ -92,18 +92,18 @@ more means a message lent from it (a view) is still held by whoever received it.
 
 class _Scratch(threading.local):
     """The thread's read buffer for connections that hold none (idle ones), used only from a
-    ``get_buffer`` to its ``buffer_updated``. Each connection keeps its thread's (looked up
-    once: an attribute of a ``threading.local`` costs ~500 instructions, four a small read)."""
+    ``get_buffer`` to its ``buffer_updated``, and a view of it (exported: never resized). Each
+    connection keeps both, looked up once (a ``threading.local`` attribute: ~500 instructions)."""
 
     def __init__(self) -> None:
         self.buf = bytearray(MIN_READ)
+        self.view = memoryview(self.buf)
 
 
 _scratch = _Scratch()
 
+# Takes the binary messages of one read round, in order (TunnelConnectionMixin.deliver).
 Receiver = Callable[[list[bytes | memoryview]], None]
-"""Takes the binary messages of one read round, in order (see
-:meth:`TunnelConnectionMixin.deliver`)."""
 
 
 # The reader's modes: ints, not an Enum, whose members looked up on their class go through
@@ -150,7 +150,7 @@ class TunnelConnectionMixin(_Base):
         self._lent = False  # messages were handed on as views of _buf (wsframes.LEND_MIN)
         self._spares: list[bytearray] = []  # lent buffers, to read into again once free
         self._in_scratch = False
-        self._scratch = _scratch.buf  # this thread's (see _Scratch)
+        self._scratch, self._scratch_view = _scratch.buf, _scratch.view  # see _Scratch
         self._read_size = MIN_READ
         self._start = 0
         self._end = 0
@@ -237,9 +237,8 @@ class TunnelConnectionMixin(_Base):
             self.stop_delivery(exc)
 
     def forget_handshake(self) -> None:
-        """Let go of the opening handshake's headers (~3 KiB), once they have been looked at:
-        an idle tunnel keeps them for nothing. The request and response themselves stay
-        (``websockets`` takes a connection without them for one still in its handshake)."""
+        """Let go of the handshake's headers (~3 KiB: an idle tunnel keeps them for nothing), not
+        of the request and response (without them ``websockets`` takes it for one handshaking)."""
         for message in (self.request, self.response):
             if message is not None:
                 message.headers = Headers()
@@ -264,7 +263,7 @@ class TunnelConnectionMixin(_Base):
         if buf is None:  # nothing pending (see _release)
             if self._mode == _FRAMES and wanted <= room <= MIN_READ:
                 self._in_scratch = True
-                return memoryview(self._scratch)[:room]
+                return self._scratch_view[:room]
             buf = self._buf = bytearray(max(room, wanted))
         if self._start + wanted > len(buf) or len(buf) - self._end < room:
             buf = self._make_room(wanted)
@@ -359,7 +358,8 @@ class TunnelConnectionMixin(_Base):
         parser = self._parser
         assert parser is not None and self._buf is not None
         lend = self._buf is not self._scratch
-        events, used = parser.parse(memoryview(self._buf)[self._start : self._end], lend=lend)
+        view = memoryview(self._buf) if lend else self._scratch_view
+        events, used = parser.parse(view[self._start : self._end], lend=lend)
         if parser.lent:
             parser.lent, self._lent = False, True
         self._start += used
