@@ -207,7 +207,10 @@ class TunnelConnectionMixin(_Base):
                 if self._reading_paused:
                     self._reading_paused = False
                     self.transport.resume_reading()
-                self._hand(batch)
+                try:
+                    receiver(batch)
+                except Exception as exc:  # raised below: the session's reader handles it
+                    self.stop_delivery(exc)
             while self._delivery_error is None and self._mode != _WEBSOCKETS:
                 if self._lost:
                     break
@@ -228,13 +231,6 @@ class TunnelConnectionMixin(_Base):
         if self._delivery_error is None:
             self._delivery_error = error
         self._wake()
-
-    def _hand(self, batch: list[bytes | memoryview]) -> None:
-        assert self._receiver is not None
-        try:
-            self._receiver(batch)
-        except Exception as exc:  # raised in deliver(): the session's reader handles it
-            self.stop_delivery(exc)
 
     def forget_handshake(self) -> None:
         """Let go of the handshake's headers (~3 KiB: an idle tunnel keeps them for nothing), not
@@ -392,7 +388,10 @@ class TunnelConnectionMixin(_Base):
                 self._spares, self._lent = [], False
         if messages and self._receiver is not None:
             self._messages = []
-            self._hand(messages)
+            try:  # not by a helper: a call per read
+                self._receiver(messages)
+            except Exception as exc:  # raised in deliver(): the session's reader handles it
+                self.stop_delivery(exc)
             if self._mode != _FRAMES:
                 self._wake()
         elif messages:
