@@ -55,6 +55,7 @@ from ravenproxy.wire.streams import SENDING, Input, State, Stream
 from ravenproxy.wire.windows import RecvWindow, SendWindow
 
 _DATA = int(FrameType.DATA)  # packed as a plain int: no enum code per frame
+_pack_header = HEADER.pack  # bound once, as data_path's _unpack_header (see there)
 
 
 class Connection(DataPath):
@@ -244,7 +245,7 @@ class Connection(DataPath):
             # min() (a builtin call of four arguments is ~900 instructions, two a small write).
             send.available -= n
             conn_send.available -= n
-            self.outbox.data(HEADER.pack(_DATA, 0, 0, stream_id, n), data)
+            self.outbox.data(_pack_header(_DATA, 0, 0, stream_id, n), data)
             return n
         n = min(n, send.available, conn_send.available, limit)
         if n <= 0:
