@@ -68,6 +68,7 @@ from ravenproxy.server.router import Route, UpstreamKey
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 _COUNTS: dict[int, Count] = {}  # each status's Count action, made once
+_count_of = _COUNTS.get  # bound once, as wire.data_path's _unpack_header (see there)
 
 
 class Exchange:
@@ -350,7 +351,7 @@ class Exchange:
                     out.append(head + fields(value.headers) + b"\r\n")
                 else:
                     status = value.status  # one Count per status, shared (it is frozen)
-                    actions.append(_COUNTS.get(status) or _COUNTS.setdefault(status, Count(status)))
+                    actions.append(_count_of(status) or _COUNTS.setdefault(status, Count(status)))
                     out.append(self._response_head(value, bodiless=up.bodiless))
             elif kind == END:
                 if self._info:

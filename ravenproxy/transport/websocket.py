@@ -91,18 +91,19 @@ more means a message lent from it (a view) is still held by whoever received it.
 
 
 class _Scratch(threading.local):
-    """The thread's read buffer for connections that hold none (idle ones). Used only from a
-    ``get_buffer`` to the ``buffer_updated`` that follows it, which nothing interleaves."""
+    """The thread's read buffer for connections that hold none (idle ones), used only from a
+    ``get_buffer`` to its ``buffer_updated``, and a view of it (exported: never resized). Each
+    connection keeps both, looked up once (a ``threading.local`` attribute: ~500 instructions)."""
 
     def __init__(self) -> None:
         self.buf = bytearray(MIN_READ)
+        self.view = memoryview(self.buf)
 
 
 _scratch = _Scratch()
 
+# Takes the binary messages of one read round, in order (TunnelConnectionMixin.deliver).
 Receiver = Callable[[list[bytes | memoryview]], None]
-"""Takes the binary messages of one read round, in order (see
-:meth:`TunnelConnectionMixin.deliver`)."""
 
 
 # The reader's modes: ints, not an Enum, whose members looked up on their class go through
@@ -143,13 +144,13 @@ class TunnelConnectionMixin(_Base):
         # Adaptive, as asyncio's own reads are: the read offered doubles while reads fill it
         # (bulk) and halves while they use less than a quarter of it; a drained buffer much
         # larger than the read size and the frames received goes back to that size (see
-        # SHRINK_AFTER). A thousand idle tunnels then hold
-        # a few KiB each, not the megabyte a bulk transfer grew theirs to. None: no buffer of
-        # its own (drained and idle); the next read goes into the shared scratch.
+        # SHRINK_AFTER): a thousand idle tunnels hold a few KiB each, not a bulk transfer's
+        # megabyte. None: no buffer of its own (drained, idle); the next read goes to the scratch.
         self._buf: bytearray | None = bytearray(MIN_READ)
         self._lent = False  # messages were handed on as views of _buf (wsframes.LEND_MIN)
         self._spares: list[bytearray] = []  # lent buffers, to read into again once free
         self._in_scratch = False
+        self._scratch, self._scratch_view = _scratch.buf, _scratch.view  # see _Scratch
         self._read_size = MIN_READ
         self._start = 0
         self._end = 0
@@ -206,7 +207,10 @@ class TunnelConnectionMixin(_Base):
                 if self._reading_paused:
                     self._reading_paused = False
                     self.transport.resume_reading()
-                self._hand(batch)
+                try:
+                    receiver(batch)
+                except Exception as exc:  # raised below: the session's reader handles it
+                    self.stop_delivery(exc)
             while self._delivery_error is None and self._mode != _WEBSOCKETS:
                 if self._lost:
                     break
@@ -228,17 +232,9 @@ class TunnelConnectionMixin(_Base):
             self._delivery_error = error
         self._wake()
 
-    def _hand(self, batch: list[bytes | memoryview]) -> None:
-        assert self._receiver is not None
-        try:
-            self._receiver(batch)
-        except Exception as exc:  # raised in deliver(): the session's reader handles it
-            self.stop_delivery(exc)
-
     def forget_handshake(self) -> None:
-        """Let go of the opening handshake's headers (~3 KiB), once they have been looked at:
-        an idle tunnel keeps them for nothing. The request and response themselves stay
-        (``websockets`` takes a connection without them for one still in its handshake)."""
+        """Let go of the handshake's headers (~3 KiB: an idle tunnel keeps them for nothing), not
+        of the request and response (without them ``websockets`` takes it for one handshaking)."""
         for message in (self.request, self.response):
             if message is not None:
                 message.headers = Headers()
@@ -263,7 +259,7 @@ class TunnelConnectionMixin(_Base):
         if buf is None:  # nothing pending (see _release)
             if self._mode == _FRAMES and wanted <= room <= MIN_READ:
                 self._in_scratch = True
-                return memoryview(_scratch.buf)[:room]
+                return self._scratch_view[:room]
             buf = self._buf = bytearray(max(room, wanted))
         if self._start + wanted > len(buf) or len(buf) - self._end < room:
             buf = self._make_room(wanted)
@@ -274,15 +270,15 @@ class TunnelConnectionMixin(_Base):
         size = self._read_size
         if nbytes >= size:
             self._read_size = min(MAX_READ, size * 2)
-        elif nbytes * 4 < size:
+        elif nbytes * 4 < size and size > MIN_READ:  # no max() per small read at MIN_READ
             self._read_size = max(MIN_READ, size // 2)
         if self._in_scratch:
             self._in_scratch = False
-            self._buf = _scratch.buf
+            self._buf = self._scratch
         self._end += nbytes
         if self._mode == _FRAMES:
             self._read_frames()
-            if self._buf is _scratch.buf:  # bytes left unparsed: a buffer of our own for them
+            if self._buf is self._scratch:  # bytes left unparsed: a buffer of our own for them
                 self._keep_pending()
         elif self._mode == _HANDSHAKE:
             self._read_head()
@@ -357,8 +353,9 @@ class TunnelConnectionMixin(_Base):
     def _read_frames(self) -> None:
         parser = self._parser
         assert parser is not None and self._buf is not None
-        lend = self._buf is not _scratch.buf
-        events, used = parser.parse(memoryview(self._buf)[self._start : self._end], lend=lend)
+        lend = self._buf is not self._scratch
+        view = memoryview(self._buf) if lend else self._scratch_view
+        events, used = parser.parse(view[self._start : self._end], lend=lend)
         if parser.lent:
             parser.lent, self._lent = False, True
         self._start += used
@@ -391,7 +388,10 @@ class TunnelConnectionMixin(_Base):
                 self._spares, self._lent = [], False
         if messages and self._receiver is not None:
             self._messages = []
-            self._hand(messages)
+            try:  # not by a helper: a call per read
+                self._receiver(messages)
+            except Exception as exc:  # raised in deliver(): the session's reader handles it
+                self.stop_delivery(exc)
             if self._mode != _FRAMES:
                 self._wake()
         elif messages:

@@ -22,6 +22,10 @@ from ravenproxy.wire.streams import RECEIVING, Stream
 from ravenproxy.wire.windows import RecvWindow
 
 _DATA = int(FrameType.DATA)  # compared with a plain int: no enum code per message
+# Bound once: Python 3.11 compiles ``GLOBAL.method(...)`` to an attribute load, which it can
+# specialize only on a module (it takes globals for modules), so a Struct's method was looked up
+# and a bound method made per message.
+_unpack_header = HEADER.unpack_from
 
 
 class DataPath:
@@ -49,7 +53,7 @@ class DataPath:
         total = len(message)
         if type(message) is not bytes or total <= HEADER_SIZE or self.closed:
             return None
-        type_byte, flags, reserved, sid, length = HEADER.unpack_from(message)
+        type_byte, flags, reserved, sid, length = _unpack_header(message)
         n = total - HEADER_SIZE
         if (
             type_byte != _DATA
@@ -69,7 +73,8 @@ class DataPath:
         # RecvWindow.receive of both windows, written out (checked just above).
         conn_recv.available -= n
         recv.available -= n
-        self.last_received = self._clock()
+        clock = self._clock  # an attribute, not a method: as a method call it is not specialized
+        self.last_received = clock()
         # As frames.decode_message keeps a payload: a single frame's is most of its message.
         return sid, (message[HEADER_SIZE:] if n < COPY_BELOW else memoryview(message)[HEADER_SIZE:])
 

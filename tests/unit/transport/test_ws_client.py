@@ -202,3 +202,36 @@ async def test_after_a_missed_pong_no_message_is_delivered() -> None:
         await asyncio.wait_for(delivery, WAIT)
         assert client.protocol.close_sent is not None
         assert late == []  # websockets discards what follows a fail() (RFC 6455 7.1.7)
+
+
+@pytest.mark.parametrize("before", [True, False])
+async def test_a_receiver_that_raises_ends_the_delivery_with_its_error(before: bool) -> None:
+    """What the receiver raises ends :meth:`deliver` and is raised there, for a message that
+    arrived before the delivery (handed on as it starts) and for one it reads (handed on from
+    the read callback)."""
+    go = asyncio.Event()
+
+    async def handler(ws: ServerConnection) -> None:
+        await go.wait()
+        await ws.send(b"one")
+        await ws.send(b"two")
+        await ws.wait_closed()
+
+    async with server(handler) as (uri, _), dialled(uri) as client:
+        got: list[bytes] = []
+
+        def receive(batch: list[bytes | memoryview]) -> None:
+            got.extend(bytes(m) for m in batch)
+            raise ValueError("refused")
+
+        if before:  # queued by the reader, as no one takes them yet
+            go.set()
+            async with asyncio.timeout(WAIT):
+                while not client._messages:
+                    await asyncio.sleep(0.01)
+        delivery = asyncio.create_task(client.deliver(receive), name="test-deliver")
+        await asyncio.sleep(0)
+        go.set()
+        with pytest.raises(ValueError, match="refused"):
+            await asyncio.wait_for(delivery, WAIT)
+        assert got[0] == b"one"

@@ -323,3 +323,104 @@ def test_data_for_a_stream_in_every_state(sid: int, fin: bool) -> None:
         lambda: plain(b.receive_message(message))
     )
     assert state(a) == state(b)
+
+
+def old_send_upto(conn: Connection, stream_id: int, data: bytes | memoryview, limit: int) -> int:
+    """``Connection.send_upto`` by its definition: ``send_data`` of as much as
+    ``send_window`` and ``limit`` allow."""
+    n = min(len(data), conn.send_window(stream_id), limit)
+    if n <= 0:
+        return 0
+    conn.send_data(stream_id, data if n == len(data) else memoryview(data)[:n])
+    return n
+
+
+WIDE = WireConfig(
+    max_frame_size=2 * MIN_FRAME_SIZE,
+    initial_stream_window=4 * MIN_FRAME_SIZE,
+    max_stream_window=4 * MIN_FRAME_SIZE,
+    connection_window=6 * MIN_FRAME_SIZE,
+)
+UPTO_CONFIGS = [
+    # (server, agent): the agent sends, by the windows the server gives it. Windows under a
+    # frame: they cut the data.
+    (CONFIG, CONFIG),
+    # The connection window no larger than a stream's: it is the one that cuts.
+    (dataclasses.replace(CONFIG, max_stream_window=2048, connection_window=2048), CONFIG),
+    # The agent (which sends here) may send frames of 16 KiB (the server's
+    # max_frame_size), within windows of 64 KiB.
+    (dataclasses.replace(WIDE, max_frame_size=MIN_FRAME_SIZE), WIDE),
+    # The server takes 32 KiB frames, the agent's own messages hold 16 KiB at most.
+    (
+        WIDE,
+        dataclasses.replace(
+            WIDE, max_frame_size=MIN_FRAME_SIZE, max_message_size=MIN_FRAME_SIZE + 12
+        ),
+    ),
+]
+
+upto_sizes = st.one_of(
+    sizes,
+    st.sampled_from([2 * MIN_FRAME_SIZE - 1, 2 * MIN_FRAME_SIZE, 2 * MIN_FRAME_SIZE + 1]),
+    st.integers(MIN_FRAME_SIZE - 16, MIN_FRAME_SIZE + 16),
+)
+upto_ops = st.lists(
+    st.tuples(
+        st.sampled_from([*STREAM_IDS, 4]),
+        upto_sizes,
+        st.sampled_from(["bytes"] * 6 + ["bytearray", "view", "readonly"]),
+        st.one_of(st.just(1 << 30), st.integers(-1, 3 * MIN_FRAME_SIZE)),
+    ),
+    max_size=30,
+)
+
+
+@pytest.mark.parametrize("configs", UPTO_CONFIGS)
+@settings(
+    max_examples=300,
+    deadline=timedelta(seconds=2),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(steps=upto_ops)
+def test_send_upto_agrees_with_send_window_and_send_data(
+    configs: tuple[WireConfig, WireConfig], steps: list[tuple[int, int, str, int]]
+) -> None:
+    """``send_upto``'s one-frame case (all of the data, within both windows, the limit and one
+    frame) against its definition, over streams in every state, sizes around the windows, the
+    limit and both frame limits (the peer's, our message size's), and every kind of buffer:
+    the same count, the same frames queued, the same state."""
+    server_config, agent_config = configs
+
+    def opened() -> Connection:
+        pair = Pair(server_config=server_config, agent_config=agent_config)
+        for _ in range(4):
+            pair.open()  # 1, 3, 5, 7
+        pair.open(pair.agent)  # 2
+        pair.agent.end_stream(HALF_LOCAL)
+        pair.server.end_stream(HALF_REMOTE)
+        pair.server.reset_stream(RESET, ErrorCode.CANCEL)
+        pair.pump()
+        assert pair.agent.open_stream(TARGET) == 4  # not sent: OPENING_LOCAL
+        return pair.agent
+
+    a, b = opened(), opened()
+    for sid, n, kind, limit in steps:
+        raw = bytes(range(256)) * (n // 256) + bytes(n % 256)
+        got = []
+        for conn, send_upto in ((a, Connection.send_upto), (b, old_send_upto)):
+            data = buffer_of(kind, raw)
+            got.append(outcome(lambda: send_upto(conn, sid, data, limit)))  # noqa: B023
+            if kind == "bytearray":  # the caller reuses its buffer: what was queued is a copy
+                data[:] = b"\xff" * n
+        assert got[0] == got[1], (sid, n, kind, limit)
+        assert state(a) == state(b), (sid, n, kind, limit)
+
+
+def buffer_of(kind: str, raw: bytes) -> bytes | memoryview:
+    if kind == "bytearray":
+        return memoryview(bytearray(raw))
+    if kind == "view":
+        return memoryview(raw)
+    if kind == "readonly":
+        return memoryview(bytearray(raw)).toreadonly()
+    return raw
