@@ -65,12 +65,22 @@ _OF: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Readiness] = weakref.W
 
 
 def of(loop: asyncio.AbstractEventLoop) -> Readiness:
-    """``loop``'s probe, made on first use; its epoll is closed when the loop is let go."""
+    """``loop``'s probe, made on first use (the server and the agent make it as they start:
+    its descriptor is not a connection's); closed by :func:`release`, or when the loop is let
+    go."""
     probe = _OF.get(loop)
     if probe is None:
         probe = _OF[loop] = Readiness()
         weakref.finalize(loop, probe.close)
     return probe
+
+
+def release(loop: asyncio.AbstractEventLoop) -> None:
+    """Close ``loop``'s probe (at shutdown). Sessions still holding it leave every write to
+    their writer; a later :func:`of` makes a new one."""
+    probe = _OF.pop(loop, None)
+    if probe is not None:
+        probe.close()
 
 
 def watch(transport: asyncio.BaseTransport) -> None:

@@ -98,6 +98,11 @@ async def test_one_probe_per_loop() -> None:
     assert readiness.of(loop) is readiness.of(loop)
     other = asyncio.new_event_loop()
     try:
-        assert readiness.of(other) is not readiness.of(loop)
+        probe = readiness.of(other)
+        assert probe is not readiness.of(loop)
+        readiness.release(other)  # at shutdown: closed, and let go
+        assert probe.more_input()
+        assert readiness.of(other) is not probe
+        readiness.release(other)
     finally:
         other.close()
