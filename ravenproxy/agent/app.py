@@ -45,7 +45,7 @@ from ravenproxy.metrics import AgentMetrics
 from ravenproxy.model.allowlist import Allowlist, gateway_allowlist
 from ravenproxy.model.store import ModelStore
 from ravenproxy.pki.credentials import Credentials
-from ravenproxy.transport import tls
+from ravenproxy.transport import readiness, tls
 from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
 from ravenproxy.transport.dialer import DialError, dial_protocol
 from ravenproxy.transport.session import Session, TunnelStream
@@ -132,6 +132,7 @@ class Agent:
         ``--metrics-addr`` is one line naming the flag, see :mod:`ravenproxy.lifecycle`).
         """
         s = self.settings
+        readiness.of(asyncio.get_running_loop())  # the probe's epoll, before any connection
         try:
             async with contextlib.AsyncExitStack() as stack:
                 # With --cert-dir the files exist once the first certificate is issued.
@@ -167,6 +168,7 @@ class Agent:
             for runner in self._runners:
                 await runner.cleanup()
             self._runners.clear()
+            readiness.release(asyncio.get_running_loop())
 
     # -- certificates ---------------------------------------------------------------------------
     def _client_context(self, creds: Credentials) -> ssl.SSLContext:

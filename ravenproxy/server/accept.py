@@ -21,6 +21,7 @@ from typing import Any
 from ravenproxy.log import kv, peer_text
 from ravenproxy.metrics import ServerMetrics
 from ravenproxy.server.limits import ConnectionGate, Throttle
+from ravenproxy.transport.readiness import watch
 from ravenproxy.transport.socket_stream import SocketStream
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ async def streams(
         ssl=ctx,
         ssl_handshake_timeout=handshake_timeout if ctx is not None else None,
     )
+    watch(stream.transport)  # a client's request queues tunnel output: readiness.py
     return stream, stream
 
 

@@ -44,7 +44,7 @@ from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import Router
 from ravenproxy.server.settings import ServerSettings, owner_ids
 from ravenproxy.server.tunnels import Tunnels
-from ravenproxy.transport import tls, ws_server
+from ravenproxy.transport import readiness, tls, ws_server
 from ravenproxy.transport.credentials import CredentialFiles, CredentialsWatcher
 from ravenproxy.transport.session import websocket_options
 
@@ -131,6 +131,7 @@ class ProxyServer:
         """Bind every listener, in order; if one fails, close the ones already bound (nothing
         is left listening) and raise :class:`ConfigError` naming the flag and address."""
         s = self.settings
+        readiness.of(asyncio.get_running_loop())  # the probe's epoll, before any connection
         async with contextlib.AsyncExitStack() as undo:
             await self._start_certificates(undo)
             self.connector.load_tls()
@@ -378,6 +379,7 @@ class ProxyServer:
         await self._stop_certificates()
         for runner in self._runners:
             await runner.cleanup()
+        readiness.release(asyncio.get_running_loop())
         log.info("server stopped")
 
     def track(self, task: asyncio.Task[Any]) -> None:

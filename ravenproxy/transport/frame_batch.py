@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from websockets.speedups import apply_mask
 
 WRITE_CHUNK = 256 * 1024
 """Bytes of frames the writer hands the transport at once, at most (beyond one message) before
 it waits for the transport to drain."""
+
+WRITE_THROUGH = 16 * 1024
+"""Queued output under this many bytes is written by whoever queued it, when the session's
+writer is idle (a request, its answer: no task step, no loop turn); more waits for the
+writer's batch (bulk: few large writes)."""
 
 COALESCE = 16 * 1024
 """Pieces smaller than this (a TLS record's payload) are gathered into one buffer; larger ones
@@ -119,6 +124,15 @@ def one_small(
         return [head + key + apply_mask(payload, key)]
     head = bytes((0x82, size)) if size < 126 else _HEAD16.pack(0x82, 126, size)
     return [head + payload]
+
+
+def writes(
+    batch: list[list[bytes | memoryview]], *, mask: bool
+) -> Iterable[list[bytes | bytearray | memoryview]]:
+    """The frames of a batch, one list per ``writelines``: :func:`one_small`'s one list for
+    a batch of one small message, else :func:`batched`'s."""
+    small = one_small(batch, mask=mask)
+    return batched(batch, mask=mask) if small is None else (small,)
 
 
 class _KeyPool:

@@ -69,6 +69,7 @@ class Intake:
         self._yielded = time.monotonic()
         self._delivering = False  # our frame reader calls _on_messages
         self._held: list[bytes | memoryview] | None = None  # reading paused: not taken yet
+        self._deferred = False  # taking a read round: what it queues is written at its end
         self._paused_at = 0.0
         self._flood_timer: asyncio.TimerHandle | None = None
 
@@ -86,22 +87,28 @@ class Intake:
         if self._held is not None:  # paused: behind what is held back
             self._held += batch
             return
-        for i, message in enumerate(batch):
-            if not conn.should_read:
-                self._pause(batch[i:])
-                break
-            # The usual message, one DATA frame, by the wire's fast path: no event to match.
-            got = conn.receive_data(message)
-            if got is None:
-                for event in conn.receive_message(message):
-                    self._dispatch(event)
-                continue
-            sid, data = got
-            stream = self.streams.get(sid)
-            if stream is not None:
-                stream._feed(data)
-            else:  # as _dispatch: a stream this side already let go of
-                conn.consumed(sid, len(data))
+        # What the round queues (several streams' frames, credit) is written at its end, in
+        # one write, not by the first flush it makes (Session._flush writes through).
+        self._deferred = True
+        try:
+            for i, message in enumerate(batch):
+                if not conn.should_read:
+                    self._pause(batch[i:])
+                    break
+                # The usual message, one DATA frame, by the wire's fast path: no event to match.
+                got = conn.receive_data(message)
+                if got is None:
+                    for event in conn.receive_message(message):
+                        self._dispatch(event)
+                    continue
+                sid, data = got
+                stream = self.streams.get(sid)
+                if stream is not None:
+                    stream._feed(data)
+                else:  # as _dispatch: a stream this side already let go of
+                    conn.consumed(sid, len(data))
+        finally:
+            self._deferred = False
         # Answers the messages asked for (PING acks above all) go out now, not with whatever
         # flushes next: protocol sections 4.7 and 11.
         self._flush()

@@ -10,7 +10,7 @@ The reader task mostly waits: it reads only what ``websockets`` keeps after a ha
 A server holds one session per connected agent, mostly idle: what a session keeps is kept a
 thousand times. Hence :class:`~ravenproxy.transport.flag.Flag`, not :class:`asyncio.Event`, a
 timer instead of a keepalive task, and the handshake request and response let go once it runs.
-What the writer sends is framed by :mod:`ravenproxy.transport.frame_batch`.
+How its output is written: :mod:`ravenproxy.transport.outlet`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State as WsState
 
 from ravenproxy.log import kv
 from ravenproxy.transport.flag import Flag
-from ravenproxy.transport.frame_batch import batched, one_small
-from ravenproxy.transport.intake import Intake
+from ravenproxy.transport.outlet import Outlet
 from ravenproxy.transport.tunnel_stream import OpenError, StreamClosedError, TunnelStream
 from ravenproxy.transport.websocket import TunnelConnectionMixin
 from ravenproxy.wire import events as ev
@@ -110,7 +108,7 @@ def websocket_options(wire: WireConfig) -> dict[str, Any]:
 StreamHandler = Callable[[TunnelStream], Awaitable[None]]
 
 
-class Session(Intake):
+class Session(Outlet):
     """Runs the protocol over one WebSocket. ``on_open`` serves streams the peer opens."""
 
     config: SessionConfig
@@ -140,12 +138,6 @@ class Session(Intake):
         self.fields = fields or {}
         self.streams: dict[int, TunnelStream] = {}
         self._window_waiters: set[TunnelStream] = set()
-        self._wake = False  # queued since the writer took the queue
-        self._wake_writer: asyncio.Future[None] | None = None  # its wait (no Flag's shield)
-        self._drain_event = Flag()
-        # Set whenever the writer has taken the connection's queue (or stopped for good): what
-        # a reader paused on unsent control output waits for.
-        self._taken = Flag()
         self._writer_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._keepalive_timer: asyncio.TimerHandle | None = None
@@ -158,6 +150,7 @@ class Session(Intake):
         """When the tunnel came up (monotonic clock)."""
         self.on_stream_closed: Callable[[TunnelStream], None] | None = None
         self._init_intake()
+        self._init_outlet()
 
     # -- lifecycle --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -263,52 +256,6 @@ class Session(Intake):
 
     def _wait_window(self, stream: TunnelStream) -> None:
         self._window_waiters.add(stream)
-
-    # -- I/O --------------------------------------------------------------------------------
-    def _flush(self) -> None:
-        if not self._wake and self.conn.outbox.pending_bytes:  # several times a request
-            self._wake = True
-            waiter, self._wake_writer = self._wake_writer, None
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-
-    async def _drained(self) -> None:
-        """Wait until the writer caught up, so producers cannot queue without bound."""
-        while self.conn.pending_bytes > self.config.wire.max_message_size and not self.closed:
-            self._drain_event.clear()
-            await self._drain_event.wait()
-
-    async def _writer(self) -> None:
-        # A batch: what every stream queued since the writer last ran, in few large writes.
-        mask, ws, loop = not self.conn.server_side, self.ws, self.loop
-        taken, drained, outbox = self._taken, self._drain_event, self.conn.outbox
-        try:
-            while True:
-                if not self._wake:
-                    self._wake_writer = waiter = loop.create_future()
-                    await waiter
-                self._wake = False
-                batch = outbox.take_pieces()  # conn.pieces_to_send(), one call less
-                # Both flags are waited for only right after a clear(): set while waited for.
-                if taken.waiter is not None:
-                    taken.set()
-                if self._held is not None:
-                    self._unpause()
-                small = one_small(batch, mask=mask)
-                for frames in batched(batch, mask=mask) if small is None else (small,):
-                    if ws.protocol.state is not WsState.OPEN:
-                        return
-                    ws.transport.writelines(frames)
-                    # drain() waits only while paused (or yields once while closing).
-                    if ws.paused or ws.transport.is_closing():
-                        await ws.drain()
-                if drained.waiter is not None:
-                    drained.set()
-        except ConnectionClosed:
-            pass
-        finally:
-            self._drain_event.set()
-            self._taken.set()
 
     def _schedule_keepalive(self) -> None:
         # A timer, not a task: an idle tunnel holds a timer handle, not a task, its coroutine

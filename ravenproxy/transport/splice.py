@@ -42,6 +42,7 @@ from typing import Any, cast
 from ravenproxy.log import kv
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream, TunnelByteStream
 from ravenproxy.transport.lender import LEND_FROM, LEND_IDLE
+from ravenproxy.transport.readiness import watch
 from ravenproxy.transport.relay import (
     CREDIT_PROBE,
     IDLE_ERROR,
@@ -107,6 +108,7 @@ class Splice(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         tune(self.transport)
+        watch(self.transport)  # a target's answer queues tunnel output: readiness.py
 
     def data_received(self, data: bytes) -> None:
         stream = self.stream

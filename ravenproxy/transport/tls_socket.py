@@ -10,20 +10,18 @@ The contract is asyncio's :class:`asyncio.Transport` (what ``websockets`` and th
 - reading: ``loop.add_reader``; each readiness fills the buffer the protocol offers with as many
   ``SSL_read`` calls as it takes (a record each), then one ``buffer_updated``. Decrypted bytes
   OpenSSL still holds (``pending()``: the rest of a record larger than the buffer) make no
-  readiness event: they are read on the next loop iteration. ``pause_reading``/``resume_reading``.
-- writing: :meth:`TLSSocketTransport.write` encrypts at once while nothing is queued; what the
-  socket does not take is queued (by reference, as ``sslproto`` does) and written on
-  ``add_writer`` readiness; ``SSL_write`` is all or nothing, and after ``SSLWantWriteError`` the
-  same piece is written again. Flow control as asyncio's. Either direction may need the other's
-  readiness (a key update to answer); both are waited for.
+  readiness event: they are read on the next loop iteration (:mod:`.readiness` counts that).
+- writing: :meth:`TLSSocketTransport.write` encrypts at once while nothing is queued; the rest is
+  queued (by reference, as ``sslproto`` does), written on ``add_writer`` readiness; ``SSL_write``
+  is all or nothing: after ``SSLWantWriteError`` the same piece is written again. Flow control as
+  asyncio's. Either direction may need the other's readiness (a key update); both are waited for.
 - closing: ``close()`` writes what is queued, ``close_notify``, a FIN, then drops what comes
   until the peer's FIN, within :data:`SHUTDOWN_TIMEOUT`; ``abort()`` closes at once.
   ``connection_lost`` is called exactly once, from the loop, once the socket is closed.
 - the peer's ``close_notify`` (or a FIN without it) is the protocol's ``eof_received``; unless
   that returns true, the transport closes.
 
-:mod:`~ravenproxy.transport.tls_handshake` makes such sockets (the handshake, the agent's dial);
-:mod:`~ravenproxy.transport.ws_server` accepts them (the tunnel listener).
+:mod:`.tls_handshake` makes such sockets (the agent's dial), :mod:`.ws_server` accepts them.
 """
 
 from __future__ import annotations
@@ -35,6 +33,8 @@ import socket
 import ssl
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from ravenproxy.transport.readiness import of as readiness_of
 
 SHUTDOWN_TIMEOUT = 10.0
 """Seconds ``close()`` may take (queued data, ``close_notify``, FIN, the peer's FIN), at most."""
@@ -87,6 +87,7 @@ class TLSSocketTransport(asyncio.Transport):
         self._reader = False  # add_reader in place
         self._writer = False
         self._read_soon: asyncio.Handle | None = None
+        self._soon = readiness_of(loop).soon
         self._lost = False  # connection_lost scheduled
         self._closed = False  # the socket is closed
         self._peer_eof = False
@@ -258,9 +259,11 @@ class TLSSocketTransport(asyncio.Transport):
     def _schedule_read(self) -> None:
         if self._read_soon is None:
             self._read_soon = self._loop.call_soon(self._read_again)
+            self._soon.add(self)  # more input in this turn, which no readiness shows
 
     def _read_again(self) -> None:
         self._read_soon = None
+        self._soon.discard(self)
         if not self._reading_paused and not self._closed:
             self._read()
 
@@ -446,10 +449,7 @@ class TLSSocketTransport(asyncio.Transport):
         if self._shutdown_timer is not None:
             self._shutdown_timer.cancel()
             self._shutdown_timer = None
-        if self._read_soon is not None:
-            self._read_soon.cancel()
-            self._read_soon = None
-        if not self._closed:
+        if not self._closed:  # (a read scheduled finds it closed)
             self._closed = True
             self._update_io()
             self._queue.clear()

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 from websockets.datastructures import Headers
 from websockets.protocol import Side, State
 
+from ravenproxy.transport.readiness import watch
 from ravenproxy.transport.wsframes import MESSAGE, Control, Failure, FrameParser, Handover
 
 MIN_READ = 4 * 1024
@@ -289,8 +290,8 @@ class TunnelConnectionMixin(_Base):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        # Before the first byte: from here on, every byte comes through buffer_updated.
-        transport.set_protocol(_Feeder(self))
+        watch(transport)  # its input can queue tunnel output (credit, answers): readiness.py
+        transport.set_protocol(_Feeder(self))  # before the first byte: all by buffer_updated
 
     def data_received(self, data: bytes) -> None:  # only if a transport ignored set_protocol
         view = self.get_buffer(len(data))

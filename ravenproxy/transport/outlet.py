@@ -1,0 +1,143 @@
+"""How a :class:`~ravenproxy.transport.session.Session`'s output reaches its transport (a base
+of the session, as :mod:`~ravenproxy.transport.intake` is for what it takes in).
+
+Small output on an idle tunnel (a request, its answer) is written by whoever queued it, in the
+callback that queued it: no writer task step, no loop turn between it and its write. Unless more
+input waits in this loop turn (:mod:`~ravenproxy.transport.readiness`): then several clients'
+requests (the server) or several targets' answers (the agent) are in the event loop's batch, and
+the last of them writes what all queued in one write, as the writer's batch did (a write each
+would split the burst: more reads and writes per request on both ends). What a read round of the
+tunnel queues is one write at the round's end (the intake defers the flushes it makes). Bulk
+(:data:`~ravenproxy.transport.frame_batch.WRITE_THROUGH` or more queued), a paused or closing
+transport and messages held back go to the writer task, which writes what every stream queued
+since it last ran in few large writes and waits for the transport to drain
+(docs/protocol.md's flow control).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State as WsState
+
+from ravenproxy.transport.flag import Flag
+from ravenproxy.transport.frame_batch import WRITE_THROUGH, writes
+from ravenproxy.transport.intake import Intake
+from ravenproxy.transport.readiness import of as readiness_of
+
+
+class Outlet(Intake):
+    """The writing side of a session (a base of :class:`Session`, which owns what it names)."""
+
+    loop: asyncio.AbstractEventLoop
+
+    if TYPE_CHECKING:  # the session's
+
+        @property
+        def closed(self) -> bool: ...
+
+    def _init_outlet(self) -> None:
+        self._wake = False  # queued since the writer took the queue
+        self._wake_writer: asyncio.Future[None] | None = None  # its wait (no Flag's shield)
+        self._probe = readiness_of(self.loop)
+        self._late = False  # a _flush_late is scheduled: it writes what the turn leaves queued
+        self._drain_event = Flag()
+        # Set whenever the writer has taken the connection's queue (or stopped for good): what
+        # a reader paused on unsent control output waits for.
+        self._taken = Flag()
+
+    def _flush(self) -> None:
+        # Several times a request. Deferred: the read round being taken flushes at its end.
+        if not (self._wake or self._deferred) and self.conn.outbox.pending_bytes:
+            self._hand_out(late=False)
+
+    def _flush_late(self) -> None:
+        """What the turn left queued (no later event of its burst wrote it), in the loop's next
+        turn, before it polls again."""
+        self._late = False
+        if not self._wake and self.conn.outbox.pending_bytes:
+            self._hand_out(late=True)
+
+    def _hand_out(self, *, late: bool) -> None:
+        """Queued output, to be written: through at once (small output, the writer idle), else
+        by the writer task."""
+        waiter = self._wake_writer
+        if waiter is None or waiter.done():  # the writer is busy (or gone)
+            self._wake = True
+            return
+        if self.conn.outbox.pending_bytes < WRITE_THROUGH and self._may_write_through():
+            # Written now by whoever queued it, unless more input waits in this turn (a burst:
+            # its other events queue more; the last one writes it all, in one write).
+            if late or not self._probe.more_input():
+                self._write_through()
+            elif not self._late:  # should no later event of the burst flush this session
+                self._late = True
+                self.loop.call_soon(self._flush_late)
+            return
+        self._wake = True
+        self._wake_writer = None
+        waiter.set_result(None)
+
+    def _may_write_through(self) -> bool:
+        """Not while the transport is paused or closing, or the reader holds messages back
+        (taking them re-enters :meth:`_flush`: its write would go before this one): then the
+        writer's turn."""
+        ws = self.ws
+        return not (
+            ws.paused
+            or self._held is not None
+            or ws.protocol.state is not WsState.OPEN
+            or ws.transport.is_closing()
+        )
+
+    def _write_through(self) -> None:
+        """Write what is queued in the caller's turn, for the idle writer: no task step and no
+        loop turn between a request (its answer) and its write."""
+        batch = self.conn.outbox.take_pieces()
+        if self._taken.waiter is not None:
+            self._taken.set()
+        transport = self.ws.transport
+        for frames in writes(batch, mask=not self.conn.server_side):
+            transport.writelines(frames)
+        if self._drain_event.waiter is not None:
+            self._drain_event.set()
+
+    async def _drained(self) -> None:
+        """Wait until the writer caught up, so producers cannot queue without bound."""
+        while self.conn.pending_bytes > self.config.wire.max_message_size and not self.closed:
+            self._drain_event.clear()
+            await self._drain_event.wait()
+
+    async def _writer(self) -> None:
+        # A batch: what every stream queued since the writer last ran, in few large writes.
+        mask, ws, loop = not self.conn.server_side, self.ws, self.loop
+        taken, drained, outbox = self._taken, self._drain_event, self.conn.outbox
+        try:
+            while True:
+                if not self._wake:
+                    self._wake_writer = waiter = loop.create_future()
+                    await waiter
+                self._wake = False
+                batch = outbox.take_pieces()  # conn.pieces_to_send(), one call less
+                # Both flags are waited for only right after a clear(): set while waited for.
+                if taken.waiter is not None:
+                    taken.set()
+                if self._held is not None:
+                    self._unpause()
+                for frames in writes(batch, mask=mask):
+                    if ws.protocol.state is not WsState.OPEN:
+                        return
+                    ws.transport.writelines(frames)
+                    # drain() waits only while paused (or yields once while closing).
+                    if ws.paused or ws.transport.is_closing():
+                        await ws.drain()
+                if drained.waiter is not None:
+                    drained.set()
+        except ConnectionClosed:
+            pass
+        finally:
+            self._wake_writer = None  # stopped: nothing writes through any more
+            self._drain_event.set()
+            self._taken.set()

@@ -1,0 +1,233 @@
+"""When a session's output reaches its transport (transport/outlet.py): small output on an idle
+tunnel in the turn that queued it (no writer task step) unless more input waits in the loop
+turn (transport/readiness.py: a burst is one write), what a read round queues in one write,
+back-pressure through the writer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import socket
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from ravenproxy.transport import readiness
+from ravenproxy.transport.session import Session, TunnelStream
+from tests.unit.transport.test_session import TARGET, WAIT, read_all, tunnel
+
+
+class Recorder:
+    """A session's transport, every ``writelines`` call recorded (the rest passed through)."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self.writes: list[bytes] = []
+
+    def writelines(self, pieces: Iterable[bytes | bytearray | memoryview]) -> None:
+        pieces = list(pieces)
+        self.writes.append(b"".join(pieces))
+        self._transport.writelines(pieces)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def record(session: Session) -> Recorder:
+    recorder = Recorder(session.ws.transport)
+    session.ws.transport = recorder  # type: ignore[misc]  # the session looks it up per write
+    return recorder
+
+
+async def settle(session: Session) -> None:
+    """Until the session's writer waits for output (idle)."""
+    async with asyncio.timeout(WAIT):
+        while session._wake_writer is None or session.conn.outbox.pending_bytes:
+            await asyncio.sleep(0.001)
+
+
+async def test_a_small_write_on_an_idle_tunnel_goes_out_in_the_writers_callers_turn() -> None:
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        await settle(t.cloud)
+        writes = record(t.cloud)
+        assert stream.try_write(b"GET / HTTP/1.1\r\n\r\n") == 18
+        # No await since: written by the caller, not by a writer task's step to come.
+        assert len(writes.writes) == 1
+        assert b"GET / HTTP/1.1" in writes.writes[0]
+        assert t.cloud.conn.outbox.pending_bytes == 0
+        stream.write_eof()
+        assert await asyncio.wait_for(read_all(stream), WAIT) == b"GET / HTTP/1.1\r\n\r\n"
+
+
+async def echo_by_callback(stream: TunnelStream) -> None:
+    """As the agent's splice: each chunk answered from the read callback that delivered it."""
+    stream.accept()
+    done = asyncio.get_running_loop().create_future()
+
+    def readable() -> None:
+        data = stream.read_nowait()
+        if data:
+            assert stream.try_write(bytes(data)) == len(data)
+        elif data == b"" and not done.done():
+            stream.write_eof()
+            done.set_result(None)
+
+    stream.on_readable(readable)
+    await done
+
+
+async def test_what_a_read_round_queues_goes_out_in_one_write() -> None:
+    """Three streams' DATA in one read round, each answered by its read callback (a flush
+    each): the three answers are one write at the round's end, not one write per flush."""
+    async with tunnel(on_open=echo_by_callback) as t:
+        streams = [await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT) for _ in range(3)]
+        await settle(t.edge)
+        writes = record(t.edge)
+        t.cloud._deferred = True  # the three DATA frames in one message, one write
+        for i, stream in enumerate(streams):
+            assert stream.try_write(b"ask %d" % i) == 5
+        t.cloud._deferred = False
+        t.cloud._flush()
+        async with asyncio.timeout(WAIT):
+            while not writes.writes:
+                await asyncio.sleep(0.001)
+        await asyncio.sleep(0.05)  # nothing else follows
+        assert len(writes.writes) == 1  # (masked: its bytes are read back below)
+        for i, stream in enumerate(streams):
+            stream.write_eof()
+            assert await asyncio.wait_for(read_all(stream), WAIT) == b"ask %d" % i
+
+
+async def test_a_paused_transport_leaves_the_write_to_the_writer_which_waits_for_drain() -> None:
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        await settle(t.cloud)
+        writes = record(t.cloud)
+        t.cloud_ws.pause_writing()  # as the transport does over its high-water mark
+        try:
+            assert stream.try_write(b"first") == 5
+            assert writes.writes == []  # not written through while paused
+            await asyncio.sleep(0.05)
+            # The writer wrote it and waits for the transport to drain: what is queued
+            # meanwhile stays queued.
+            assert len(writes.writes) == 1
+            assert stream.try_write(b"second") == 6
+            await asyncio.sleep(0.05)
+            assert len(writes.writes) == 1
+            assert t.cloud.conn.outbox.pending_bytes > 0
+        finally:
+            t.cloud_ws.resume_writing()
+        stream.write_eof()
+        assert await asyncio.wait_for(read_all(stream), WAIT) == b"firstsecond"
+        assert len(writes.writes) >= 2
+
+
+class Asker(asyncio.Protocol):
+    """A front connection, as the server's: each read is written to its tunnel stream in the
+    read callback (its socket counted in the loop's readiness probe, as the fronts' are)."""
+
+    def __init__(self, stream: TunnelStream) -> None:
+        self.stream = stream
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        readiness.watch(transport)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.stream.try_write(data) == len(data)
+
+
+@contextlib.asynccontextmanager
+async def fronts(streams: list[TunnelStream]) -> AsyncIterator[list[tuple[socket.socket, Asker]]]:
+    """A connected socket pair per stream: (the client's end, the front's protocol)."""
+    loop = asyncio.get_running_loop()
+    made: list[tuple[socket.socket, Asker]] = []
+    try:
+        for stream in streams:
+            client, front = socket.socketpair()
+            _, asker = await loop.connect_accepted_socket(functools.partial(Asker, stream), front)
+            made.append((client, asker))
+        yield made
+    finally:
+        for client, asker in made:
+            client.close()
+            if asker.transport is not None:
+                asker.transport.close()
+        await asyncio.sleep(0)
+
+
+async def wait_writes(writes: Recorder, n: int) -> None:
+    async with asyncio.timeout(WAIT):
+        while len(writes.writes) < n:
+            await asyncio.sleep(0.001)
+    await asyncio.sleep(0.05)  # nothing else follows
+
+
+async def test_a_burst_of_requests_in_one_loop_turn_goes_out_in_one_write() -> None:
+    """Two fronts' requests readable in one loop turn: the first callback sees the second
+    socket still readable and leaves its output queued; the second writes both in one write
+    (written through by each, the burst was two writes: more reads and writes per request)."""
+    async with tunnel() as t:
+        streams = [await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT) for _ in range(2)]
+        async with fronts(streams) as made:
+            await settle(t.cloud)
+            writes = record(t.cloud)
+            for i, (client, _) in enumerate(made):  # no await between: one poll sees both
+                client.send(b"ask %d" % i)
+            await wait_writes(writes, 1)
+            assert len(writes.writes) == 1
+            assert b"ask 0" in writes.writes[0] and b"ask 1" in writes.writes[0]
+        for i, stream in enumerate(streams):
+            stream.write_eof()
+            assert await asyncio.wait_for(read_all(stream), WAIT) == b"ask %d" % i
+
+
+async def test_a_lone_request_is_written_in_its_read_callback() -> None:
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        async with fronts([stream]) as made:
+            await settle(t.cloud)
+            writes = record(t.cloud)
+            seen: list[int] = []
+            asker = made[0][1]
+            feed = asker.data_received
+
+            def received(data: bytes) -> None:
+                feed(data)
+                seen.append(len(writes.writes))  # written by then, in this callback
+
+            asker.data_received = received  # type: ignore[method-assign]
+            made[0][0].send(b"GET / HTTP/1.1\r\n\r\n")
+            await wait_writes(writes, 1)
+            assert seen == [1]
+            assert len(writes.writes) == 1
+        stream.write_eof()
+        assert await asyncio.wait_for(read_all(stream), WAIT) == b"GET / HTTP/1.1\r\n\r\n"
+
+
+async def test_a_paused_socket_with_input_waiting_leaves_the_write_to_after_the_turn() -> None:
+    """A watched socket that stays readable (its reading paused, its data unread) means more
+    input to the probe: the output waits for the turn's end, and is then written (never
+    left queued)."""
+    async with tunnel() as t:
+        streams = [await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT) for _ in range(2)]
+        async with fronts(streams) as made:
+            await settle(t.cloud)
+            paused = made[1][1].transport
+            assert paused is not None
+            paused.pause_reading()
+            made[1][0].send(b"unread")
+            await asyncio.sleep(0.05)
+            writes = record(t.cloud)
+            assert streams[0].try_write(b"first") == 5
+            assert writes.writes == []  # not in the caller's turn: more input waits
+            await wait_writes(writes, 1)
+            assert len(writes.writes) == 1 and b"first" in writes.writes[0]
+            assert t.cloud.conn.outbox.pending_bytes == 0
+            paused.resume_reading()  # its bytes go up now: one more write
+            await wait_writes(writes, 2)
+        for stream, sent in zip(streams, (b"first", b"unread"), strict=True):
+            stream.write_eof()
+            assert await asyncio.wait_for(read_all(stream), WAIT) == sent
