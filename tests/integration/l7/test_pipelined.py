@@ -102,6 +102,33 @@ async def test_an_answer_that_closes_the_connection_reaches_a_pipelining_client(
         await server.wait_closed()
 
 
+@pytest.mark.parametrize("front", ["http", "https"])
+async def test_a_declined_optimistic_upgrade_gets_its_answer(l7: L7, front: str) -> None:
+    """An upgrade request whose client sends its new protocol's bytes right after the head,
+    before any 101 (an optimistic client), and whose target answers without switching: the
+    connection cannot carry more (those bytes are not HTTP), so the front closes it after the
+    answer — lingering, as after an optimistic CONNECT's refusal (before: at once, and the
+    bytes still coming reset the connection, the answer with it). (From the HTTPS front the
+    target is reached over re-originated TLS.)"""
+    served: list[int] = []
+    tls = tls_target(l7) if front == "https" else None
+    handle = answer_then_close(served, abort=tls is not None)
+    server = await asyncio.start_server(handle, EDGE_IP, l7.spare_port, ssl=tls)
+    try:
+        target = f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n"
+        head = (
+            f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}"
+            "Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+        )
+        answer = await refused_while_sending(l7, front, head.encode(), b"\x81\x05hello" * 5000)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+        assert answer.endswith(b"\r\n\r\nhi\n"), answer
+        assert len(served) == 1
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_pipelined_request_after_the_target_closed_goes_on_a_fresh_stream(
     l7: L7,
 ) -> None:
