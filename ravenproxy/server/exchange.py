@@ -86,7 +86,7 @@ class Exchange:
         self.route: Route | None = None
         self._request: Head | None = None
         self._dest: Destination | None = None
-        self._client_raw: bytes | None = None
+        self.client_raw: bytes | None = None
         """Bytes past an upgrade's or a CONNECT's head (not HTTP: never parsed)."""
         self._client_keep, self._upgrade = True, False
         self._chunked_up = False
@@ -128,10 +128,10 @@ class Exchange:
             return self._on_request(seen[0])  # the last request again: no HEAD event queued
         if not data:
             self.client.events.append((EOF, None))
-        elif self._client_raw is not None:
-            self._client_raw += data
+        elif self.client_raw is not None:
+            self.client_raw += data
         else:
-            self._client_raw = self.client.feed(data)
+            self.client_raw = self.client.feed(data)
         return self._client_events()
 
     def _client_events(self) -> list[Action]:
@@ -196,7 +196,7 @@ class Exchange:
         self._request, self._dest = request, dest
         if dest.via == "connect":
             self.phase = "closed"
-            return [*self._drop_upstream(), Tunnel(dest, self._client_raw or b"")]
+            return [*self._drop_upstream(), Tunnel(dest, self.client_raw or b"")]
         self.phase = "routing"
         action = RouteRequest(dest)
         self._seen = (request, self._client_keep, action)
@@ -363,7 +363,7 @@ class Exchange:
                 if out:
                     actions.append(WriteClient(b"".join(out)))
                 if self._up_keep and self._client_keep and self.body_done:
-                    if self._client_raw is None:  # _finished's common case, inline (per request)
+                    if self.client_raw is None:  # _finished's common case, inline (per request)
                         self.phase = "head"
                         return actions
                 return actions + self._finished()
@@ -439,7 +439,7 @@ class Exchange:
         self.phase, headers = "closed", event.headers
         kept = forwardable(headers, upgrade=header(headers, "upgrade") or "websocket")
         head = f"HTTP/1.1 101 {event.start}\r\n".encode("latin-1") + fields(kept) + b"\r\n"
-        return head, self._client_raw or b"", self._up_rest
+        return head, self.client_raw or b"", self._up_rest
 
     def _failed(self, what: str, *, status: int | None = None) -> list[Action]:
         """The target connection failed before the response ended (``what`` "": it closed)."""
@@ -476,7 +476,7 @@ class Exchange:
             # be read as a new request.
             return [*self._drop_upstream(), *self._close("answered before the request body ended")]
         actions = [] if self._up_keep else self._drop_upstream()
-        if self._client_keep and self._client_raw is None:
+        if self._client_keep and self.client_raw is None:
             self.phase = "head"
             return actions
         return [*actions, *self._close("the client connection cannot carry more")]

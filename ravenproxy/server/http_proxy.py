@@ -363,8 +363,8 @@ class _Connection(CallbackPath):
             elif isinstance(action, Refuse):
                 await self._refuse(action.status, action.node, action.reason)
             elif isinstance(action, Close):
-                # An answer before the body was through, pipelined requests after this one.
-                self.linger = self._lingers(raw=False, tcp=False)
+                # An answer before the body was through, more sent after this request.
+                self.linger = self._lingers(tcp=False)
                 log.debug(
                     f"{self.proxy.front} front: closing",
                     extra=kv(peer=self.peer, reason=action.reason),
@@ -398,15 +398,16 @@ class _Connection(CallbackPath):
             self.lease.release()
             self.lease = None
 
-    def _lingers(self, *, raw: bool, tcp: bool) -> int:
+    def _lingers(self, *, tcp: bool) -> int:
         """How the connection ends after its last answer (:attr:`linger`): lingering while the
-        client may still be sending — pipelined requests after this one (or ``raw``: a
-        CONNECT's tunnel bytes) have no end to wait for; a request not through yet has. ``tcp``:
+        client may still be sending — pipelined requests after this one (or bytes past a
+        CONNECT's or an upgrade's head, not parsed: an optimistic client's tunnel or protocol
+        bytes) have no end to wait for; a request not through yet has. ``tcp``:
         else too on plain TCP, where the half-close tells the client at once (it may be
         sending what has not arrived yet: an optimistic CONNECT, pipelined requests); over TLS
         (no half-close) a client that reads to EOF would wait for the lingering to end."""
         client = self.ex.client
-        if raw or any(kind == HEAD or kind == ERROR for kind, _ in client.events):
+        if self.ex.client_raw or any(kind == HEAD or kind == ERROR for kind, _ in client.events):
             return _QUIET  # (an error: what came after a "Connection: close" request, say)
         if client.midway:
             return _THROUGH
@@ -433,7 +434,7 @@ class _Connection(CallbackPath):
             await asyncio.gather(self.pump, return_exceptions=True)
             self.pump = None
 
-    async def _refuse(self, status: int, node: str, reason: str, *, raw: bool = False) -> NoReturn:
+    async def _refuse(self, status: int, node: str, reason: str) -> NoReturn:
         await self._stop_pump()
         self._close_upstream()
         log.info(
@@ -445,9 +446,9 @@ class _Connection(CallbackPath):
         with contextlib.suppress(*_IO_ERRORS):
             self.writer.write(error_response(status, body))
             await self.writer.drain()
-            # The rest of the request, or more, may be on its way (``raw``: a CONNECT's tunnel
-            # bytes); not waited for from a client that was too slow to send a head (408).
-            self.linger = 0 if status == 408 else self._lingers(raw=raw, tcp=True)
+            # The rest of the request, or more, may be on its way (a CONNECT's tunnel bytes,
+            # say); not waited for from a client that was too slow to send a head (408).
+            self.linger = 0 if status == 408 else self._lingers(tcp=True)
         raise _Done
 
     # -- raw relays ---------------------------------------------------------------------------
@@ -470,14 +471,14 @@ class _Connection(CallbackPath):
         try:
             lease = self.ctx.stream_lease(self.proxy.front, self.peer)
         except RoutingError as exc:
-            await self._refuse(exc.status, exc.node, exc.reason, raw=bool(action.rest))
+            await self._refuse(exc.status, exc.node, exc.reason)
         try:
             r = self.ctx.router.route(action.dest.host, action.dest.port)
             stream = await self.ctx.connector.connect(r)
         except BaseException as exc:
             lease.release()
             if isinstance(exc, RoutingError):
-                await self._refuse(exc.status, exc.node, exc.reason, raw=bool(action.rest))
+                await self._refuse(exc.status, exc.node, exc.reason)
             raise
         self.proxy.count(200)
         self.writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")

@@ -260,3 +260,37 @@ async def test_a_stream_open_at_the_drain_timeout_is_cut_and_the_server_exits(be
     assert exited - signalled < 8, f"exited {exited - signalled:.1f}s after SIGTERM"
     assert not stream.complete and 0 < stream.received < 2000
     assert "drain timeout" in bed.server.output()
+
+
+async def test_a_lingering_refused_connection_does_not_hold_the_drain_open(bed: Bed) -> None:
+    """A refused request (an unknown node) on plain TCP lingers — half-closed, what still comes
+    read and dropped — while its client keeps sending (pipelined requests): the drain closes it
+    at once, as it closes an idle kept-alive one, and the server exits then, not when the
+    lingering ends (up to 30 s while the client keeps sending) or at --drain-timeout."""
+    await start(bed, drain_timeout=30)
+    reader, writer = await asyncio.open_connection("127.0.0.1", bed.cluster.http_port)
+
+    async def pipelining() -> None:
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"GET /b HTTP/1.1\r\nHost: edge-9:80\r\n\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.2)
+
+    writer.write(b"GET /a HTTP/1.1\r\nHost: edge-9:80\r\n\r\n")
+    sending = asyncio.create_task(pipelining())
+    try:
+        answer = await asyncio.wait_for(reader.read(), 10)  # to the half-close's EOF
+        assert answer.startswith(b"HTTP/1.1 404 "), answer
+        assert answer.endswith(b"edge-9: unknown node\n"), answer
+        await asyncio.sleep(1)  # lingering: the client goes on sending
+        assert not sending.done()
+        bed.server.kill(signal.SIGTERM)
+        signalled = time.monotonic()
+        code, exited = await wait_exit(bed.server, within=40)
+    finally:
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)
+        writer.close()
+    assert code == 0, bed.server.output()[-3000:]
+    assert exited - signalled < 5, f"exited {exited - signalled:.1f}s after SIGTERM"

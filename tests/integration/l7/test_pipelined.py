@@ -6,13 +6,15 @@ not go out on a kept target connection already known to be closed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, L7
+from tests.integration.l7.env import CLOUD_IP, EDGE_IP, L7
 from tests.integration.l7.test_errors import front_count
-from tests.integration.l7.test_stale_upstream import answer_then_close, ask
+from tests.integration.l7.test_stale_upstream import answer_then_close, ask, tls_target
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -100,6 +102,33 @@ async def test_an_answer_that_closes_the_connection_reaches_a_pipelining_client(
         await server.wait_closed()
 
 
+@pytest.mark.parametrize("front", ["http", "https"])
+async def test_a_declined_optimistic_upgrade_gets_its_answer(l7: L7, front: str) -> None:
+    """An upgrade request whose client sends its new protocol's bytes right after the head,
+    before any 101 (an optimistic client), and whose target answers without switching: the
+    connection cannot carry more (those bytes are not HTTP), so the front closes it after the
+    answer — lingering, as after an optimistic CONNECT's refusal (before: at once, and the
+    bytes still coming reset the connection, the answer with it). (From the HTTPS front the
+    target is reached over re-originated TLS.)"""
+    served: list[int] = []
+    tls = tls_target(l7) if front == "https" else None
+    handle = answer_then_close(served, abort=tls is not None)
+    server = await asyncio.start_server(handle, EDGE_IP, l7.spare_port, ssl=tls)
+    try:
+        target = f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n"
+        head = (
+            f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}"
+            "Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+        )
+        answer = await refused_while_sending(l7, front, head.encode(), b"\x81\x05hello" * 5000)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+        assert answer.endswith(b"\r\n\r\nhi\n"), answer
+        assert len(served) == 1
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_pipelined_request_after_the_target_closed_goes_on_a_fresh_stream(
     l7: L7,
 ) -> None:
@@ -120,6 +149,90 @@ async def test_a_pipelined_request_after_the_target_closed_goes_on_a_fresh_strea
         await asyncio.sleep(0.6)  # the target closes its side meanwhile
         await ask(reader, writer, post[cut:])
         assert len(served) == 2
+    finally:
+        if writer is not None:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+def close_notify_with_the_answer(
+    ctx: ssl.SSLContext, served: list[str]
+) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """A TLS target (``ctx``) that answers one request per connection ("hi\\n") and ends TLS
+    in the same write (its close_notify right behind the answer's record, then its FIN), as a
+    server closing an idle kept connection right after answering does; each method served is
+    noted in ``served``. TLS by hand (memory BIOs): asyncio's would write the close_notify in
+    a write of its own."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(incoming, outgoing, server_side=True)
+
+        async def more() -> None:
+            writer.write(outgoing.read())
+            data = await reader.read(65536)
+            if not data:
+                raise ConnectionError("the client left")
+            incoming.write(data)
+
+        try:
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    await more()
+            writer.write(outgoing.read())
+            got = b""
+            while b"\r\n\r\n" not in got or (got.startswith(b"POST") and not got.endswith(b"hi")):
+                try:
+                    got += tls.read(65536)
+                except ssl.SSLWantReadError:
+                    await more()
+            served.append(got.split(b" ", 1)[0].decode())
+            tls.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nhi\n")
+            with contextlib.suppress(ssl.SSLWantReadError):
+                tls.unwrap()  # the close_notify (the peer's is not waited for)
+            writer.write(outgoing.read())  # the answer's record and the close_notify: one write
+        finally:
+            writer.close()
+
+    return handle
+
+
+@pytest.mark.parametrize("route", ["tunnel", "direct"])
+async def test_a_pipelined_post_behind_an_answer_that_ended_tls_goes_on_a_fresh_one(
+    l7: L7, route: str
+) -> None:
+    """A POST pipelined (in one write) behind a GET to a TLS target (re-originated TLS, over a
+    tunnel stream or a direct route's connection) that ends TLS with its answer: the
+    close_notify comes in the same read as the answer, so it is known when the answer ends,
+    before the POST (parsed already) goes out. It goes on a fresh connection (before: on the
+    ended TLS session, answered 502)."""
+    served: list[str] = []
+    if route == "tunnel":
+        ip, port, node = EDGE_IP, l7.spare_port, "edge-1"
+        url, host = f"https://edge-1:{port}/x", "edge-1"
+        extra = ""
+    else:
+        ip, port, node = CLOUD_IP, l7.cloud_port, "cloud-1"
+        url, host = "/x", "127.0.0.1"
+        extra = f"X-Tunnel-Proxy-Host: cloud-1:{port}\r\n"
+    server = await asyncio.start_server(
+        close_notify_with_the_answer(tls_target(l7, node), served), ip, port
+    )
+    writer: asyncio.StreamWriter | None = None
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+        get = f"GET {url} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n"
+        post = f"POST {url} HTTP/1.1\r\nHost: {host}\r\n{extra}Content-Length: 2\r\n\r\nhi"
+        writer.write((get + post).encode())
+        for _ in range(2):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert await reader.readexactly(3) == b"hi\n"
+        assert served == ["GET", "POST"]
     finally:
         if writer is not None:
             writer.close()
