@@ -261,6 +261,7 @@ class TunnelConnectionMixin(_Base):
                 self._in_scratch = True
                 return self._scratch_view[:room]
             buf = self._buf = bytearray(max(room, wanted))
+            self._in_scratch = False  # a read offered the scratch may have got nothing
         if self._start + wanted > len(buf) or len(buf) - self._end < room:
             buf = self._make_room(wanted)
         stop = max(self._start + wanted, self._end + room)
