@@ -92,9 +92,9 @@ more means a message lent from it (a view) is still held by whoever received it.
 
 
 class _Scratch(threading.local):
-    """The thread's read buffer for connections that hold none (idle ones), used only from a
-    ``get_buffer`` to its ``buffer_updated``, and a view of it (exported: never resized). Each
-    connection keeps both, looked up once (a ``threading.local`` attribute: ~500 instructions)."""
+    """The thread's read buffer for idle connections, from a ``get_buffer`` to its read's
+    ``buffer_updated`` (none if it got nothing; no other read between), and a view of it (never
+    resized). A connection, made on its loop's thread, takes both once (~500 instructions)."""
 
     def __init__(self) -> None:
         self.buf = bytearray(MIN_READ)
@@ -234,8 +234,8 @@ class TunnelConnectionMixin(_Base):
         self._wake()
 
     def forget_handshake(self) -> None:
-        """Let go of the handshake's headers (~3 KiB: an idle tunnel keeps them for nothing), not
-        of the request and response (without them ``websockets`` takes it for one handshaking)."""
+        """Let go of the handshake's headers once looked at (~3 KiB an idle tunnel keeps for
+        nothing), not the request and response (without them websockets thinks it handshakes)."""
         for message in (self.request, self.response):
             if message is not None:
                 message.headers = Headers()
@@ -262,6 +262,7 @@ class TunnelConnectionMixin(_Base):
                 self._in_scratch = True
                 return self._scratch_view[:room]
             buf = self._buf = bytearray(max(room, wanted))
+            self._in_scratch = False  # a read offered the scratch may have got nothing
         if self._start + wanted > len(buf) or len(buf) - self._end < room:
             buf = self._make_room(wanted)
         stop = max(self._start + wanted, self._end + room)

@@ -235,3 +235,26 @@ async def test_a_receiver_that_raises_ends_the_delivery_with_its_error(before: b
         with pytest.raises(ValueError, match="refused"):
             await asyncio.wait_for(delivery, WAIT)
         assert got[0] == b"one"
+
+
+async def test_a_read_that_got_nothing_into_the_scratch_leaves_no_trace() -> None:
+    """An idle connection's read is offered the thread's shared scratch buffer; a read that got
+    nothing (the transport asked for a buffer, the socket had no whole TLS record yet, or the
+    readiness was spurious) makes no ``buffer_updated``. If the reader then stops parsing frames
+    (a missed PONG: ``_pong_missed``) its next read goes into a buffer of its own, and what
+    came there, not the scratch's stale bytes, goes to websockets."""
+    go = asyncio.Event()
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send(b"before")
+        await go.wait()
+        await ws.send(b"after!")
+        await ws.wait_closed()
+
+    async with server(handler) as (uri, _), dialled(uri) as client:
+        assert await asyncio.wait_for(client.next_messages(), WAIT) == [b"before"]
+        assert client.frames_handled and client.read_buffer_size == 0  # idle: read the scratch
+        client.get_buffer(-1)  # as a transport's read that then got nothing
+        client._stop_frames()  # as a missed PONG does, with no read in between
+        go.set()
+        assert await asyncio.wait_for(client.recv(), WAIT) == b"after!"
