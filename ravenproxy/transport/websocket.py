@@ -33,8 +33,7 @@ Large messages to the client side (the agent: unmasked frames) are not copied ou
 buffer but lent, as read-only views of it (``FrameParser(lend=True)``): the wire codec copies
 the DATA it does not keep in place, and the buffer is read into again once no view of it is
 left; while one is, reading goes on in a spare buffer (:meth:`TunnelConnectionMixin._swap_lent`).
-A bulk transfer then allocates no ~1 MiB ``bytes`` per message, whose pages glibc handed back
-and faulted in again (~100 page faults per MiB received).
+A bulk transfer allocates no ~1 MiB ``bytes`` per message (~100 page faults per MiB before).
 
 Binary messages are handed to the session from the read callback itself
 (:meth:`TunnelConnectionMixin.deliver`): one call per read round, no task woken per message;
