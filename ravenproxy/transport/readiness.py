@@ -48,6 +48,18 @@ class Readiness:
         except FileExistsError:  # this socket again (the entry is keyed by socket and number)
             pass
 
+    def quiet(self, transport: Any) -> None:
+        """Stop counting ``transport``'s socket: its peer ended its input (``eof_received``),
+        and a half-closed socket kept open for our half stays readable for ever, which would
+        leave every write of the process to the writers. Its errors are still reported."""
+        sock = transport.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+        if fd >= 0 and not self._epoll.closed:
+            try:
+                self._epoll.modify(fd, 0)
+            except FileNotFoundError:  # a socket that was not watched (a direct route's)
+                pass
+
     def more_input(self) -> bool:
         """Whether a watched socket has input waiting (or a TLS read is due next turn)."""
         if self.soon:
@@ -86,3 +98,10 @@ def release(loop: asyncio.AbstractEventLoop) -> None:
 def watch(transport: asyncio.BaseTransport) -> None:
     """Count a connection's socket in the running loop's probe (from ``connection_made``)."""
     of(asyncio.get_running_loop()).watch(transport)
+
+
+def quiet(transport: asyncio.BaseTransport) -> None:
+    """Stop counting a connection's socket once its peer ended its input (``eof_received``)."""
+    probe = _OF.get(asyncio.get_running_loop())
+    if probe is not None:
+        probe.quiet(transport)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from ravenproxy.transport.lender import LEND_FROM, LEND_IDLE, Lender
+from ravenproxy.transport.readiness import quiet
 
 
 class SocketReader(Protocol):
@@ -132,6 +133,7 @@ class SocketStream(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self._eof = True
+        quiet(self.transport)  # half-closed: readable for ever, no more input (readiness.py)
         self._wake_reader()
         if self._on_data is not None:
             self._on_data()

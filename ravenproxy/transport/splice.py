@@ -42,7 +42,7 @@ from typing import Any, cast
 from ravenproxy.log import kv
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream, TunnelByteStream
 from ravenproxy.transport.lender import LEND_FROM, LEND_IDLE
-from ravenproxy.transport.readiness import watch
+from ravenproxy.transport.readiness import quiet, watch
 from ravenproxy.transport.relay import (
     CREDIT_PROBE,
     IDLE_ERROR,
@@ -134,6 +134,8 @@ class Splice(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self._up_eof = True
+        if self.transport is not None:  # half-closed: readable for ever (readiness.py)
+            quiet(self.transport)
         self._send_eof()
         return True  # keep the transport open for our half (plain TCP can half-close)
 

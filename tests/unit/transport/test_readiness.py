@@ -106,3 +106,40 @@ async def test_one_probe_per_loop() -> None:
         readiness.release(other)
     finally:
         other.close()
+
+
+def test_a_half_closed_socket_is_more_input_until_quieted() -> None:
+    a, b = socket.socketpair()
+    with a, b, probe() as p:
+        p.watch(Plain(a))
+        b.shutdown(socket.SHUT_WR)
+        assert a.recv(10) == b""  # its end read: still readable, for ever
+        assert p.more_input()
+        p.quiet(Plain(a))
+        assert not p.more_input()
+        c, d = socket.socketpair()
+        with c, d:
+            p.quiet(Plain(c))  # never watched: nothing to do
+            closed = Readiness()
+            closed.close()
+            closed.quiet(Plain(c))
+
+
+async def test_a_socket_streams_peer_ending_its_input_leaves_the_probe_quiet() -> None:
+    """A plain-TCP front's client that half-closes (its transport kept open for our answer) must
+    not keep the process's probe saying "more input" (every write then one turn late)."""
+    from ravenproxy.transport.socket_stream import SocketStream
+
+    loop = asyncio.get_running_loop()
+    a, b = socket.socketpair()
+    with b:
+        transport, stream = await loop.create_connection(lambda: SocketStream(1 << 16), sock=a)
+        try:
+            probe_ = readiness.of(loop)
+            readiness.watch(transport)
+            b.shutdown(socket.SHUT_WR)
+            assert await stream.read(10) == b""
+            assert not stream.transport.is_closing()  # kept open for our half
+            assert not probe_.more_input()
+        finally:
+            transport.close()
