@@ -15,7 +15,8 @@ A socket is registered when its connection is made and never unregistered: the k
 closed descriptor from every epoll set, and a late ``unregister`` could remove the new socket
 of a reused descriptor number. "More input" is only ever a reason to leave the write to the
 session's writer (what every write did before): a socket that stays readable (reading paused
-with data waiting, a half-closed peer) costs that, never lost or late output.
+with data waiting) costs that, never lost or late output. A socket whose peer ended its input
+is left out (:meth:`Readiness.quiet`, from ``eof_received``): half-closed, it is readable for ever.
 """
 
 from __future__ import annotations
