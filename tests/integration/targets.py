@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -15,7 +16,17 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 
 
 @contextlib.asynccontextmanager
-async def tcp_server(handler: Handler, host: str = "127.0.0.1") -> AsyncIterator[int]:
+async def tcp_server(
+    handler: Handler,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    tls: ssl.SSLContext | None = None,
+) -> AsyncIterator[int]:
+    """Serve ``handler`` on ``host:port`` (a free port by default; ``tls``: over TLS) while the
+    block runs; yields the port. Each connection is closed when its handler returns (a peer
+    gone meanwhile is no error), and those still open are aborted when the block ends, failing
+    too."""
     writers: set[asyncio.StreamWriter] = set()
 
     async def wrapped(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -28,7 +39,9 @@ async def tcp_server(handler: Handler, host: str = "127.0.0.1") -> AsyncIterator
             writers.discard(writer)
             writer.close()
 
-    server = await asyncio.start_server(wrapped, host, 0, limit=256 * 1024, backlog=4096)
+    server = await asyncio.start_server(
+        wrapped, host, port, limit=256 * 1024, backlog=4096, ssl=tls
+    )
     try:
         yield server.sockets[0].getsockname()[1]
     finally:

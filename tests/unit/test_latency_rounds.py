@@ -6,10 +6,7 @@ total requests. Real processes: the script's own target, server and agent."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,20 +20,14 @@ from typing import Any, cast
 import pytest
 import uvloop
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "latency.py"
+from tests.unit.benchscripts import BENCHMARKS, cmdline, load_script, needs_ssh, wait_ended
+
+SCRIPT = BENCHMARKS / "latency.py"
 
 
 @pytest.fixture(scope="module")
 def latency() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("latency_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+    yield from load_script("latency")
 
 
 def test_pooled_row_takes_percentiles_over_all_samples_and_cpu_over_all_requests(
@@ -146,10 +137,7 @@ def test_rate_achieved_counts_only_the_timed_window(latency: ModuleType) -> None
     assert 0.95 * 400 <= summary["rate_achieved"] <= 400
 
 
-@pytest.mark.skipif(
-    not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("ssh") is None,
-    reason="sshd or ssh not installed",
-)
+@needs_ssh
 def test_ssh_rows_forward_and_leave_no_process_behind(latency: ModuleType, tmp_path: Path) -> None:
     """Both ssh rows' forwards answer, the ``ssh`` row's runs its session (the remote command,
     under sshd), and stopping the processes ends that command too (a ``sleep`` outlived it)."""
@@ -163,29 +151,12 @@ def test_ssh_rows_forward_and_leave_no_process_behind(latency: ModuleType, tmp_p
                 s.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
                 assert s.recv(4096).startswith(b"HTTP/1.1 200 OK")
         deadline = time.monotonic() + 10
-        while not (
-            commands := [_cmdline(p) for p in latency.with_descendants(pids[:1])]
-        ) or not any("tail" in c for c in commands):
+        while not (commands := [cmdline(p) for p in latency.with_descendants(pids[:1])]) or not any(
+            "tail" in c for c in commands
+        ):
             assert time.monotonic() < deadline, commands
             time.sleep(0.05)
         started = latency.with_descendants(pids)
     finally:
         procs.stop()
-    deadline = time.monotonic() + 5
-    while alive := [pid for pid in started if _running(pid)]:
-        assert time.monotonic() < deadline, [_cmdline(pid) for pid in alive]
-        time.sleep(0.1)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    wait_ended(started)

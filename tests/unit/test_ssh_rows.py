@@ -7,10 +7,6 @@ processes: a private sshd, ssh clients, throughput.py's sink."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
-import shutil
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,33 +15,17 @@ from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-needs_ssh = pytest.mark.skipif(
-    not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("ssh") is None,
-    reason="sshd or ssh not installed",
-)
-
-
-def _load(name: str) -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+from tests.unit.benchscripts import cmdline, load_script, needs_ssh, wait_ended
 
 
 @pytest.fixture(scope="module")
 def throughput() -> Iterator[ModuleType]:
-    yield from _load("throughput")
+    yield from load_script("throughput")
 
 
 @pytest.fixture(scope="module")
 def idle_cost() -> Iterator[ModuleType]:
-    yield from _load("idle_cost")
+    yield from load_script("idle_cost")
 
 
 def _tree(t: ModuleType, pid: int) -> list[int]:
@@ -54,20 +34,6 @@ def _tree(t: ModuleType, pid: int) -> list[int]:
         out.append(todo.pop())
         todo += t._children(out[-1])
     return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 @needs_ssh
@@ -93,21 +59,18 @@ async def test_throughput_forwards_run_a_session_unless_n_and_leave_nothing_behi
 
             nbytes, _ = await asyncio.wait_for(t.measure(connect, 2, t.MIB, 0), 30)
             assert nbytes == 2 * t.MIB
-        assert "-N" not in _cmdline(session.proc.pid).split()
-        assert "-N" in _cmdline(no_session.proc.pid).split()
+        assert "-N" not in cmdline(session.proc.pid).split()
+        assert "-N" in cmdline(no_session.proc.pid).split()
         deadline = time.monotonic() + 10
-        while not [p for p in _tree(t, ssh.pid) if "tail --pid" in _cmdline(p)]:
-            assert time.monotonic() < deadline, [_cmdline(p) for p in _tree(t, ssh.pid)]
+        while not [p for p in _tree(t, ssh.pid) if "tail --pid" in cmdline(p)]:
+            assert time.monotonic() < deadline, [cmdline(p) for p in _tree(t, ssh.pid)]
             await asyncio.sleep(0.05)
         # One session: the -N client's connection runs no command.
-        assert len([p for p in _tree(t, ssh.pid) if "tail --pid" in _cmdline(p)]) == 1
+        assert len([p for p in _tree(t, ssh.pid) if "tail --pid" in cmdline(p)]) == 1
         started = [*_tree(t, ssh.pid), session.proc.pid, no_session.proc.pid]
     finally:
         await procs.stop()
-    deadline = time.monotonic() + 5
-    while alive := [pid for pid in started if _running(pid)]:
-        assert time.monotonic() < deadline, [_cmdline(pid) for pid in alive]
-        await asyncio.sleep(0.1)
+    await asyncio.to_thread(wait_ended, started)
 
 
 def test_session_and_n_rows_take_turns_going_first(throughput: ModuleType) -> None:

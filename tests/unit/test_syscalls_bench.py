@@ -4,7 +4,6 @@ CPU sampled from /proc for it."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "syscalls.py"
+from tests.unit.benchscripts import load_script
 
 # Per millisecond: a getppid (succeeds) and a stat of a missing path (fails with ENOENT).
 CHILD = """
@@ -32,15 +31,7 @@ while True:
 
 @pytest.fixture(scope="module")
 def syscalls() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("syscalls_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+    yield from load_script("syscalls")
 
 
 @pytest.fixture

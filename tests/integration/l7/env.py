@@ -1,5 +1,6 @@
 """The L7 test bed: real server and agent processes (through the CLI), a fake kubelet process
-with its own PKI, and helpers to drive curl. Everything runs on loopback and is stopped by PID.
+with its own PKI, and helpers to drive curl and a raw client of a front. Everything runs on
+loopback and is stopped by PID.
 
 Topology (inventory written per run):
 
@@ -14,11 +15,14 @@ Topology (inventory written per run):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -286,3 +290,20 @@ async def curl(*args: str, timeout: float = 30) -> tuple[int, str]:
     assert code == 0, f"curl {' '.join(args)} failed ({code}): {err}"
     body, _, status = out.rpartition("\n")
     return int(status), body
+
+
+@contextlib.asynccontextmanager
+async def front_client(
+    port: int, *, tls: ssl.SSLContext | None = None, abort: bool = False
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A client connection to the front on 127.0.0.1:``port`` (``tls``: over TLS), closed when
+    the block ends, failing too; ``abort``: reset rather than closed (a client gone mid-way; a
+    TLS client whose close would wait for the front's close_notify)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
+    try:
+        yield reader, writer
+    finally:
+        if abort:
+            writer.transport.abort()
+        else:
+            writer.close()

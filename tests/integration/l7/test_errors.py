@@ -10,7 +10,7 @@ import pytest
 
 from ravenproxy.transport.linger import LINGER_TIMEOUT
 from tests.helpers import run, upload
-from tests.integration.l7.env import L7, curl
+from tests.integration.l7.env import L7, curl, front_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -94,16 +94,13 @@ async def test_a_refused_upload_gets_its_answer(l7: L7, front: str) -> None:
         tls = ssl.create_default_context(cafile=str(l7.ca))
     port = l7.http if front == "http" else l7.https
     before = await l7.cluster.metrics()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
-    try:
+    async with front_client(port, tls=tls, abort=True) as (reader, writer):
         head = f"POST /upload HTTP/1.1\r\nHost: edge-9:80\r\nContent-Length: {size}\r\n\r\n"
         await upload(writer, head, size)  # the old front's reset fails it
         # The whole request is sent: the front waits for no more (over TLS, which has no
         # half-close, it closes once the body is through, not after LINGER_TIMEOUT of silence).
         async with asyncio.timeout(LINGER_TIMEOUT / 2):
             answer = await reader.read()
-    finally:
-        writer.transport.abort()
     assert answer.startswith(b"HTTP/1.1 404 "), answer[:200]
     assert answer.endswith(b"edge-9: unknown node\n"), answer
     after = await l7.cluster.metrics()

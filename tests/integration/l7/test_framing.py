@@ -17,7 +17,8 @@ import h11
 import pytest
 
 from tests.helpers import raw_exchange
-from tests.integration.l7.env import EDGE_IP, L7
+from tests.integration.l7.env import EDGE_IP, L7, front_client
+from tests.integration.targets import tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -29,7 +30,6 @@ class _RawTarget:
     def __init__(self, answer: bytes) -> None:
         self.answer = answer
         self.received = bytearray()
-        self.server: asyncio.Server | None = None
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -46,12 +46,8 @@ async def target(l7: L7) -> AsyncIterator[_RawTarget]:
         b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\nTransfer-Encoding: chunked\r\n\r\n"
         b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
     )
-    t.server = await asyncio.start_server(t.handle, EDGE_IP, l7.spare_port)
-    try:
+    async with tcp_server(t.handle, EDGE_IP, l7.spare_port):
         yield t
-    finally:
-        t.server.close()
-        await t.server.wait_closed()
 
 
 async def test_request_with_content_length_and_transfer_encoding_is_refused(
@@ -117,8 +113,7 @@ async def test_malformed_chunk_size_is_answered_with_400(l7: L7) -> None:
 async def test_malformed_chunk_arriving_after_the_head_is_answered_with_400(l7: L7) -> None:
     # The head goes first and is forwarded; the bad chunk comes while the server already waits
     # for the target's answer: the body pump stops that wait and the client still gets a 400.
-    reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
-    try:
+    async with front_client(l7.http) as (reader, writer):
         writer.write(
             f"POST /echo HTTP/1.1\r\nHost: edge-1:{l7.kubelet.http_port}\r\n"
             "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n".encode()
@@ -129,8 +124,6 @@ async def test_malformed_chunk_arriving_after_the_head_is_answered_with_400(l7: 
         await writer.drain()
         async with asyncio.timeout(15):
             answer = await reader.read()
-    finally:
-        writer.close()
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 "), answer
     assert body.startswith(b"edge-1: bad request body:"), body

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, L7
+from tests.integration.l7.env import EDGE_IP, L7, front_client
+from tests.integration.targets import tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -58,16 +59,11 @@ async def target(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
 @contextlib.asynccontextmanager
 async def client(l7: L7) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
     """The target on edge-1's spare port, and one client connection to the HTTP front."""
-    server = await asyncio.start_server(target, EDGE_IP, l7.spare_port)
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
-        try:
-            yield reader, writer
-        finally:
-            writer.transport.abort()
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with (
+        tcp_server(target, EDGE_IP, l7.spare_port),
+        front_client(l7.http, abort=True) as (reader, writer),
+    ):
+        yield reader, writer
 
 
 def request(l7: L7, path: str, body: bytes | None = None, extra: str = "") -> bytes:

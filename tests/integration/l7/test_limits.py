@@ -17,6 +17,7 @@ import pytest
 from ravenproxy.client import ConnectRefused, open_tunnel
 from tests.helpers import http_get, upload
 from tests.integration.cluster import INVENTORY, Cluster
+from tests.integration.l7.env import front_client
 from tests.integration.targets import echo, tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -127,40 +128,31 @@ async def test_slow_heads_are_closed_after_the_header_timeout(cluster: Cluster) 
         log = cluster.server.output()
         assert "http front: refused" in log and "status=408" in log, log[-2000:]
         # A keep-alive connection whose second head stalls is closed as well.
-        reader, writer = await asyncio.open_connection("127.0.0.1", front)
-        try:
+        async with front_client(front) as (reader, writer):
             writer.write(f"GET / HTTP/1.1\r\nHost: edge-1:{http_port}\r\n\r\nGET / HT".encode())
             data = await closed_within(reader, 10)
-        finally:
-            writer.close()
         assert data.startswith(b"HTTP/1.1 200 OK"), data
         assert b"HTTP/1.1 408 " in data, data
         # So is one whose second head comes in pieces after the first was answered (served by
         # the connection's callbacks until then).
-        reader, writer = await asyncio.open_connection("127.0.0.1", front)
-        try:
+        async with front_client(front) as (reader, writer):
             writer.write(f"GET / HTTP/1.1\r\nHost: edge-1:{http_port}\r\n\r\n".encode())
             async with asyncio.timeout(10):
                 assert (await reader.readuntil(b"hello\n")).startswith(b"HTTP/1.1 200 OK")
             writer.write(b"GET / HTTP/1.1\r\nHo")
             started = time.monotonic()
             data = await closed_within(reader, 10)
-        finally:
-            writer.close()
         assert time.monotonic() - started >= 1.0
         assert data.startswith(b"HTTP/1.1 408 "), data
         # And one whose next head begins in the write of a request the callbacks serve (the
         # head is begun once that answer is out: the task reads the rest under its clock).
-        reader, writer = await asyncio.open_connection("127.0.0.1", front)
-        try:
+        async with front_client(front) as (reader, writer):
             request = f"GET / HTTP/1.1\r\nHost: edge-1:{http_port}\r\n\r\n".encode()
             writer.write(request)
             async with asyncio.timeout(10):
                 assert (await reader.readuntil(b"hello\n")).startswith(b"HTTP/1.1 200 OK")
             writer.write(request + b"GET / HT")
             data = await closed_within(reader, 10)
-        finally:
-            writer.close()
         assert data.startswith(b"HTTP/1.1 200 OK"), data
         assert b"HTTP/1.1 408 " in data, data
 
@@ -182,13 +174,8 @@ async def test_front_connection_cap_keeps_health_answering(cluster: Cluster) -> 
             await cluster.wait_metric("ravenproxy_server_front_connections", lambda v: v == 50)
             # ... so the 51st, on either front, is closed at once and counted.
             for front in ("http", "https"):
-                reader, writer = await asyncio.open_connection(
-                    "127.0.0.1", cluster.server.ports[front]
-                )
-                try:
+                async with front_client(cluster.server.ports[front]) as (reader, _):
                     assert await closed_within(reader, 3) == b""
-                finally:
-                    writer.close()
             await health_and_metrics(cluster)
             m = await cluster.metrics()
             for front in ("http", "https"):
@@ -213,16 +200,11 @@ async def test_https_client_without_client_hello_is_closed(cluster: Cluster) -> 
         assert cluster.server is not None
         port = cluster.server.ports["https"]
         started = time.monotonic()
-        silent = await asyncio.open_connection("127.0.0.1", port)
-        # One that starts a ClientHello and stalls halfway is no better.
-        partial = await asyncio.open_connection("127.0.0.1", port)
-        partial[1].write(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
-        try:
+        # A client that sends nothing, and one that starts a ClientHello and stalls halfway.
+        async with front_client(port) as silent, front_client(port) as partial:
+            partial[1].write(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
             assert await closed_within(silent[0], 8) == b""
             assert await closed_within(partial[0], 8) == b""
-        finally:
-            silent[1].close()
-            partial[1].close()
         assert time.monotonic() - started >= 0.8
         m = await cluster.metrics()
         assert m['ravenproxy_server_header_timeouts_total{front="https",stage="client_hello"}'] == 2
@@ -322,13 +304,10 @@ def client_hello(server_name: str | None) -> bytes:
 async def test_tls_handshake_that_stalls_is_closed(cluster: Cluster) -> None:
     async with bed(cluster, "--header-timeout", "1"):
         assert cluster.server is not None
-        reader, writer = await asyncio.open_connection("127.0.0.1", cluster.server.ports["https"])
-        writer.write(client_hello(None))  # no SNI: terminated here; then never a Finished
-        started = time.monotonic()
-        try:
+        async with front_client(cluster.server.ports["https"]) as (reader, writer):
+            writer.write(client_hello(None))  # no SNI: terminated here; then never a Finished
+            started = time.monotonic()
             data = await closed_within(reader, 8)
-        finally:
-            writer.close()
         assert data[:1] == b"\x16", data[:16]  # the server's flight came, then the close
         assert time.monotonic() - started >= 0.5
         m = await cluster.metrics()
@@ -351,12 +330,9 @@ async def test_sni_passthrough_stream_cap_and_idle_timeout(cluster: Cluster) -> 
                 assert await reader.readexactly(len(hello_bytes)) == hello_bytes
                 passed.append((reader, writer))
             # The third from the same address: no HTTP to answer in, so closed.
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(hello_bytes)
-            try:
+            async with front_client(port) as (reader, writer):
+                writer.write(hello_bytes)
                 assert await closed_within(reader, 5) == b""
-            finally:
-                writer.close()
             # Both passthroughs stay idle: closed after --idle-timeout.
             for reader, _ in passed:
                 assert await closed_within(reader, 8) == b""
@@ -392,8 +368,7 @@ async def test_a_later_request_without_an_answer_ends_after_the_idle_timeout(
     async with tcp_server(answers_once) as port:
         async with bed(cluster, "--idle-timeout", "1", allow=(port,)):
             assert cluster.server is not None
-            reader, writer = await asyncio.open_connection("127.0.0.1", cluster.http_port)
-            try:
+            async with front_client(cluster.http_port) as (reader, writer):
                 request = f"GET / HTTP/1.1\r\nHost: edge-1:{port}\r\n\r\n".encode()
                 writer.write(request)
                 async with asyncio.timeout(10):
@@ -402,8 +377,6 @@ async def test_a_later_request_without_an_answer_ends_after_the_idle_timeout(
                 writer.write(request)
                 started = time.monotonic()
                 data = await closed_within(reader, 10)
-            finally:
-                writer.close()
             assert time.monotonic() - started >= 0.8
             assert data.startswith(b"HTTP/1.1 504 "), data
             assert data.endswith(b"edge-1: no byte either way for 1s (--idle-timeout)\n"), data
@@ -473,17 +446,14 @@ async def test_an_answer_before_the_upload_is_through_reaches_the_client(
     send its next request on the lingering connection."""
     async with tcp_server(refuses_uploads) as port:
         async with bed(cluster, allow=(port,)):
-            reader, writer = await asyncio.open_connection("127.0.0.1", cluster.http_port)
             size = 32 * 1024 * 1024
-            try:
+            async with front_client(cluster.http_port, abort=True) as (reader, writer):
                 head = (
                     f"PUT /upload HTTP/1.1\r\nHost: edge-1:{port}\r\nContent-Length: {size}\r\n\r\n"
                 )
                 await upload(writer, head, size)  # the old front's reset fails it
                 async with asyncio.timeout(30):
                     answer = await reader.read()
-            finally:
-                writer.transport.abort()
             assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
             assert answer.endswith(b"Unauthorized\n"), answer
             # It says the connection ends (over TLS nothing else would: no half-close).

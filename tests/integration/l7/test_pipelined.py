@@ -12,9 +12,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.integration.l7.env import CLOUD_IP, EDGE_IP, L7
+from tests.integration.l7.env import CLOUD_IP, EDGE_IP, L7, front_client
 from tests.integration.l7.test_errors import front_count
 from tests.integration.l7.test_stale_upstream import answer_then_close, ask, tls_target
+from tests.integration.targets import tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -33,22 +34,18 @@ async def refused_while_sending(l7: L7, front: str, head: bytes, more: bytes) ->
     front lingers there too when it knows more is coming — here, in the head's record.)"""
     tls = ssl.create_default_context(cafile=str(l7.ca)) if front == "https" else None
     port = l7.http if front == "http" else l7.https
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
-    try:
-        async with asyncio.timeout(30):
-            writer.write(head + more)  # over TLS: the head's record carries more
-            for _ in range(MORE // len(more)):
-                writer.write(more)
-                await writer.drain()  # the old front's reset fails this (or the read below)
-            answer = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":")[1])
-                for line in answer.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            return answer + await reader.readexactly(length)
-    finally:
-        writer.transport.abort()
+    async with front_client(port, tls=tls, abort=True) as (reader, writer), asyncio.timeout(30):
+        writer.write(head + more)  # over TLS: the head's record carries more
+        for _ in range(MORE // len(more)):
+            writer.write(more)
+            await writer.drain()  # the old front's reset fails this (or the read below)
+        answer = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in answer.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        return answer + await reader.readexactly(length)
 
 
 @pytest.mark.parametrize("front", ["http", "https"])
@@ -88,18 +85,14 @@ async def test_an_answer_that_closes_the_connection_reaches_a_pipelining_client(
     its answer is sent, then the connection lingers as after a refusal (before: closed at once,
     and the bytes still coming reset it, the answer with it)."""
     served: list[int] = []
-    server = await asyncio.start_server(answer_then_close(served), EDGE_IP, l7.spare_port)
-    try:
+    async with tcp_server(answer_then_close(served), EDGE_IP, l7.spare_port):
         target = f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n"
         head = f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}Connection: close\r\n\r\n"
         follower = f"GET /y HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n".encode() * 500
         answer = await refused_while_sending(l7, "http", head.encode(), follower)
-        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
-        assert answer.endswith(b"\r\n\r\nhi\n"), answer
-        assert len(served) == 1
-    finally:
-        server.close()
-        await server.wait_closed()
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    assert answer.endswith(b"\r\n\r\nhi\n"), answer
+    assert len(served) == 1
 
 
 @pytest.mark.parametrize("front", ["http", "https"])
@@ -113,20 +106,16 @@ async def test_a_declined_optimistic_upgrade_gets_its_answer(l7: L7, front: str)
     served: list[int] = []
     tls = tls_target(l7) if front == "https" else None
     handle = answer_then_close(served, abort=tls is not None)
-    server = await asyncio.start_server(handle, EDGE_IP, l7.spare_port, ssl=tls)
-    try:
+    async with tcp_server(handle, EDGE_IP, l7.spare_port, tls=tls):
         target = f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n"
         head = (
             f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}"
             "Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
         )
         answer = await refused_while_sending(l7, front, head.encode(), b"\x81\x05hello" * 5000)
-        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
-        assert answer.endswith(b"\r\n\r\nhi\n"), answer
-        assert len(served) == 1
-    finally:
-        server.close()
-        await server.wait_closed()
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    assert answer.endswith(b"\r\n\r\nhi\n"), answer
+    assert len(served) == 1
 
 
 async def test_a_pipelined_request_after_the_target_closed_goes_on_a_fresh_stream(
@@ -137,10 +126,10 @@ async def test_a_pipelined_request_after_the_target_closed_goes_on_a_fresh_strea
     POST's head is through. Nothing of the POST was sent, so it goes on a fresh stream (before:
     on the closed one, and a POST, not sent again once sent, was answered 502)."""
     served: list[int] = []
-    server = await asyncio.start_server(answer_then_close(served), EDGE_IP, l7.spare_port)
-    writer: asyncio.StreamWriter | None = None
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+    async with (
+        tcp_server(answer_then_close(served), EDGE_IP, l7.spare_port),
+        front_client(l7.http) as (reader, writer),
+    ):
         target = f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n"
         get = f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n"
         post = f"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}Content-Length: 2\r\n\r\nhi"
@@ -148,12 +137,7 @@ async def test_a_pipelined_request_after_the_target_closed_goes_on_a_fresh_strea
         await ask(reader, writer, get + post[:cut])  # the GET, and the POST's first line
         await asyncio.sleep(0.6)  # the target closes its side meanwhile
         await ask(reader, writer, post[cut:])
-        assert len(served) == 2
-    finally:
-        if writer is not None:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+    assert len(served) == 2
 
 
 def close_notify_with_the_answer(
@@ -219,12 +203,10 @@ async def test_a_pipelined_post_behind_an_answer_that_ended_tls_goes_on_a_fresh_
         ip, port, node = CLOUD_IP, l7.cloud_port, "cloud-1"
         url, host = "/x", "127.0.0.1"
         extra = f"X-Tunnel-Proxy-Host: cloud-1:{port}\r\n"
-    server = await asyncio.start_server(
-        close_notify_with_the_answer(tls_target(l7, node), served), ip, port
-    )
-    writer: asyncio.StreamWriter | None = None
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+    async with (
+        tcp_server(close_notify_with_the_answer(tls_target(l7, node), served), ip, port),
+        front_client(l7.http) as (reader, writer),
+    ):
         get = f"GET {url} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n"
         post = f"POST {url} HTTP/1.1\r\nHost: {host}\r\n{extra}Content-Length: 2\r\n\r\nhi"
         writer.write((get + post).encode())
@@ -232,9 +214,4 @@ async def test_a_pipelined_post_behind_an_answer_that_ended_tls_goes_on_a_fresh_
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
             assert head.startswith(b"HTTP/1.1 200"), head
             assert await reader.readexactly(3) == b"hi\n"
-        assert served == ["GET", "POST"]
-    finally:
-        if writer is not None:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+    assert served == ["GET", "POST"]

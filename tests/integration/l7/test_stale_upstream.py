@@ -4,12 +4,14 @@ the client's connection goes out again on a fresh one (it had no body, so that i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from tests.integration.l7.env import CLOUD_IP, EDGE_IP, L7
+from tests.integration.l7.env import CLOUD_IP, EDGE_IP, L7, front_client
+from tests.integration.targets import tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -48,9 +50,10 @@ def answer_then_close(
 
 async def test_request_after_the_target_closed_an_idle_connection(l7: L7) -> None:
     served: list[int] = []
-    server = await asyncio.start_server(answer_then_close(served), EDGE_IP, l7.spare_port)
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+    async with (
+        tcp_server(answer_then_close(served), EDGE_IP, l7.spare_port),
+        front_client(l7.http) as (reader, writer),
+    ):
         request = (
             f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n\r\n"
@@ -58,11 +61,7 @@ async def test_request_after_the_target_closed_an_idle_connection(l7: L7) -> Non
         for _ in range(2):
             await ask(reader, writer, request)
             await asyncio.sleep(0.5)  # the target closes its side meanwhile
-        writer.close()
-        assert len(served) == 2
-    finally:
-        server.close()
-        await server.wait_closed()
+    assert len(served) == 2
 
 
 async def test_a_kept_stream_the_target_ends_while_the_client_idles_is_let_go(l7: L7) -> None:
@@ -71,25 +70,18 @@ async def test_a_kept_stream_the_target_ends_while_the_client_idles_is_let_go(l7
     next request or its 300 s keep-alive timeout; that next request opens a fresh one."""
     streams = "ravenproxy_server_streams_open"
     served: list[int] = []
-    server = await asyncio.start_server(answer_then_close(served), EDGE_IP, l7.spare_port)
-    writer: asyncio.StreamWriter | None = None
-    try:
+    async with tcp_server(answer_then_close(served), EDGE_IP, l7.spare_port):
         before = (await l7.cluster.metrics())[streams]
-        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
-        request = (
-            f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n\r\n"
-        ).encode()
-        await ask(reader, writer, request)
-        # The client idles on its kept-alive connection; the target has closed its side.
-        await l7.cluster.wait_metric(streams, lambda v: v <= before, timeout=10)
-        await ask(reader, writer, request)  # the next request goes out on a fresh stream
-        assert len(served) == 2
-    finally:
-        if writer is not None:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+        async with front_client(l7.http) as (reader, writer):
+            request = (
+                f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"X-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n\r\n"
+            ).encode()
+            await ask(reader, writer, request)
+            # The client idles on its kept-alive connection; the target has closed its side.
+            await l7.cluster.wait_metric(streams, lambda v: v <= before, timeout=10)
+            await ask(reader, writer, request)  # the next request goes out on a fresh stream
+    assert len(served) == 2
 
 
 def tls_target(l7: L7, node: str = "edge-1") -> ssl.SSLContext:
@@ -102,21 +94,13 @@ def tls_target(l7: L7, node: str = "edge-1") -> ssl.SSLContext:
     return ctx
 
 
-async def test_a_kept_tls_stream_the_target_ends_while_the_client_idles_is_let_go(l7: L7) -> None:
-    """As above, over re-originated TLS: the kept stream is TLS over a tunnel stream, and the
-    connection waits for its next request in its task, not by callbacks. The target's end is
-    noticed there too: the stream and the client's slot go at once, and the next request — a
-    POST, which is not sent again on a fresh connection once sent on a dead one — is answered
-    on a fresh stream."""
+async def post_after_the_kept_tls_stream_went(l7: L7) -> None:
+    """Through the HTTP front, a GET to edge-1's TLS target on the spare port (TLS re-originated
+    over a tunnel stream), then, on the same client connection once the server has let the
+    kept stream go (the target ended it), a POST: each answered 200 "hi"."""
     streams = "ravenproxy_server_streams_open"
-    served: list[int] = []
-    server = await asyncio.start_server(
-        answer_then_close(served, abort=True), EDGE_IP, l7.spare_port, ssl=tls_target(l7)
-    )
-    writer: asyncio.StreamWriter | None = None
-    try:
-        before = (await l7.cluster.metrics())[streams]
-        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+    before = (await l7.cluster.metrics())[streams]
+    async with front_client(l7.http) as (reader, writer):
         get = f"GET https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n\r\n"
         await ask(reader, writer, get)
         # The client idles on its kept-alive connection; the target has closed its side.
@@ -126,12 +110,19 @@ async def test_a_kept_tls_stream_the_target_ends_while_the_client_idles_is_let_g
             "Content-Length: 2\r\n\r\nhi"
         )
         await ask(reader, writer, post)
-        assert len(served) == 2
-    finally:
-        if writer is not None:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+
+
+async def test_a_kept_tls_stream_the_target_ends_while_the_client_idles_is_let_go(l7: L7) -> None:
+    """As above, over re-originated TLS: the kept stream is TLS over a tunnel stream, and the
+    connection waits for its next request in its task, not by callbacks. The target's end is
+    noticed there too: the stream and the client's slot go at once, and the next request — a
+    POST, which is not sent again on a fresh connection once sent on a dead one — is answered
+    on a fresh stream."""
+    served: list[int] = []
+    target = answer_then_close(served, abort=True)
+    async with tcp_server(target, EDGE_IP, l7.spare_port, tls=tls_target(l7)):
+        await post_after_the_kept_tls_stream_went(l7)
+    assert len(served) == 2
 
 
 async def test_a_kept_direct_connection_the_target_ends_while_the_client_idles_is_let_go(
@@ -143,40 +134,43 @@ async def test_a_kept_direct_connection_the_target_ends_while_the_client_idles_i
     sent again once sent on a dead connection — goes out on a fresh one (before: it went out on
     the dead one and was answered 502)."""
     served: list[int] = []
-    server = await asyncio.start_server(
-        answer_then_close(served, abort=True),
-        CLOUD_IP,
-        l7.cloud_port,
-        ssl=tls_target(l7, "cloud-1"),
-    )
-    writer: asyncio.StreamWriter | None = None
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+    async with (
+        tcp_server(
+            answer_then_close(served, abort=True),
+            CLOUD_IP,
+            l7.cloud_port,
+            tls=tls_target(l7, "cloud-1"),
+        ),
+        front_client(l7.http) as (reader, writer),
+    ):
         target = f"X-Tunnel-Proxy-Host: cloud-1:{l7.cloud_port}\r\n"
         await ask(reader, writer, f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n")
         await asyncio.sleep(0.6)  # the client idles; the target closes its side meanwhile
         post = f"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}Content-Length: 2\r\n\r\nhi"
         await ask(reader, writer, post)
-        assert len(served) == 2
-    finally:
-        if writer is not None:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+    assert len(served) == 2
 
 
-def close_notify_target(
-    served: list[int], targets: list[asyncio.StreamWriter]
-) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
-    """:func:`answer_then_close` over TLS, closing as asyncio does: a close_notify, then the
-    TCP side kept open up to 30 s for the peer's (so only TLS ends); the connections go in
-    ``targets`` (for the test to abort)."""
+@contextlib.asynccontextmanager
+async def close_notify_target(
+    l7: L7, served: list[int], host: str, port: int, node: str
+) -> AsyncIterator[None]:
+    """:func:`answer_then_close` over TLS (``node``'s certificate) on ``host:port`` while the
+    block runs, closing as asyncio does: a close_notify, then the TCP side kept open up to 30 s
+    for the peer's (so only TLS ends); those still waiting out their TLS shutdown are aborted
+    when the block ends."""
+    targets: list[asyncio.StreamWriter] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         targets.append(writer)
         await answer_then_close(served)(reader, writer)
 
-    return handle
+    async with tcp_server(handle, host, port, tls=tls_target(l7, node)):
+        try:
+            yield
+        finally:
+            for each in targets:
+                each.transport.abort()
 
 
 async def test_a_kept_direct_tls_connection_the_target_ends_with_close_notify_is_let_go(
@@ -186,57 +180,22 @@ async def test_a_kept_direct_tls_connection_the_target_ends_with_close_notify_is
     connection is let go all the same, and the POST goes out on a fresh one (before: it went
     out on the ended TLS session and was answered 502)."""
     served: list[int] = []
-    targets: list[asyncio.StreamWriter] = []
-    server = await asyncio.start_server(
-        close_notify_target(served, targets),
-        CLOUD_IP,
-        l7.cloud_port,
-        ssl=tls_target(l7, "cloud-1"),
-    )
-    writer: asyncio.StreamWriter | None = None
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+    async with (
+        close_notify_target(l7, served, CLOUD_IP, l7.cloud_port, "cloud-1"),
+        front_client(l7.http) as (reader, writer),
+    ):
         target = f"X-Tunnel-Proxy-Host: cloud-1:{l7.cloud_port}\r\n"
         await ask(reader, writer, f"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}\r\n")
         await asyncio.sleep(0.6)  # the client idles; the target sends its close_notify
         post = f"POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\n{target}Content-Length: 2\r\n\r\nhi"
         await ask(reader, writer, post)
-        assert len(served) == 2
-    finally:
-        if writer is not None:
-            writer.close()
-        for each in targets:  # those still waiting out their TLS shutdown
-            each.transport.abort()
-        server.close()
-        await server.wait_closed()
+    assert len(served) == 2
 
 
 async def test_a_kept_tls_stream_the_target_ends_with_close_notify_is_let_go(l7: L7) -> None:
     """The same over a tunnel stream (an agent's target): its stream and the client's slot
     go while the client idles, and the POST is answered on a fresh stream (before: 502)."""
-    streams = "ravenproxy_server_streams_open"
     served: list[int] = []
-    targets: list[asyncio.StreamWriter] = []
-    server = await asyncio.start_server(
-        close_notify_target(served, targets), EDGE_IP, l7.spare_port, ssl=tls_target(l7)
-    )
-    writer: asyncio.StreamWriter | None = None
-    try:
-        before = (await l7.cluster.metrics())[streams]
-        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
-        get = f"GET https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n\r\n"
-        await ask(reader, writer, get)
-        await l7.cluster.wait_metric(streams, lambda v: v <= before, timeout=10)
-        post = (
-            f"POST https://edge-1:{l7.spare_port}/x HTTP/1.1\r\nHost: edge-1\r\n"
-            "Content-Length: 2\r\n\r\nhi"
-        )
-        await ask(reader, writer, post)
-        assert len(served) == 2
-    finally:
-        if writer is not None:
-            writer.close()
-        for each in targets:
-            each.transport.abort()
-        server.close()
-        await server.wait_closed()
+    async with close_notify_target(l7, served, EDGE_IP, l7.spare_port, "edge-1"):
+        await post_after_the_kept_tls_stream_went(l7)
+    assert len(served) == 2

@@ -10,7 +10,7 @@ import time
 import h11
 import pytest
 
-from tests.integration.l7.env import L7
+from tests.integration.l7.env import L7, front_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -31,15 +31,14 @@ def delays_of(text: str, arrived: float) -> list[float]:
 
 
 async def test_logs_follow_through_the_http_front(l7: L7) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
     conn = h11.Connection(h11.CLIENT)
     target = f"/containerLogs/default/web-1/app?follow=true&lines={LINES}"
-    writer.write(conn.send(h11.Request(method="GET", target=target, headers=[("Host", "x")])))
-    writer.write(conn.send(h11.EndOfMessage()))
     delays: list[float] = []
     pending = ""
     status = 0
-    try:
+    async with front_client(l7.http) as (reader, writer):
+        writer.write(conn.send(h11.Request(method="GET", target=target, headers=[("Host", "x")])))
+        writer.write(conn.send(h11.EndOfMessage()))
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
@@ -56,8 +55,6 @@ async def test_logs_follow_through_the_http_front(l7: L7) -> None:
                     delays += delays_of(complete, arrived)
             elif isinstance(event, h11.EndOfMessage):
                 break
-    finally:
-        writer.close()
     assert status == 200
     assert len(delays) == LINES
     assert p99(delays) < 0.1, (statistics.median(delays), max(delays))

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, L7
+from tests.integration.l7.env import EDGE_IP, L7, front_client
+from tests.integration.targets import tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -28,9 +29,10 @@ async def spdy_target(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 
 async def test_spdy_upgrade_becomes_a_raw_stream_with_half_close(l7: L7) -> None:
     # The agent's allowlist admits edge-1's spare port: the SPDY target listens there.
-    server = await asyncio.start_server(spdy_target, EDGE_IP, l7.spare_port)
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", l7.http)
+    async with (
+        tcp_server(spdy_target, EDGE_IP, l7.spare_port),
+        front_client(l7.http) as (reader, writer),
+    ):
         writer.write(
             f"POST /attach/default/web-1/app?stdin=true HTTP/1.1\r\n"
             f"Host: 127.0.0.1:{l7.http}\r\nX-Tunnel-Proxy-Host: edge-1:{l7.spare_port}\r\n"
@@ -46,7 +48,3 @@ async def test_spdy_upgrade_becomes_a_raw_stream_with_half_close(l7: L7) -> None
         writer.write_eof()  # half-close: the answer still comes back
         rest = await asyncio.wait_for(reader.read(), 10)
         assert rest == b"got:" + b"early-bytes|raw frames"[::-1]
-        writer.close()
-    finally:
-        server.close()
-        await server.wait_closed()

@@ -36,11 +36,13 @@ OPEN, HALF_LOCAL, HALF_REMOTE, AGENT_OPENED, RESET, NEVER = 1, 3, 5, 2, 7, 101
 STREAM_IDS = (OPEN, HALF_LOCAL, HALF_REMOTE, AGENT_OPENED, RESET, NEVER, 0, 9)
 
 
-def make() -> tuple[Pair, Connection]:
+def make(
+    server_config: WireConfig = CONFIG, agent_config: WireConfig = CONFIG
+) -> tuple[Pair, Connection]:
     """A pair whose agent (the receiver under test) has streams in every state a DATA frame
     can meet: open (opened by either side), half-closed either way, reset, and ids never
     opened (9: the server's next, 101, 0)."""
-    pair = Pair(server_config=CONFIG, agent_config=CONFIG)
+    pair = Pair(server_config=server_config, agent_config=agent_config)
     for _ in range(4):
         pair.open()  # 1, 3, 5, 7
     pair.open(pair.agent)  # 2
@@ -426,16 +428,9 @@ def test_send_upto_agrees_with_send_window_and_send_data(
     server_config, agent_config = configs
 
     def opened() -> Connection:
-        pair = Pair(server_config=server_config, agent_config=agent_config)
-        for _ in range(4):
-            pair.open()  # 1, 3, 5, 7
-        pair.open(pair.agent)  # 2
-        pair.agent.end_stream(HALF_LOCAL)
-        pair.server.end_stream(HALF_REMOTE)
-        pair.server.reset_stream(RESET, ErrorCode.CANCEL)
-        pair.pump()
-        assert pair.agent.open_stream(TARGET) == 4  # not sent: OPENING_LOCAL
-        return pair.agent
+        _, agent = make(server_config, agent_config)
+        assert agent.open_stream(TARGET) == 4  # not sent: OPENING_LOCAL
+        return agent
 
     a, b = opened(), opened()
     for sid, size, kind, limit_drawn in steps:
