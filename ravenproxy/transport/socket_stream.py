@@ -127,7 +127,8 @@ class SocketStream(asyncio.Protocol):
                 self._read_paused = True
             except NotImplementedError:
                 pass
-        self._wake_reader()
+        if self._read_waiter is not None:  # _wake_reader's check: a call a request spared
+            self._wake_reader()
         if self._on_data is not None:
             self._on_data()
 
