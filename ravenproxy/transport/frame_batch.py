@@ -119,7 +119,12 @@ def one_small(
     payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
     # binary_frame_header's two cases for a size under 64 KiB, written out.
     if mask:
-        key = _keys.take(4)
+        keys = _keys  # _keys.take(4), written out: a call a request on the agent
+        at = keys.at
+        if at + 4 > len(keys.pool):
+            keys.pool, at = os.urandom(keys.POOL), 0
+        keys.at = at + 4
+        key = keys.pool[at : at + 4]
         head = bytes((0x82, 0x80 | size)) if size < 126 else _HEAD16.pack(0x82, 0xFE, size)
         return [head + key + apply_mask(payload, key)]
     head = bytes((0x82, size)) if size < 126 else _HEAD16.pack(0x82, 126, size)

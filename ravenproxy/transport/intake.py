@@ -87,12 +87,14 @@ class Intake:
         if self._held is not None:  # paused: behind what is held back
             self._held += batch
             return
+        # conn.should_read, written out (a property: two calls a request).
+        outbox, cap = conn.outbox, conn.config.max_control_pending
         # What the round queues (several streams' frames, credit) is written at its end, in
         # one write, not by the first flush it makes (Session._flush writes through).
         self._deferred = True
         try:
             for i, message in enumerate(batch):
-                if not conn.should_read:
+                if outbox.control_bytes > cap:
                     self._pause(batch[i:])
                     break
                 # The usual message, one DATA frame, by the wire's fast path: no event to match.
@@ -110,9 +112,10 @@ class Intake:
         finally:
             self._deferred = False
         # Answers the messages asked for (PING acks above all) go out now, not with whatever
-        # flushes next: protocol sections 4.7 and 11.
-        self._flush()
-        if self._held is None and not conn.should_read:
+        # flushes next: protocol sections 4.7 and 11. (Mostly nothing is queued: no call.)
+        if outbox.pending_bytes:
+            self._flush()
+        if self._held is None and outbox.control_bytes > cap:
             self._pause([])
 
     def _pause(self, rest: list[bytes | memoryview]) -> None:

@@ -17,13 +17,12 @@ since it last ran in few large writes and waits for the transport to drain
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
 
 from ravenproxy.transport.flag import Flag
-from ravenproxy.transport.frame_batch import WRITE_THROUGH, writes
+from ravenproxy.transport.frame_batch import WRITE_THROUGH, batched, one_small, writes
 from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.readiness import of as readiness_of
 
@@ -32,11 +31,7 @@ class Outlet(Intake):
     """The writing side of a session (a base of :class:`Session`, which owns what it names)."""
 
     loop: asyncio.AbstractEventLoop
-
-    if TYPE_CHECKING:  # the session's
-
-        @property
-        def closed(self) -> bool: ...
+    closed: bool  # the session's
 
     def _init_outlet(self) -> None:
         self._wake = False  # queued since the writer took the queue
@@ -48,29 +43,33 @@ class Outlet(Intake):
         # a reader paused on unsent control output waits for.
         self._taken = Flag()
 
-    def _flush(self) -> None:
-        # Several times a request. Deferred: the read round being taken flushes at its end.
-        if not (self._wake or self._deferred) and self.conn.outbox.pending_bytes:
-            self._hand_out(late=False)
-
-    def _flush_late(self) -> None:
-        """What the turn left queued (no later event of its burst wrote it), in the loop's next
-        turn, before it polls again."""
-        self._late = False
-        if not self._wake and self.conn.outbox.pending_bytes:
-            self._hand_out(late=True)
-
-    def _hand_out(self, *, late: bool) -> None:
+    def _flush(self, late: bool = False) -> None:
         """Queued output, to be written: through at once (small output, the writer idle), else
-        by the writer task."""
+        by the writer task. Several times a request: one call, its checks written out."""
+        # Deferred: the read round being taken flushes at its end.
+        if self._wake or self._deferred or not self.conn.outbox.pending_bytes:
+            return
         waiter = self._wake_writer
         if waiter is None or waiter.done():  # the writer is busy (or gone)
             self._wake = True
             return
-        if self.conn.outbox.pending_bytes < WRITE_THROUGH and self._may_write_through():
+        # Not while the transport is paused or closing, or the reader holds messages back
+        # (taking them re-enters _flush: its write would go before this one): the writer's.
+        ws = self.ws
+        if self.conn.outbox.pending_bytes < WRITE_THROUGH and not (
+            ws.paused
+            or self._held is not None
+            or ws.protocol.state is not WsState.OPEN
+            or ws.transport.is_closing()
+        ):
             # Written now by whoever queued it, unless more input waits in this turn (a burst:
             # its other events queue more; the last one writes it all, in one write).
-            if late or not self._probe.more_input():
+            probe = self._probe
+            try:  # Readiness.more_input, written out
+                more = not late and bool(probe.soon or probe.poll(0, 1))
+            except ValueError:  # the probe is closed: the writer's, as without it
+                more = True
+            if not more:
                 self._write_through()
             elif not self._late:  # should no later event of the burst flush this session
                 self._late = True
@@ -80,17 +79,11 @@ class Outlet(Intake):
         self._wake_writer = None
         waiter.set_result(None)
 
-    def _may_write_through(self) -> bool:
-        """Not while the transport is paused or closing, or the reader holds messages back
-        (taking them re-enters :meth:`_flush`: its write would go before this one): then the
-        writer's turn."""
-        ws = self.ws
-        return not (
-            ws.paused
-            or self._held is not None
-            or ws.protocol.state is not WsState.OPEN
-            or ws.transport.is_closing()
-        )
+    def _flush_late(self) -> None:
+        """What the turn left queued (no later event of its burst wrote it), in the loop's next
+        turn, before it polls again."""
+        self._late = False
+        self._flush(late=True)
 
     def _write_through(self) -> None:
         """Write what is queued in the caller's turn, for the idle writer: no task step and no
@@ -98,8 +91,9 @@ class Outlet(Intake):
         batch = self.conn.outbox.take_pieces()
         if self._taken.waiter is not None:
             self._taken.set()
-        transport = self.ws.transport
-        for frames in writes(batch, mask=not self.conn.server_side):
+        transport, mask = self.ws.transport, not self.conn.server_side
+        small = one_small(batch, mask=mask)  # writes(), written out: the usual batch
+        for frames in batched(batch, mask=mask) if small is None else (small,):
             transport.writelines(frames)
         if self._drain_event.waiter is not None:
             self._drain_event.set()

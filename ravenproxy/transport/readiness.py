@@ -30,11 +30,13 @@ from typing import Any
 class Readiness:
     """The readable-input probe of one event loop (:func:`of`)."""
 
-    __slots__ = ("_epoll", "_poll", "soon")
+    __slots__ = ("_epoll", "poll", "soon")
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
-        self._poll = self._epoll.poll
+        self.poll = self._epoll.poll
+        """``epoll.poll``: ``poll(0, 1)`` is :meth:`more_input` without :attr:`soon` (a session's
+        flush asks it inline); ValueError once closed."""
         self.soon: set[object] = set()
         """TLS transports with decrypted bytes to read in the next turn (no readiness event)."""
 
@@ -66,7 +68,7 @@ class Readiness:
         if self.soon:
             return True
         try:
-            return bool(self._poll(0, 1))
+            return bool(self.poll(0, 1))
         except ValueError:  # closed: say more, so the writer writes, as without the probe
             return True
 

@@ -143,6 +143,9 @@ class Session(Outlet):
         self._keepalive_timer: asyncio.TimerHandle | None = None
         self._ready = Flag()
         self._closed = Flag()
+        self.closed = False
+        """The session ended (:meth:`run` returned or is returning). An attribute, not a
+        property: the server's router asks it per request."""
         self.close_reason = ""
         self.error: ErrorCode | None = None
         """The connection error this side closed the tunnel with; None for any other end."""
@@ -163,6 +166,7 @@ class Session(Outlet):
         try:
             await self._reader()
         finally:
+            self.closed = True
             self._closed.set()
             self._drain_event.set()
             writer.cancel()
@@ -191,10 +195,6 @@ class Session(Outlet):
             closed.cancel()
         if not self._ready.is_set():
             raise StreamClosedError(ErrorCode.CONNECTION_LOST, self.close_reason or "closed")
-
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
 
     @property
     def peer_server_id(self) -> str | None:

@@ -127,7 +127,8 @@ class SocketStream(asyncio.Protocol):
                 self._read_paused = True
             except NotImplementedError:
                 pass
-        self._wake_reader()
+        if self._read_waiter is not None:  # _wake_reader's check: a call a request spared
+            self._wake_reader()
         if self._on_data is not None:
             self._on_data()
 
@@ -246,13 +247,19 @@ class SocketStream(asyncio.Protocol):
 
     def read_nowait(self, n: int = -1) -> bytes | None:
         """:meth:`read` without waiting: None while nothing is buffered."""
-        if not self._buffer:
+        buffer = self._buffer
+        if not buffer:
             if type(self._lend) is Lender and self._lend.views:
                 return bytes(self._take_lent(n))
             if self._error is not None:
                 raise self._error
             return b"" if self._eof else None
-        return self._take(n)
+        if self._read_paused or 0 <= n < len(buffer):
+            return self._take(n)
+        # All of it, reading not paused: _take's usual case written out (a call a request on
+        # the server's front).
+        self._buffer = b""
+        return bytes(buffer)
 
     def read_chunk_nowait(self, n: int = -1) -> bytes | memoryview | None:
         """:meth:`read_chunk` without waiting: None while nothing is buffered."""

@@ -67,11 +67,13 @@ class TLSSocketTransport(asyncio.Transport):
         self._fd = sock.fileno()
         self._protocol = protocol
         self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
-        # CPython's TLS object under the SSLSocket: its read() is what recv_into() ends in, two
-        # Python calls later, per 16 KiB record (~6 % of bulk CPU); recv_into() if it is absent.
-        self._sslread: Callable[[int, memoryview], int] | None = getattr(
-            getattr(sock, "_sslobj", None), "read", None
-        )
+        # CPython's TLS object under the SSLSocket: read(), write() and pending() are what
+        # recv_into(), send() and pending() end in, two Python calls later (~6 % of bulk CPU;
+        # four calls a small request); the SSLSocket's own methods if it has none.
+        tls = getattr(sock, "_sslobj", None)
+        self._sslread: Callable[[int, memoryview], int] | None = getattr(tls, "read", None)
+        self._sslwrite: Callable[[Any], int] = getattr(tls, "write", sock.send)
+        self._sslpending: Callable[[], int] = getattr(tls, "pending", sock.pending)
         self._queue: collections.deque[bytes | bytearray | memoryview] = collections.deque()
         self._queued = 0
         self._high = HIGH_WATER
@@ -178,11 +180,8 @@ class TLSSocketTransport(asyncio.Transport):
             raise TypeError(f"data: expected a bytes-like object, not {type(data).__name__}")
         if self._closing:
             return  # as asyncio's transports: writes after close are dropped
-        if not data:
-            return
-        self._queue.append(data)
-        self._queued += len(data)
-        self._after_write()
+        if data:
+            self.writelines((data,))
 
     def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
         if self._closing:
@@ -192,7 +191,11 @@ class TLSSocketTransport(asyncio.Transport):
             if data:
                 queue.append(data)
                 self._queued += len(data)
-        self._after_write()
+        if not (self._writer or self._write_wants_read):  # else it writes on readiness
+            self._flush()
+        if not self._writing_paused and self._queued > self._high and not self._lost:
+            self._writing_paused = True  # _check_pause, written out (a write per message)
+            self._protocol.pause_writing()
 
     def write_eof(self) -> None:
         raise NotImplementedError("TLS: no half-close (close() sends close_notify)")
@@ -204,18 +207,11 @@ class TLSSocketTransport(asyncio.Transport):
         self._close_now(None)
 
     # -- writing ----------------------------------------------------------------------------
-    def _after_write(self) -> None:
-        if not (self._writer or self._write_wants_read):  # else it writes on readiness
-            self._flush()
-        if not self._writing_paused and self._queued > self._high and not self._lost:
-            self._writing_paused = True  # _check_pause, written out (a write per message)
-            self._protocol.pause_writing()
-
     def _flush(self) -> None:
         """Write queued pieces until the socket takes no more."""
         queue = self._queue
         sock = self._sock
-        send = sock.send
+        send = self._sslwrite
         self._write_wants_read = False
         # Several records to write: cork, so the kernel sends full segments, not one per
         # record (each SSL_write of a record is a send() of its own; TCP_NODELAY is on).
@@ -245,7 +241,8 @@ class TLSSocketTransport(asyncio.Transport):
             return
         if not queue and self._closing and self._shutdown == 0:
             self._start_shutdown()
-        self._update_io()
+        if not self._reader or self._writer or queue or self._closing or self._reading_paused:
+            self._update_io()  # else it would change nothing (see _read's end)
         if self._writing_paused and self._queued <= self._low:
             self._writing_paused = False
             self._protocol.resume_writing()
@@ -330,12 +327,15 @@ class TLSSocketTransport(asyncio.Transport):
                 break
             if self._reading_paused or self._closing or self._closed:
                 break
-            if end == "drained" and not sock.pending():
+            if end == "drained" and not self._sslpending():
                 break  # the socket has no more now
         else:
-            if sock.pending():  # decrypted bytes make no readiness event
+            if self._sslpending():  # decrypted bytes make no readiness event
                 self._schedule_read()
-        self._update_io()
+        # Not when _update_io would change nothing (the usual end: a call a read, for nothing).
+        steady = self._reader and not (self._writer or self._queue or self._read_wants_write)
+        if not steady or self._closing or self._reading_paused:
+            self._update_io()
 
     def _eof(self, *, ragged: bool = False) -> None:
         self._peer_eof = True

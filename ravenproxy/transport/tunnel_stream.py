@@ -214,8 +214,13 @@ class TunnelStream:
                 raise self._error.fresh()
             return b"" if self._eof else None
         chunk = self._chunks.popleft()
-        self.bytes_in += len(chunk)
-        self.session._consumed(self.id, len(chunk))
+        n = len(chunk)
+        self.bytes_in += n
+        # session._consumed, written out (a chunk a request, on both ends).
+        session = self.session
+        conn = session.conn
+        if not conn.closed and conn.consumed(self.id, n):
+            session._flush()
         return chunk
 
     def try_write(self, data: bytes | memoryview) -> int:

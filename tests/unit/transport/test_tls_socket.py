@@ -226,6 +226,46 @@ async def test_a_stalled_reader_pauses_the_writer_and_resuming_drains_it(pki: Pa
         assert server.sha.hexdigest() == hashlib.sha256(data * 16).hexdigest()
 
 
+async def test_a_read_or_flush_leaves_the_registration_update_io_would_make(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # _read and _flush skip _update_io when it would change nothing: after each, a full
+    # _update_io must find the loop's registration already right (partial writes, a paused
+    # reader, resuming, small messages both ways).
+    misses: list[tuple[str, bool, bool]] = []
+    update_io = TLSSocketTransport._update_io
+
+    def checked(original: Callable[[TLSSocketTransport], None]) -> Any:
+        def run(self: TLSSocketTransport) -> None:
+            original(self)
+            before = (self._reader, self._writer)
+            update_io(self)
+            if (self._reader, self._writer) != before:
+                misses.append((original.__name__, *before))
+
+        return run
+
+    monkeypatch.setattr(TLSSocketTransport, "_read", checked(TLSSocketTransport._read))
+    monkeypatch.setattr(TLSSocketTransport, "_flush", checked(TLSSocketTransport._flush))
+    async with connected(pki) as (client, server):
+        assert client.transport is not None and server.transport is not None
+        for i in range(20):  # small messages both ways
+            client.transport.write(b"q" * (i + 1))
+            await server.until(sum(range(1, i + 2)))
+            server.transport.write(b"a")
+            await client.until(i + 1)
+        server.transport.pause_reading()
+        data = blob(1024 * 1024)
+        for _ in range(8):  # more than the sockets hold: partial writes, a writer in place
+            client.transport.write(data)
+        await asyncio.sleep(0.1)
+        assert client.transport.get_write_buffer_size() > 0
+        server.transport.resume_reading()
+        await server.until(sum(range(1, 21)) + 8 * len(data))
+        assert client.transport.get_write_buffer_size() == 0
+    assert not misses
+
+
 async def test_resume_reads_bytes_openssl_already_decrypted(pki: Path) -> None:
     # A 1000-byte buffer, paused after the first read: the record's rest is in OpenSSL, not in
     # the socket, so only resume_reading itself can deliver it.
