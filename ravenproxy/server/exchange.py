@@ -125,7 +125,11 @@ class Exchange:
             return []
         seen = self._seen
         if seen is not None and self.phase == "head" and self.client.again(data, seen[0]):
-            return self._on_request(seen[0])  # the last request again: no HEAD event queued
+            # The last request again (no HEAD event queued): it goes on as it went (the head
+            # of _on_request, inline: once a request).
+            self._client_keep, self._request, self._dest = seen[1], seen[0], seen[2].dest
+            self.phase = "routing"
+            return [seen[2]]
         if not data:
             self.client.events.append((EOF, None))
         elif self.client_raw is not None:
@@ -184,15 +188,8 @@ class Exchange:
         node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
         via = lower.get("via")
         if via and self.via in via_received_by([via]):
-            return [
-                Looped(),
-                *self._refuse(
-                    508,
-                    node,
-                    "loop detected: the request already passed through this server "
-                    f"(Via {self.via})",
-                ),
-            ]
+            why = f"loop detected: the request already passed through this server (Via {self.via})"
+            return [Looped(), *self._refuse(508, node, why)]
         self._request, self._dest = request, dest
         if dest.via == "connect":
             self.phase = "closed"
