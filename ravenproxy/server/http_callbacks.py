@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ravenproxy.errors import RoutingError
+from ravenproxy.metrics import Tallied
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
@@ -70,6 +71,7 @@ class Front(Protocol):
     front: str
     over_tls: bool
     egress: str | None
+    counters: dict[int, list[Tallied]]
 
     def count(self, status: int) -> None: ...
 
@@ -409,7 +411,12 @@ class CallbackPath:
                     rest = WriteUpstream(data[sent:]) if sent else action
                     return self._leave([rest, *actions[done + 1 :]])
             elif type(action) is Count:
-                self.proxy.count(action.status)
+                counters = self.proxy.counters.get(action.status)
+                if counters is None:
+                    self.proxy.count(action.status)
+                else:  # HttpProxy.count's common case inline (a call a request)
+                    for counter in counters:
+                        counter.n += 1
             elif type(action) is RouteRequest and self.proxy.egress is None:
                 # _route_again inline (a call a request).
                 try:
