@@ -111,7 +111,7 @@ class Exchange:
         # What the last heads led to, reused while the next are the same (Parsed._last) objects:
         self._seen: tuple[Head, bool, RouteRequest] | None = None
         self._built: tuple[Head, Route, Outbound, WriteUpstream] | None = None
-        self._answered: tuple[tuple[object, ...], Framing] | None = None
+        self._answered: tuple[Head, Head | None, tuple[bool, ...], Framing] | None = None
 
     # -- the client side ----------------------------------------------------------------------
     @property
@@ -391,10 +391,10 @@ class Exchange:
         """The head for the client, and how the body after it is framed. An answer before the
         request body is through closes the connection after it (:meth:`_finished`): it says so."""
         client_keep = self._client_keep and self.body_done
-        key = (response, bodiless, self._request, client_keep, self._up is not None)
-        answered = self._answered
-        if answered is not None and answered[0] == key:
-            framing = answered[1]
+        request, rest = self._request, (bodiless, client_keep, self._up is not None)
+        seen = self._answered  # heads by identity: a changed one is not compared field by field
+        if seen is not None and seen[0] is response and seen[1] is request and seen[2] == rest:
+            framing = seen[3]
         else:
             assert self._request is not None
             framing = response_framing(
@@ -404,7 +404,7 @@ class Exchange:
                 client_keep=client_keep,
                 upstream=self._up is not None,
             )
-            self._answered = (key, framing)
+            self._answered = (response, request, rest, framing)
         self._body_out, self._until_close = framing.body_out, framing.until_close
         self._up_keep, self._client_keep = framing.up_keep, framing.client_keep
         return framing.head
