@@ -111,7 +111,7 @@ class Exchange:
         # What the last heads led to, reused while the next are the same (Parsed._last) objects:
         self._seen: tuple[Head, bool, RouteRequest] | None = None
         self._built: tuple[Head, Route, Outbound, WriteUpstream] | None = None
-        self._answered: tuple[tuple[object, ...], Framing] | None = None
+        self._answered: tuple[Head, Head | None, tuple[bool, ...], Framing] | None = None
 
     # -- the client side ----------------------------------------------------------------------
     @property
@@ -125,7 +125,11 @@ class Exchange:
             return []
         seen = self._seen
         if seen is not None and self.phase == "head" and self.client.again(data, seen[0]):
-            return self._on_request(seen[0])  # the last request again: no HEAD event queued
+            # The last request again (no HEAD event queued): it goes on as it went (the head
+            # of _on_request, inline: once a request).
+            self._client_keep, self._request, self._dest = seen[1], seen[0], seen[2].dest
+            self.phase = "routing"
+            return [seen[2]]
         if not data:
             self.client.events.append((EOF, None))
         elif self.client_raw is not None:
@@ -184,15 +188,8 @@ class Exchange:
         node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
         via = lower.get("via")
         if via and self.via in via_received_by([via]):
-            return [
-                Looped(),
-                *self._refuse(
-                    508,
-                    node,
-                    "loop detected: the request already passed through this server "
-                    f"(Via {self.via})",
-                ),
-            ]
+            why = f"loop detected: the request already passed through this server (Via {self.via})"
+            return [Looped(), *self._refuse(508, node, why)]
         self._request, self._dest = request, dest
         if dest.via == "connect":
             self.phase = "closed"
@@ -394,10 +391,10 @@ class Exchange:
         """The head for the client, and how the body after it is framed. An answer before the
         request body is through closes the connection after it (:meth:`_finished`): it says so."""
         client_keep = self._client_keep and self.body_done
-        key = (response, bodiless, self._request, client_keep, self._up is not None)
-        answered = self._answered
-        if answered is not None and answered[0] == key:
-            framing = answered[1]
+        request, rest = self._request, (bodiless, client_keep, self._up is not None)
+        seen = self._answered  # heads by identity: a changed one is not compared field by field
+        if seen is not None and seen[0] is response and seen[1] is request and seen[2] == rest:
+            framing = seen[3]
         else:
             assert self._request is not None
             framing = response_framing(
@@ -407,7 +404,7 @@ class Exchange:
                 client_keep=client_keep,
                 upstream=self._up is not None,
             )
-            self._answered = (key, framing)
+            self._answered = (response, request, rest, framing)
         self._body_out, self._until_close = framing.body_out, framing.until_close
         self._up_keep, self._client_keep = framing.up_keep, framing.client_keep
         return framing.head

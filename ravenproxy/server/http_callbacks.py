@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ravenproxy.errors import RoutingError
+from ravenproxy.metrics import Tallied
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
@@ -70,6 +71,7 @@ class Front(Protocol):
     front: str
     over_tls: bool
     egress: str | None
+    counters: dict[int, list[Tallied]]
 
     def count(self, status: int) -> None: ...
 
@@ -78,7 +80,16 @@ class CallbackPath:
     """The callback mode of one client connection (a base of the connection, whose slots hold
     what it names below); :meth:`_by_callbacks` is the task's side of it."""
 
-    __slots__ = ("_busy", "_calls", "_exit", "_hooked", "_hooked_direct", "routed", "waiting")
+    __slots__ = (
+        "_busy",
+        "_calls",
+        "_exit",
+        "_hooked",
+        "_hooked_direct",
+        "_write",
+        "routed",
+        "waiting",
+    )
 
     # The connection's own (see http_proxy._Connection).
     ex: Exchange
@@ -101,6 +112,9 @@ class CallbackPath:
         """A direct route's kept connection (no agent), hooked between requests as
         :attr:`_hooked` is: only its end is looked for."""
         self._calls: IdleWatch | None = None
+        self._write: Callable[[bytes], object] | None = None
+        """In callback mode, the client socket's transport's write (SocketStream.write's one
+        line, without the Python call: once a request)."""
         self._busy = False
         self.waiting = False
         """Waiting for a next request, served by callbacks or by the task (closed if the server
@@ -135,6 +149,7 @@ class CallbackPath:
             watch = self._calls = IdleWatch(KEEPALIVE_TIMEOUT)
         done: asyncio.Future[list[Action]] = asyncio.get_running_loop().create_future()
         self._exit = done
+        self._write = sock.transport.write
         self._hook_kept()
         sock.on_data(self._advance)
         try:
@@ -153,7 +168,7 @@ class CallbackPath:
                 self.ctx.relay_done(self.proxy.front, "request", idle, peer=peer, node=node)
                 return self.ex.upstream_idle(exc.timeout)
         finally:
-            self._exit = None
+            self._exit = self._write = None
             sock.on_data(None)
             self._unhook()
             self.waiting = False
@@ -384,7 +399,11 @@ class CallbackPath:
         for done, action in enumerate(actions):
             # By exact type (no action class is subclassed): a comparison each, not a call.
             if type(action) is WriteClient:
-                self.writer.write(action.data)
+                write = self._write
+                if write is not None:
+                    write(action.data)
+                else:  # between requests, in the task's time (a kept connection's end)
+                    self.writer.write(action.data)
             elif type(action) is WriteUpstream:
                 stream, data = self._hooked, action.data
                 sent = stream.try_write(data) if stream is not None else 0
@@ -392,9 +411,22 @@ class CallbackPath:
                     rest = WriteUpstream(data[sent:]) if sent else action
                     return self._leave([rest, *actions[done + 1 :]])
             elif type(action) is Count:
-                self.proxy.count(action.status)
+                counters = self.proxy.counters.get(action.status)
+                if counters is None:
+                    self.proxy.count(action.status)
+                else:  # HttpProxy.count's common case inline (a call a request)
+                    for counter in counters:
+                        counter.n += 1
             elif type(action) is RouteRequest and self.proxy.egress is None:
-                actions.extend(self._route_again(action))
+                # _route_again inline (a call a request).
+                try:
+                    self.routed = memo = self.ctx.router.route_again(
+                        action.dest, over_tls=self.proxy.over_tls, memo=self.routed
+                    )
+                except RoutingError as exc:
+                    actions.extend(self.ex.refused(exc.status, exc.node, exc.reason))
+                else:
+                    actions.extend(self.ex.routed(memo.route))
             elif type(action) is CloseUpstream:
                 self._unhook()
                 self._close_upstream()

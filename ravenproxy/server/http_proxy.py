@@ -82,10 +82,11 @@ class HttpProxy:
         self.egress = egress
         """The egress listener's transport (uds, tcp): only CONNECT is served (405 for any
         other method, as konnectivity-server), and answers count in the egress metric too."""
-        self._counters: dict[int, list[Tallied]] = {}
+        self.counters: dict[int, list[Tallied]] = {}
+        """The series each status counts in, once it was counted (:meth:`count`)."""
 
     def count(self, status: int) -> None:
-        counters = self._counters.get(status)
+        counters = self.counters.get(status)
         if counters is None:
             metrics = self.ctx.metrics
             counters = [metrics.requests.labels(front=self.front, status=str(status))]
@@ -93,7 +94,7 @@ class HttpProxy:
                 counters.append(
                     metrics.egress_requests.labels(transport=self.egress, status=str(status))
                 )
-            self._counters[status] = counters
+            self.counters[status] = counters
         for counter in counters:
             counter.n += 1  # a Tallied: no call, no lock
 
