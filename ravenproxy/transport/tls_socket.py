@@ -178,9 +178,7 @@ class TLSSocketTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"data: expected a bytes-like object, not {type(data).__name__}")
-        if self._closing:
-            return  # as asyncio's transports: writes after close are dropped
-        if data:
+        if data:  # (dropped after close, as asyncio's transports do: writelines' check)
             self.writelines((data,))
 
     def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
@@ -454,7 +452,9 @@ class TLSSocketTransport(asyncio.Transport):
             self._update_io()
             self._queue.clear()
             self._queued = 0
-            self._sock.close()  # no close_notify: SSLSocket.close() does not send one
+            sock = self._sock  # its methods from here: the TLS object's would reach a reused fd
+            self._sslread, self._sslwrite, self._sslpending = None, sock.send, sock.pending
+            sock.close()  # no close_notify: SSLSocket.close() does not send one
         if not self._lost:
             self._lost = True
             self._loop.call_soon(self._call_connection_lost, exc)

@@ -468,6 +468,40 @@ async def test_writing_to_a_reset_connection_ends_it_once(pki: Path) -> None:
         await asyncio.to_thread(thread.join, WAIT)
 
 
+async def test_after_the_close_no_read_or_write_reaches_the_next_socket_on_its_number(
+    pki: Path,
+) -> None:
+    # The transport calls the TLS object's C read() and write() (not the SSLSocket's
+    # wrappers); they act on the socket's number even once the socket is closed, and the
+    # next socket may take that number. Closing drops the queue and the registrations, so no
+    # read or flush runs after it today; should one ever, it must fail on the closed socket,
+    # not write to (or read from) another connection.
+    async with connected(pki) as (client, _server):
+        transport = client.transport
+        assert transport is not None
+        fd = transport._fd
+        mine, theirs = socket.socketpair()
+        transport.abort()
+        taken = []  # the lowest free numbers, up to the transport's old one
+        while not taken or taken[-1] < fd:
+            taken.append(os.dup(mine.fileno()))
+        try:
+            assert taken[-1] == fd, "the old number was not free: the test cannot tell"
+            theirs.sendall(b"not for the tunnel")
+            transport._queue.append(b"for the closed tunnel")
+            transport._flush()
+            transport._read()
+            theirs.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                theirs.recv(100)  # nothing written to the socket on the old number
+            assert mine.recv(100) == b"not for the tunnel"  # nor read from it
+        finally:
+            for n in taken:
+                os.close(n)
+            mine.close()
+            theirs.close()
+
+
 async def test_extra_info_names_the_peer_and_the_tls_session(pki: Path) -> None:
     async with connected(pki) as (client, server):
         assert client.transport is not None and server.transport is not None
