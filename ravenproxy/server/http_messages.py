@@ -19,7 +19,7 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.podroutes import Destination, forwardable, wants_upgrade
+from ravenproxy.server.podroutes import HOP_BY_HOP, Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
 
 Headers = list[tuple[str, str]]
@@ -47,6 +47,10 @@ class Head:
     """The fields by lower-cased name (repeated ones joined with ", ")."""
     size: int
     """Bytes of the head on the wire."""
+    wire: bytes = b""
+    """A response's head as :func:`response_framing` writes it when it drops and adds no
+    field: ``HTTP/1.1``, the status and reason, each field as parsed on a ``name: value``
+    line (b"" for a request)."""
 
 
 class _Stop(Exception):
@@ -269,7 +273,13 @@ class Parsed:
         start = self._start.decode("latin-1")
         if isinstance(parser, HttpResponseParser):
             status = parser.get_status_code()
-            return Head(start, "", status, version, headers, lower, size + 15)
+            # The same bytes as fields(headers) after the status line: latin-1 round-trips.
+            wire = b"HTTP/1.1 %d %b\r\n%b\r\n" % (
+                status,
+                self._start,
+                b"".join([b"%b: %b\r\n" % field for field in self._fields]),
+            )
+            return Head(start, "", status, version, headers, lower, size + 15, wire)
         method = parser.get_method().decode("ascii", "replace")
         return Head(method, start, 0, version, headers, lower, size + len(method) + 12)
 
@@ -383,6 +393,19 @@ def response_framing(
     answers a HEAD; ``client_keep``: the client asked to keep its connection; ``upstream``:
     the target connection is still held."""
     headers, lower = response.headers, response.lower
+    if (
+        "content-length" in lower
+        and not bodiless
+        and response.status not in (204, 304)
+        and HOP_BY_HOP.isdisjoint(lower)
+    ):
+        # A length-framed answer without a hop-by-hop field (so no Transfer-Encoding, no
+        # Connection): nothing is dropped, the head goes on as parsed (a target's usual answer;
+        # each scrape's differs, in its Date and length). keeps_alive's rule, no field to read.
+        up_keep = response.version == "1.1" and upstream
+        wire = response.wire
+        head = wire if client_keep else wire[:-2] + b"Connection: close\r\n\r\n"
+        return Framing(head, "length", False, up_keep, client_keep)
     kept = forwardable(headers, names=lower)
     te = lower.get("transfer-encoding", "").lower()
     if te:
