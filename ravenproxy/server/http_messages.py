@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from httptools import (
     HttpParserError,
@@ -33,10 +34,11 @@ whole budget is ~8 KiB)."""
 HEAD, DATA, END, ERROR, EOF = range(5)
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
+class Head(NamedTuple):
     """A parsed request or response head. ``start``: the method (request) or the reason phrase
-    (response); ``target``: the request-target; ``status``: 0 for a request."""
+    (response); ``target``: the request-target; ``status``: 0 for a request. (A named tuple:
+    one is made per message that is not the last one again, and a frozen dataclass's
+    ``__init__`` costs a call per field.)"""
 
     start: str
     target: str
@@ -370,9 +372,9 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
     return Outbound(head + fields(out) + b"\r\n", upgrade is not None, chunked)
 
 
-@dataclass(frozen=True, slots=True)
-class Framing:
-    """A response head as it goes to the client, and how its body and both connections go on."""
+class Framing(NamedTuple):
+    """A response head as it goes to the client, and how its body and both connections go on
+    (a named tuple: one is made per answer that differs from the last)."""
 
     head: bytes
     body_out: str
