@@ -55,6 +55,7 @@ from latency import (
     _commit,
     _machine,
     _wait_routable,
+    add_answer_argument,
     run_row,
     start_target,
     start_tunnel,
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="ravenproxy-instructions-"))
     procs = Procs(base)
     try:
-        target_port = start_target(base, procs)
+        target_port = start_target(base, procs, args.answer)
         host = f"edge-1:{target_port}"
         pairs = []
         checkouts: list[tuple[str, str, Path | None]] = []
@@ -225,6 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "requests_per_round": args.requests,
             "rate": args.rate,
             "connections": args.connections,
+            "answer": args.answer,
             "rounds": args.rounds,
             "request": "GET /ping (keep-alive), 2-byte body, Host: edge-1:PORT",
             "path": "tunnel-connect (CONNECT edge-1:PORT once per connection)"
@@ -257,6 +259,7 @@ def main() -> None:
         "--dumps", type=Path, help="keep the dumps here: callgrind-NAME-ROLE.out.ROUND"
     )
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
+    add_answer_argument(parser)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run()'s cleanup still runs
     write_result(run(args), args.output)

@@ -50,6 +50,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import email.utils
 import importlib.metadata
 import json
 import os
@@ -83,6 +84,12 @@ BODY = b"ok"
 RESPONSE = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(BODY)
 ) + BODY
+ANSWERS = ("varied", "same")
+# ``--answer varied``: a metrics endpoint's answers differ from one to the next (a Date per
+# second, a body and so a Content-Length that change every scrape), and the server's front
+# re-derives what it forwards for each new head; identical answers (``same``, the figures
+# before 2026-12-04) let it reuse the last one's, which real traffic rarely allows.
+VARIED_LENGTHS = 7  # body lengths 2..8 in turn: consecutive answers' Content-Lengths differ
 
 INVENTORY = """\
 apiVersion: v1
@@ -96,12 +103,47 @@ status:
 
 
 # -- the target (its own process: ``latency.py --target PORTFILE``) ---------------------------
-class _Target(asyncio.Protocol):
-    """Answers every complete request head with a fixed small response (keep-alive)."""
+class _Answers:
+    """The target's answers, by second: ``same``, RESPONSE each time; ``varied``, a Date
+    (IMF-fixdate, RFC 9110 §6.6.1) and a body of 2..8 bytes in turn. The second's answers are
+    built once when it starts, so an answer costs the target a list index (it shares the
+    cores with what is measured)."""
 
-    def __init__(self) -> None:
+    def __init__(self, varied: bool) -> None:
+        self.varied = varied
+        self.second = -1
+        self.answers = [RESPONSE]
+
+    def now(self) -> list[bytes]:
+        if self.varied:
+            second = int(time.time())
+            if second != self.second:
+                self.second = second
+                self.answers = varied_answers(second)
+        return self.answers
+
+
+def varied_answers(second: int) -> list[bytes]:
+    date = email.utils.formatdate(second, usegmt=True).encode()
+    out = []
+    for n in range(VARIED_LENGTHS):
+        body = BODY + b"." * n
+        out.append(
+            b"HTTP/1.1 200 OK\r\nDate: %s\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (date, len(body), body)
+        )
+    return out
+
+
+class _Target(asyncio.Protocol):
+    """Answers every complete request head with a small response (keep-alive): ``answers``'
+    of the second, each connection going through them in turn."""
+
+    def __init__(self, answers: _Answers) -> None:
         self.buf = b""
         self.transport: asyncio.Transport | None = None
+        self.answers = answers
+        self.count = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -115,12 +157,19 @@ class _Target(asyncio.Protocol):
         if answers:
             self.buf = self.buf[self.buf.rfind(b"\r\n\r\n") + 4 :]
             assert self.transport is not None
-            self.transport.write(RESPONSE * answers)
+            now = self.answers.now()
+            if len(now) == 1:
+                self.transport.write(now[0] * answers)
+                return
+            count = self.count
+            self.count = count + answers
+            self.transport.write(b"".join(now[i % len(now)] for i in range(count, count + answers)))
 
 
-async def _target_main(port_file: Path) -> None:
+async def _target_main(port_file: Path, answer: str) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(_Target, "127.0.0.1", 0, backlog=1024)
+    answers = _Answers(answer == "varied")
+    server = await loop.create_server(lambda: _Target(answers), "127.0.0.1", 0, backlog=1024)
     with open(port_file, "w") as f:
         f.write(str(server.sockets[0].getsockname()[1]))
     await asyncio.Event().wait()
@@ -496,9 +545,11 @@ class Tunnel:
     pids: list[int]
 
 
-def start_target(base: Path, procs: Procs) -> int:
+def start_target(base: Path, procs: Procs, answer: str = "varied") -> int:
     port_file = base / "target.port"
-    target = procs.start("target", [sys.executable, str(SCRIPT), "--target", str(port_file)])
+    target = procs.start(
+        "target", [sys.executable, str(SCRIPT), "--target", str(port_file), "--answer", answer]
+    )
     return _wait_port_file(port_file, target)
 
 
@@ -682,7 +733,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     procs = Procs(base)
     ssh_info: dict[str, Any] = {}
     try:
-        target_port = start_target(base, procs)
+        target_port = start_target(base, procs, args.answer)
         host = f"edge-1:{target_port}"
         paths = [Way("direct", target_port, f"127.0.0.1:{target_port}")]
         if not args.no_ssh:
@@ -753,6 +804,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "ssh": ssh_info,
         "settings": {
             "rates": args.rates,
+            "answer": args.answer,
             "seconds_per_row": args.seconds,
             "rounds": args.rounds,
             "warmup_seconds_per_row": args.warmup,
@@ -901,16 +953,28 @@ def main() -> None:
     parser.add_argument(
         "--profile", type=Path, help="run this checkout's server and agent under cProfile into DIR"
     )
+    add_answer_argument(parser)
     parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.target is not None:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(_target_main(args.target))
+            runner.run(_target_main(args.target, args.answer))
         return
     # SIGTERM (a `timeout`, a CI stop) must still run run_benchmark's cleanup: the server,
     # agent and target are in sessions of their own and would outlive us otherwise.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     write_result(run_benchmark(args), args.output, plot)
+
+
+def add_answer_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--answer",
+        choices=ANSWERS,
+        default="varied",
+        help="the target's answers: varied (a Date per second and a Content-Length that "
+        "changes every answer, as a metrics endpoint's) or same (identical bytes every time, "
+        "as every figure before 2026-12-04) (varied)",
+    )
 
 
 def write_result(

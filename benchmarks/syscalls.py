@@ -48,6 +48,7 @@ from latency import (
     _commit,
     _machine,
     _wait_routable,
+    add_answer_argument,
     run_row,
     start_floor,
     start_ssh,
@@ -220,7 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wanted = args.ways.split(",")
     ways: list[Way] = []
     try:
-        target_port = start_target(base, procs)
+        target_port = start_target(base, procs, args.answer)
         host = f"edge-1:{target_port}"
         checkouts: list[tuple[str, str, Path | None]] = [("tunnel", sys.executable, None)]
         if args.baseline is not None:
@@ -261,6 +262,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "requests_per_round": args.requests,
             "rate": args.rate,
             "connections": args.connections,
+            "answer": args.answer,
             "rounds": args.rounds,
             "request": "GET /ping (keep-alive), 2-byte body",
         },
@@ -281,6 +283,7 @@ def main() -> None:
     )
     parser.add_argument("--baseline", type=Path, help="another checkout (with its .venv)")
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
+    add_answer_argument(parser)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run()'s cleanup still runs
     write_result(run(args), args.output)

@@ -344,8 +344,7 @@ class Exchange:
                 self.started = True
                 if value.status < 200:
                     self._info = True
-                    head = f"HTTP/1.1 {value.status} {value.start}\r\n".encode("latin-1")
-                    out.append(head + fields(value.headers) + b"\r\n")
+                    out.append(value.wire)  # an interim answer goes on whole
                 else:
                     status = value.status  # one Count per status, shared (it is frozen)
                     actions.append(_count_of(status) or _COUNTS.setdefault(status, Count(status)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from httptools import (
     HttpParserError,
@@ -19,7 +20,7 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.podroutes import Destination, forwardable, wants_upgrade
+from ravenproxy.server.podroutes import HOP_BY_HOP, Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
 
 Headers = list[tuple[str, str]]
@@ -33,10 +34,11 @@ whole budget is ~8 KiB)."""
 HEAD, DATA, END, ERROR, EOF = range(5)
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
+class Head(NamedTuple):
     """A parsed request or response head. ``start``: the method (request) or the reason phrase
-    (response); ``target``: the request-target; ``status``: 0 for a request."""
+    (response); ``target``: the request-target; ``status``: 0 for a request. (A named tuple:
+    one is made per message that is not the last one again, and a frozen dataclass's
+    ``__init__`` costs a call per field.)"""
 
     start: str
     target: str
@@ -47,6 +49,10 @@ class Head:
     """The fields by lower-cased name (repeated ones joined with ", ")."""
     size: int
     """Bytes of the head on the wire."""
+    wire: bytes = b""
+    """A response's head as :func:`response_framing` writes it when it drops and adds no
+    field: ``HTTP/1.1``, the status and reason, each field as parsed on a ``name: value``
+    line (b"" for a request)."""
 
 
 class _Stop(Exception):
@@ -269,7 +275,13 @@ class Parsed:
         start = self._start.decode("latin-1")
         if isinstance(parser, HttpResponseParser):
             status = parser.get_status_code()
-            return Head(start, "", status, version, headers, lower, size + 15)
+            # The same bytes as fields(headers) after the status line: latin-1 round-trips.
+            wire = b"HTTP/1.1 %d %b\r\n%b\r\n" % (
+                status,
+                self._start,
+                b"".join([b"%b: %b\r\n" % field for field in self._fields]),
+            )
+            return Head(start, "", status, version, headers, lower, size + 15, wire)
         method = parser.get_method().decode("ascii", "replace")
         return Head(method, start, 0, version, headers, lower, size + len(method) + 12)
 
@@ -360,9 +372,9 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
     return Outbound(head + fields(out) + b"\r\n", upgrade is not None, chunked)
 
 
-@dataclass(frozen=True, slots=True)
-class Framing:
-    """A response head as it goes to the client, and how its body and both connections go on."""
+class Framing(NamedTuple):
+    """A response head as it goes to the client, and how its body and both connections go on
+    (a named tuple: one is made per answer that differs from the last)."""
 
     head: bytes
     body_out: str
@@ -383,6 +395,19 @@ def response_framing(
     answers a HEAD; ``client_keep``: the client asked to keep its connection; ``upstream``:
     the target connection is still held."""
     headers, lower = response.headers, response.lower
+    if (
+        "content-length" in lower
+        and not bodiless
+        and response.status not in (204, 304)
+        and HOP_BY_HOP.isdisjoint(lower)
+    ):
+        # A length-framed answer without a hop-by-hop field (so no Transfer-Encoding, no
+        # Connection): nothing is dropped, the head goes on as parsed (a target's usual answer;
+        # each scrape's differs, in its Date and length). keeps_alive's rule, no field to read.
+        up_keep = response.version == "1.1" and upstream
+        wire = response.wire
+        head = wire if client_keep else wire[:-2] + b"Connection: close\r\n\r\n"
+        return Framing(head, "length", False, up_keep, client_keep)
     kept = forwardable(headers, names=lower)
     te = lower.get("transfer-encoding", "").lower()
     if te:

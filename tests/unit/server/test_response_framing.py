@@ -1,0 +1,131 @@
+"""response_framing's shortcut: a length-framed final answer without a hop-by-hop field goes on
+as parsed (``Head.wire``), byte for byte what the general path writes (the status line and every
+field re-serialised, ``Connection: close`` added when the client's connection ends), and with
+the same body framing and keep-alive decisions; every other answer takes the general path."""
+
+from __future__ import annotations
+
+import pytest
+
+from ravenproxy.server.http_messages import (
+    HEAD,
+    Framing,
+    Head,
+    Parsed,
+    fields,
+    keeps_alive,
+    response_framing,
+)
+from ravenproxy.server.podroutes import forwardable
+
+SCRAPE = (
+    b"HTTP/1.1 200 OK\r\nDate: Fri, 04 Dec 2026 18:50:19 GMT\r\n"
+    b"Content-Type: text/plain; version=0.0.4\r\nContent-Length: 5\r\n\r\n"
+)
+
+
+def parse(data: bytes) -> Head:
+    parsed = Parsed(response=True)
+    parsed.feed(data)
+    kind, head = parsed.events.popleft()
+    assert kind == HEAD and isinstance(head, Head)
+    return head
+
+
+def general(
+    response: Head, *, bodiless: bool, request_version: str, client_keep: bool, upstream: bool
+) -> Framing:
+    """response_framing's general path alone, as it was before the shortcut."""
+    headers, lower = response.headers, response.lower
+    kept = forwardable(headers, names=lower)
+    te = lower.get("transfer-encoding", "").lower()
+    if te:
+        kept = [(k, v) for k, v in kept if k.lower() != "content-length"]
+    up_keep = keeps_alive(response) and upstream and not bodiless
+    until_close = False
+    if bodiless or response.status in (204, 304):
+        body_out = "none"
+        if te.endswith("chunked"):
+            kept.append(("Transfer-Encoding", "chunked"))
+    elif te.endswith("chunked"):
+        body_out = "chunked"
+        kept.append(("Transfer-Encoding", "chunked"))
+    elif te or "content-length" not in lower:
+        until_close, up_keep = True, False
+        if request_version == "1.1":
+            body_out = "chunked"
+            kept.append(("Transfer-Encoding", "chunked"))
+        else:
+            body_out = "length"
+            client_keep = False
+    else:
+        body_out = "length"
+    if not client_keep:
+        kept.append(("Connection", "close"))
+    head = f"HTTP/1.1 {response.status} {response.start}\r\n".encode("latin-1")
+    return Framing(head + fields(kept) + b"\r\n", body_out, until_close, up_keep, client_keep)
+
+
+def test_a_plain_answer_goes_on_as_it_came() -> None:
+    framing = response_framing(
+        parse(SCRAPE), bodiless=False, request_version="1.1", client_keep=True, upstream=True
+    )
+    assert framing == Framing(SCRAPE, "length", False, True, True)
+
+
+def test_a_plain_answer_to_a_closing_client_says_so() -> None:
+    framing = response_framing(
+        parse(SCRAPE), bodiless=False, request_version="1.1", client_keep=False, upstream=True
+    )
+    assert framing.head == SCRAPE[:-2] + b"Connection: close\r\n\r\n"
+    assert (framing.client_keep, framing.up_keep) == (False, True)
+
+
+def test_the_head_as_parsed_is_its_fields_re_serialised_not_its_bytes() -> None:
+    odd = b"HTTP/1.1 200 OK\r\nDate:Fri, 04 Dec 2026 18:50:19 GMT  \r\nContent-Length:   5\r\n\r\n"
+    head = parse(odd)
+    framing = response_framing(
+        head, bodiless=False, request_version="1.1", client_keep=True, upstream=True
+    )
+    # llhttp drops the whitespace before a value, not after it.
+    assert framing.head == (
+        b"HTTP/1.1 200 OK\r\nDate: Fri, 04 Dec 2026 18:50:19 GMT  \r\nContent-Length: 5\r\n\r\n"
+    )
+    assert head.size == len(framing.head)
+
+
+ANSWERS = [
+    SCRAPE,
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nX-A: 1\r\nX-A: 2\r\n\r\n",
+    b"HTTP/1.1 200 \r\nContent-Length: 2\r\n\r\n",
+    b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n",
+    b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nKeep-Alive: timeout=5\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: X-Secret\r\nX-Secret: 1\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nProxy-Authenticate: Basic\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n",
+    b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n",
+    b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nUpgrade: h2c\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("data", ANSWERS)
+@pytest.mark.parametrize("bodiless", [False, True])
+@pytest.mark.parametrize("request_version", ["1.1", "1.0"])
+@pytest.mark.parametrize("client_keep", [True, False])
+@pytest.mark.parametrize("upstream", [True, False])
+def test_every_answer_is_framed_as_the_general_path_frames_it(
+    data: bytes, bodiless: bool, request_version: str, client_keep: bool, upstream: bool
+) -> None:
+    head = parse(data)
+    kwargs = {
+        "bodiless": bodiless,
+        "request_version": request_version,
+        "client_keep": client_keep,
+        "upstream": upstream,
+    }
+    assert response_framing(head, **kwargs) == general(head, **kwargs)  # type: ignore[arg-type]
