@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "connections": args.connections,
             "answer": args.answer,
             "rounds": args.rounds,
-            "request": "GET /ping (keep-alive), 2-byte body, Host: edge-1:PORT",
+            "request": "GET /ping (keep-alive), Host: edge-1:PORT (the answers: see answer)",
             "path": "tunnel-connect (CONNECT edge-1:PORT once per connection)"
             if args.connect
             else "tunnel (each request routed by its Host)",

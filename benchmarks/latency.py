@@ -1,8 +1,9 @@
 """Added latency of the L7 path: small GETs at fixed rates, direct vs the tunnel vs ``ssh -R``.
 
-One run starts a tiny HTTP target (its own process: asyncio + uvloop, keep-alive, a 2-byte
-body), ``ravenproxy server`` and ``ravenproxy agent`` through the CLI, a private ``sshd`` with an
-``ssh -R`` forward to the same target, and then, for each rate, sends GETs on an *open-loop*
+One run starts a tiny HTTP target (its own process: asyncio + uvloop, keep-alive, small answers
+that differ as a metrics endpoint's do unless ``--answer same``), ``ravenproxy server`` and
+``ravenproxy agent`` through the CLI, a private ``sshd`` with an ``ssh -R`` forward to the same
+target, and then, for each rate, sends GETs on an *open-loop*
 schedule (request i is due at ``t0 + i / rate``; its latency is measured from when it was due,
 so a stall is charged to every request it delays — no coordinated omission) over a pool of
 keep-alive connections:
@@ -815,7 +816,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "total requests / total time; rows[].rounds has each round's own (position: its "
             "place in that round's order)",
             "connections": args.connections,
-            "request": "GET /ping (keep-alive), 2-byte body",
+            "request": "GET /ping (keep-alive) (the answers: see answer)",
             "schedule": "open loop; latency measured from each request's due time",
             "relay_cpu": "utime+stime from /proc/PID/stat over the row / requests served: "
             "server+agent (tunnel), sshd with its children+ssh (ssh); by process in that "

@@ -264,7 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "connections": args.connections,
             "answer": args.answer,
             "rounds": args.rounds,
-            "request": "GET /ping (keep-alive), 2-byte body",
+            "request": "GET /ping (keep-alive) (the answers: see answer)",
         },
         "rounds": rows,
     }
