@@ -231,3 +231,21 @@ async def test_a_paused_socket_with_input_waiting_leaves_the_write_to_after_the_
         for stream, sent in zip(streams, (b"first", b"unread"), strict=True):
             stream.write_eof()
             assert await asyncio.wait_for(read_all(stream), WAIT) == sent
+
+
+async def test_a_closed_probe_leaves_small_writes_to_the_turns_end() -> None:
+    """The app closes the loop's probe at shutdown while sessions may still write (the outlet
+    asks it inline, not through Readiness.more_input): a closed probe means "more input may
+    wait", so the write goes out at the turn's end, and the write that queued it raises
+    nothing."""
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        await settle(t.cloud)
+        t.cloud._probe.close()
+        writes = record(t.cloud)
+        assert stream.try_write(b"GET / HTTP/1.1\r\n\r\n") == 18
+        assert writes.writes == []  # not in the caller's turn: the probe cannot say
+        await wait_writes(writes, 1)
+        assert len(writes.writes) == 1 and b"GET / HTTP/1.1" in writes.writes[0]
+        stream.write_eof()
+        assert await asyncio.wait_for(read_all(stream), WAIT) == b"GET / HTTP/1.1\r\n\r\n"
