@@ -8,6 +8,7 @@ answered): what they parse is queued as events and taken when the exchange is re
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,25 +35,85 @@ whole budget is ~8 KiB)."""
 HEAD, DATA, END, ERROR, EOF = range(5)
 
 
-class Head(NamedTuple):
+class Head:
     """A parsed request or response head. ``start``: the method (request) or the reason phrase
-    (response); ``target``: the request-target; ``status``: 0 for a request. (A named tuple:
-    one is made per message that is not the last one again, and a frozen dataclass's
-    ``__init__`` costs a call per field.)"""
+    (response); ``target``: the request-target; ``status``: 0 for a request. Its fields are
+    decoded (:attr:`headers`, :attr:`lower`) when first asked for: a response that goes on as
+    parsed (:attr:`plain`) never is. (Slots, not a named tuple: the decoded forms are filled in
+    later.)"""
 
-    start: str
-    target: str
-    status: int
-    version: str
-    headers: Headers
-    lower: dict[str, str]
-    """The fields by lower-cased name (repeated ones joined with ", ")."""
-    size: int
-    """Bytes of the head on the wire."""
-    wire: bytes = b""
-    """A response's head as :func:`response_framing` writes it when it drops and adds no
-    field: ``HTTP/1.1``, the status and reason, each field as parsed on a ``name: value``
-    line (b"" for a request)."""
+    __slots__ = (
+        "_headers",
+        "_lower",
+        "fields",
+        "plain",
+        "size",
+        "start",
+        "status",
+        "target",
+        "version",
+        "wire",
+    )
+
+    def __init__(
+        self,
+        start: str,
+        target: str,
+        status: int,
+        version: str,
+        fields: list[tuple[bytes, bytes]],
+        size: int,
+        wire: bytes = b"",
+        plain: bool = False,
+    ) -> None:
+        self.start, self.target, self.status, self.version = start, target, status, version
+        self.fields = fields
+        """The fields as parsed (name, value), in order."""
+        self.size = size
+        """Bytes of the head on the wire."""
+        self.wire = wire
+        """A response's head as :func:`response_framing` writes it when it drops and adds no
+        field: ``HTTP/1.1``, the status and reason, each field as parsed on a ``name: value``
+        line (b"" for a request)."""
+        self.plain = plain
+        """A response with a Content-Length and no hop-by-hop field (:data:`HOP_BY_HOP`):
+        nothing of it is dropped or added, it goes on as :attr:`wire`."""
+        self._headers: Headers | None = None
+        self._lower: dict[str, str] | None = None
+
+    @property
+    def headers(self) -> Headers:
+        """The fields decoded (latin-1), in order."""
+        if self._headers is None:
+            self._decode()
+        assert self._headers is not None
+        return self._headers
+
+    @property
+    def lower(self) -> dict[str, str]:
+        """The fields by lower-cased name (repeated ones joined with ", ")."""
+        if self._lower is None:
+            self._decode()
+        assert self._lower is not None
+        return self._lower
+
+    def _decode(self) -> None:
+        headers: Headers = []
+        lower: dict[str, str] = {}
+        for k, v in self.fields:
+            name, value = k.decode("latin-1"), v.decode("latin-1")
+            headers.append((name, value))
+            key = name.lower()
+            seen = lower.get(key)
+            lower[key] = value if seen is None else f"{seen}, {value}"
+        self._headers, self._lower = headers, lower
+
+
+_HOP_FIELD = re.compile(
+    rb"\n(?:%b):" % b"|".join(re.escape(name.encode()) for name in sorted(HOP_BY_HOP))
+)
+"""A hop-by-hop field's line in a lower-cased head as :attr:`Head.wire` writes it (a line of
+it begins after ``\n``, a field's name ends at its ``:``; llhttp let no CR or LF into a value)."""
 
 
 class _Stop(Exception):
@@ -261,29 +322,27 @@ class Parsed:
             raise _Stop
 
     def _head(self, version: str) -> Head:
-        parser = self.parser
-        headers: Headers = []
-        lower: dict[str, str] = {}
-        size = len(self._start) + 2
-        for k, v in self._fields:
-            size += len(k) + len(v) + 4
-            name, value = k.decode("latin-1"), v.decode("latin-1")
-            headers.append((name, value))
-            key = name.lower()
-            seen = lower.get(key)
-            lower[key] = value if seen is None else f"{seen}, {value}"
-        start = self._start.decode("latin-1")
+        parser, fields = self.parser, self._fields
         if isinstance(parser, HttpResponseParser):
             status = parser.get_status_code()
             # The same bytes as fields(headers) after the status line: latin-1 round-trips.
             wire = b"HTTP/1.1 %d %b\r\n%b\r\n" % (
                 status,
                 self._start,
-                b"".join([b"%b: %b\r\n" % field for field in self._fields]),
+                b"".join([b"%b: %b\r\n" % field for field in fields]),
             )
-            return Head(start, "", status, version, headers, lower, size + 15, wire)
+            # Which names it has, looked for in C over the head (not a decode per field).
+            low = wire.lower()
+            plain = b"\ncontent-length:" in low and _HOP_FIELD.search(low) is None
+            # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
+            start = self._start.decode("latin-1")
+            return Head(start, "", status, version, fields, len(wire), wire, plain)
+        size = len(self._start) + 2
+        for k, v in fields:
+            size += len(k) + len(v) + 4
         method = parser.get_method().decode("ascii", "replace")
-        return Head(method, start, 0, version, headers, lower, size + len(method) + 12)
+        start = self._start.decode("latin-1")
+        return Head(method, start, 0, version, fields, size + len(method) + 12)
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
@@ -394,13 +453,7 @@ def response_framing(
     """The head for the client of a final response and its body's framing. ``bodiless``: it
     answers a HEAD; ``client_keep``: the client asked to keep its connection; ``upstream``:
     the target connection is still held."""
-    headers, lower = response.headers, response.lower
-    if (
-        "content-length" in lower
-        and not bodiless
-        and response.status not in (204, 304)
-        and HOP_BY_HOP.isdisjoint(lower)
-    ):
+    if response.plain and not bodiless and response.status not in (204, 304):
         # A length-framed answer without a hop-by-hop field (so no Transfer-Encoding, no
         # Connection): nothing is dropped, the head goes on as parsed (a target's usual answer;
         # each scrape's differs, in its Date and length). keeps_alive's rule, no field to read.
@@ -408,6 +461,7 @@ def response_framing(
         wire = response.wire
         head = wire if client_keep else wire[:-2] + b"Connection: close\r\n\r\n"
         return Framing(head, "length", False, up_keep, client_keep)
+    headers, lower = response.headers, response.lower
     kept = forwardable(headers, names=lower)
     te = lower.get("transfer-encoding", "").lower()
     if te:
