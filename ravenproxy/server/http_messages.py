@@ -12,7 +12,7 @@ import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from httptools import (
     HttpParserError,
@@ -311,7 +311,7 @@ class Parsed:
         ):
             head = last[4]
         else:
-            head = self._head(version)
+            head = self._head(version, kind)
             self._last = (self._start, self._fields, kind, version, head)
         self.events.append((HEAD, head))
         if self.bodiless and head.status >= 200:
@@ -321,10 +321,11 @@ class Parsed:
             self.events.append((END, []))
             raise _Stop
 
-    def _head(self, version: str) -> Head:
-        parser, fields = self.parser, self._fields
-        if isinstance(parser, HttpResponseParser):
-            status = parser.get_status_code()
+    def _head(self, version: str, kind: Any) -> Head:
+        """``kind``: the status code (a response) or the method (a request), as llhttp gave it."""
+        fields = self._fields
+        if self._response:
+            status: int = kind
             # The same bytes as fields(headers) after the status line: latin-1 round-trips.
             wire = b"HTTP/1.1 %d %b\r\n%b\r\n" % (
                 status,
@@ -340,7 +341,7 @@ class Parsed:
         size = len(self._start) + 2
         for k, v in fields:
             size += len(k) + len(v) + 4
-        method = parser.get_method().decode("ascii", "replace")
+        method = kind.decode("ascii", "replace")
         start = self._start.decode("latin-1")
         return Head(method, start, 0, version, fields, size + len(method) + 12)
 
