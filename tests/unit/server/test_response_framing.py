@@ -146,3 +146,17 @@ def test_every_answer_is_framed_as_the_general_path_frames_it(
         "upstream": upstream,
     }
     assert response_framing(head, **kwargs) == general(head, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_plain_answer_goes_on_without_its_fields_decoded() -> None:
+    """The shortcut reads the head's bytes and flags only: the decoded forms (what the general
+    path needs) are never made for it, and are made, equal to the parsed fields, when asked."""
+    head = parse(SCRAPE)
+    response_framing(head, bodiless=False, request_version="1.1", client_keep=False, upstream=True)
+    assert head.plain and head._headers is None and head._lower is None
+    assert head.headers == [
+        ("Date", "Fri, 04 Dec 2026 18:50:19 GMT"),
+        ("Content-Type", "text/plain; version=0.0.4"),
+        ("Content-Length", "5"),
+    ]
+    assert head.lower["content-type"] == "text/plain; version=0.0.4"
