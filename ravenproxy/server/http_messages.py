@@ -8,7 +8,6 @@ answered): what they parse is queued as events and taken when the exchange is re
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,10 +20,9 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.podroutes import HOP_BY_HOP, Destination, forwardable, wants_upgrade
+from ravenproxy.server.http_heads import HOP_FIELD, Head, Headers, PlainHead
+from ravenproxy.server.podroutes import Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
-
-Headers = list[tuple[str, str]]
 
 REPLAY_MAX = 2 * 1024
 """A request this long at most is kept to be recognised when it comes again: an idle kept-alive
@@ -33,87 +31,6 @@ whole budget is ~8 KiB)."""
 
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
-
-
-class Head:
-    """A parsed request or response head. ``start``: the method (request) or the reason phrase
-    (response); ``target``: the request-target; ``status``: 0 for a request. Its fields are
-    decoded (:attr:`headers`, :attr:`lower`) when first asked for: a response that goes on as
-    parsed (:attr:`plain`) never is. (Slots, not a named tuple: the decoded forms are filled in
-    later.)"""
-
-    __slots__ = (
-        "_headers",
-        "_lower",
-        "fields",
-        "plain",
-        "size",
-        "start",
-        "status",
-        "target",
-        "version",
-        "wire",
-    )
-
-    def __init__(
-        self,
-        start: str,
-        target: str,
-        status: int,
-        version: str,
-        fields: list[tuple[bytes, bytes]],
-        size: int,
-        wire: bytes = b"",
-        plain: bool = False,
-    ) -> None:
-        self.start, self.target, self.status, self.version = start, target, status, version
-        self.fields = fields
-        """The fields as parsed (name, value), in order."""
-        self.size = size
-        """Bytes of the head on the wire."""
-        self.wire = wire
-        """A response's head as :func:`response_framing` writes it when it drops and adds no
-        field: ``HTTP/1.1``, the status and reason, each field as parsed on a ``name: value``
-        line (b"" for a request)."""
-        self.plain = plain
-        """A response with a Content-Length and no hop-by-hop field (:data:`HOP_BY_HOP`):
-        nothing of it is dropped or added, it goes on as :attr:`wire`."""
-        self._headers: Headers | None = None
-        self._lower: dict[str, str] | None = None
-
-    @property
-    def headers(self) -> Headers:
-        """The fields decoded (latin-1), in order."""
-        if self._headers is None:
-            self._decode()
-        assert self._headers is not None
-        return self._headers
-
-    @property
-    def lower(self) -> dict[str, str]:
-        """The fields by lower-cased name (repeated ones joined with ", ")."""
-        if self._lower is None:
-            self._decode()
-        assert self._lower is not None
-        return self._lower
-
-    def _decode(self) -> None:
-        headers: Headers = []
-        lower: dict[str, str] = {}
-        for k, v in self.fields:
-            name, value = k.decode("latin-1"), v.decode("latin-1")
-            headers.append((name, value))
-            key = name.lower()
-            seen = lower.get(key)
-            lower[key] = value if seen is None else f"{seen}, {value}"
-        self._headers, self._lower = headers, lower
-
-
-_HOP_FIELD = re.compile(
-    rb"\n(?:%b):" % b"|".join(re.escape(name.encode()) for name in sorted(HOP_BY_HOP))
-)
-"""A hop-by-hop field's line in a lower-cased head as :attr:`Head.wire` writes it (a line of
-it begins after ``\n``, a field's name ends at its ``:``; llhttp let no CR or LF into a value)."""
 
 
 class _Stop(Exception):
@@ -334,10 +251,11 @@ class Parsed:
             )
             # Which names it has, looked for in C over the head (not a decode per field).
             low = wire.lower()
-            plain = b"\ncontent-length:" in low and _HOP_FIELD.search(low) is None
+            plain = b"\ncontent-length:" in low and HOP_FIELD.search(low) is None
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
             start = self._start.decode("latin-1")
-            return Head(start, "", status, version, fields, len(wire), wire, plain)
+            made = PlainHead if plain else Head
+            return made(start, "", status, version, fields, len(wire), wire, plain)
         size = len(self._start) + 2
         for k, v in fields:
             size += len(k) + len(v) + 4

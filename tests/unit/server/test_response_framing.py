@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from ravenproxy.server.http_heads import Head, PlainHead
 from ravenproxy.server.http_messages import (
     HEAD,
     Framing,
-    Head,
     Parsed,
     fields,
     keeps_alive,
@@ -153,7 +153,7 @@ def test_a_plain_answer_goes_on_without_its_fields_decoded() -> None:
     path needs) are never made for it, and are made, equal to the parsed fields, when asked."""
     head = parse(SCRAPE)
     response_framing(head, bodiless=False, request_version="1.1", client_keep=False, upstream=True)
-    assert head.plain and head._headers is None and head._lower is None
+    assert isinstance(head, PlainHead) and not hasattr(head, "_decoded")
     assert head.headers == [
         ("Date", "Fri, 04 Dec 2026 18:50:19 GMT"),
         ("Content-Type", "text/plain; version=0.0.4"),
