@@ -43,6 +43,7 @@ from ravenproxy.server.exchange_actions import (
     WriteUpstream,
 )
 from ravenproxy.server.http1 import BadRequest
+from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import (
     DATA,
     END,
@@ -50,7 +51,6 @@ from ravenproxy.server.http_messages import (
     ERROR,
     HEAD,
     Framing,
-    Head,
     Outbound,
     Parsed,
     chunk,

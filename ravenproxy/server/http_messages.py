@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from httptools import (
     HttpParserError,
@@ -20,10 +20,9 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.podroutes import HOP_BY_HOP, Destination, forwardable, wants_upgrade
+from ravenproxy.server.http_heads import HOP_FIELD, Head, Headers, PlainHead
+from ravenproxy.server.podroutes import Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
-
-Headers = list[tuple[str, str]]
 
 REPLAY_MAX = 2 * 1024
 """A request this long at most is kept to be recognised when it comes again: an idle kept-alive
@@ -32,27 +31,6 @@ whole budget is ~8 KiB)."""
 
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
-
-
-class Head(NamedTuple):
-    """A parsed request or response head. ``start``: the method (request) or the reason phrase
-    (response); ``target``: the request-target; ``status``: 0 for a request. (A named tuple:
-    one is made per message that is not the last one again, and a frozen dataclass's
-    ``__init__`` costs a call per field.)"""
-
-    start: str
-    target: str
-    status: int
-    version: str
-    headers: Headers
-    lower: dict[str, str]
-    """The fields by lower-cased name (repeated ones joined with ", ")."""
-    size: int
-    """Bytes of the head on the wire."""
-    wire: bytes = b""
-    """A response's head as :func:`response_framing` writes it when it drops and adds no
-    field: ``HTTP/1.1``, the status and reason, each field as parsed on a ``name: value``
-    line (b"" for a request)."""
 
 
 class _Stop(Exception):
@@ -250,7 +228,7 @@ class Parsed:
         ):
             head = last[4]
         else:
-            head = self._head(version)
+            head = self._head(version, kind)
             self._last = (self._start, self._fields, kind, version, head)
         self.events.append((HEAD, head))
         if self.bodiless and head.status >= 200:
@@ -260,30 +238,30 @@ class Parsed:
             self.events.append((END, []))
             raise _Stop
 
-    def _head(self, version: str) -> Head:
-        parser = self.parser
-        headers: Headers = []
-        lower: dict[str, str] = {}
-        size = len(self._start) + 2
-        for k, v in self._fields:
-            size += len(k) + len(v) + 4
-            name, value = k.decode("latin-1"), v.decode("latin-1")
-            headers.append((name, value))
-            key = name.lower()
-            seen = lower.get(key)
-            lower[key] = value if seen is None else f"{seen}, {value}"
-        start = self._start.decode("latin-1")
-        if isinstance(parser, HttpResponseParser):
-            status = parser.get_status_code()
+    def _head(self, version: str, kind: Any) -> Head:
+        """``kind``: the status code (a response) or the method (a request), as llhttp gave it."""
+        fields = self._fields
+        if self._response:
+            status: int = kind
             # The same bytes as fields(headers) after the status line: latin-1 round-trips.
             wire = b"HTTP/1.1 %d %b\r\n%b\r\n" % (
                 status,
                 self._start,
-                b"".join([b"%b: %b\r\n" % field for field in self._fields]),
+                b"".join([b"%b: %b\r\n" % field for field in fields]),
             )
-            return Head(start, "", status, version, headers, lower, size + 15, wire)
-        method = parser.get_method().decode("ascii", "replace")
-        return Head(method, start, 0, version, headers, lower, size + len(method) + 12)
+            # Which names it has, looked for in C over the head (not a decode per field).
+            low = wire.lower()
+            plain = b"\ncontent-length:" in low and HOP_FIELD.search(low) is None
+            # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
+            start = self._start.decode("latin-1")
+            made = PlainHead if plain else Head
+            return made(start, "", status, version, fields, len(wire), wire, plain)
+        size = len(self._start) + 2
+        for k, v in fields:
+            size += len(k) + len(v) + 4
+        method = kind.decode("ascii", "replace")
+        start = self._start.decode("latin-1")
+        return Head(method, start, 0, version, fields, size + len(method) + 12)
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
@@ -394,13 +372,7 @@ def response_framing(
     """The head for the client of a final response and its body's framing. ``bodiless``: it
     answers a HEAD; ``client_keep``: the client asked to keep its connection; ``upstream``:
     the target connection is still held."""
-    headers, lower = response.headers, response.lower
-    if (
-        "content-length" in lower
-        and not bodiless
-        and response.status not in (204, 304)
-        and HOP_BY_HOP.isdisjoint(lower)
-    ):
+    if response.plain and not bodiless and response.status not in (204, 304):
         # A length-framed answer without a hop-by-hop field (so no Transfer-Encoding, no
         # Connection): nothing is dropped, the head goes on as parsed (a target's usual answer;
         # each scrape's differs, in its Date and length). keeps_alive's rule, no field to read.
@@ -408,6 +380,7 @@ def response_framing(
         wire = response.wire
         head = wire if client_keep else wire[:-2] + b"Connection: close\r\n\r\n"
         return Framing(head, "length", False, up_keep, client_keep)
+    headers, lower = response.headers, response.lower
     kept = forwardable(headers, names=lower)
     te = lower.get("transfer-encoding", "").lower()
     if te:

@@ -27,13 +27,13 @@ from ravenproxy.server.exchange_actions import (
     WriteClient,
     WriteUpstream,
 )
+from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import (
     DATA,
     END,
     EOF,
     ERROR,
     HEAD,
-    Head,
     chunk,
     fields,
     last_chunk,

@@ -25,7 +25,8 @@ from ravenproxy.server.exchange_actions import (
     WriteClient,
     WriteUpstream,
 )
-from ravenproxy.server.http_messages import Head, Parsed
+from ravenproxy.server.http_heads import Head
+from ravenproxy.server.http_messages import Parsed
 from ravenproxy.server.router import Route
 
 from .test_exchange import OK, VIA, route

@@ -4,7 +4,8 @@ make exactly that again."""
 
 from __future__ import annotations
 
-from ravenproxy.server.http_messages import DATA, END, ERROR, HEAD, REPLAY_MAX, Head, Parsed
+from ravenproxy.server.http_heads import Head
+from ravenproxy.server.http_messages import DATA, END, ERROR, HEAD, REPLAY_MAX, Parsed
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: prom\r\n\r\n"
 

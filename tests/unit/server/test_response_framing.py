@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import pytest
 
+from ravenproxy.server.http_heads import Head, PlainHead
 from ravenproxy.server.http_messages import (
     HEAD,
     Framing,
-    Head,
     Parsed,
     fields,
     keeps_alive,
     response_framing,
 )
-from ravenproxy.server.podroutes import forwardable
+from ravenproxy.server.podroutes import HOP_BY_HOP, forwardable
 
 SCRAPE = (
     b"HTTP/1.1 200 OK\r\nDate: Fri, 04 Dec 2026 18:50:19 GMT\r\n"
@@ -110,7 +110,24 @@ ANSWERS = [
     b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
     b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n",
     b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nUpgrade: h2c\r\n\r\n",
+    # Names found by their lines in the head (Head.plain), not by text anywhere in it:
+    b"HTTP/1.1 200 OK\r\nX-Note: content-length: 5\r\nConnection-Id: 7\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nCONTENT-LENGTH: 2\r\nX-Connection: close\r\nTel: 1\r\n\r\n",
+    b"HTTP/1.1 200 Content-Length: 2\r\nX-A: 1\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTE: trailers\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Tunnel-Proxy-Host: edge-1\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nproxy-connection: keep-alive\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length:2\r\nKEEP-ALIVE: timeout=5\r\nX-B:\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nX-Empty: \r\nContent-Length: 2\r\n\r\n",
 ]
+
+
+@pytest.mark.parametrize("data", ANSWERS)
+def test_plain_is_a_content_length_and_no_hop_by_hop_field(data: bytes) -> None:
+    """Head.plain (names looked for over the head's bytes) is the rule on its decoded fields."""
+    head = parse(data)
+    lower = head.lower
+    assert head.plain == ("content-length" in lower and HOP_BY_HOP.isdisjoint(lower))
 
 
 @pytest.mark.parametrize("data", ANSWERS)
@@ -129,3 +146,17 @@ def test_every_answer_is_framed_as_the_general_path_frames_it(
         "upstream": upstream,
     }
     assert response_framing(head, **kwargs) == general(head, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_plain_answer_goes_on_without_its_fields_decoded() -> None:
+    """The shortcut reads the head's bytes and flags only: the decoded forms (what the general
+    path needs) are never made for it, and are made, equal to the parsed fields, when asked."""
+    head = parse(SCRAPE)
+    response_framing(head, bodiless=False, request_version="1.1", client_keep=False, upstream=True)
+    assert isinstance(head, PlainHead) and not hasattr(head, "_decoded")
+    assert head.headers == [
+        ("Date", "Fri, 04 Dec 2026 18:50:19 GMT"),
+        ("Content-Type", "text/plain; version=0.0.4"),
+        ("Content-Length", "5"),
+    ]
+    assert head.lower["content-type"] == "text/plain; version=0.0.4"

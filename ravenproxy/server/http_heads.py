@@ -1,0 +1,106 @@
+"""A parsed HTTP/1.1 head as :mod:`ravenproxy.server.http_messages` makes it: the fields as
+llhttp gave them, decoded for what routes or rewrites it, and not for a response that goes on as
+parsed (:class:`PlainHead`)."""
+
+from __future__ import annotations
+
+import re
+
+from ravenproxy.server.podroutes import HOP_BY_HOP
+
+Headers = list[tuple[str, str]]
+
+
+class Head:
+    """A parsed request or response head. ``start``: the method (request) or the reason phrase
+    (response); ``target``: the request-target; ``status``: 0 for a request. (Slots, not a
+    named tuple: :class:`PlainHead` decodes its fields only when asked.)"""
+
+    __slots__ = (
+        "fields",
+        "headers",
+        "lower",
+        "plain",
+        "size",
+        "start",
+        "status",
+        "target",
+        "version",
+        "wire",
+    )
+
+    headers: Headers
+    """The fields decoded (latin-1), in order."""
+    lower: dict[str, str]
+    """The fields by lower-cased name (repeated ones joined with ", ")."""
+
+    def __init__(
+        self,
+        start: str,
+        target: str,
+        status: int,
+        version: str,
+        fields: list[tuple[bytes, bytes]],
+        size: int,
+        wire: bytes = b"",
+        plain: bool = False,
+    ) -> None:
+        self.start, self.target, self.status, self.version = start, target, status, version
+        self.fields = fields
+        """The fields as parsed (name, value), in order."""
+        self.size = size
+        """Bytes of the head on the wire."""
+        self.wire = wire
+        """A response's head as :func:`~ravenproxy.server.http_messages.response_framing`
+        writes it when it drops and adds no field: ``HTTP/1.1``, the status and reason, each
+        field as parsed on a ``name: value`` line (b"" for a request)."""
+        self.plain = plain
+        """A response with a Content-Length and no hop-by-hop field (:data:`HOP_BY_HOP`):
+        nothing of it is dropped or added, it goes on as :attr:`wire` (a :class:`PlainHead`)."""
+        if not plain:  # a request is routed by its fields, a response not plain rewritten
+            self.headers, self.lower = _decoded(fields)
+
+
+class PlainHead(Head):
+    """A plain response's head (:attr:`Head.plain`): it goes on as parsed, so its fields are
+    decoded only if something asks for them."""
+
+    __slots__ = ("_decoded",)
+
+    _decoded: tuple[Headers, dict[str, str]]
+    """Set when first asked for (no __init__ of its own: a call per answer)."""
+
+    @property
+    def headers(self) -> Headers:  # type: ignore[override]  # read-only: decoded on demand
+        return self._forms()[0]
+
+    @property
+    def lower(self) -> dict[str, str]:  # type: ignore[override]
+        return self._forms()[1]
+
+    def _forms(self) -> tuple[Headers, dict[str, str]]:
+        try:
+            return self._decoded
+        except AttributeError:
+            self._decoded = _decoded(self.fields)
+            return self._decoded
+
+
+def _decoded(fields: list[tuple[bytes, bytes]]) -> tuple[Headers, dict[str, str]]:
+    """``fields`` decoded, in order and by lower-cased name."""
+    headers: Headers = []
+    lower: dict[str, str] = {}
+    for k, v in fields:
+        name, value = k.decode("latin-1"), v.decode("latin-1")
+        headers.append((name, value))
+        key = name.lower()
+        seen = lower.get(key)
+        lower[key] = value if seen is None else f"{seen}, {value}"
+    return headers, lower
+
+
+HOP_FIELD = re.compile(
+    rb"\n(?:%b):" % b"|".join(re.escape(name.encode()) for name in sorted(HOP_BY_HOP))
+)
+"""A hop-by-hop field's line in a lower-cased head as :attr:`Head.wire` writes it (a line of
+it begins after ``\n``, a field's name ends at its ``:``; llhttp let no CR or LF into a value)."""
