@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from websockets.protocol import State as WsState
@@ -97,18 +98,24 @@ class Intake:
                 if outbox.control_bytes > cap:
                     self._pause(batch[i:])
                     break
-                # The usual message, one DATA frame, by the wire's fast path: no event to match.
+                # The usual message, one DATA frame (several under load), by the wire's fast
+                # path: no event to match.
                 got = conn.receive_data(message)
-                if got is None:
-                    for event in conn.receive_message(message):
-                        self._dispatch(event)
-                    continue
-                sid, data = got
-                stream = self.streams.get(sid)
-                if stream is not None:
-                    stream._feed(data)
-                else:  # as _dispatch: a stream this side already let go of
-                    conn.consumed(sid, len(data))
+                taken: Sequence[tuple[int, bytes | memoryview]] | None
+                if got is not None:
+                    taken = (got,)
+                else:
+                    taken = conn.receive_batch(message)
+                    if taken is None:
+                        for event in conn.receive_message(message):
+                            self._dispatch(event)
+                        continue
+                for sid, data in taken:
+                    stream = self.streams.get(sid)
+                    if stream is not None:
+                        stream._feed(data)
+                    else:  # as _dispatch: a stream this side already let go of
+                        conn.consumed(sid, len(data))
         finally:
             self._deferred = False
         # Answers the messages asked for (PING acks above all) go out now, not with whatever

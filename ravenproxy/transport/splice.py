@@ -153,7 +153,7 @@ class Splice(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        self._readable()
+        self._readable(drain=True)
 
     # -- the stream ----------------------------------------------------------------------------
     def start(self, stream: TunnelStream) -> None:
@@ -163,11 +163,16 @@ class Splice(asyncio.Protocol):
         if self._pending and self._sender is None and not self._done.done():
             self._send_pending()
         self._send_eof()
-        self._readable()
+        self._readable(drain=True)
 
-    def _readable(self) -> None:
-        """Chunks, the end or an error arrived on the stream: pass them on while the socket
-        takes them. Runs in the session's reader: nothing may escape."""
+    def _readable(self, drain: bool = False) -> None:
+        """A chunk, the end or an error arrived on the stream (called by it, for each one):
+        pass it on. ``drain``: pass on everything the stream holds while the socket takes it
+        (what arrived while the socket took nothing or before :meth:`start`). Called by the
+        stream, the stream holds nothing else: whatever arrived before it was passed on when
+        it arrived, or is held back and drained when the socket takes bytes again; so it reads
+        once, not a second time to find nothing (a call a request on the agent). Runs in the
+        session's reader: nothing may escape."""
         stream, transport = self.stream, self.transport
         if stream is None or transport is None or self._done.done():
             return
@@ -196,6 +201,8 @@ class Splice(asyncio.Protocol):
                 self.result.bytes_down += len(chunk)
                 if self._watch is not None:
                     self._watch.touch()
+                if not drain:
+                    return
         except StreamClosedError as exc:
             self._finish(str(exc))
         except Exception as exc:

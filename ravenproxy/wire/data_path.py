@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 
 from ravenproxy.wire.codes import FrameType
 from ravenproxy.wire.config import WireConfig
-from ravenproxy.wire.frames import COPY_BELOW, HEADER, HEADER_SIZE, Frame, WindowUpdate
+from ravenproxy.wire.frames import (
+    COPY_BELOW,
+    HEADER,
+    HEADER_SIZE,
+    IN_PLACE_SHARE,
+    Frame,
+    WindowUpdate,
+)
 from ravenproxy.wire.streams import RECEIVING, Stream
 from ravenproxy.wire.windows import RecvWindow
 
@@ -77,6 +84,64 @@ class DataPath:
         self.last_received = clock()
         # As frames.decode_message keeps a payload: a single frame's is most of its message.
         return sid, (message[HEADER_SIZE:] if n < COPY_BELOW else memoryview(message)[HEADER_SIZE:])
+
+    def receive_batch(
+        self, message: bytes | bytearray | memoryview
+    ) -> list[tuple[int, bytes | memoryview]] | None:
+        """:meth:`receive_data` of a message of several frames, each one it would take (DATA
+        without FIN, not empty, for a stream the peer may send on, within both windows once
+        the message's earlier frames are counted): their stream ids and payloads in order,
+        what ``receive_message`` returns as one ``DataReceived`` each, with the same
+        bookkeeping done. None, having changed nothing, as soon as one frame is not such a
+        frame: the whole message then takes the general path.
+
+        Under load the peer's writer sends what several streams queued in one loop turn as
+        one message (on the agent at 2 000 requests a second, 2.5 DATA frames a message for
+        two messages in three): each of those frames cost the general path a frame object,
+        an event object, two ``match`` es and a dozen calls."""
+        if type(message) is not bytes or self.closed or not self._settings_received:
+            return None
+        total = len(message)
+        streams, conn_recv = self.streams, self._conn_recv
+        max_size = self.config.max_frame_size
+        got: list[tuple[int, bytes | memoryview]] = []
+        view: memoryview | None = None
+        pos = 0
+        while pos < total:
+            start = pos + HEADER_SIZE
+            if start > total:
+                break  # cut short: the general path raises
+            type_byte, flags, reserved, sid, n = _unpack_header(message, pos)
+            pos = start + n
+            if type_byte != _DATA or flags or reserved or not n or pos > total or n > max_size:
+                break
+            stream = streams.get(sid)
+            if stream is None or stream.state not in RECEIVING:
+                break
+            recv = stream.recv
+            if n > conn_recv.available or n > recv.available:
+                break
+            conn_recv.available -= n
+            recv.available -= n
+            # As frames.decode_message keeps a payload: a view of the message only when it is
+            # a large share of it.
+            if n < COPY_BELOW or n * IN_PLACE_SHARE < total:
+                got.append((sid, message[start:pos]))
+            else:
+                if view is None:
+                    view = memoryview(message)
+                got.append((sid, view[start:pos]))
+        else:
+            clock = self._clock  # as in receive_data
+            self.last_received = clock()
+            return got
+        # Undone: the frames taken so far give their bytes back (no stream changed state, so
+        # each is still where it was found).
+        for sid, payload in got:
+            n = len(payload)
+            conn_recv.available += n
+            streams[sid].recv.available += n
+        return None
 
     def consumed(self, stream_id: int, n: int) -> bool:
         """The application wrote or dropped ``n`` received bytes: return their credit. Returns

@@ -29,7 +29,16 @@ from ravenproxy.transport.ws_client import TunnelClientConnection
 from ravenproxy.transport.ws_server import TunnelServerConnection
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.config import WireConfig
-from ravenproxy.wire.frames import Frame, GoAway, Ping, Settings, Target, decode_message, encode
+from ravenproxy.wire.frames import (
+    Data,
+    Frame,
+    GoAway,
+    Ping,
+    Settings,
+    Target,
+    decode_message,
+    encode,
+)
 
 TARGET = Target("edge-1", "127.0.0.1", 10250)
 WAIT = 5.0
@@ -579,6 +588,46 @@ async def test_a_burst_is_taken_one_read_round_at_a_time(monkeypatch: pytest.Mon
     largest = MAX_READ + t.cloud.config.wire.max_message_size
     assert max(size for _, size in batches) <= largest
     assert batches[-1][0] > batches[0][0], batches  # other work ran in between
+
+
+async def test_a_message_of_several_data_frames_reaches_each_stream_in_order() -> None:
+    """A read round's message holding DATA frames for two streams (the peer's writer batched
+    them, as under load), one stream twice: each frame reaches its stream, in order; a frame
+    for a stream the session already let go of returns its credit at once. Then a message
+    with a PING between two DATA frames: the general path, the same chunks."""
+    served: list[TunnelStream] = []
+
+    async def hold(stream: TunnelStream) -> None:
+        stream.accept()
+        served.append(stream)
+        with contextlib.suppress(StreamClosedError):
+            await asyncio.Event().wait()
+
+    async with tunnel(on_open=hold) as t:
+        opened = [await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT) for _ in range(3)]
+        while len(served) < 3:
+            await asyncio.sleep(0.001)
+        first, second, gone = (s.id for s in served)
+        t.edge.streams.pop(gone)  # let go by the session, still open in the wire state
+        conn_recv = t.edge.conn._conn_recv
+        unacked = conn_recv.unacked
+
+        def data(sid: int, payload: bytes) -> bytes:
+            return encode(Data(sid, payload))
+
+        t.edge._on_messages(
+            [data(first, b"one") + data(second, b"two") + data(gone, b"gone") + data(first, b"3")]
+        )
+        assert [s.read_nowait() for s in served[:2]] == [b"one", b"two"]
+        assert served[0].read_nowait() == b"3"
+        assert served[0].read_nowait() is None and served[1].read_nowait() is None
+        # "gone"'s credit at once, the others' as they were read.
+        assert conn_recv.unacked == unacked + len(b"gone") + len(b"onetwo3")
+
+        t.edge._on_messages([data(first, b"four") + encode(Ping(b"12345678")) + data(second, b"5")])
+        assert [s.read_nowait() for s in served[:2]] == [b"four", b"5"]
+        for stream in opened:
+            stream.close()
 
 
 def test_session_config_validation() -> None:

@@ -225,3 +225,76 @@ async def test_stream_reset_after_its_end_ends_the_splice() -> None:
             assert (await ended(results)).error != ""
         finally:
             release.set()
+
+
+class _Stream:
+    """What a splice asks of its stream, counting reads: chunks fed one by one (each calls
+    the splice back, as :meth:`TunnelStream._feed` does), the end, no error."""
+
+    id = 1
+    closed = False
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.eof = False
+        self.reads = 0
+        self.callback: Callable[[], None] | None = None
+
+    def on_readable(self, callback: Callable[[], None] | None) -> None:
+        self.callback = callback
+
+    def feed(self, chunk: bytes) -> None:
+        if chunk:
+            self.chunks.append(chunk)
+        else:
+            self.eof = True
+        if self.callback is not None:
+            self.callback()
+
+    def read_nowait(self) -> bytes | None:
+        self.reads += 1
+        if self.chunks:
+            return self.chunks.pop(0)
+        return b"" if self.eof else None
+
+
+class _Socket:
+    """A dialled socket's transport that keeps what is written and can half-close."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.eof = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+
+async def test_a_chunk_the_stream_calls_back_for_is_read_once_and_a_backlog_is_drained() -> None:
+    """Called back by its stream for a chunk, the splice reads it and stops (one read, not a
+    second to find nothing); what arrived while the socket took nothing (paused) and before
+    ``start``, the end among it, is all passed on when the socket takes bytes again."""
+    splice, stream, sock = Splice(), _Stream(), _Socket()
+    splice.transport = sock  # type: ignore[assignment]
+    stream.feed(b"early")  # before start: held by the stream
+    splice.start(stream)  # type: ignore[arg-type]
+    assert sock.written == [b"early"]
+    stream.reads = 0
+    for chunk in (b"GET /a", b"GET /b"):
+        stream.feed(chunk)
+    assert sock.written == [b"early", b"GET /a", b"GET /b"]
+    assert stream.reads == 2  # one a chunk
+    splice.pause_writing()
+    for chunk in (b"one", b"two", b""):
+        stream.feed(chunk)
+    assert sock.written[3:] == [] and not sock.eof
+    splice.resume_writing()
+    assert sock.written[3:] == [b"one", b"two"] and sock.eof
