@@ -18,6 +18,7 @@ import pytest
 from ravenproxy.transport.relay import RelayResult
 from ravenproxy.transport.session import StreamClosedError, TunnelStream
 from ravenproxy.transport.splice import Splice
+from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.frames import Target
 from tests.unit.transport.test_session import WAIT, tunnel
 
@@ -298,3 +299,60 @@ async def test_a_chunk_the_stream_calls_back_for_is_read_once_and_a_backlog_is_d
     assert sock.written[3:] == [] and not sock.eof
     splice.resume_writing()
     assert sock.written[3:] == [b"one", b"two"] and sock.eof
+
+
+class _FailingStream(_Stream):
+    """:class:`_Stream` that can also fail as a reset one does: what it holds is dropped
+    (:meth:`TunnelStream._fail`), each later read raises, and it calls back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False  # type: ignore[misc]
+
+    def fail(self) -> None:
+        self.closed = True  # type: ignore[misc]
+        self.chunks.clear()
+        if self.callback is not None:
+            self.callback()
+
+    def read_nowait(self) -> bytes | None:
+        if self.closed and not self.chunks:
+            self.reads += 1
+            raise StreamClosedError(ErrorCode.CANCEL, "reset by the peer")
+        return super().read_nowait()
+
+
+async def test_the_end_or_an_error_right_after_a_chunk_follows_it() -> None:
+    """A chunk then the stream's end, called back one after the other while the socket takes
+    bytes (one tunnel message carried both): the chunk is written, then the EOF. A chunk then a
+    reset: the chunk is written, and the splice ends with the error."""
+    splice, stream, sock = Splice(), _FailingStream(), _Socket()
+    splice.transport = sock  # type: ignore[assignment]
+    splice.start(stream)  # type: ignore[arg-type]
+    stream.feed(b"last answer")
+    stream.feed(b"")
+    assert sock.written == [b"last answer"] and sock.eof
+    assert not splice._done.done()  # the target's half goes on
+
+    splice, stream, sock = Splice(), _FailingStream(), _Socket()
+    splice.transport = sock  # type: ignore[assignment]
+    splice.start(stream)  # type: ignore[arg-type]
+    stream.feed(b"partial")
+    stream.fail()
+    assert sock.written == [b"partial"] and not sock.eof
+    assert splice._done.done() and "reset by the peer" in splice.result.error
+
+
+async def test_a_reset_while_chunks_are_held_ends_the_splice() -> None:
+    """Chunks held while the socket takes nothing, then the stream is reset: the splice ends
+    at once (the held chunks are the stream's to drop), not when the socket drains."""
+    splice, stream, sock = Splice(), _FailingStream(), _Socket()
+    splice.transport = sock  # type: ignore[assignment]
+    splice.start(stream)  # type: ignore[arg-type]
+    splice.pause_writing()
+    stream.feed(b"held")
+    assert sock.written == []
+    stream.fail()
+    assert splice._done.done() and "reset by the peer" in splice.result.error
+    splice.resume_writing()  # the socket drains later: nothing more is read or written
+    assert sock.written == []

@@ -20,7 +20,7 @@ from ravenproxy.wire.codes import ErrorCode, FrameType
 from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import FlowControlError, FrameSizeError, ProtocolError
-from ravenproxy.wire.frames import COPY_BELOW, HEADER, MIN_FRAME_SIZE, WindowUpdate
+from ravenproxy.wire.frames import COPY_BELOW, HEADER, MIN_FRAME_SIZE, GoAway, WindowUpdate, encode
 from ravenproxy.wire.streams import State
 
 from .harness import TARGET, Pair
@@ -542,3 +542,58 @@ def buffer_of(kind: str, raw: bytes) -> bytes | memoryview:
     if kind == "readonly":
         return memoryview(bytearray(raw)).toreadonly()
     return raw
+
+
+def _goaway(last: int) -> bytes:
+    return encode(GoAway(last, ErrorCode.OK, "drain"))
+
+
+def _sent_goaway(pair: Pair, conn: Connection) -> None:
+    conn.goaway(ErrorCode.OK, "draining")  # this side drains: open streams go on
+
+
+def _got_goaway(pair: Pair, conn: Connection) -> None:
+    pair.server.goaway(ErrorCode.OK, "draining")
+    pair.pump()
+
+
+def _opening(pair: Pair, conn: Connection) -> None:
+    conn.open_stream(TARGET)  # 4: not yet answered (OPENING_LOCAL), then refused by a GOAWAY
+    conn.receive_message(_goaway(0))
+
+
+def _closed(pair: Pair, conn: Connection) -> None:
+    conn.fail(ErrorCode.PROTOCOL_ERROR, "gave up")
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        pytest.param(_sent_goaway, _data(OPEN, b"a") + _data(AGENT_OPENED, b"b"), id="sent-goaway"),
+        pytest.param(_got_goaway, _data(OPEN, b"a") + _data(AGENT_OPENED, b"b"), id="got-goaway"),
+        pytest.param(_opening, _data(OPEN, b"a") + _data(4, b"refused"), id="refused-by-goaway"),
+        pytest.param(
+            None, _data(OPEN, b"a") + _goaway(0) + _data(AGENT_OPENED, b"b"), id="goaway-between"
+        ),
+        pytest.param(
+            None, _data(OPEN, b"a") + _data(AGENT_OPENED, b"b") + _goaway(0), id="goaway-last"
+        ),
+        pytest.param(_closed, _data(OPEN, b"a") + _data(AGENT_OPENED, b"b"), id="closed"),
+        pytest.param(None, b"", id="empty-message"),
+    ],
+)
+def test_the_batch_path_after_a_goaway_agrees_with_the_general_path(
+    setup: Any, message: bytes
+) -> None:
+    """DATA frames batched with, or after, a GOAWAY either way (this side draining, the peer
+    draining, a stream of ours the GOAWAY refused), on a connection given up, and an empty
+    message: the same events, errors and state as the general path alone."""
+    (pair_a, a), (pair_b, b) = make(), make()
+    if setup is not None:
+        setup(pair_a, a)
+        setup(pair_b, b)
+    assert state(a) == state(b)
+    assert outcome(lambda: plain(fast(a, message))) == outcome(
+        lambda: plain(b.receive_message(message))
+    )
+    assert state(a) == state(b)
