@@ -53,6 +53,9 @@ async def test_agent_without_client_certificate_cannot_connect(cluster: Cluster)
     with_cert = ssl.create_default_context(cafile=str(cluster.certs / "ca.crt"))
     with_cert.load_cert_chain(cluster.certs / "edge-1.crt", cluster.certs / "edge-1.key")
     await dial(with_cert)
+    # The client's close returns when the closing handshake is done; the server lets the
+    # session go a moment later. Wait for that, so the count below is about the refusal only.
+    await cluster.wait_metric("ravenproxy_server_agents_connected", lambda v: v == 0)
 
     without = ssl.create_default_context(cafile=str(cluster.certs / "ca.crt"))
     with pytest.raises(Exception) as info:
