@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from ravenproxy.server.http_heads import Head, PlainHead
 from ravenproxy.server.http_messages import (
+    ERROR,
     HEAD,
     Framing,
     Parsed,
@@ -81,6 +82,24 @@ def test_a_plain_answer_to_a_closing_client_says_so() -> None:
     )
     assert framing.head == SCRAPE[:-2] + b"Connection: close\r\n\r\n"
     assert (framing.client_keep, framing.up_keep) == (False, True)
+
+
+@pytest.mark.parametrize("data", [SCRAPE, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"])
+def test_either_path_makes_a_framing(data: bytes) -> None:
+    """Both paths make their tuple as a Framing (by tuple's constructor): its fields by name."""
+    framing = response_framing(
+        parse(data), bodiless=False, request_version="1.1", client_keep=True, upstream=True
+    )
+    assert type(framing) is Framing
+    assert (framing.until_close, framing.up_keep, framing.client_keep) == (False, True, True)
+
+
+def test_a_second_content_length_is_refused_not_plain() -> None:
+    """A head is plain when its only framing field is one Content-Length: llhttp refuses a
+    second (so FRAMING_FIELDS finding it once is the whole rule)."""
+    parsed = Parsed(response=True)
+    parsed.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok")
+    assert [kind for kind, _ in parsed.events] == [ERROR]
 
 
 def test_the_head_as_parsed_is_its_fields_re_serialised_not_its_bytes() -> None:
