@@ -381,7 +381,10 @@ class CallbackPath:
                         # a watch that fires before the next wait retimes it must not find the
                         # connection idle (a pipelined request handed to the task would be lost).
                         watch.touch()
-                        actions = ex.receive_upstream(bytes(chunk))  # a view of a tunnel message
+                        # A view of a tunnel message as bytes (a small one is bytes already).
+                        if type(chunk) is not bytes:
+                            chunk = bytes(chunk)
+                        actions = ex.receive_upstream(chunk)
                     self._run(actions)
                 else:
                     return self._leave([])
@@ -395,8 +398,11 @@ class CallbackPath:
     def _run(self, actions: list[Action]) -> None:
         """Carry out the actions that need no waiting, in order; from the first that does,
         leave them to the task."""
-        # A list's iterator takes what is appended while it runs (a route's actions).
-        for done, action in enumerate(actions):
+        # A list's iterator takes what is appended while it runs (a route's actions). Counted
+        # by hand, not by enumerate (an object made per call, twice a request).
+        done = -1
+        for action in actions:
+            done += 1
             # By exact type (no action class is subclassed): a comparison each, not a call.
             if type(action) is WriteClient:
                 write = self._write

@@ -29,6 +29,9 @@ REPLAY_MAX = 2 * 1024
 connection holds it (a scrape or a probe is a few hundred bytes; an idle front connection's
 whole budget is ~8 KiB)."""
 
+_name_value = b": ".join
+"""A field as parsed, ``(name, value)``, on its line (without the line's end)."""
+
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
 
@@ -244,11 +247,12 @@ class Parsed:
         if self._response:
             status: int = kind
             # The same bytes as fields(headers) after the status line: latin-1 round-trips.
-            wire = b"HTTP/1.1 %d %b\r\n%b\r\n" % (
-                status,
-                self._start,
-                b"".join([b"%b: %b\r\n" % field for field in fields]),
-            )
+            # (Each field joined in C: no format parsed per field, no comprehension's frame.)
+            if fields:
+                lines = b"\r\n".join(map(_name_value, fields))
+                wire = b"HTTP/1.1 %d %b\r\n%b\r\n\r\n" % (status, self._start, lines)
+            else:
+                wire = b"HTTP/1.1 %d %b\r\n\r\n" % (status, self._start)
             # Which names it has, looked for in C over the head (not a decode per field).
             plain = FRAMING_FIELDS.findall(wire.lower()) == PLAIN_FIELDS
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.

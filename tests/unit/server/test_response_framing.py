@@ -102,6 +102,17 @@ def test_a_second_content_length_is_refused_not_plain() -> None:
     assert [kind for kind, _ in parsed.events] == [ERROR]
 
 
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_the_wire_is_the_status_line_and_each_field_on_its_line(count: int) -> None:
+    """Head.wire for no field, one, several: the status line, each field as ``name: value``,
+    the empty line (no field: the status line's end, then the empty line alone)."""
+    lines = b"".join(b"X-%d: v%d\r\n" % (n, n) for n in range(count))
+    data = b"HTTP/1.1 204 No Content\r\n" + lines + b"\r\n"
+    head = parse(data)
+    assert head.wire == data
+    assert head.size == len(data)
+
+
 def test_the_head_as_parsed_is_its_fields_re_serialised_not_its_bytes() -> None:
     odd = b"HTTP/1.1 200 OK\r\nDate:Fri, 04 Dec 2026 18:50:19 GMT  \r\nContent-Length:   5\r\n\r\n"
     head = parse(odd)
