@@ -20,7 +20,7 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.http_heads import FRAMING_FIELDS, PLAIN_FIELDS, Head, Headers, PlainHead
+from ravenproxy.server.http_heads import FRAMING_KIND, Head, Headers, PlainHead
 from ravenproxy.server.podroutes import Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
 
@@ -29,6 +29,7 @@ REPLAY_MAX = 2 * 1024
 connection holds it (a scrape or a probe is a few hundred bytes; an idle front connection's
 whole budget is ~8 KiB)."""
 
+_framing_kind = FRAMING_KIND.get
 _name_value = b": ".join
 """A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
@@ -253,8 +254,14 @@ class Parsed:
                 wire = b"HTTP/1.1 %d %b\r\n%b\r\n\r\n" % (status, self._start, lines)
             else:
                 wire = b"HTTP/1.1 %d %b\r\n\r\n" % (status, self._start)
-            # Which names it has, looked for in C over the head (not a decode per field).
-            plain = FRAMING_FIELDS.findall(wire.lower()) == PLAIN_FIELDS
+            # Which framing fields it has: a lookup per name, not a decode (a regular expression
+            # over the head cost more; ``bytes in bytes`` makes and drops a TypeError first).
+            framing = 0
+            for name, _ in fields:
+                part = _framing_kind(name.lower())
+                if part is not None:
+                    framing += part
+            plain = framing == 1
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
             start = self._start.decode("latin-1")
             made = PlainHead if plain else Head

@@ -96,7 +96,7 @@ def test_either_path_makes_a_framing(data: bytes) -> None:
 
 def test_a_second_content_length_is_refused_not_plain() -> None:
     """A head is plain when its only framing field is one Content-Length: llhttp refuses a
-    second (so FRAMING_FIELDS finding it once is the whole rule)."""
+    second (so FRAMING_KIND adding up to 1 is the whole rule)."""
     parsed = Parsed(response=True)
     parsed.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok")
     assert [kind for kind, _ in parsed.events] == [ERROR]
@@ -156,7 +156,7 @@ ANSWERS = [
 
 @pytest.mark.parametrize("data", ANSWERS)
 def test_plain_is_a_content_length_and_no_hop_by_hop_field(data: bytes) -> None:
-    """Head.plain (names looked for over the head's bytes) is the rule on its decoded fields."""
+    """Head.plain (each name lower-cased and looked up) is the rule on its decoded fields."""
     head = parse(data)
     lower = head.lower
     assert head.plain == ("content-length" in lower and HOP_BY_HOP.isdisjoint(lower))
@@ -230,7 +230,7 @@ def answer_heads(draw: st.DrawFn) -> bytes:
 def test_plain_and_the_framing_agree_with_the_decoded_rule_on_any_head(
     data: bytes, bodiless: bool, client_keep: bool, upstream: bool
 ) -> None:
-    """Head.plain (looked for over the lower-cased head) is the rule on the decoded fields, for
+    """Head.plain (each name lower-cased and looked up) is the rule on the decoded fields, for
     names hidden in values, in the reason phrase, or in longer names; a PlainHead's decoded
     forms are a Head's; its size is the old count; and the framing is the general path's."""
     parsed = Parsed(response=True)
