@@ -251,8 +251,12 @@ class CallbackPath:
             sock.on_data(None)
 
     def _leave(self, rest: list[Action]) -> None:
+        """Hand ``rest`` to the task; the watch stamped (what came last, an answer's chunk say,
+        was not: :meth:`_advance`), so that it does not fire before the task leaves it."""
         done = self._exit
         if done is not None and not done.done():
+            if self._calls is not None:
+                self._calls.touch()
             done.set_result(rest)
 
     # -- callbacks ------------------------------------------------------------------------------
@@ -377,19 +381,24 @@ class CallbackPath:
                     else:
                         if chunk is None:
                             return None
-                        # Stamped before the answer's end is acted on, also for its last chunk:
-                        # a watch that fires before the next wait retimes it must not find the
-                        # connection idle (a pipelined request handed to the task would be lost).
-                        watch.touch()
                         # A view of a tunnel message as bytes (a small one is bytes already).
                         if type(chunk) is not bytes:
                             chunk = bytes(chunk)
                         actions = ex.receive_upstream(chunk)
                     self._run(actions)
+                    # A chunk came: the watch is stamped before this callback returns (no timer
+                    # fires before), whichever way it does — here while the answer goes on; by
+                    # the retime that waits for the next request or sends it; by _leave (the
+                    # task's, a pipelined request's included: it must not find the connection
+                    # idle). Not twice a request: an answer's end is stamped by the retime.
+                    if ex.phase == "forwarding":
+                        watch.touch()
                 else:
                     return self._leave([])
         except Exception as exc:
             if not done.done():
+                if watch is not None:
+                    watch.touch()
                 done.set_exception(exc)
         finally:
             self._busy = False
