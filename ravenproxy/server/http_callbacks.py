@@ -251,8 +251,12 @@ class CallbackPath:
             sock.on_data(None)
 
     def _leave(self, rest: list[Action]) -> None:
+        """Hand ``rest`` to the task; the watch stamped (what came last, an answer's chunk say,
+        was not: :meth:`_advance`), so that it does not fire before the task leaves it."""
         done = self._exit
         if done is not None and not done.done():
+            if self._calls is not None:
+                self._calls.touch()
             done.set_result(rest)
 
     # -- callbacks ------------------------------------------------------------------------------
@@ -377,16 +381,24 @@ class CallbackPath:
                     else:
                         if chunk is None:
                             return None
-                        # Stamped before the answer's end is acted on, also for its last chunk:
-                        # a watch that fires before the next wait retimes it must not find the
-                        # connection idle (a pipelined request handed to the task would be lost).
-                        watch.touch()
-                        actions = ex.receive_upstream(bytes(chunk))  # a view of a tunnel message
+                        # A view of a tunnel message as bytes (a small one is bytes already).
+                        if type(chunk) is not bytes:
+                            chunk = bytes(chunk)
+                        actions = ex.receive_upstream(chunk)
                     self._run(actions)
+                    # A chunk came: the watch is stamped before this callback returns (no timer
+                    # fires before), whichever way it does — here while the answer goes on; by
+                    # the retime that waits for the next request or sends it; by _leave (the
+                    # task's, a pipelined request's included: it must not find the connection
+                    # idle). Not twice a request: an answer's end is stamped by the retime.
+                    if ex.phase == "forwarding":
+                        watch.touch()
                 else:
                     return self._leave([])
         except Exception as exc:
             if not done.done():
+                if watch is not None:
+                    watch.touch()
                 done.set_exception(exc)
         finally:
             self._busy = False
@@ -395,8 +407,11 @@ class CallbackPath:
     def _run(self, actions: list[Action]) -> None:
         """Carry out the actions that need no waiting, in order; from the first that does,
         leave them to the task."""
-        # A list's iterator takes what is appended while it runs (a route's actions).
-        for done, action in enumerate(actions):
+        # A list's iterator takes what is appended while it runs (a route's actions). Counted
+        # by hand, not by enumerate (an object made per call, twice a request).
+        done = -1
+        for action in actions:
+            done += 1
             # By exact type (no action class is subclassed): a comparison each, not a call.
             if type(action) is WriteClient:
                 write = self._write

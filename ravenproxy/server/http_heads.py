@@ -4,8 +4,6 @@ parsed (:class:`PlainHead`)."""
 
 from __future__ import annotations
 
-import re
-
 from ravenproxy.server.podroutes import HOP_BY_HOP
 
 Headers = list[tuple[str, str]]
@@ -99,8 +97,7 @@ def _decoded(fields: list[tuple[bytes, bytes]]) -> tuple[Headers, dict[str, str]
     return headers, lower
 
 
-HOP_FIELD = re.compile(
-    rb"\n(?:%b):" % b"|".join(re.escape(name.encode()) for name in sorted(HOP_BY_HOP))
-)
-"""A hop-by-hop field's line in a lower-cased head as :attr:`Head.wire` writes it (a line of
-it begins after ``\n``, a field's name ends at its ``:``; llhttp let no CR or LF into a value)."""
+FRAMING_KIND: dict[bytes, int] = {b"content-length": 1, **{n.encode(): 2 for n in HOP_BY_HOP}}
+"""A lower-cased field name's part in :attr:`Head.plain`: 1 for Content-Length, 2 for a
+hop-by-hop field (:data:`HOP_BY_HOP`). A head's parts add up to 1 when it is plain: one
+Content-Length (llhttp refuses a second) and no hop-by-hop field."""

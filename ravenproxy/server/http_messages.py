@@ -20,7 +20,7 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.http_heads import HOP_FIELD, Head, Headers, PlainHead
+from ravenproxy.server.http_heads import FRAMING_KIND, Head, Headers, PlainHead
 from ravenproxy.server.podroutes import Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
 
@@ -28,6 +28,10 @@ REPLAY_MAX = 2 * 1024
 """A request this long at most is kept to be recognised when it comes again: an idle kept-alive
 connection holds it (a scrape or a probe is a few hundred bytes; an idle front connection's
 whole budget is ~8 KiB)."""
+
+_framing_kind = FRAMING_KIND.get
+_name_value = b": ".join
+"""A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
@@ -244,14 +248,20 @@ class Parsed:
         if self._response:
             status: int = kind
             # The same bytes as fields(headers) after the status line: latin-1 round-trips.
-            wire = b"HTTP/1.1 %d %b\r\n%b\r\n" % (
-                status,
-                self._start,
-                b"".join([b"%b: %b\r\n" % field for field in fields]),
-            )
-            # Which names it has, looked for in C over the head (not a decode per field).
-            low = wire.lower()
-            plain = b"\ncontent-length:" in low and HOP_FIELD.search(low) is None
+            # (Each field joined in C: no format parsed per field, no comprehension's frame.)
+            if fields:
+                lines = b"\r\n".join(map(_name_value, fields))
+                wire = b"HTTP/1.1 %d %b\r\n%b\r\n\r\n" % (status, self._start, lines)
+            else:
+                wire = b"HTTP/1.1 %d %b\r\n\r\n" % (status, self._start)
+            # Which framing fields it has: a lookup per name, not a decode (a regular expression
+            # over the head cost more; ``bytes in bytes`` makes and drops a TypeError first).
+            framing = 0
+            for name, _ in fields:
+                part = _framing_kind(name.lower())
+                if part is not None:
+                    framing += part
+            plain = framing == 1
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
             start = self._start.decode("latin-1")
             made = PlainHead if plain else Head
@@ -352,7 +362,7 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
 
 class Framing(NamedTuple):
     """A response head as it goes to the client, and how its body and both connections go on
-    (a named tuple: one is made per answer that differs from the last)."""
+    (a named tuple: one is made per answer that differs from the last, by :data:`_framing`)."""
 
     head: bytes
     body_out: str
@@ -364,6 +374,11 @@ class Framing(NamedTuple):
     """The target connection can carry another request afterwards."""
     client_keep: bool
     """The client connection can carry another request afterwards."""
+
+
+_framing = tuple.__new__
+"""``_framing(Framing, fields)``: a :class:`Framing` made by tuple's C constructor, without the
+named tuple's own ``__new__`` (a Python function: a call per answer)."""
 
 
 def response_framing(
@@ -379,7 +394,7 @@ def response_framing(
         up_keep = response.version == "1.1" and upstream
         wire = response.wire
         head = wire if client_keep else wire[:-2] + b"Connection: close\r\n\r\n"
-        return Framing(head, "length", False, up_keep, client_keep)
+        return _framing(Framing, (head, "length", False, up_keep, client_keep))
     headers, lower = response.headers, response.lower
     kept = forwardable(headers, names=lower)
     te = lower.get("transfer-encoding", "").lower()
@@ -408,4 +423,5 @@ def response_framing(
     if not client_keep:
         kept.append(("Connection", "close"))
     head = f"HTTP/1.1 {response.status} {response.start}\r\n".encode("latin-1")
-    return Framing(head + fields(kept) + b"\r\n", body_out, until_close, up_keep, client_keep)
+    head += fields(kept) + b"\r\n"
+    return _framing(Framing, (head, body_out, until_close, up_keep, client_keep))

@@ -257,9 +257,10 @@ class SocketStream(asyncio.Protocol):
         if self._read_paused or 0 <= n < len(buffer):
             return self._take(n)
         # All of it, reading not paused: _take's usual case written out (a call a request on
-        # the server's front).
+        # the server's front); one chunk is bytes already (bytes() of it: a type call for
+        # the same object).
         self._buffer = b""
-        return bytes(buffer)
+        return buffer if type(buffer) is bytes else bytes(buffer)
 
     def read_chunk_nowait(self, n: int = -1) -> bytes | memoryview | None:
         """:meth:`read_chunk` without waiting: None while nothing is buffered."""

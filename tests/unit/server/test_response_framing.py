@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from ravenproxy.server.http_heads import Head, PlainHead
 from ravenproxy.server.http_messages import (
+    ERROR,
     HEAD,
     Framing,
     Parsed,
@@ -83,6 +84,35 @@ def test_a_plain_answer_to_a_closing_client_says_so() -> None:
     assert (framing.client_keep, framing.up_keep) == (False, True)
 
 
+@pytest.mark.parametrize("data", [SCRAPE, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"])
+def test_either_path_makes_a_framing(data: bytes) -> None:
+    """Both paths make their tuple as a Framing (by tuple's constructor): its fields by name."""
+    framing = response_framing(
+        parse(data), bodiless=False, request_version="1.1", client_keep=True, upstream=True
+    )
+    assert type(framing) is Framing
+    assert (framing.until_close, framing.up_keep, framing.client_keep) == (False, True, True)
+
+
+def test_a_second_content_length_is_refused_not_plain() -> None:
+    """A head is plain when its only framing field is one Content-Length: llhttp refuses a
+    second (so FRAMING_KIND adding up to 1 is the whole rule)."""
+    parsed = Parsed(response=True)
+    parsed.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok")
+    assert [kind for kind, _ in parsed.events] == [ERROR]
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_the_wire_is_the_status_line_and_each_field_on_its_line(count: int) -> None:
+    """Head.wire for no field, one, several: the status line, each field as ``name: value``,
+    the empty line (no field: the status line's end, then the empty line alone)."""
+    lines = b"".join(b"X-%d: v%d\r\n" % (n, n) for n in range(count))
+    data = b"HTTP/1.1 204 No Content\r\n" + lines + b"\r\n"
+    head = parse(data)
+    assert head.wire == data
+    assert head.size == len(data)
+
+
 def test_the_head_as_parsed_is_its_fields_re_serialised_not_its_bytes() -> None:
     odd = b"HTTP/1.1 200 OK\r\nDate:Fri, 04 Dec 2026 18:50:19 GMT  \r\nContent-Length:   5\r\n\r\n"
     head = parse(odd)
@@ -126,7 +156,7 @@ ANSWERS = [
 
 @pytest.mark.parametrize("data", ANSWERS)
 def test_plain_is_a_content_length_and_no_hop_by_hop_field(data: bytes) -> None:
-    """Head.plain (names looked for over the head's bytes) is the rule on its decoded fields."""
+    """Head.plain (each name lower-cased and looked up) is the rule on its decoded fields."""
     head = parse(data)
     lower = head.lower
     assert head.plain == ("content-length" in lower and HOP_BY_HOP.isdisjoint(lower))
@@ -200,7 +230,7 @@ def answer_heads(draw: st.DrawFn) -> bytes:
 def test_plain_and_the_framing_agree_with_the_decoded_rule_on_any_head(
     data: bytes, bodiless: bool, client_keep: bool, upstream: bool
 ) -> None:
-    """Head.plain (looked for over the lower-cased head) is the rule on the decoded fields, for
+    """Head.plain (each name lower-cased and looked up) is the rule on the decoded fields, for
     names hidden in values, in the reason phrase, or in longer names; a PlainHead's decoded
     forms are a Head's; its size is the old count; and the framing is the general path's."""
     parsed = Parsed(response=True)
