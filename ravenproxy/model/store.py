@@ -10,16 +10,14 @@ from ravenproxy.model.snapshot import Model
 
 class ModelStore:
     def __init__(self, model: Model | None = None) -> None:
-        self._model = model or Model.build()
+        self.model = model or Model.build()
+        """The current snapshot: read it, never assign it (:meth:`update` does). An attribute,
+        not a property: routing reads it per request."""
         self._version = 0
         # One event per version: update() sets the old one and installs a fresh one, so a
         # waiter never misses a change and no task is needed to notify.
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[Model], None]] = []
-
-    @property
-    def model(self) -> Model:
-        return self._model
 
     @property
     def version(self) -> int:
@@ -30,9 +28,9 @@ class ModelStore:
         self._listeners.append(listener)
 
     def update(self, model: Model) -> None:
-        if self._version and model == self._model:
+        if self._version and model == self.model:
             return
-        self._model = model
+        self.model = model
         self._version += 1
         event, self._changed = self._changed, asyncio.Event()
         event.set()
@@ -43,4 +41,4 @@ class ModelStore:
         """Return the model once its version is greater than ``since``."""
         while self._version <= since:
             await self._changed.wait()
-        return self._model
+        return self.model

@@ -167,27 +167,20 @@ class Router:
         self.store = store
         self.registry = registry
         self.own_node = own_node
-        self.model = store.model
-        """The store's model, followed as it changes (the store calls back at once): read per
-        request, an attribute (the store's is a property, a call)."""
-        store.subscribe(self._follow)
-
-    def _follow(self, model: Model) -> None:
-        self.model = model
 
     def node_named(self, name: str) -> Node | None:
         """The node a TLS server name (SNI) names exactly, if any."""
-        return self.model.node(name)
+        return self.store.model.node(name)
 
     def route(self, host: str, port: int | None = None) -> Route:
         """A raw byte stream to ``host:port`` (CONNECT, SNI passthrough): no TLS of ours."""
-        return route(self.model, self.registry, host, port, local_node=self.own_node)
+        return route(self.store.model, self.registry, host, port, local_node=self.own_node)
 
     def route_request(self, dest: Destination, *, over_tls: bool) -> Route:
         """An HTTP request's route: a pod path goes to the pod's node. TLS is re-originated
         when the client came over TLS, asked for ``https://``, or the port is the node's
         kubelet port (kubelets speak only TLS)."""
-        model = self.model
+        model = self.store.model
         host = dest.host
         if dest.pod is not None:
             namespace, name = dest.pod
@@ -206,7 +199,7 @@ class Router:
         request names the same node, port, pod and scheme, and neither the model nor the
         connected agents changed since, and its agent still takes streams: the next request
         of a connection goes where the last one went without routing it again."""
-        model, agents = self.model, self.registry.generation
+        model, agents = self.store.model, self.registry.generation
         if (
             memo is not None
             and memo.model is model
