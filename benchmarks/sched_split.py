@@ -241,13 +241,28 @@ def batch_split(
 ) -> dict[str, Any]:
     """``batch``: each request's (sender's write end, receiver's batch write end, position,
     the receiver's socket it came in on); ``inbound``: by socket, the ends of the receiver's
-    reads of it (of data). The
-    stretches ``arrival`` and ``first`` (position 0) and ``next`` (position ≥ 1; it starts at
-    the previous write of the batch, ``line.kind`` "batch w"), each :func:`summary`-ed, and
-    for ``arrival`` the receiver's state (:meth:`Timeline.state_at`) when the send ended."""
+    reads of it (of data). The stretches ``arrival`` and ``first`` (position 0) and ``next``
+    (position ≥ 1; it starts at the previous write of the batch, ``line.kind`` "batch w"),
+    each :func:`summary`-ed; for ``arrival`` the receiver's state (:meth:`Timeline.state_at`)
+    when the send ended; ``first_by_batch_size``: the ``first`` stretch's mean length and
+    ``user`` by how many writes its batch made (the position-0 write and the later ones up to
+    the next position 0, in time order; 4 and more together): whether the first write waits
+    for the rest of the batch's frames or only for its own; ``first_by_gap``: the same by how
+    long before the stretch the receiver's last batch write ended (its answer path last ran;
+    :data:`GAPS`): what a path that has cooled meanwhile (other processes on its CPU) costs."""
     acc: dict[str, tuple[list[dict[str, float]], list[Counter[str]], Counter[str], Counter[str]]]
     acc = {k: ([], [], Counter(), Counter()) for k in ("arrival", "first", "next")}
     found: Counter[str] = Counter()
+    size: dict[tuple[float, float, int, int], int] = {}
+    head = None
+    for item in sorted(batch, key=lambda x: x[1]):
+        if item[2] == 0:
+            head, size[item] = item, 1
+        elif head is not None:
+            size[head] += 1
+    by_size: dict[str, list[dict[str, float]]] = {}
+    by_gap: dict[str, list[dict[str, float]]] = {}
+    writes = [c.end for c in line.calls if line.kind(c) == "batch w"]
 
     def add(name: str, a: float, b: float) -> None:
         cuts, calls, who, waited = acc[name]
@@ -265,6 +280,11 @@ def batch_split(
             found[line.state_at(sent)] += 1
             add("arrival", sent, reads[i])
             add("first", reads[i], wrote)
+            cut = acc["first"][0][-1]
+            by_size.setdefault(_size(size[(sent, wrote, pos, fd)]), []).append(cut)
+            j = bisect.bisect_left(writes, reads[i]) - 1
+            if j >= 0:
+                by_gap.setdefault(_gap(reads[i] - writes[j]), []).append(cut)
         else:
             k = bisect.bisect_left(line.ends, wrote) - 1
             while k >= 0 and line.kind(line.calls[k]) != "batch w":
@@ -274,4 +294,27 @@ def batch_split(
     out = {name: summary(*acc[name]) for name in acc}
     if n := sum(found.values()):
         out["arrival"]["receiver_at_send"] = {k: round(v / n, 3) for k, v in found.most_common()}
+    out["first_by_batch_size"] = {k: _means(by_size[k]) for k in sorted(by_size)}
+    out["first_by_gap"] = {k: _means(by_gap[k]) for k in [*GAPS.values(), GAP_LAST] if k in by_gap}
     return out
+
+
+def _means(cuts: list[dict[str, float]]) -> dict[str, float]:
+    return {
+        "n": len(cuts),
+        "mean_us": round(sum(sum(c.values()) for c in cuts) / len(cuts) * 1e6, 1),
+        "user_us": round(sum(c.get("user", 0.0) for c in cuts) / len(cuts) * 1e6, 1),
+    }
+
+
+def _size(n: int) -> str:
+    return f"{n}" if n < 4 else "4+"
+
+
+# first_by_gap's buckets: upper bound (s) → name, and the rest.
+GAPS = {150e-6: "<150us", 400e-6: "150-400us", 1e-3: "400-1000us"}
+GAP_LAST = ">=1000us"
+
+
+def _gap(gap: float) -> str:
+    return next((name for bound, name in GAPS.items() if gap < bound), GAP_LAST)

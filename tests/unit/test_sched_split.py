@@ -113,7 +113,7 @@ def test_a_batch_is_cut_into_arrival_first_and_next_writes(
         (10.00015, 10.00032, 0, 9),  # sent at 150 µs, into a sleeping receiver
         (10.00015, 10.00051, 1, 9),
         (10.00015, 10.00056, 2, 9),
-        (10.00030, 10.00040, 0, 9),  # no read of 9 between its send and its write: left out
+        (10.00058, 10.00059, 0, 9),  # no read of 9 between its send and its write: left out
     ]
     out = split.batch_split(line, batch, reads, {900: "client"}.get)
     arrival, first, after = out["arrival"], out["first"], out["next"]
@@ -127,6 +127,16 @@ def test_a_batch_is_cut_into_arrival_first_and_next_writes(
     assert after["parts_mean_us"] == {"preempted": 50.0, "sys:batch w": 15.0, "user": 55.0}
     assert after["parts_share"]["preempted"] == 0.5
     assert after["preempted_by"] == {"client": 1}
+    # One batch of three writes: its first stretch is filed under 3; no batch write before it
+    # in the trace, so under no gap.
+    assert out["first_by_batch_size"] == {"3": {"n": 1, "mean_us": 40.0, "user_us": 20.0}}
+    assert out["first_by_gap"] == {}
+    # A second batch 500 µs after the last write (560 µs): filed under 400-1000 µs.
+    line.calls.append(hops.Call(10.00105, 10.00106, 0, 9, 50, 700))  # type: ignore[attr-defined]
+    line.calls.append(hops.Call(10.00108, 10.00110, 1, 7, 50, 700))  # type: ignore[attr-defined]
+    line.ends += [10.00106, 10.0011]  # type: ignore[attr-defined]
+    again = split.batch_split(line, [(10.00104, 10.0011, 0, 9)], {9: [10.00106]}, str)
+    assert again["first_by_gap"] == {"400-1000us": {"n": 1, "mean_us": 40.0, "user_us": 20.0}}
 
 
 def test_the_cpu_is_read_when_given_and_each_name_s_time_on_cpu_is_shared_out(
