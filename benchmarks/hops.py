@@ -18,6 +18,9 @@ agent writing a tunnel record's requests to their targets, the server writing an
 answers to their clients), each request's **position** is how many calls of the same kind on
 the same sockets the process made before it since its loop last woke (``epoll_pwait``): what it
 waited for inside the turn. ``--ways``: ``tunnel`` (Host-routed), ``tunnel-connect``, ``floor``.
+``--sched`` also records the whole machine's scheduler events for the same second and cuts the
+receiving relay's time at those batched writes into on-CPU work (the interpreter's, each kind of
+syscall's) and time off CPU (preempted, asleep, woken but waiting): see sched_split.py.
 Needs ``perf`` and the right to trace (root, or ``perf_event_paranoid`` ≤ 1 with tracefs).
 
     .venv/bin/python benchmarks/hops.py --rates 1000,4000 --output /tmp/hops.json
@@ -39,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import latency
+import sched_split
 
 # x86-64 numbers: read, readv, recvfrom, recvmsg / write, writev, sendto, sendmsg / the loop's
 # epoll_pwait / epoll_wait (the sessions' readiness probe).
@@ -64,6 +68,7 @@ class Call:
     nr: int
     fd: int
     ret: int
+    tid: int = 0
 
     @property
     def kind(self) -> str:
@@ -87,7 +92,7 @@ def parse_script(text: str) -> dict[int, list[Call]]:
         elif tid in entered and fields[5] == "=":
             nr0, fd, t0 = entered.pop(tid)
             if nr0 == nr:
-                calls.setdefault(int(pid), []).append(Call(t0, t, nr, fd, int(fields[6])))
+                calls.setdefault(int(pid), []).append(Call(t0, t, nr, fd, int(fields[6]), int(tid)))
     return calls
 
 
@@ -221,15 +226,29 @@ def pct(xs: Sequence[float], p: float) -> float | None:
     return round(s[min(len(s) - 1, int(len(s) * p))] * 1e6, 1) if s else None
 
 
-def analyse(way: str, calls: dict[int, list[Call]], walks: list[list[Step]]) -> dict[str, Any]:
+def followed(
+    calls: dict[int, list[Call]], walks: list[list[Step]]
+) -> list[tuple[int, list[float]]]:
+    """Each request chained through its connection's path: (the path's index, its times)."""
+    out = []
+    for k, walk in enumerate(walks):
+        seqs = [times(calls.get(pid, []), fd, kind) for pid, fd, kind in walk]
+        out += [(k, r) for r in chain(seqs[0], seqs[1:])]
+    return out
+
+
+def analyse(
+    way: str, calls: dict[int, list[Call]], walks: list[list[Step]], sched: str | None = None,
+    roles: dict[int, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Each request chained through its path: per-hop p50/p90 (µs), the positions at the
-    batched steps, and per process the calls per request and its share of time awake."""
+    batched steps, and per process the calls per request and its share of time awake; with
+    ``sched`` (perf script of the scheduler's events, ``roles``: tid → name), each receiving
+    relay's batch stretches cut by :mod:`sched_split`."""
     for cs in calls.values():
         cs.sort(key=lambda c: c.end)
-    rows: list[list[float]] = []
-    for walk in walks:
-        seqs = [times(calls.get(pid, []), fd, kind) for pid, fd, kind in walk]
-        rows += chain(seqs[0], seqs[1:])
+    walked = followed(calls, walks)
+    rows = [r for _, r in walked]
     names = HOPS["floor" if way == "floor" else "tunnel"]
     out: dict[str, Any] = {"requests": len(rows)}
     total = [r[-1] - r[0] for r in rows]
@@ -272,14 +291,71 @@ def analyse(way: str, calls: dict[int, list[Call]], walks: list[list[Step]]) -> 
             "awake_share": round(awake / span, 3) if span else None,
         }
     out["per_request"] = procs
+    if sched is not None:
+        out["sched"] = sched_cuts(way, calls, walks, walked, sched, roles or {})
     return out
 
 
-Traced = tuple[str, int, dict[str, Any], Path, dict[int, dict[int, Sock]], dict[str, int]]
+# The batched steps whose receiver writes the batch out, with the step of the write that sent
+# it there (the same socket, seen from the receiver: the agent's end of the tunnel, B's link).
+RECEIVED = {3: 5, 6: 2}
+
+
+def kinder(batch: set[int], inbound: set[int]) -> Callable[[Call], str]:
+    """A relay's syscall named for sched_split: the loop's wait, the probe, or the socket group
+    (``batch``: the sockets the batch is written to; ``inbound``: the one it came in on) and
+    r/w, ``(nothing)`` when it moved no data."""
+
+    def kind(c: Call) -> str:
+        if c.nr in (TURN, PROBE):
+            return "loop wait" if c.nr == TURN else "probe"
+        where = "batch" if c.fd in batch else "inbound" if c.fd in inbound else "other"
+        return f"{where} {c.kind}" + ("" if c.ret > 0 else " (nothing)")
+
+    return kind
+
+
+def sched_cuts(
+    way: str, calls: dict[int, list[Call]], walks: list[list[Step]],
+    walked: list[tuple[int, list[float]]], sched: str, roles: dict[int, str],
+) -> dict[str, Any]:  # fmt: skip
+    """At each step where a relay writes out a batch, its main thread's time cut: the batch's
+    arrival, its first write, each next write (:func:`sched_split.batch_split`)."""
+    switches, wakeups = sched_split.parse_sched(sched)
+    names = HOPS["floor" if way == "floor" else "tunnel"]
+
+    def role(tid: int) -> str:
+        return roles.get(tid, "other")
+
+    out = {}
+    for step, came in RECEIVED.items():
+        pid = walks[0][step][0]
+        mine = [c for c in calls.get(pid, []) if c.tid in (0, pid)]  # the event loop's thread
+        ends = [c.end for c in mine]
+        batch = {w[step][1] for w in walks}
+        inbound = {w[came][1] for w in walks}
+        line = sched_split.Timeline(
+            sched_split.offs(switches, wakeups, pid), mine, kinder(batch, inbound)
+        )
+        items = [
+            (r[step - 1], r[step], position(mine, ends, r[step], batch, "w"), walks[k][came][1])
+            for k, r in walked
+        ]
+        reads = {fd: times(mine, fd, "r") for fd in inbound}
+        out[names[step - 1]] = sched_split.batch_split(line, items, reads, role)
+    ours = {tid: name for tid, name in roles.items() if tid != 0}
+    out["cpu_share"] = sched_split.placement(switches, ours)
+    return out
+
+
+Traced = tuple[
+    str, int, dict[str, Any], Path, dict[int, dict[int, Sock]], dict[str, int], dict[int, str]
+]
 
 
 async def _run(args: argparse.Namespace, base: Path) -> list[Traced]:
-    """Every row, traced: (way, rate, the row's summary, perf's data, the sockets, the PIDs)."""
+    """Every row, traced: (way, rate, the row's summary, perf's data, the sockets, the PIDs,
+    with ``--sched`` the threads' names by tid)."""
     procs = latency.Procs(base)
     results: list[Traced] = []
     try:
@@ -308,6 +384,13 @@ async def _run(args: argparse.Namespace, base: Path) -> list[Traced]:
                 def on_start(pids: dict[str, int] = pids, data: Path = data,
                              seen: dict[str, Any] = seen) -> None:  # fmt: skip
                     seen["socks"] = sockets(list(pids.values()))
+                    if args.sched:
+                        seen["sched"] = subprocess.Popen(
+                            ["perf", "record", "-q", "-a", "-m", "1024",
+                             "-e", "sched:sched_switch", "-e", "sched:sched_wakeup",
+                             "-o", f"{data}.sched", "--", "sleep", str(args.trace)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        )  # fmt: skip
                     seen["perf"] = subprocess.Popen(
                         ["perf", "record", "-q", "-m", "1024",
                          "-e", "raw_syscalls:sys_enter", "--filter", FILTER,
@@ -322,23 +405,44 @@ async def _run(args: argparse.Namespace, base: Path) -> list[Traced]:
                     lambda relays=relays: relays, connect, on_start=on_start, warmup=args.warmup,
                 )  # fmt: skip
                 await asyncio.to_thread(seen["perf"].wait)
-                results.append((way, rate, row.summary(), data, seen["socks"], pids))
+                roles = {0: "idle"}
+                if args.sched:
+                    await asyncio.to_thread(seen["sched"].wait)
+                    roles |= {seen["perf"].pid: "perf", seen["sched"].pid: "perf"}
+                    roles |= threads(pids)
+                results.append((way, rate, row.summary(), data, seen["socks"], pids, roles))
     finally:
         procs.stop()
     return results
 
 
-def report(
-    way: str, rate: int, row: dict[str, Any], data: Path,
-    socks: dict[int, dict[int, Sock]], pids: dict[str, int],
-) -> dict[str, Any]:  # fmt: skip
-    """One traced row's figures (perf's data read back, the requests followed)."""
-    script = subprocess.run(
-        ["perf", "script", "-i", str(data), "-F", "pid,tid,time,event,trace"],
+def threads(pids: dict[str, int]) -> dict[int, str]:
+    """Every thread of these processes, named by its process's role."""
+    out = {}
+    for role, pid in pids.items():
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            out[int(tid)] = role
+    return out
+
+
+def _script(data: Path, fields: str) -> str:
+    return subprocess.run(
+        ["perf", "script", "-i", str(data), "-F", fields],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
+
+
+def report(
+    way: str, rate: int, row: dict[str, Any], data: Path,
+    socks: dict[int, dict[int, Sock]], pids: dict[str, int], roles: dict[int, str],
+) -> dict[str, Any]:  # fmt: skip
+    """One traced row's figures (perf's data read back, the requests followed)."""
+    script = _script(data, "pid,tid,time,event,trace")
+    sched_data = data.with_name(data.name + ".sched")
+    sched = _script(sched_data, "tid,cpu,time,event,trace") if sched_data.exists() else None
     result = {"way": way, "rate": rate, "row": row}
-    result.update(analyse(way, parse_script(script), paths(way, socks, pids)))
+    calls = parse_script(script)
+    result.update(analyse(way, calls, paths(way, socks, pids), sched, roles))
     shown = ("way", "rate", "requests", "end_to_end_us", "hops_us")
     print(json.dumps({k: result[k] for k in shown}), file=sys.stderr)
     return result
@@ -354,6 +458,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--output", default="-", help="file, or - for stdout")
+    parser.add_argument(
+        "--sched", action="store_true",
+        help="also record the scheduler (whole machine) and cut each relay's batch stretches"
+        " into on-CPU, preempted, asleep and woken-waiting time (sched_split.py)",
+    )  # fmt: skip
     latency.add_answer_argument(parser)
     args = parser.parse_args()
     if unknown := set(args.ways) - set(WAYS):
