@@ -99,6 +99,8 @@ class CallbackPath:
     writer: SocketWriter
     upstream: ByteStream | None
     pump: asyncio.Task[None] | None
+    watch: IdleWatch
+    peer: object
 
     def __init__(self) -> None:
         self.routed: RouteMemo | None = None
@@ -177,8 +179,29 @@ class CallbackPath:
             # between requests only once a drain has begun (it is why the callbacks left):
             # then the exchange is done and its answer not yet taken, which the drain lets the
             # client take (bounded by --drain-timeout), as it lets any exchange finish.
-            await sock.drain()
+            await self._drain_client()
         return rest
+
+    async def _drain_client(self) -> None:
+        """Wait until the client took what was written, for at most --idle-timeout: a client
+        that takes nothing for that long (its answer held back, the target waiting for credit)
+        is idle as a silent target is — no byte moves either way — and is aborted (its answer
+        cannot end whole), as a relay's client is; the task path and the callbacks alike."""
+        writer = self.writer
+        if type(writer) is SocketStream and not writer.write_paused:
+            await writer.drain()  # nothing to wait for (its loss raised): the watch not entered
+            return
+        try:
+            async with self.watch:
+                await writer.drain()
+        except IdleTimeout as exc:
+            route = self.ex.route
+            if route is not None:
+                idle = RelayResult(error=IDLE_ERROR, idle=True)
+                node = route.node.name
+                self.ctx.relay_done(self.proxy.front, "request", idle, peer=self.peer, node=node)
+            writer.transport.abort()
+            raise ConnectionAbortedError(f"the client took nothing for {exc.timeout:g}s") from None
 
     def _route_again(self, action: RouteRequest) -> list[Action]:
         """A kept-alive connection's next request routed (the memo reused while the model and

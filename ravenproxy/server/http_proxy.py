@@ -339,7 +339,7 @@ class _Connection(CallbackPath):
             done += 1
             if isinstance(action, WriteClient):
                 self.writer.write(action.data)
-                await self.writer.drain()
+                await self._drain_client()
             elif isinstance(action, WriteUpstream):
                 assert self.upstream is not None
                 try:

@@ -458,3 +458,56 @@ async def test_an_answer_before_the_upload_is_through_reaches_the_client(
             assert answer.endswith(b"Unauthorized\n"), answer
             # It says the connection ends (over TLS nothing else would: no half-close).
             assert b"\r\nConnection: close\r\n" in answer, answer
+
+
+async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A target that answers ``/small`` with ``hello``, anything else with a body that never
+    ends (as fast as it is taken)."""
+    while True:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if head.startswith(b"GET /small "):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nhello\n")
+            await writer.drain()
+            continue
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (1 << 40))
+        while True:
+            writer.write(b"x" * (1 << 20))
+            await writer.drain()
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["first", "later"])
+async def test_a_client_that_takes_nothing_of_its_answer_ends_after_the_idle_timeout(
+    cluster: Cluster, later: bool
+) -> None:
+    """A client that stops reading mid-answer: no byte moves either way (the target's wait for
+    credit, the front's on the client's socket), so --idle-timeout ends it as it ends a CONNECT
+    relay whose client reads nothing (before: the front waited on the client's socket for ever,
+    holding the stream, the target's connection and the client's stream slot). For the first
+    request (the connection's task) and a later one (its callbacks)."""
+    async with tcp_server(endless) as port:
+        async with bed(cluster, "--idle-timeout", "1", allow=(port,)):
+            reader, writer = await asyncio.open_connection("127.0.0.1", cluster.http_port)
+            key = 'ravenproxy_server_idle_timeouts_total{front="http",relay="request"}'
+            try:
+                host = f"edge-1:{port}"
+                if later:
+                    writer.write(f"GET /small HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+                    async with asyncio.timeout(10):
+                        await reader.readuntil(b"hello\n")
+                writer.write(f"GET /big HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+                m = await cluster.metrics()
+                for _ in range(20):  # up to 10 s (reading nothing meanwhile)
+                    await asyncio.sleep(0.5)
+                    m = await cluster.metrics()
+                    if m.get(key):
+                        break
+                assert m.get(key) == 1
+                # Aborted: what the client's socket holds, then the end (not more for ever).
+                async with asyncio.timeout(10):
+                    with contextlib.suppress(ConnectionResetError):
+                        while await reader.read(1 << 20):
+                            pass
+            finally:
+                writer.transport.abort()
+        assert cluster.server is not None
+        assert "http front: idle connection closed" in cluster.server.output()

@@ -4,10 +4,20 @@ watch is stamped first (the chunk an answer ended with is stamped by no one else
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
+from typing import cast
 
-from ravenproxy.server.exchange_actions import Action, Close
-from ravenproxy.server.http_callbacks import CallbackPath
+from ravenproxy.server.exchange import Exchange
+from ravenproxy.server.exchange_actions import Action, Close, OpenUpstream, RouteRequest
+from ravenproxy.server.front import FrontContext
+from ravenproxy.server.http_callbacks import KEEPALIVE_TIMEOUT, CallbackPath
+from ravenproxy.server.router import Route
+from ravenproxy.transport.bytestream import ByteStream
 from ravenproxy.transport.relay import IdleWatch
+from ravenproxy.transport.socket_stream import SocketStream
+from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
+from ravenproxy.wire.codes import ErrorCode
+from tests.unit.server.test_exchange import VIA, get, route
 
 
 async def test_leaving_to_the_task_stamps_the_watch() -> None:
@@ -36,3 +46,165 @@ async def test_leaving_again_changes_nothing() -> None:
     path._leave([Close("y")])
     assert done.result() is first
     assert asyncio.get_running_loop().time() - watch.last > 49.0
+
+
+# -- the stamps of _advance, driven on a real Exchange -----------------------------------------
+
+
+class _Transport:
+    """The client socket's transport: what it was written."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.out.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+class _Stream:
+    """The target's tunnel stream: chunks to read (an exception: raised), writes all taken."""
+
+    def __init__(self, *chunks: bytes | Exception) -> None:
+        self.chunks = list(chunks)
+        self.sent: list[bytes] = []
+
+    def read_nowait(self) -> bytes | None:
+        if not self.chunks:
+            return None
+        chunk = self.chunks.pop(0)
+        if isinstance(chunk, Exception):
+            raise chunk
+        return chunk
+
+    def try_write(self, data: bytes) -> int:
+        self.sent.append(bytes(data))
+        return len(data)
+
+    def on_readable(self, callback: object) -> None:
+        pass
+
+
+class _Router:
+    def __init__(self, route: Route) -> None:
+        self.to = route
+
+    def route_again(self, dest: object, *, over_tls: bool, memo: object) -> SimpleNamespace:
+        return SimpleNamespace(route=self.to)
+
+
+def _uncounted(status: int) -> None:
+    pass
+
+
+class _Connection(CallbackPath):
+    def __init__(self, ex: Exchange, sock: SocketStream, router: _Router) -> None:
+        super().__init__()
+        self.ex, self.reader, self.writer = ex, sock, sock
+        self.upstream = cast(ByteStream, object())  # a kept connection of no type looked into
+        self.pump = None
+        self.ctx = cast(
+            FrontContext,
+            SimpleNamespace(
+                drain=SimpleNamespace(draining=False),
+                limits=SimpleNamespace(idle_timeout=IDLE),
+                router=router,
+            ),
+        )
+        self.proxy = SimpleNamespace(egress=None, over_tls=False, counters={}, count=_uncounted)
+
+    def _close_upstream(self) -> None:
+        self.upstream = None
+
+
+IDLE = 60.0
+_A = route("edge-1")
+_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def _forwarding(client: bytes, upstream: _Stream, to: Route) -> tuple[_Connection, IdleWatch]:
+    """A connection in callback mode whose exchange sent its request to edge-1 (``client``
+    read: the request and what came with it) and waits for the answer; its watch's stamp
+    ``IDLE - 1`` seconds old (the request's, or the answer's chunk before)."""
+    ex = Exchange(via=VIA, max_head=4096)
+    assert [type(a) for a in ex.receive_client(client)] == [RouteRequest]
+    assert [type(a) for a in ex.routed(_A)] == [OpenUpstream]
+    ex.upstream_opened()
+    assert ex.phase == "forwarding"
+    sock = SocketStream(64 * 1024)
+    sock.connection_made(cast(asyncio.Transport, _Transport()))
+    path = _Connection(ex, sock, _Router(to))
+    path._hooked = cast(TunnelStream, upstream)
+    path._write = sock.transport.write
+    path._exit = asyncio.get_running_loop().create_future()
+    watch = path._calls = IdleWatch(IDLE)
+    watch.last -= IDLE - 1
+    return path, watch
+
+
+def _fresh(watch: IdleWatch) -> bool:
+    return asyncio.get_running_loop().time() - watch.last < 1.0
+
+
+async def test_a_chunk_of_an_answer_that_goes_on_stamps_the_watch() -> None:
+    path, watch = _forwarding(get("/a", "edge-1:9100"), _Stream(_ANSWER[:-1]), _A)
+    path._advance()
+    assert path.ex.phase == "forwarding" and not path._exit.done()  # type: ignore[union-attr]
+    assert _fresh(watch)
+
+
+async def test_nothing_from_the_target_stamps_nothing() -> None:
+    """A callback that brings no byte (the stream called back for its credit, say) is no
+    activity: the clock goes on (else an idle target would never time out)."""
+    path, watch = _forwarding(get("/a", "edge-1:9100"), _Stream(), _A)
+    path._advance()
+    assert not _fresh(watch)
+
+
+async def test_an_answers_end_waiting_for_a_next_request_stamps_the_watch() -> None:
+    path, watch = _forwarding(get("/a", "edge-1:9100"), _Stream(_ANSWER), _A)
+    path._advance()
+    assert path.ex.phase == "head" and path.waiting
+    assert watch.timeout == KEEPALIVE_TIMEOUT and _fresh(watch)
+
+
+async def test_an_answers_end_with_a_pipelined_request_on_the_kept_stream_stamps() -> None:
+    stream = _Stream(_ANSWER)
+    client = get("/a", "edge-1:9100") + get("/b", "edge-1:9100")
+    path, watch = _forwarding(client, stream, _A)
+    path._advance()
+    assert path.ex.phase == "forwarding" and stream.sent[-1].startswith(b"GET /b ")
+    assert watch.timeout == IDLE and _fresh(watch)
+
+
+async def test_an_answers_end_with_a_pipelined_request_for_the_task_stamps() -> None:
+    """The pipelined request goes elsewhere (the task opens its connection): the watch is
+    stamped before the task takes over, or a sweep due before the task runs would cancel it,
+    and the request handed over would be lost (answered as a keep-alive timeout)."""
+    client = get("/a", "edge-1:9100") + get("/b", "edge-2:9100")
+    path, watch = _forwarding(client, _Stream(_ANSWER), route("edge-2", ip="10.1.0.2"))
+    path._advance()
+    assert path._exit is not None and path._exit.done()
+    assert [type(a) for a in path._exit.result()] == [OpenUpstream]
+    assert _fresh(watch)
+
+
+async def test_the_target_lost_mid_answer_stamps_before_the_task_closes() -> None:
+    lost = StreamClosedError(ErrorCode.CANCEL, "reset")
+    path, watch = _forwarding(get("/a", "edge-1:9100"), _Stream(_ANSWER[:-1], lost), _A)
+    path._advance()
+    assert path._exit is not None and [type(a) for a in path._exit.result()] == [Close]
+    assert _fresh(watch)
+
+
+async def test_a_client_that_stops_reading_is_left_to_the_task_stamped() -> None:
+    path, watch = _forwarding(get("/a", "edge-1:9100"), _Stream(_ANSWER[:-1], b"k"), _A)
+    cast(SocketStream, path.reader).write_paused = True
+    path._advance()
+    assert path._exit is not None and path._exit.result() == []
+    assert _fresh(watch)

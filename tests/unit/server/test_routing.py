@@ -265,6 +265,28 @@ def test_route_again_reuses_the_last_route_until_something_it_depends_on_changes
     assert live in (first, second) and live is not gone
 
 
+def test_routing_reads_the_stores_model_even_when_a_listener_before_it_raised() -> None:
+    """The router reads the store's model per request (no copy of its own kept by a listener):
+    a listener that raises in update() — which stops the listeners after it — does not leave
+    routing on the old model for good (the store's next update of an equal model is a no-op)."""
+
+    def broken(_model: Model) -> None:
+        raise RuntimeError("a listener's bug")
+
+    store = ModelStore(model())
+    store.subscribe(broken)
+    router = Router(store, registry(a=[fake("a")], b=[fake("b")]), None)
+    metrics = Destination("host", "a", 9100, target="/metrics")
+    memo = router.route_again(metrics, over_tls=False, memo=None)
+    with pytest.raises(RuntimeError):
+        store.update(model(active=("b",)))
+    assert router.route_again(metrics, over_tls=False, memo=memo) is not memo
+    assert router.route_again(metrics, over_tls=False, memo=None).model is store.model
+    with pytest.raises(RuntimeError):
+        store.update(model())  # the old model again (equal, not the same object)
+    assert router.route_again(metrics, over_tls=False, memo=None).model is store.model
+
+
 def test_registry_counts_its_sessions_as_they_come_and_go() -> None:
     registry = AgentRegistry()
     a1, a2, b = fake("a1"), fake("a2"), fake("b")

@@ -119,6 +119,38 @@ async def test_served_by_callbacks_with_read_nowait() -> None:
         assert not stream.write_paused
 
 
+class _Transport:
+    """A transport that only reads (pausing is all it is asked)."""
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def test_read_nowait_hands_on_bytes_no_later_data_changes() -> None:
+    """A whole buffer taken is bytes: one chunk as it came (the same object), several joined
+    (the bytearray they were gathered in copied): what comes afterwards changes neither."""
+    stream = SocketStream(1024)
+    stream.connection_made(_Transport())  # type: ignore[arg-type]
+    one = b"GET / HTTP/1.1\r\n"
+    stream.data_received(one)
+    taken = stream.read_nowait(READ_LIMIT)
+    assert taken is one
+    stream.data_received(b"ab")
+    stream.data_received(b"cd")  # gathered in a bytearray
+    joined = stream.read_nowait(READ_LIMIT)
+    assert type(joined) is bytes and joined == b"abcd"
+    stream.data_received(b"ef")
+    stream.data_received(b"gh")
+    assert (taken, joined) == (one, b"abcd")
+    assert stream.read_nowait(READ_LIMIT) == b"efgh"
+
+
 # -- lending (the relay's bulk upload) ----------------------------------------------------------
 # On both loops: uvloop picks its read callbacks (into our buffer, or into bytes of its own) when
 # reading starts, asyncio's when the protocol is set.
