@@ -91,15 +91,18 @@ class FrameParser:
         self.lent = False
         """Whether a call with ``lend`` returned a view of its ``data`` (the caller resets it)."""
 
-    def parse(self, data: memoryview, *, lend: bool = False) -> tuple[list[Event], int]:
-        """Events for the whole frames at the start of ``data``, and how many bytes they took.
-        The caller keeps the rest and calls again with it and what follows. Payloads are copied:
-        nothing returned refers to ``data``, except, with ``lend``, an unfragmented unmasked
-        message of at least :data:`LEND_MIN` bytes, which is a read-only view of ``data`` (and
-        :attr:`lent` is set): the caller must not change those bytes while the view is held."""
+    def parse(
+        self, data: memoryview, *, lend: bool = False, offset: int = 0, stop: int | None = None
+    ) -> tuple[list[Event], int]:
+        """Events for the whole frames at the start of ``data[offset:stop]``, and how many bytes
+        they took. The caller keeps the rest and calls again with it and what follows. Payloads
+        are copied: nothing returned refers to ``data``, except, with ``lend``, an unfragmented
+        unmasked message of at least :data:`LEND_MIN` bytes, which is a read-only view of
+        ``data`` (and :attr:`lent` is set): the caller must not change those bytes while the
+        view is held. (``offset``, ``stop``: bounds, not a slice of a reader's buffer a read.)"""
         events: list[Event] = []
-        pos = 0
-        total = len(data)
+        pos = offset
+        total = len(data) if stop is None else stop
         masked = self.masked
         while not self.stopped:
             if total - pos < 2:
@@ -173,7 +176,7 @@ class FrameParser:
                 self._in_message = False
         if self.stopped:
             self.wanted = 0
-        return events, pos
+        return events, pos - offset
 
     def _check(
         self, rsv: int, opcode: int, mask_ok: bool, fin: int, length: int
