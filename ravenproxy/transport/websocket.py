@@ -355,7 +355,7 @@ class TunnelConnectionMixin(_Base):
         parser = self._parser
         assert parser is not None and self._buf is not None
         lend = self._buf is not self._scratch
-        view = memoryview(self._buf) if lend else self._scratch_view
+        view = memoryview(self._buf) if lend else self._scratch  # lends nothing: no view
         events, used = parser.parse(view, lend=lend, offset=self._start, stop=self._end)
         if parser.lent:
             parser.lent, self._lent = False, True

@@ -244,5 +244,12 @@ def test_bounds_parse_as_the_slice_they_name(masked: bool) -> None:
     )
     expected = FrameParser(masked=masked, max_size=MAX).parse(data[offset:stop], lend=True)
     assert (events, used) == expected
+    # The reader's scratch buffer is parsed as the bytearray itself (nothing lent from it):
+    # the same events, as bytes.
+    scratch = FrameParser(masked=masked, max_size=MAX).parse(
+        bytearray(data), offset=offset, stop=stop
+    )
+    assert scratch == expected
+    assert all(type(event) is bytes for event in scratch[0] if not isinstance(event, Control))
     assert events == [b"first", Control(ping, OP_PING), bytes(range(256)) * 4]
     assert used == len(first) + len(ping) + len(big)
