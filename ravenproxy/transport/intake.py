@@ -93,10 +93,12 @@ class Intake:
         # What the round queues (several streams' frames, credit) is written at its end, in
         # one write, not by the first flush it makes (Session._flush writes through).
         self._deferred = True
+        at = -1  # the message's index, counted by hand: no enumerate made per read round
         try:
-            for i, message in enumerate(batch):
+            for message in batch:
+                at += 1
                 if outbox.control_bytes > cap:
-                    self._pause(batch[i:])
+                    self._pause(batch[at:])
                     break
                 # The usual message, one DATA frame (several under load), by the wire's fast
                 # path: no event to match.

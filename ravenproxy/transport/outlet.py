@@ -26,6 +26,10 @@ from ravenproxy.transport.frame_batch import WRITE_THROUGH, batched, one_small, 
 from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.readiness import of as readiness_of
 
+# WsState.OPEN read once: a member read on its class goes through EnumType.__getattr__ on
+# Python 3.11 (slot_tp_getattr_hook, ~850 instructions), and _flush reads it once a request.
+_OPEN = WsState.OPEN
+
 
 class Outlet(Intake):
     """The writing side of a session (a base of :class:`Session`, which owns what it names)."""
@@ -59,7 +63,7 @@ class Outlet(Intake):
         if self.conn.outbox.pending_bytes < WRITE_THROUGH and not (
             ws.paused
             or self._held is not None
-            or ws.protocol.state is not WsState.OPEN
+            or ws.protocol.state is not _OPEN
             or ws.transport.is_closing()
         ):
             # Written now by whoever queued it, unless more input waits in this turn (a burst:
@@ -121,7 +125,7 @@ class Outlet(Intake):
                 if self._held is not None:
                     self._unpause()
                 for frames in writes(batch, mask=mask):
-                    if ws.protocol.state is not WsState.OPEN:
+                    if ws.protocol.state is not _OPEN:
                         return
                     ws.transport.writelines(frames)
                     # drain() waits only while paused (or yields once while closing).

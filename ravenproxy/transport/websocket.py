@@ -257,9 +257,9 @@ class TunnelConnectionMixin(_Base):
                 self._swap_lent()
         buf = self._buf
         if buf is None:  # nothing pending (see _release)
-            if self._mode == _FRAMES and wanted <= room <= MIN_READ:
+            if self._mode == _FRAMES and wanted <= room == MIN_READ:  # the read size's floor
                 self._in_scratch = True
-                return self._scratch_view[:room]
+                return self._scratch_view  # all of it (MIN_READ bytes): no slice made a read
             buf = self._buf = bytearray(max(room, wanted))
             self._in_scratch = False  # a read offered the scratch may have got nothing
         if self._start + wanted > len(buf) or len(buf) - self._end < room:
@@ -355,8 +355,8 @@ class TunnelConnectionMixin(_Base):
         parser = self._parser
         assert parser is not None and self._buf is not None
         lend = self._buf is not self._scratch
-        view = memoryview(self._buf) if lend else self._scratch_view
-        events, used = parser.parse(view[self._start : self._end], lend=lend)
+        view = memoryview(self._buf) if lend else self._scratch  # lends nothing: no view
+        events, used = parser.parse(view, lend=lend, offset=self._start, stop=self._end)
         if parser.lent:
             parser.lent, self._lent = False, True
         self._start += used

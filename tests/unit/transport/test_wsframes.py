@@ -225,3 +225,31 @@ def test_a_large_unmasked_message_is_lent_as_a_read_only_view_and_nothing_else_i
     copied = FrameParser(masked=masked, max_size=1 << 20)
     events, _ = copied.parse(memoryview(data))
     assert all(isinstance(e, bytes) for e in events) and not copied.lent
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_bounds_parse_as_the_slice_they_name(masked: bool) -> None:
+    # The reader passes its buffer's unparsed part by offset and stop (no slice made per read):
+    # the bytes before offset (a frame already taken) and past stop (a frame still coming,
+    # or stale bytes of the buffer) are not parsed, and what was taken counts from offset.
+    taken = encode(Frame(Opcode.BINARY, b"taken"), masked)
+    first = encode(Frame(Opcode.BINARY, b"first"), masked)
+    ping = encode(Frame(Opcode.PING, b"p"), masked)
+    big = encode(Frame(Opcode.BINARY, bytes(range(256)) * 4), masked)
+    coming = encode(Frame(Opcode.BINARY, b"coming"), masked)
+    data = memoryview(taken + first + ping + big + coming[:3] + b"stale bytes")
+    offset, stop = len(taken), len(taken) + len(first) + len(ping) + len(big) + 3
+    events, used = FrameParser(masked=masked, max_size=MAX).parse(
+        data, lend=True, offset=offset, stop=stop
+    )
+    expected = FrameParser(masked=masked, max_size=MAX).parse(data[offset:stop], lend=True)
+    assert (events, used) == expected
+    # The reader's scratch buffer is parsed as the bytearray itself (nothing lent from it):
+    # the same events, as bytes.
+    scratch = FrameParser(masked=masked, max_size=MAX).parse(
+        bytearray(data), offset=offset, stop=stop
+    )
+    assert scratch == expected
+    assert all(type(event) is bytes for event in scratch[0] if not isinstance(event, Control))
+    assert events == [b"first", Control(ping, OP_PING), bytes(range(256)) * 4]
+    assert used == len(first) + len(ping) + len(big)
