@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
+from ravenproxy.log import kv
 from ravenproxy.model.snapshot import Model
+
+log = logging.getLogger(__name__)
 
 
 class ModelStore:
@@ -24,7 +28,8 @@ class ModelStore:
         return self._version
 
     def subscribe(self, listener: Callable[[Model], None]) -> None:
-        """Call ``listener(model)`` synchronously after every update."""
+        """Call ``listener(model)`` synchronously after every update, in the order subscribed;
+        one that raises is logged and the next still called."""
         self._listeners.append(listener)
 
     def update(self, model: Model) -> None:
@@ -35,10 +40,19 @@ class ModelStore:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
         for listener in list(self._listeners):
-            listener(model)
+            try:
+                listener(model)
+            except Exception:
+                # A bug in one listener: logged with its traceback, and the others still
+                # follow the model (else they would stay on the old one until it changed again).
+                log.exception("model listener failed", extra=kv(listener=_name(listener)))
 
     async def wait_changed(self, since: int) -> Model:
         """Return the model once its version is greater than ``since``."""
         while self._version <= since:
             await self._changed.wait()
         return self.model
+
+
+def _name(listener: Callable[[Model], None]) -> str:
+    return getattr(listener, "__qualname__", None) or repr(listener)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,32 @@ async def test_store_ignores_equal_models_and_notifies_listeners() -> None:
     store.update(second)
     assert await asyncio.wait_for(waiter, 1) is second
     assert seen == [seen[0], second]
+
+
+async def test_store_listener_that_raises_leaves_the_others_following(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug in one listener is logged with its traceback; the listeners after it still see
+    every update, and the caller (a model source) is not interrupted."""
+    store = ModelStore()
+    seen: list[tuple[str, Model]] = []
+
+    def broken(model: Model) -> None:
+        seen.append(("broken", model))
+        raise RuntimeError("listener bug")
+
+    store.subscribe(broken)
+    store.subscribe(lambda model: seen.append(("after", model)))
+    first, second = Model.build([node("a")]), Model.build([node("b")])
+    with caplog.at_level(logging.ERROR, logger="ravenproxy.model.store"):
+        store.update(first)
+        store.update(second)
+    assert seen == [("broken", first), ("after", first), ("broken", second), ("after", second)]
+    assert store.model is second and store.version == 2
+    failed = [r for r in caplog.records if r.getMessage() == "model listener failed"]
+    assert len(failed) == 2
+    assert failed[0].exc_info is not None and str(failed[0].exc_info[1]) == "listener bug"
+    assert "broken" in failed[0].__dict__["fields"]["listener"]
 
 
 async def test_store_first_update_counts_even_if_equal_to_initial() -> None:
