@@ -15,6 +15,7 @@ from websockets.uri import parse_uri
 
 from ravenproxy.transport.wsframes import (
     LEND_MIN,
+    MAX_HEADER,
     OP_CLOSE,
     OP_PING,
     OP_PONG,
@@ -253,3 +254,152 @@ def test_bounds_parse_as_the_slice_they_name(masked: bool) -> None:
     assert all(type(event) is bytes for event in scratch[0] if not isinstance(event, Control))
     assert events == [b"first", Control(ping, OP_PING), bytes(range(256)) * 4]
     assert used == len(first) + len(ping) + len(big)
+
+
+# A frame stream as a reader receives it: binary messages (some fragmented, some large enough to
+# be lent), control frames between or inside them, maybe an end (a CLOSE, or a frame the parser
+# stops at) and bytes after it.
+_big = st.builds(
+    lambda n, b: bytes([b]) * n, st.integers(LEND_MIN - 2, LEND_MIN + 70_000), st.integers(0, 255)
+)
+_stream_messages = st.lists(
+    st.tuples(
+        st.one_of(st.binary(max_size=300), _big),
+        st.lists(st.integers(0, LEND_MIN + 70_000), max_size=3),
+        controls,
+    ),
+    max_size=6,
+)
+_ends = st.sampled_from(
+    [
+        None,
+        "close",
+        "text",
+        "rsv",
+        "wrong mask",
+        "cont alone",
+        "binary inside a message",
+        "too big",
+    ]
+)
+
+
+def _stream(
+    sent: list[tuple[bytes, list[int], tuple[Opcode, bytes] | None]],
+    end: str | None,
+    masked: bool,
+    limit: int,
+) -> tuple[bytes, list[int]]:
+    """The stream's bytes, and where each of its frames starts."""
+    wire = bytearray()
+    starts: list[int] = []
+    for payload, splits, control in sent:
+        edges = sorted({s % (len(payload) + 1) for s in splits} - {0, len(payload)})
+        pieces = [payload[a:b] for a, b in zip([0, *edges], [*edges, len(payload)], strict=True)]
+        for i, piece in enumerate(pieces):
+            opcode = Opcode.BINARY if i == 0 else Opcode.CONT
+            starts.append(len(wire))
+            wire += encode(Frame(opcode, piece, fin=i == len(pieces) - 1), masked)
+            if i == 0 and control is not None:
+                starts.append(len(wire))
+                wire += encode(Frame(control[0], control[1]), masked)
+    if end is not None:
+        starts.append(len(wire))
+    if end == "close":
+        wire += encode(Frame(Opcode.CLOSE, Close(CloseCode.GOING_AWAY, "bye").serialize()), masked)
+    elif end == "text":
+        wire += encode(Frame(Opcode.TEXT, b"hello"), masked)
+    elif end == "rsv":
+        wire += bytes([0xC2]) + encode(Frame(Opcode.BINARY, b"x"), masked)[1:]
+    elif end == "wrong mask":
+        wire += encode(Frame(Opcode.BINARY, b"x"), not masked)
+    elif end == "cont alone":
+        wire += encode(Frame(Opcode.CONT, b"x"), masked)
+    elif end == "binary inside a message":
+        wire += encode(Frame(Opcode.BINARY, b"a", fin=False), masked)
+        starts.append(len(wire))
+        wire += encode(Frame(Opcode.BINARY, b"b"), masked)
+    elif end == "too big":
+        wire += encode(Frame(Opcode.BINARY, b"a", fin=False), masked)
+        starts.append(len(wire))
+        wire += encode(Frame(Opcode.CONT, bytes(limit)), masked)
+    starts.append(len(wire))
+    return bytes(wire), starts
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _stream_messages,
+    _ends,
+    st.binary(max_size=40),
+    st.booleans(),
+    st.lists(st.integers(0, 1 << 18), max_size=12),
+    st.binary(max_size=20),
+    st.binary(min_size=1, max_size=40),
+    st.booleans(),
+)
+def test_bounds_parse_as_the_slice_on_any_stream_cut_anywhere(
+    sent: list[tuple[bytes, list[int], tuple[Opcode, bytes] | None]],
+    end: str | None,
+    tail: bytes,
+    masked: bool,
+    cuts: list[int],
+    before: bytes,
+    after: bytes,
+    lend: bool,
+) -> None:
+    """The reader's call (its buffer whole, the unparsed part by offset and stop, bytes of
+    earlier reads before it and stale ones past it; the scratch as a bytearray, which the next
+    read overwrites) gives what the slice of that part gives, call for call, on any frame
+    stream cut at any points: events, bytes taken, wanted, stopped, last_frame, lent. And
+    nothing it returns refers to a bytearray it parsed: overwritten, the events stay as they
+    were."""
+    limit = 1 << 18
+    stream, starts = _stream(sent, end, masked, limit)
+    data = stream + tail
+    taken = 0
+    by_slice = FrameParser(masked=masked, max_size=limit)
+    by_bounds = FrameParser(masked=masked, max_size=limit)
+    pending = bytearray()
+    edges = sorted({c % (len(data) + 1) for c in cuts} | {len(data)})
+    start = 0
+    for edge in edges:
+        pending += data[start:edge]
+        start = edge
+        expected, expected_used = by_slice.parse(memoryview(pending), lend=lend)
+        expected = [bytes(e) if isinstance(e, memoryview) else e for e in expected]
+        # As the reader calls it: its own buffer as a view (lending), the scratch as itself.
+        buf = bytearray(before + pending + after)
+        offset, stop = len(before), len(before) + len(pending)
+        whole = memoryview(buf) if lend else buf
+        events, used = by_bounds.parse(whole, lend=lend, offset=offset, stop=stop)
+        assert used == expected_used
+        assert [bytes(e) if isinstance(e, memoryview) else e for e in events] == expected
+        assert (by_bounds.wanted, by_bounds.stopped, by_bounds.last_frame, by_bounds.lent) == (
+            by_slice.wanted,
+            by_slice.stopped,
+            by_slice.last_frame,
+            by_slice.lent,
+        )
+        by_slice.lent = by_bounds.lent = False
+        # The next read overwrites the buffer (the scratch at once, ours once no view is held):
+        # only a lent message (a view, never of the scratch) may change with it.
+        lent = [type(e) is memoryview for e in events]
+        assert lend or not any(lent)
+        buf[:] = bytes(len(buf))
+        assert [e for e, v in zip(events, lent, strict=True) if not v] == [
+            e for e, v in zip(expected, lent, strict=True) if not v
+        ]
+        events = []
+        del pending[:used]
+        taken += used
+        if by_bounds.stopped:
+            break
+        # Whole frames taken, and what the next one needs (the slice's own rule, which the
+        # parse above by the same code would not catch: its first frame at pos 0 or after one).
+        assert taken in starts or taken > len(stream)
+        if taken < len(stream):
+            frame = starts[starts.index(taken) + 1] - taken
+            assert len(pending) < by_bounds.wanted <= frame
+            if len(pending) >= MAX_HEADER:
+                assert by_bounds.wanted == frame
