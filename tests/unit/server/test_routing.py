@@ -267,8 +267,8 @@ def test_route_again_reuses_the_last_route_until_something_it_depends_on_changes
 
 def test_routing_reads_the_stores_model_even_when_a_listener_before_it_raised() -> None:
     """The router reads the store's model per request (no copy of its own kept by a listener):
-    a listener that raises in update() — which stops the listeners after it — does not leave
-    routing on the old model for good (the store's next update of an equal model is a no-op)."""
+    a listener that raises in update() (logged, the update goes on) does not leave routing on
+    the old model."""
 
     def broken(_model: Model) -> None:
         raise RuntimeError("a listener's bug")
@@ -278,12 +278,10 @@ def test_routing_reads_the_stores_model_even_when_a_listener_before_it_raised() 
     router = Router(store, registry(a=[fake("a")], b=[fake("b")]), None)
     metrics = Destination("host", "a", 9100, target="/metrics")
     memo = router.route_again(metrics, over_tls=False, memo=None)
-    with pytest.raises(RuntimeError):
-        store.update(model(active=("b",)))
+    store.update(model(active=("b",)))
     assert router.route_again(metrics, over_tls=False, memo=memo) is not memo
     assert router.route_again(metrics, over_tls=False, memo=None).model is store.model
-    with pytest.raises(RuntimeError):
-        store.update(model())  # the old model again (equal, not the same object)
+    store.update(model())  # the old model again (equal, not the same object)
     assert router.route_again(metrics, over_tls=False, memo=None).model is store.model
 
 
