@@ -18,7 +18,6 @@ class Head:
         "fields",
         "headers",
         "lower",
-        "plain",
         "size",
         "start",
         "status",
@@ -27,6 +26,10 @@ class Head:
         "wire",
     )
 
+    plain = False
+    """A response with a Content-Length and no hop-by-hop field (:data:`HOP_BY_HOP`): nothing
+    of it is dropped or added, it goes on as :attr:`wire`. True for a :class:`PlainHead` only
+    (the class says it: no flag kept per head)."""
     headers: Headers
     """The fields decoded (latin-1), in order."""
     lower: dict[str, str]
@@ -41,7 +44,6 @@ class Head:
         fields: list[tuple[bytes, bytes]],
         size: int,
         wire: bytes = b"",
-        plain: bool = False,
     ) -> None:
         self.start, self.target, self.status, self.version = start, target, status, version
         self.fields = fields
@@ -52,10 +54,7 @@ class Head:
         """A response's head as :func:`~ravenproxy.server.http_messages.response_framing`
         writes it when it drops and adds no field: ``HTTP/1.1``, the status and reason, each
         field as parsed on a ``name: value`` line (b"" for a request)."""
-        self.plain = plain
-        """A response with a Content-Length and no hop-by-hop field (:data:`HOP_BY_HOP`):
-        nothing of it is dropped or added, it goes on as :attr:`wire` (a :class:`PlainHead`)."""
-        if not plain:  # a request is routed by its fields, a response not plain rewritten
+        if not self.plain:  # a request is routed by its fields, a response not plain rewritten
             self.headers, self.lower = _decoded(fields)
 
 
@@ -64,6 +63,8 @@ class PlainHead(Head):
     decoded only if something asks for them."""
 
     __slots__ = ("_decoded",)
+
+    plain = True
 
     _decoded: tuple[Headers, dict[str, str]]
     """Set when first asked for (no __init__ of its own: a call per answer)."""

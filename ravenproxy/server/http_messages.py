@@ -261,11 +261,10 @@ class Parsed:
                 part = _framing_kind(name.lower())
                 if part is not None:
                     framing += part
-            plain = framing == 1
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
             start = self._start.decode("latin-1")
-            made = PlainHead if plain else Head
-            return made(start, "", status, version, fields, len(wire), wire, plain)
+            made = PlainHead if framing == 1 else Head  # plain: what PlainHead is
+            return made(start, "", status, version, fields, len(wire), wire)
         size = len(self._start) + 2
         for k, v in fields:
             size += len(k) + len(v) + 4
