@@ -163,11 +163,8 @@ class CallbackPath:
             except IdleTimeout as exc:
                 if self.ex.phase != "forwarding":
                     return [Close(f"no next request for {exc.timeout:g}s")]
-                idle = RelayResult(error=IDLE_ERROR, idle=True)
                 assert self.ex.route is not None
-                node = self.ex.route.node.name
-                peer = sock.get_extra_info("peername")
-                self.ctx.relay_done(self.proxy.front, "request", idle, peer=peer, node=node)
+                self._count_idle(sock.get_extra_info("peername"))
                 return self.ex.upstream_idle(exc.timeout)
         finally:
             self._exit = self._write = None
@@ -195,13 +192,18 @@ class CallbackPath:
             async with self.watch:
                 await writer.drain()
         except IdleTimeout as exc:
-            route = self.ex.route
-            if route is not None:
-                idle = RelayResult(error=IDLE_ERROR, idle=True)
-                node = route.node.name
-                self.ctx.relay_done(self.proxy.front, "request", idle, peer=self.peer, node=node)
+            if self.ex.route is not None:
+                self._count_idle(self.peer)
             writer.transport.abort()
             raise ConnectionAbortedError(f"the client took nothing for {exc.timeout:g}s") from None
+
+    def _count_idle(self, peer: object) -> None:
+        """The routed request ended for --idle-timeout: counted and logged as an idle
+        ``request`` relay (the task's wait for the answer, the callbacks', a client's drain)."""
+        route = self.ex.route
+        assert route is not None
+        idle = RelayResult(error=IDLE_ERROR, idle=True)
+        self.ctx.relay_done(self.proxy.front, "request", idle, peer=peer, node=route.node.name)
 
     def _route_again(self, action: RouteRequest) -> list[Action]:
         """A kept-alive connection's next request routed (the memo reused while the model and

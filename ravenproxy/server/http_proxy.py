@@ -51,7 +51,7 @@ from ravenproxy.server.limits import StreamLease
 from ravenproxy.server.router import Route
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
 from ravenproxy.transport.linger import lingering_close
-from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult
+from ravenproxy.transport.relay import IdleTimeout, IdleWatch
 from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
 from ravenproxy.transport.splice import splice_or_relay
 from ravenproxy.transport.tunnel_stream import StreamClosedError
@@ -293,10 +293,8 @@ class _Connection(CallbackPath):
                 async with watch:  # entering stamps the activity of the last event
                     data = await upstream.read()
             except IdleTimeout:
-                idle = RelayResult(error=IDLE_ERROR, idle=True)
                 assert self.ex.route is not None
-                node = self.ex.route.node.name
-                self.ctx.relay_done(self.proxy.front, "request", idle, peer=self.peer, node=node)
+                self._count_idle(self.peer)
                 actions = self.ex.upstream_idle(watch.timeout or 0.0)
             except _IO_ERRORS:
                 actions = self.ex.upstream_lost()
