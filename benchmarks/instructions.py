@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import (
     Procs,
     _commit,
+    _interpreter,
     _machine,
     _wait_routable,
     add_answer_argument,
@@ -199,6 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             checkouts.append(("base", python, args.baseline))
             machine["baseline"] = str(args.baseline)
             machine["baseline_commit"] = _commit(args.baseline)
+            machine["baseline_python"] = _interpreter(python)
         checkouts.append(("tunnel", sys.executable, None))
         for name, python, cwd in checkouts:
             counted = Counted(name, base)

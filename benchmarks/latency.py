@@ -529,7 +529,7 @@ def _machine() -> dict[str, Any]:
     return {
         "nproc": os.cpu_count(),
         "kernel": platform.release(),
-        "python": platform.python_version(),
+        "python": _interpreter(sys.executable),
         "uvloop": version("uvloop"),
         "websockets": version("websockets"),
         "httptools": version("httptools"),
@@ -761,6 +761,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             paths.append(Way("tunnel-base", old.http, host, _pids(old.pids, False)))
             machine["baseline"] = str(args.baseline)
             machine["baseline_commit"] = _commit(args.baseline)
+            machine["baseline_python"] = _interpreter(python)
         if args.floor:
             floor_port, floor_pids = start_floor(base, procs, target_port)
             direct = f"127.0.0.1:{target_port}"
@@ -837,6 +838,23 @@ def _pids(pids: list[int], descendants: bool) -> Callable[[], list[int]]:
 def _commit(checkout: Path) -> str:
     return subprocess.run(
         ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+
+
+def _interpreter(python: str) -> str:
+    """``python``'s version and the executable it resolves to (a venv's ``python`` is a link):
+    a checkout's relays may run on another build of the interpreter than this one's (with or
+    without PGO/LTO: benchmarks/README "The interpreter's build")."""
+    return subprocess.run(
+        [
+            python,
+            "-c",
+            "import os, platform, sys; "
+            "print(platform.python_version(), os.path.realpath(sys.executable))",
+        ],
         capture_output=True,
         text=True,
         check=False,

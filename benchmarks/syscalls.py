@@ -46,6 +46,7 @@ from latency import (
     CLK_TCK,
     Procs,
     _commit,
+    _interpreter,
     _machine,
     _wait_routable,
     add_answer_argument,
@@ -229,6 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             checkouts.append(("base", python, args.baseline))
             machine["baseline"] = str(args.baseline)
             machine["baseline_commit"] = _commit(args.baseline)
+            machine["baseline_python"] = _interpreter(python)
         for name, python, cwd in checkouts:
             if name not in wanted and f"{name}-connect" not in wanted:
                 continue

@@ -52,6 +52,7 @@ from ravenproxy.demo import CLOUD_NODE, EDGE_NODE, INVENTORY, _Procs, _wait_for_
 from ravenproxy.pki import init_pki
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from latency import _commit, _interpreter
 from sshrow import SSH_CIPHERS, describe, forward_argv, ssh_files, sshd_attempts
 
 MIB = 1 << 20
@@ -636,11 +637,22 @@ def machine_info() -> dict[str, Any]:
         "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
         "cpu": cpu,
         "kernel": platform.release(),
-        "python": platform.python_version(),
+        "python": _interpreter(sys.executable),
         "uvloop": importlib.metadata.version("uvloop"),
         "websockets": importlib.metadata.version("websockets"),
         "git_commit": commit or None,
         "git_tracked_changes": bool(dirty),
+    }
+
+
+def baseline_info(opts: Options) -> dict[str, Any]:
+    """The ``--baseline`` checkout's commit and the interpreter its relays run on."""
+    if opts.baseline is None:
+        return {}
+    return {
+        "baseline": str(opts.baseline),
+        "baseline_commit": _commit(opts.baseline),
+        "baseline_python": _interpreter(str(opts.baseline / ".venv" / "bin" / "python")),
     }
 
 
@@ -831,7 +843,7 @@ async def run(opts: Options) -> dict[str, Any]:
     return {
         "benchmark": "throughput",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": {**machine_info(), "loadavg_at_start": load_start},
+        "machine": {**machine_info(), "loadavg_at_start": load_start, **baseline_info(opts)},
         "settings": {
             "mib_single": opts.mib,
             "mib_each_concurrent": opts.mib_each,

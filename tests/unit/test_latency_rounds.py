@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import platform
 import signal
 import socket
 import subprocess
@@ -161,3 +163,14 @@ def test_ssh_rows_forward_and_leave_no_process_behind(latency: ModuleType, tmp_p
     finally:
         procs.stop()
     wait_ended(started)
+
+
+def test_interpreter_names_the_version_and_the_executable_a_venv_links_to(
+    latency: ModuleType, tmp_path: Path
+) -> None:
+    """A baseline's relays may run on another build of Python (a venv made from another
+    interpreter): the results name which, through the venv's link."""
+    link = tmp_path / "python"
+    link.symlink_to(sys.executable)
+    real = os.path.realpath(sys.executable)
+    assert latency._interpreter(str(link)) == f"{platform.python_version()} {real}"

@@ -24,7 +24,11 @@ REFUSED = README[README.index("### What is refused") :]
 REFUSED = REFUSED[: REFUSED.index("\n### ", 1)]
 FLAT_DOC = " ".join(DOC.split())  # the doc wraps quoted lines anywhere
 
-FOREIGN_FLAGS = {"--kubelet-client-certificate"}  # kube-apiserver's, named in the text
+FOREIGN_FLAGS = {
+    "--kubelet-client-certificate",  # kube-apiserver's, named in the text
+    "--enable-optimizations",  # CPython's configure, named in "The Python interpreter"
+    "--with-lto",
+}
 
 # The log messages (and one-line answers) of issue 8's items as the source writes them; an
 # f-string's leading ``{front}`` is left out (the doc quotes it as ``http front: …``).
