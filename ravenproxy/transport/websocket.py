@@ -277,16 +277,68 @@ class TunnelConnectionMixin(_Base):
             self._in_scratch = False
             self._buf = self._scratch
         self._end += nbytes
-        if self._mode == _FRAMES:
-            self._read_frames()
-            if self._buf is self._scratch:  # bytes left unparsed: a buffer of our own for them
-                self._keep_pending()
-        elif self._mode == _HANDSHAKE:
-            self._read_head()
-        elif self._mode == _AWAIT_OPEN:
-            self._opened()
-        else:
+        if self._mode != _FRAMES:
+            if self._mode == _HANDSHAKE:
+                self._read_head()
+            elif self._mode == _AWAIT_OPEN:
+                self._opened()
+            else:
+                self._to_websockets()
+            return
+        # The frames, read here, not by a method of their own: a call a read on both ends.
+        parser = self._parser
+        assert parser is not None and self._buf is not None
+        lend = self._buf is not self._scratch
+        view = memoryview(self._buf) if lend else self._scratch  # lends nothing: no view
+        events, used = parser.parse(view, lend=lend, offset=self._start, stop=self._end)
+        if parser.lent:
+            parser.lent, self._lent = False, True
+        self._start += used
+        messages = self._messages
+        for event in events:
+            if isinstance(event, MESSAGE):
+                messages.append(event)
+            elif isinstance(event, Control):
+                self._websockets_receive(event.raw)
+            elif isinstance(event, Handover):
+                self._mode = _WEBSOCKETS
+                self._to_websockets()
+            elif isinstance(event, Failure):
+                self._stop_frames()
+                self.protocol.fail(event.code, event.reason)
+                self.send_data()
+        if parser.stopped and self._mode == _FRAMES:  # after a CLOSE
+            self._mode = _WEBSOCKETS
             self._to_websockets()
+        if self._start == self._end:
+            self._start = self._end = 0
+            self._fed = 0
+            if self._read_size <= MIN_READ and self._mode == _FRAMES:
+                self._buf = None  # idle: hold no buffer (the next read goes to the scratch)
+                self._spares, self._lent = [], False
+            elif self._read_size < MAX_READ and len(self._buf) > SHRINK_AFTER * max(
+                self._read_size, parser.last_frame
+            ):
+                self._buf = bytearray(self._read_size)
+                self._spares, self._lent = [], False
+        if messages and self._receiver is not None:
+            self._messages = []
+            try:  # not by a helper: a call per read
+                self._receiver(messages)
+            except Exception as exc:  # raised in deliver(): the session's reader handles it
+                self.stop_delivery(exc)
+            if self._mode != _FRAMES:
+                self._wake()
+        elif messages:
+            high = self.max_queue_high
+            if high is not None and len(messages) >= high and not self._reading_paused:
+                self._reading_paused = True
+                self.transport.pause_reading()
+            self._wake()
+        elif self._mode != _FRAMES:
+            self._wake()
+        if self._buf is self._scratch:  # bytes left unparsed: a buffer of our own for them
+            self._keep_pending()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -349,60 +401,7 @@ class TunnelConnectionMixin(_Base):
             masked=self.protocol.side is Side.SERVER,
             max_size=self.protocol.max_message_size or 2**63,
         )
-        self._read_frames()
-
-    def _read_frames(self) -> None:
-        parser = self._parser
-        assert parser is not None and self._buf is not None
-        lend = self._buf is not self._scratch
-        view = memoryview(self._buf) if lend else self._scratch  # lends nothing: no view
-        events, used = parser.parse(view, lend=lend, offset=self._start, stop=self._end)
-        if parser.lent:
-            parser.lent, self._lent = False, True
-        self._start += used
-        messages = self._messages
-        for event in events:
-            if isinstance(event, MESSAGE):
-                messages.append(event)
-            elif isinstance(event, Control):
-                self._websockets_receive(event.raw)
-            elif isinstance(event, Handover):
-                self._mode = _WEBSOCKETS
-                self._to_websockets()
-            elif isinstance(event, Failure):
-                self._stop_frames()
-                self.protocol.fail(event.code, event.reason)
-                self.send_data()
-        if parser.stopped and self._mode == _FRAMES:  # after a CLOSE
-            self._mode = _WEBSOCKETS
-            self._to_websockets()
-        if self._start == self._end:
-            self._start = self._end = 0
-            self._fed = 0
-            if self._read_size <= MIN_READ and self._mode == _FRAMES:
-                self._buf = None  # idle: hold no buffer (the next read goes to the scratch)
-                self._spares, self._lent = [], False
-            elif self._read_size < MAX_READ and len(self._buf) > SHRINK_AFTER * max(
-                self._read_size, parser.last_frame
-            ):
-                self._buf = bytearray(self._read_size)
-                self._spares, self._lent = [], False
-        if messages and self._receiver is not None:
-            self._messages = []
-            try:  # not by a helper: a call per read
-                self._receiver(messages)
-            except Exception as exc:  # raised in deliver(): the session's reader handles it
-                self.stop_delivery(exc)
-            if self._mode != _FRAMES:
-                self._wake()
-        elif messages:
-            high = self.max_queue_high
-            if high is not None and len(messages) >= high and not self._reading_paused:
-                self._reading_paused = True
-                self.transport.pause_reading()
-            self._wake()
-        elif self._mode != _FRAMES:
-            self._wake()
+        self.buffer_updated(0)  # the frames after the head, read with it (nothing new)
 
     def _stop_frames(self) -> None:
         """The connection failed: nothing more is parsed or delivered (websockets discards)."""
