@@ -74,7 +74,18 @@ class Outlet(Intake):
             except ValueError:  # the probe is closed: the writer's, as without it
                 more = True
             if not more:
-                self._write_through()
+                # Written in the caller's turn, for the idle writer (not by a method of its own:
+                # a call a request): no task step and no loop turn between a request (its
+                # answer) and its write.
+                batch = self.conn.outbox.take_pieces()
+                if self._taken.waiter is not None:
+                    self._taken.set()
+                transport, mask = ws.transport, not self.conn.server_side
+                small = one_small(batch, mask=mask)  # writes(), written out: the usual batch
+                for frames in batched(batch, mask=mask) if small is None else (small,):
+                    transport.writelines(frames)
+                if self._drain_event.waiter is not None:
+                    self._drain_event.set()
             elif not self._late:  # should no later event of the burst flush this session
                 self._late = True
                 self.loop.call_soon(self._flush_late)
@@ -88,19 +99,6 @@ class Outlet(Intake):
         turn, before it polls again."""
         self._late = False
         self._flush(late=True)
-
-    def _write_through(self) -> None:
-        """Write what is queued in the caller's turn, for the idle writer: no task step and no
-        loop turn between a request (its answer) and its write."""
-        batch = self.conn.outbox.take_pieces()
-        if self._taken.waiter is not None:
-            self._taken.set()
-        transport, mask = self.ws.transport, not self.conn.server_side
-        small = one_small(batch, mask=mask)  # writes(), written out: the usual batch
-        for frames in batched(batch, mask=mask) if small is None else (small,):
-            transport.writelines(frames)
-        if self._drain_event.waiter is not None:
-            self._drain_event.set()
 
     async def _drained(self) -> None:
         """Wait until the writer caught up, so producers cannot queue without bound."""
