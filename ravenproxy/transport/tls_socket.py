@@ -255,9 +255,8 @@ class TLSSocketTransport(asyncio.Transport):
             self._read()
 
     def _read(self, ready: bool = False) -> None:
-        """Read what the socket has, into the protocol's buffers. ``ready``: called by the
-        loop's read readiness (registered so, not by a method that checks and forwards: a call
-        a read), what else it may be for is checked first; the transport's own calls checked."""
+        """Read what the socket has, into the protocol's buffers. ``ready``: by the loop's read
+        readiness (no method that checks and forwards), what else it may be for checked first."""
         if ready and (
             self._shutdown or self._write_wants_read or self._reading_paused or self._closing
         ):
@@ -270,10 +269,9 @@ class TLSSocketTransport(asyncio.Transport):
             got = 0
             end: str | BaseException | None = None  # why this round stopped short
             try:
-                if buffered:
-                    view = memoryview(protocol.get_buffer(-1))  # type: ignore[attr-defined]
-                else:  # a plain Protocol (not the tunnel's): read, then hand over a copy
-                    view = memoryview(bytearray(256 * 1024))
+                # A view as given (the tunnel's: no view of a view a read), else one of ours.
+                given = protocol.get_buffer(-1) if buffered else bytearray(256 * 1024)  # type: ignore[attr-defined]
+                view = given if type(given) is memoryview else memoryview(given)
                 size = len(view)
                 if not size:
                     raise RuntimeError("get_buffer() returned an empty buffer")
@@ -312,7 +310,9 @@ class TLSSocketTransport(asyncio.Transport):
                 self._fatal(exc, "protocol")
                 return
             finally:
-                view.release()
+                if view is not given:
+                    view.release()
+                del view, given  # held no longer: a protocol counts who holds its lent buffers
             if isinstance(end, BaseException):
                 self._fatal(end, "read")
                 return
