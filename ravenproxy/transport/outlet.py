@@ -17,6 +17,7 @@ since it last ran in few large writes and waits for the transport to drain
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
@@ -25,6 +26,7 @@ from ravenproxy.transport.flag import Flag
 from ravenproxy.transport.frame_batch import WRITE_THROUGH, batched, one_small, writes
 from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.readiness import of as readiness_of
+from ravenproxy.transport.websocket import TunnelConnectionMixin
 
 # WsState.OPEN read once: a member read on its class goes through EnumType.__getattr__ on
 # Python 3.11 (slot_tp_getattr_hook, ~850 instructions), and _flush reads it once a request.
@@ -46,6 +48,10 @@ class Outlet(Intake):
         # Set whenever the writer has taken the connection's queue (or stopped for good): what
         # a reader paused on unsent control output waits for.
         self._taken = Flag()
+        # Whether no DATA frame may go out any more, as an attribute: our reader's (kept where
+        # websockets' output leaves), else websockets' state asked (a property) each time.
+        ws = self.ws
+        self._gate = ws if isinstance(ws, TunnelConnectionMixin) else _StateGate(ws.protocol)
 
     def _flush(self, late: bool = False) -> None:
         """Queued output, to be written: through at once (small output, the writer idle), else
@@ -63,7 +69,7 @@ class Outlet(Intake):
         if self.conn.outbox.pending_bytes < WRITE_THROUGH and not (
             ws.paused
             or self._held is not None
-            or ws.protocol.state is not _OPEN
+            or self._gate.data_closed
             or ws.transport.is_closing()
         ):
             # Written now by whoever queued it, unless more input waits in this turn (a burst:
@@ -137,3 +143,16 @@ class Outlet(Intake):
             self._wake_writer = None  # stopped: nothing writes through any more
             self._drain_event.set()
             self._taken.set()
+
+
+class _StateGate:
+    """:attr:`TunnelConnectionMixin.data_closed` of a WebSocket without our reader."""
+
+    __slots__ = ("protocol",)
+
+    def __init__(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+    @property
+    def data_closed(self) -> bool:
+        return self.protocol.state is not _OPEN

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -55,6 +54,7 @@ from websockets.datastructures import Headers
 from websockets.protocol import Side, State
 
 from ravenproxy.transport.readiness import watch
+from ravenproxy.transport.scratch import Scratch
 from ravenproxy.transport.wsframes import MESSAGE, Control, Failure, FrameParser, Handover
 
 MIN_READ = 4 * 1024
@@ -78,6 +78,7 @@ SPARE_BYTES = 16 * 1024 * 1024
 from them are let go (see :meth:`TunnelConnectionMixin._swap_lent`)."""
 
 _HEAD_END = b"\r\n\r\n"
+_ENDED = (State.CLOSING, State.CLOSED)  # (a member read on an Enum class: ~850 instructions)
 
 
 def _unshared_refs() -> int:
@@ -90,17 +91,7 @@ _UNSHARED = _unshared_refs()
 more means a message lent from it (a view) is still held by whoever received it."""
 
 
-class _Scratch(threading.local):
-    """The thread's read buffer for idle connections, from a ``get_buffer`` to its read's
-    ``buffer_updated`` (none if it got nothing; no other read between), and a view of it (never
-    resized). A connection, made on its loop's thread, takes both once (~500 instructions)."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray(MIN_READ)
-        self.view = memoryview(self.buf)
-
-
-_scratch = _Scratch()
+_scratch = Scratch(MIN_READ)
 
 # Takes the binary messages of one read round, in order (TunnelConnectionMixin.deliver).
 Receiver = Callable[[list[bytes | memoryview]], None]
@@ -150,7 +141,7 @@ class TunnelConnectionMixin(_Base):
         self._lent = False  # messages were handed on as views of _buf (wsframes.LEND_MIN)
         self._spares: list[bytearray] = []  # lent buffers, to read into again once free
         self._in_scratch = False
-        self._scratch, self._scratch_view = _scratch.buf, _scratch.view  # see _Scratch
+        self._scratch, self._scratch_view = _scratch.buf, _scratch.view  # see Scratch
         self._read_size = MIN_READ
         self._start = 0
         self._end = 0
@@ -163,6 +154,10 @@ class TunnelConnectionMixin(_Base):
         self._delivery_error: Exception | None = None
         self._reading_paused = False
         self._lost = False
+        self.data_closed = False
+        """A CLOSE was sent (websockets left OPEN) or the connection is lost: no DATA frame
+        may follow. Kept by :meth:`send_data`, where all of websockets' output leaves, the
+        CLOSE too: a plain attribute, asked before each write (the state is a property)."""
 
     # -- what the session reads -------------------------------------------------------------
     @property
@@ -356,7 +351,13 @@ class TunnelConnectionMixin(_Base):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self._lost = True
+        self.data_closed = True
         self._wake()
+
+    def send_data(self) -> None:
+        super().send_data()
+        if self.protocol.state in _ENDED:
+            self.data_closed = True
 
     # -- the modes --------------------------------------------------------------------------
     def _read_head(self) -> None:
