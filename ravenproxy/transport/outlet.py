@@ -51,7 +51,7 @@ class Outlet(Intake):
         # Whether no DATA frame may go out any more, as an attribute: our reader's (kept where
         # websockets' output leaves), else websockets' state asked (a property) each time.
         ws = self.ws
-        self._gate = ws if isinstance(ws, TunnelConnectionMixin) else _StateGate(ws.protocol)
+        self._gate = ws if isinstance(ws, TunnelConnectionMixin) else _StateGate(ws)
 
     def _flush(self, late: bool = False) -> None:
         """Queued output, to be written: through at once (small output, the writer idle), else
@@ -63,14 +63,14 @@ class Outlet(Intake):
         if waiter is None or waiter.done():  # the writer is busy (or gone)
             self._wake = True
             return
-        # Not while the transport is paused or closing, or the reader holds messages back
-        # (taking them re-enters _flush: its write would go before this one): the writer's.
+        # Not while the transport is paused, after a CLOSE, or while the reader holds messages
+        # back (taking them re-enters _flush: its write would go before this one): the
+        # writer's. (Not asked: is_closing(), a call a request. A closing transport drops what
+        # is written, the tunnel's TLS one as uvloop's until connection_lost, after which the
+        # gate says no.)
         ws = self.ws
         if self.conn.outbox.pending_bytes < WRITE_THROUGH and not (
-            ws.paused
-            or self._held is not None
-            or self._gate.data_closed
-            or ws.transport.is_closing()
+            ws.paused or self._held is not None or self._gate.data_closed
         ):
             # Written now by whoever queued it, unless more input waits in this turn (a burst:
             # its other events queue more; the last one writes it all, in one write).
@@ -146,13 +146,14 @@ class Outlet(Intake):
 
 
 class _StateGate:
-    """:attr:`TunnelConnectionMixin.data_closed` of a WebSocket without our reader."""
+    """:attr:`TunnelConnectionMixin.data_closed` of a WebSocket without our reader (its
+    transport closing too: that one's may not drop what is written)."""
 
-    __slots__ = ("protocol",)
+    __slots__ = ("ws",)
 
-    def __init__(self, protocol: Any) -> None:
-        self.protocol = protocol
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
 
     @property
     def data_closed(self) -> bool:
-        return self.protocol.state is not _OPEN
+        return self.ws.protocol.state is not _OPEN or self.ws.transport.is_closing()

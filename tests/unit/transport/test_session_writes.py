@@ -10,6 +10,7 @@ import contextlib
 import functools
 import socket
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from websockets.protocol import State
 from ravenproxy.transport import readiness
 from ravenproxy.transport.session import Session, TunnelStream
 from tests.unit.transport.test_session import TARGET, WAIT, read_all, tunnel
+from tests.unit.transport.test_websocket import contexts, pki  # noqa: F401 (a fixture)
 
 
 class Recorder:
@@ -289,3 +291,24 @@ async def test_the_reader_says_no_data_may_follow_once_its_websocket_left_open(e
             while t.cloud_ws.protocol.state is State.OPEN:
                 await asyncio.sleep(0.001)
         assert t.cloud_ws.data_closed
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "mtls"])
+async def test_a_write_through_on_an_aborted_transport_raises_nothing(
+    pki: Path,  # noqa: F811 (the fixture)
+    tls: bool,
+) -> None:
+    """The outlet does not ask ``is_closing()`` before writing through: between an abort and
+    ``connection_lost`` (which sets ``data_closed``) the write reaches a closing transport,
+    which drops it (our TLS transport; uvloop's ignores it until the handler is closed), and
+    the session ends as lost; after ``connection_lost`` nothing is written at all."""
+    srv, cli = contexts(pki if tls else None)
+    async with tunnel(tls=(srv, cli) if srv and cli else None) as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        await settle(t.cloud)
+        t.cloud_ws.transport.abort()
+        assert not t.cloud_ws.data_closed  # connection_lost comes in a later callback
+        assert stream.try_write(b"dropped") == 7
+        await asyncio.wait_for(t.cloud_run, WAIT)
+        assert t.cloud_ws.data_closed
+        assert stream.try_write(b"after") == 0
