@@ -8,10 +8,10 @@ requests (the server) or several targets' answers (the agent) are in the event l
 the last of them writes what all queued in one write, as the writer's batch did (a write each
 would split the burst: more reads and writes per request on both ends). What a read round of the
 tunnel queues is one write at the round's end (the intake defers the flushes it makes). Bulk
-(:data:`~ravenproxy.transport.frame_batch.WRITE_THROUGH` or more queued), a paused or closing
-transport and messages held back go to the writer task, which writes what every stream queued
-since it last ran in few large writes and waits for the transport to drain
-(docs/protocol.md's flow control).
+(:data:`~ravenproxy.transport.frame_batch.WRITE_THROUGH` or more queued), a paused transport, a
+WebSocket past its CLOSE (or lost) and messages held back go to the writer task, which writes
+what every stream queued since it last ran in few large writes and waits for the transport to
+drain (docs/protocol.md's flow control).
 """
 
 from __future__ import annotations
