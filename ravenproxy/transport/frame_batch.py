@@ -116,9 +116,10 @@ def one_small(
     size = sum(map(len, pieces))
     if size >= COALESCE - 16:  # a frame header and its key: the whole frame in one run
         return None
-    payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    # binary_frame_header's two cases for a size under 64 KiB, written out.
+    # binary_frame_header's two cases for a size under 64 KiB, written out. The frame is one
+    # join of its parts (not a joined payload, then a header added: a bytes object less).
     if mask:
+        payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         keys = _keys  # _keys.take(4), written out: a call a request on the agent
         at = keys.at
         if at + 4 > len(keys.pool):
@@ -126,9 +127,9 @@ def one_small(
         keys.at = at + 4
         key = keys.pool[at : at + 4]
         head = bytes((0x82, 0x80 | size)) if size < 126 else _HEAD16.pack(0x82, 0xFE, size)
-        return [head + key + apply_mask(payload, key)]
+        return [b"".join((head, key, apply_mask(payload, key)))]
     head = bytes((0x82, size)) if size < 126 else _HEAD16.pack(0x82, 126, size)
-    return [head + payload]
+    return [b"".join((head, *pieces))]
 
 
 def writes(

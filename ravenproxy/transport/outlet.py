@@ -8,15 +8,16 @@ requests (the server) or several targets' answers (the agent) are in the event l
 the last of them writes what all queued in one write, as the writer's batch did (a write each
 would split the burst: more reads and writes per request on both ends). What a read round of the
 tunnel queues is one write at the round's end (the intake defers the flushes it makes). Bulk
-(:data:`~ravenproxy.transport.frame_batch.WRITE_THROUGH` or more queued), a paused or closing
-transport and messages held back go to the writer task, which writes what every stream queued
-since it last ran in few large writes and waits for the transport to drain
-(docs/protocol.md's flow control).
+(:data:`~ravenproxy.transport.frame_batch.WRITE_THROUGH` or more queued), a paused transport, a
+WebSocket past its CLOSE (or lost) and messages held back go to the writer task, which writes
+what every stream queued since it last ran in few large writes and waits for the transport to
+drain (docs/protocol.md's flow control).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
@@ -25,6 +26,7 @@ from ravenproxy.transport.flag import Flag
 from ravenproxy.transport.frame_batch import WRITE_THROUGH, batched, one_small, writes
 from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.readiness import of as readiness_of
+from ravenproxy.transport.websocket import TunnelConnectionMixin
 
 # WsState.OPEN read once: a member read on its class goes through EnumType.__getattr__ on
 # Python 3.11 (slot_tp_getattr_hook, ~850 instructions), and _flush reads it once a request.
@@ -46,6 +48,10 @@ class Outlet(Intake):
         # Set whenever the writer has taken the connection's queue (or stopped for good): what
         # a reader paused on unsent control output waits for.
         self._taken = Flag()
+        # Whether no DATA frame may go out any more, as an attribute: our reader's (kept where
+        # websockets' output leaves), else websockets' state asked (a property) each time.
+        ws = self.ws
+        self._gate = ws if isinstance(ws, TunnelConnectionMixin) else _StateGate(ws)
 
     def _flush(self, late: bool = False) -> None:
         """Queued output, to be written: through at once (small output, the writer idle), else
@@ -57,14 +63,14 @@ class Outlet(Intake):
         if waiter is None or waiter.done():  # the writer is busy (or gone)
             self._wake = True
             return
-        # Not while the transport is paused or closing, or the reader holds messages back
-        # (taking them re-enters _flush: its write would go before this one): the writer's.
+        # Not while the transport is paused, after a CLOSE, or while the reader holds messages
+        # back (taking them re-enters _flush: its write would go before this one): the
+        # writer's. (Not asked: is_closing(), a call a request. A closing transport drops what
+        # is written, the tunnel's TLS one as uvloop's until connection_lost, after which the
+        # gate says no.)
         ws = self.ws
         if self.conn.outbox.pending_bytes < WRITE_THROUGH and not (
-            ws.paused
-            or self._held is not None
-            or ws.protocol.state is not _OPEN
-            or ws.transport.is_closing()
+            ws.paused or self._held is not None or self._gate.data_closed
         ):
             # Written now by whoever queued it, unless more input waits in this turn (a burst:
             # its other events queue more; the last one writes it all, in one write).
@@ -74,7 +80,18 @@ class Outlet(Intake):
             except ValueError:  # the probe is closed: the writer's, as without it
                 more = True
             if not more:
-                self._write_through()
+                # Written in the caller's turn, for the idle writer (not by a method of its own:
+                # a call a request): no task step and no loop turn between a request (its
+                # answer) and its write.
+                batch = self.conn.outbox.take_pieces()
+                if self._taken.waiter is not None:
+                    self._taken.set()
+                transport, mask = ws.transport, not self.conn.server_side
+                small = one_small(batch, mask=mask)  # writes(), written out: the usual batch
+                for frames in batched(batch, mask=mask) if small is None else (small,):
+                    transport.writelines(frames)
+                if self._drain_event.waiter is not None:
+                    self._drain_event.set()
             elif not self._late:  # should no later event of the burst flush this session
                 self._late = True
                 self.loop.call_soon(self._flush_late)
@@ -88,19 +105,6 @@ class Outlet(Intake):
         turn, before it polls again."""
         self._late = False
         self._flush(late=True)
-
-    def _write_through(self) -> None:
-        """Write what is queued in the caller's turn, for the idle writer: no task step and no
-        loop turn between a request (its answer) and its write."""
-        batch = self.conn.outbox.take_pieces()
-        if self._taken.waiter is not None:
-            self._taken.set()
-        transport, mask = self.ws.transport, not self.conn.server_side
-        small = one_small(batch, mask=mask)  # writes(), written out: the usual batch
-        for frames in batched(batch, mask=mask) if small is None else (small,):
-            transport.writelines(frames)
-        if self._drain_event.waiter is not None:
-            self._drain_event.set()
 
     async def _drained(self) -> None:
         """Wait until the writer caught up, so producers cannot queue without bound."""
@@ -139,3 +143,17 @@ class Outlet(Intake):
             self._wake_writer = None  # stopped: nothing writes through any more
             self._drain_event.set()
             self._taken.set()
+
+
+class _StateGate:
+    """:attr:`TunnelConnectionMixin.data_closed` of a WebSocket without our reader (its
+    transport closing too: that one's may not drop what is written)."""
+
+    __slots__ = ("ws",)
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    @property
+    def data_closed(self) -> bool:
+        return self.ws.protocol.state is not _OPEN or self.ws.transport.is_closing()

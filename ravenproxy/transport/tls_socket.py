@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ravenproxy.transport.readiness import of as readiness_of
+from ravenproxy.transport.tls_names import tls_names
 
 SHUTDOWN_TIMEOUT = 10.0
 """Seconds ``close()`` may take (queued data, ``close_notify``, FIN, the peer's FIN), at most."""
@@ -97,16 +98,7 @@ class TLSSocketTransport(asyncio.Transport):
         # Read now: the socket answers none of these once closed (and an SSLSocket none of the
         # TLS ones once its close_notify is sent).
         self._cork = sock.family in (socket.AF_INET, socket.AF_INET6)
-        self._names: dict[str, Any] = {
-            "peercert": sock.getpeercert(),
-            "cipher": sock.cipher(),
-            "compression": sock.compression(),
-        }
-        for name, get in (("sockname", sock.getsockname), ("peername", sock.getpeername)):
-            try:
-                self._names[name] = get()
-            except OSError:
-                self._names[name] = None
+        self._names = tls_names(sock)
         protocol.connection_made(self)
         self._update_io()
 
@@ -262,8 +254,14 @@ class TLSSocketTransport(asyncio.Transport):
         if not self._reading_paused and not self._closed:
             self._read()
 
-    def _read(self) -> None:
-        """Read what the socket has, into the protocol's buffers."""
+    def _read(self, ready: bool = False) -> None:
+        """Read what the socket has, into the protocol's buffers. ``ready``: by the loop's read
+        readiness (no method that checks and forwards), what else it may be for checked first."""
+        if ready and (
+            self._shutdown or self._write_wants_read or self._reading_paused or self._closing
+        ):
+            self._readable()
+            return
         sock, sslread = self._sock, self._sslread
         self._read_wants_write = False
         for _ in range(READ_ROUNDS):
@@ -271,10 +269,9 @@ class TLSSocketTransport(asyncio.Transport):
             got = 0
             end: str | BaseException | None = None  # why this round stopped short
             try:
-                if buffered:
-                    view = memoryview(protocol.get_buffer(-1))  # type: ignore[attr-defined]
-                else:  # a plain Protocol (not the tunnel's): read, then hand over a copy
-                    view = memoryview(bytearray(256 * 1024))
+                # A view as given (the tunnel's: no view of a view a read), else one of ours.
+                given = protocol.get_buffer(-1) if buffered else bytearray(256 * 1024)  # type: ignore[attr-defined]
+                view = given if type(given) is memoryview else memoryview(given)
                 size = len(view)
                 if not size:
                     raise RuntimeError("get_buffer() returned an empty buffer")
@@ -313,7 +310,9 @@ class TLSSocketTransport(asyncio.Transport):
                 self._fatal(exc, "protocol")
                 return
             finally:
-                view.release()
+                if view is not given:
+                    view.release()
+                del view, given  # held no longer: a protocol counts who holds its lent buffers
             if isinstance(end, BaseException):
                 self._fatal(end, "read")
                 return
@@ -357,7 +356,8 @@ class TLSSocketTransport(asyncio.Transport):
         else:
             self._update_io()
 
-    def _on_readable(self) -> None:
+    def _readable(self) -> None:
+        """Read readiness while the transport is not simply reading (see :meth:`_read`)."""
         if self._shutdown == 2:
             self._drain_to_fin()
             return
@@ -485,7 +485,7 @@ class TLSSocketTransport(asyncio.Transport):
         if want_read != self._reader:
             self._reader = want_read
             if want_read:
-                loop.add_reader(self._fd, self._on_readable)
+                loop.add_reader(self._fd, self._read, True)
             else:
                 loop.remove_reader(self._fd)
         if want_write != self._writer:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -55,6 +54,7 @@ from websockets.datastructures import Headers
 from websockets.protocol import Side, State
 
 from ravenproxy.transport.readiness import watch
+from ravenproxy.transport.scratch import Scratch
 from ravenproxy.transport.wsframes import MESSAGE, Control, Failure, FrameParser, Handover
 
 MIN_READ = 4 * 1024
@@ -78,6 +78,7 @@ SPARE_BYTES = 16 * 1024 * 1024
 from them are let go (see :meth:`TunnelConnectionMixin._swap_lent`)."""
 
 _HEAD_END = b"\r\n\r\n"
+_ENDED = (State.CLOSING, State.CLOSED)  # (a member read on an Enum class: ~850 instructions)
 
 
 def _unshared_refs() -> int:
@@ -90,17 +91,7 @@ _UNSHARED = _unshared_refs()
 more means a message lent from it (a view) is still held by whoever received it."""
 
 
-class _Scratch(threading.local):
-    """The thread's read buffer for idle connections, from a ``get_buffer`` to its read's
-    ``buffer_updated`` (none if it got nothing; no other read between), and a view of it (never
-    resized). A connection, made on its loop's thread, takes both once (~500 instructions)."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray(MIN_READ)
-        self.view = memoryview(self.buf)
-
-
-_scratch = _Scratch()
+_scratch = Scratch(MIN_READ)
 
 # Takes the binary messages of one read round, in order (TunnelConnectionMixin.deliver).
 Receiver = Callable[[list[bytes | memoryview]], None]
@@ -150,7 +141,7 @@ class TunnelConnectionMixin(_Base):
         self._lent = False  # messages were handed on as views of _buf (wsframes.LEND_MIN)
         self._spares: list[bytearray] = []  # lent buffers, to read into again once free
         self._in_scratch = False
-        self._scratch, self._scratch_view = _scratch.buf, _scratch.view  # see _Scratch
+        self._scratch, self._scratch_view = _scratch.buf, _scratch.view  # see Scratch
         self._read_size = MIN_READ
         self._start = 0
         self._end = 0
@@ -163,6 +154,10 @@ class TunnelConnectionMixin(_Base):
         self._delivery_error: Exception | None = None
         self._reading_paused = False
         self._lost = False
+        self.data_closed = False
+        """A CLOSE was sent (websockets left OPEN) or the connection is lost: no DATA frame
+        may follow. Kept by :meth:`send_data`, where all of websockets' output leaves, the
+        CLOSE too: a plain attribute, asked before each write (the state is a property)."""
 
     # -- what the session reads -------------------------------------------------------------
     @property
@@ -277,81 +272,15 @@ class TunnelConnectionMixin(_Base):
             self._in_scratch = False
             self._buf = self._scratch
         self._end += nbytes
-        if self._mode == _FRAMES:
-            self._read_frames()
-            if self._buf is self._scratch:  # bytes left unparsed: a buffer of our own for them
-                self._keep_pending()
-        elif self._mode == _HANDSHAKE:
-            self._read_head()
-        elif self._mode == _AWAIT_OPEN:
-            self._opened()
-        else:
-            self._to_websockets()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        watch(transport)  # its input can queue tunnel output (credit, answers): readiness.py
-        transport.set_protocol(_Feeder(self))  # before the first byte: all by buffer_updated
-
-    def data_received(self, data: bytes) -> None:  # only if a transport ignored set_protocol
-        view = self.get_buffer(len(data))
-        n = min(len(view), len(data))
-        view[:n] = data[:n]
-        self.buffer_updated(n)
-        if n < len(data):
-            self.data_received(data[n:])
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self._lost = True
-        self._wake()
-
-    # -- the modes --------------------------------------------------------------------------
-    def _read_head(self) -> None:
-        buf = self._buf
-        assert buf is not None
-        found = buf.find(_HEAD_END, max(0, self._fed - 3), self._end)
-        if found < 0:
-            self._feed_websockets(self._fed, self._end)
-            # Only the last 3 bytes can still be part of the blank line.
-            keep = min(3, self._end)
-            buf[:keep] = buf[self._end - keep : self._end]
-            self._start, self._end, self._fed = 0, keep, keep
-            if self.protocol.state is not State.CONNECTING:
-                self._mode = _WEBSOCKETS
-                self._start = self._end = 0
-                self._wake()
+        if self._mode != _FRAMES:
+            if self._mode == _HANDSHAKE:
+                self._read_head()
+            elif self._mode == _AWAIT_OPEN:
+                self._opened()
+            else:
+                self._to_websockets()
             return
-        head_end = found + len(_HEAD_END)
-        self._feed_websockets(self._fed, head_end)
-        self._start = head_end
-        leftover = self._end - head_end
-        state = self.protocol.state
-        if state is State.OPEN:  # the client side: websockets took the 101 at once
-            self._take_over()
-        elif state is State.CONNECTING and not leftover:  # the server side, before its 101
-            self._mode = _AWAIT_OPEN
-            self._start = self._end = 0
-        else:
-            self._mode = _WEBSOCKETS
-            self._to_websockets()
-
-    def _opened(self) -> None:
-        if self.protocol.state is State.OPEN:
-            self._take_over()
-        else:
-            self._mode = _WEBSOCKETS
-            self._to_websockets()
-
-    def _take_over(self) -> None:
-        self._mode = _FRAMES
-        self._parser = FrameParser(
-            masked=self.protocol.side is Side.SERVER,
-            max_size=self.protocol.max_message_size or 2**63,
-        )
-        self._read_frames()
-
-    def _read_frames(self) -> None:
+        # The frames, read here, not by a method of their own: a call a read on both ends.
         parser = self._parser
         assert parser is not None and self._buf is not None
         lend = self._buf is not self._scratch
@@ -403,6 +332,77 @@ class TunnelConnectionMixin(_Base):
             self._wake()
         elif self._mode != _FRAMES:
             self._wake()
+        if self._buf is self._scratch:  # bytes left unparsed: a buffer of our own for them
+            self._keep_pending()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        watch(transport)  # its input can queue tunnel output (credit, answers): readiness.py
+        transport.set_protocol(_Feeder(self))  # before the first byte: all by buffer_updated
+
+    def data_received(self, data: bytes) -> None:  # only if a transport ignored set_protocol
+        view = self.get_buffer(len(data))
+        n = min(len(view), len(data))
+        view[:n] = data[:n]
+        self.buffer_updated(n)
+        if n < len(data):
+            self.data_received(data[n:])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._lost = True
+        self.data_closed = True
+        self._wake()
+
+    def send_data(self) -> None:
+        super().send_data()
+        if self.protocol.state in _ENDED:
+            self.data_closed = True
+
+    # -- the modes --------------------------------------------------------------------------
+    def _read_head(self) -> None:
+        buf = self._buf
+        assert buf is not None
+        found = buf.find(_HEAD_END, max(0, self._fed - 3), self._end)
+        if found < 0:
+            self._feed_websockets(self._fed, self._end)
+            # Only the last 3 bytes can still be part of the blank line.
+            keep = min(3, self._end)
+            buf[:keep] = buf[self._end - keep : self._end]
+            self._start, self._end, self._fed = 0, keep, keep
+            if self.protocol.state is not State.CONNECTING:
+                self._mode = _WEBSOCKETS
+                self._start = self._end = 0
+                self._wake()
+            return
+        head_end = found + len(_HEAD_END)
+        self._feed_websockets(self._fed, head_end)
+        self._start = head_end
+        leftover = self._end - head_end
+        state = self.protocol.state
+        if state is State.OPEN:  # the client side: websockets took the 101 at once
+            self._take_over()
+        elif state is State.CONNECTING and not leftover:  # the server side, before its 101
+            self._mode = _AWAIT_OPEN
+            self._start = self._end = 0
+        else:
+            self._mode = _WEBSOCKETS
+            self._to_websockets()
+
+    def _opened(self) -> None:
+        if self.protocol.state is State.OPEN:
+            self._take_over()
+        else:
+            self._mode = _WEBSOCKETS
+            self._to_websockets()
+
+    def _take_over(self) -> None:
+        self._mode = _FRAMES
+        self._parser = FrameParser(
+            masked=self.protocol.side is Side.SERVER,
+            max_size=self.protocol.max_message_size or 2**63,
+        )
+        self.buffer_updated(0)  # the frames after the head, read with it (nothing new)
 
     def _stop_frames(self) -> None:
         """The connection failed: nothing more is parsed or delivered (websockets discards)."""

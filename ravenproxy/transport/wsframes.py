@@ -77,6 +77,7 @@ class FrameParser:
 
     def __init__(self, *, masked: bool, max_size: int) -> None:
         self.masked = masked
+        self._mask_bit = 0x80 if masked else 0  # the MASK bit the frames must have
         self.max_size = max_size
         self._parts: list[bytes] = []
         self._part_bytes = 0
@@ -110,7 +111,7 @@ class FrameParser:
         events: list[Event] = []
         pos = offset
         total = len(data) if stop is None else stop
-        masked = self.masked
+        masked, mask_bit = self.masked, self._mask_bit
         while not self.stopped:
             if total - pos < 2:
                 self.wanted = 2
@@ -140,7 +141,7 @@ class FrameParser:
             if (
                 opcode != OP_BINARY
                 or b0 & 0x70
-                or bool(b1 & 0x80) != masked
+                or (b1 & 0x80) != mask_bit  # (no bool() call a frame)
                 or self._in_message
                 or length > self.max_size
             ):

@@ -10,11 +10,16 @@ import contextlib
 import functools
 import socket
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 from typing import Any
+
+import pytest
+from websockets.protocol import State
 
 from ravenproxy.transport import readiness
 from ravenproxy.transport.session import Session, TunnelStream
 from tests.unit.transport.test_session import TARGET, WAIT, read_all, tunnel
+from tests.unit.transport.test_websocket import contexts, pki  # noqa: F401 (a fixture)
 
 
 class Recorder:
@@ -249,3 +254,61 @@ async def test_a_closed_probe_leaves_small_writes_to_the_turns_end() -> None:
         assert len(writes.writes) == 1 and b"GET / HTTP/1.1" in writes.writes[0]
         stream.write_eof()
         assert await asyncio.wait_for(read_all(stream), WAIT) == b"GET / HTTP/1.1\r\n\r\n"
+
+
+async def test_no_data_is_written_through_once_a_close_frame_went_out() -> None:
+    """Once the WebSocket left OPEN (its CLOSE sent by websockets' output path), a small write
+    is not written through after that CLOSE (RFC 6455 5.5.1: no data frame after it); the
+    reader's ``data_closed`` says so without asking websockets' state property each write,
+    and it is false while the tunnel is open (else nothing would be written through)."""
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        await settle(t.cloud)
+        assert not t.cloud_ws.data_closed
+        t.cloud_ws.protocol.send_close(1000, "bye")
+        t.cloud_ws.send_data()
+        assert t.cloud_ws.data_closed
+        writes = record(t.cloud)
+        assert stream.try_write(b"late") == 4  # queued: the test could see a write
+        await asyncio.sleep(0.05)
+        assert writes.writes == []
+
+
+@pytest.mark.parametrize("end", ["the peer's CLOSE answered", "the connection lost"])
+async def test_the_reader_says_no_data_may_follow_once_its_websocket_left_open(end: str) -> None:
+    """``data_closed`` (what the outlet asks before writing through) on the other ways out of
+    OPEN: websockets' answer to the peer's CLOSE (written by its output path, in the read
+    callback that handed it the CLOSE), the connection lost without a closing handshake."""
+    async with tunnel() as t:
+        await settle(t.cloud)
+        assert not t.cloud_ws.data_closed and not t.edge_ws.data_closed
+        if end == "the connection lost":
+            t.edge_ws.transport.abort()
+        else:
+            t.edge_ws.protocol.send_close(1000, "bye")
+            t.edge_ws.send_data()
+        async with asyncio.timeout(WAIT):
+            while t.cloud_ws.protocol.state is State.OPEN:
+                await asyncio.sleep(0.001)
+        assert t.cloud_ws.data_closed
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "mtls"])
+async def test_a_write_through_on_an_aborted_transport_raises_nothing(
+    pki: Path,  # noqa: F811 (the fixture)
+    tls: bool,
+) -> None:
+    """The outlet does not ask ``is_closing()`` before writing through: between an abort and
+    ``connection_lost`` (which sets ``data_closed``) the write reaches a closing transport,
+    which drops it (our TLS transport; uvloop's ignores it until the handler is closed), and
+    the session ends as lost; after ``connection_lost`` nothing is written at all."""
+    srv, cli = contexts(pki if tls else None)
+    async with tunnel(tls=(srv, cli) if srv and cli else None) as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        await settle(t.cloud)
+        t.cloud_ws.transport.abort()
+        assert not t.cloud_ws.data_closed  # connection_lost comes in a later callback
+        assert stream.try_write(b"dropped") == 7
+        await asyncio.wait_for(t.cloud_run, WAIT)
+        assert t.cloud_ws.data_closed
+        assert stream.try_write(b"after") == 0

@@ -235,9 +235,9 @@ async def test_a_read_or_flush_leaves_the_registration_update_io_would_make(
     misses: list[tuple[str, bool, bool]] = []
     update_io = TLSSocketTransport._update_io
 
-    def checked(original: Callable[[TLSSocketTransport], None]) -> Any:
-        def run(self: TLSSocketTransport) -> None:
-            original(self)
+    def checked(original: Callable[..., None]) -> Any:
+        def run(self: TLSSocketTransport, *args: bool) -> None:  # _read(True): readiness
+            original(self, *args)
             before = (self._reader, self._writer)
             update_io(self)
             if (self._reader, self._writer) != before:
