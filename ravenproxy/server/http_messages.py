@@ -271,9 +271,10 @@ class Parsed:
                 if part is not None:
                     framing += part
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
+            if framing == 1:  # plain: what PlainHead is
+                return PlainHead(self._start, status, version, fields, len(wire), wire)
             start = self._start.decode("latin-1")
-            made = PlainHead if framing == 1 else Head  # plain: what PlainHead is
-            return made(start, "", status, version, fields, len(wire), wire)
+            return Head(start, "", status, version, fields, len(wire), wire)
         size = len(self._start) + 2
         for k, v in fields:
             size += len(k) + len(v) + 4

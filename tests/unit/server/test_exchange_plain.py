@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.server.exchange import Exchange
-from ravenproxy.server.http_heads import Head
+from ravenproxy.server.http_heads import Head, PlainHead
 from ravenproxy.server.http_messages import HEAD, Parsed, response_framing
 
 from .test_exchange import OK, VIA
@@ -78,3 +78,15 @@ def test_a_plain_answer_to_a_kept_client_is_its_wire() -> None:
     )
     assert wire is head.wire and wire == SCRAPE
     assert (body_out, until_close, up_keep, client_keep) == ("length", False, True, True)
+
+
+def test_a_plain_head_decodes_its_reason_when_asked() -> None:
+    """A PlainHead keeps its reason phrase as parsed: read, it is a Head's (latin-1, as the
+    101 handover and any log take it), and reading it decodes no field."""
+    head = _head(b"HTTP/1.1 200 Caf\xe9 ok\r\nContent-Length: 0\r\n\r\n")
+    assert isinstance(head, PlainHead)
+    assert (head.start, head.target, head.status, head.version) == ("Caf\xe9 ok", "", 200, "1.1")
+    assert not hasattr(head, "_decoded")
+    other = _head(b"HTTP/1.0 404 \r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    assert type(other) is Head and (other.start, other.target) == ("", "")
+    assert _head(b"HTTP/1.0 404 \r\nContent-Length: 0\r\n\r\n").start == ""  # type: ignore[union-attr]
