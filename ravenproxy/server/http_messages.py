@@ -254,7 +254,7 @@ class Parsed:
             # The same bytes as fields(headers) after the status line: latin-1 round-trips.
             # (Each field joined in C: no format parsed per field, no comprehension's frame;
             # the status line's start made once per status, as a format parses its template
-            # per call: llhttp's statuses are 3 digits, so at most 900 are kept.)
+            # per call: llhttp takes 3 digits, so at most 1 000 are kept.)
             line = _status_line(status) or _STATUS_LINES.setdefault(
                 status, b"HTTP/1.1 %d " % status
             )

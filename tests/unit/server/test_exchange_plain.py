@@ -90,3 +90,9 @@ def test_a_plain_head_decodes_its_reason_when_asked() -> None:
     other = _head(b"HTTP/1.0 404 \r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
     assert type(other) is Head and (other.start, other.target) == ("", "")
     assert _head(b"HTTP/1.0 404 \r\nContent-Length: 0\r\n\r\n").start == ""  # type: ignore[union-attr]
+
+
+def test_a_status_under_100_begins_its_wire_as_llhttp_gave_it() -> None:
+    """The status line's start is made per status as the format made it (``%d``): 099 is 99."""
+    head = _head(b"HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n")
+    assert head is not None and head.wire == b"HTTP/1.1 99 Odd\r\nContent-Length: 0\r\n\r\n"
