@@ -86,6 +86,7 @@ class CallbackPath:
         "_exit",
         "_hooked",
         "_hooked_direct",
+        "_unread",
         "_write",
         "routed",
         "waiting",
@@ -113,6 +114,11 @@ class CallbackPath:
         self._hooked_direct: SocketStream | None = None
         """A direct route's kept connection (no agent), hooked between requests as
         :attr:`_hooked` is: only its end is looked for."""
+        self._unread = True
+        """The hooked stream may hold a chunk nobody read: one that came while no read followed
+        its callback (between requests, from inside a callback, before the hook). False once a
+        read found it empty, and while every chunk since was read as it came: a request that
+        goes out then is not followed by a read (its answer calls back when it comes)."""
         self._calls: IdleWatch | None = None
         self._write: Callable[[bytes], object] | None = None
         """In callback mode, the client socket's transport's write (SocketStream.write's one
@@ -268,6 +274,7 @@ class CallbackPath:
             self._run(self.ex.upstream_ended())
 
     def _unhook(self) -> None:
+        self._unread = True  # the next hook's stream may hold what came meanwhile
         stream, self._hooked = self._hooked, None
         if stream is not None:
             stream.on_readable(None)
@@ -289,8 +296,10 @@ class CallbackPath:
         phase = self.ex.phase
         if phase == "forwarding":
             self._advance()
-        elif phase == "head":
-            self._kept_news(self._hooked)
+        else:  # what came is read once a request went out
+            self._unread = True
+            if phase == "head":
+                self._kept_news(self._hooked)
 
     def _on_direct(self) -> None:
         """The direct connection's callback between requests: data, its end or its loss."""
@@ -355,6 +364,7 @@ class CallbackPath:
         if done is None or done.done() or self._busy:
             # Out of callback mode, or called back from inside (the loop below sees what
             # changed).
+            self._unread = True
             return
         self._busy = True
         ex, sock, watch = self.ex, self.reader, self._calls
@@ -395,6 +405,8 @@ class CallbackPath:
                     self._run(actions)
                     if ex.phase == "forwarding":
                         watch.retime(self.ctx.limits.idle_timeout)
+                        if not self._unread:  # no read that would find nothing (once a request)
+                            return None
                 elif phase == "forwarding":
                     stream = self._hooked
                     if stream is None or sock.write_paused or sock.transport.is_closing():
@@ -405,6 +417,7 @@ class CallbackPath:
                         actions = ex.upstream_lost()
                     else:
                         if chunk is None:
+                            self._unread = False
                             return None
                         # A view of a tunnel message as bytes (a small one is bytes already).
                         if type(chunk) is not bytes:

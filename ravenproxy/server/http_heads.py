@@ -54,20 +54,37 @@ class Head:
         """A response's head as :func:`~ravenproxy.server.http_messages.response_framing`
         writes it when it drops and adds no field: ``HTTP/1.1``, the status and reason, each
         field as parsed on a ``name: value`` line (b"" for a request)."""
-        if not self.plain:  # a request is routed by its fields, a response not plain rewritten
-            self.headers, self.lower = _decoded(fields)
+        # A request is routed by its fields, a response that is not plain rewritten.
+        self.headers, self.lower = _decoded(fields)
 
 
 class PlainHead(Head):
-    """A plain response's head (:attr:`Head.plain`): it goes on as parsed, so its fields are
-    decoded only if something asks for them."""
+    """A plain response's head (:attr:`Head.plain`): it goes on as parsed, so neither its
+    fields nor its reason phrase are decoded unless something asks for them."""
 
-    __slots__ = ("_decoded",)
+    __slots__ = ("_decoded", "_reason")
 
     plain = True
+    target = ""  # a response's (Head's slot left unset)
 
     _decoded: tuple[Headers, dict[str, str]]
-    """Set when first asked for (no __init__ of its own: a call per answer)."""
+    """Set when first asked for."""
+
+    def __init__(  # not Head's: nothing decoded, and no call to it (once an answer)
+        self,
+        reason: bytes,
+        status: int,
+        version: str,
+        fields: list[tuple[bytes, bytes]],
+        size: int,
+        wire: bytes,
+    ) -> None:
+        self._reason, self.status, self.version = reason, status, version
+        self.fields, self.size, self.wire = fields, size, wire
+
+    @property
+    def start(self) -> str:  # type: ignore[override]  # read-only: decoded on demand
+        return self._reason.decode("latin-1")
 
     @property
     def headers(self) -> Headers:  # type: ignore[override]  # read-only: decoded on demand

@@ -33,6 +33,10 @@ _framing_kind = FRAMING_KIND.get
 _name_value = b": ".join
 """A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
+_STATUS_LINES: dict[int, bytes] = {}
+"""``HTTP/1.1 200 `` by status: a response's :attr:`Head.wire` begins with it."""
+_status_line = _STATUS_LINES.get
+
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
 
@@ -248,12 +252,17 @@ class Parsed:
         if self._response:
             status: int = kind
             # The same bytes as fields(headers) after the status line: latin-1 round-trips.
-            # (Each field joined in C: no format parsed per field, no comprehension's frame.)
+            # (Each field joined in C: no format parsed per field, no comprehension's frame;
+            # the status line's start made once per status, as a format parses its template
+            # per call: llhttp takes 3 digits, so at most 1 000 are kept.)
+            line = _status_line(status) or _STATUS_LINES.setdefault(
+                status, b"HTTP/1.1 %d " % status
+            )
             if fields:
                 lines = b"\r\n".join(map(_name_value, fields))
-                wire = b"HTTP/1.1 %d %b\r\n%b\r\n\r\n" % (status, self._start, lines)
+                wire = b"".join((line, self._start, b"\r\n", lines, b"\r\n\r\n"))
             else:
-                wire = b"HTTP/1.1 %d %b\r\n\r\n" % (status, self._start)
+                wire = b"".join((line, self._start, b"\r\n\r\n"))
             # Which framing fields it has: a lookup per name, not a decode (a regular expression
             # over the head cost more; ``bytes in bytes`` makes and drops a TypeError first).
             framing = 0
@@ -262,9 +271,10 @@ class Parsed:
                 if part is not None:
                     framing += part
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
+            if framing == 1:  # plain: what PlainHead is
+                return PlainHead(self._start, status, version, fields, len(wire), wire)
             start = self._start.decode("latin-1")
-            made = PlainHead if framing == 1 else Head  # plain: what PlainHead is
-            return made(start, "", status, version, fields, len(wire), wire)
+            return Head(start, "", status, version, fields, len(wire), wire)
         size = len(self._start) + 2
         for k, v in fields:
             size += len(k) + len(v) + 4

@@ -70,11 +70,15 @@ class _Transport:
 class _Stream:
     """The target's tunnel stream: chunks to read (an exception: raised), writes all taken."""
 
+    ended = False
+
     def __init__(self, *chunks: bytes | Exception) -> None:
         self.chunks = list(chunks)
         self.sent: list[bytes] = []
+        self.reads = 0
 
     def read_nowait(self) -> bytes | None:
+        self.reads += 1
         if not self.chunks:
             return None
         chunk = self.chunks.pop(0)
@@ -208,3 +212,63 @@ async def test_a_client_that_stops_reading_is_left_to_the_task_stamped() -> None
     path._advance()
     assert path._exit is not None and path._exit.result() == []
     assert _fresh(watch)
+
+
+# -- the read after a request: only when the stream may hold something unread ----------------
+
+
+def _answered_twice() -> tuple[_Connection, _Stream, _Transport]:
+    """Two requests answered by callbacks, each answer's chunk read as it called back: the
+    connection waits for a third request, its stream read empty since the first."""
+    stream = _Stream(_ANSWER)
+    path, _ = _forwarding(get("/a", "edge-1:9100"), stream, _A)
+    path._advance()  # the first answer
+    sock = cast(SocketStream, path.reader)
+    sock.data_received(get("/b", "edge-1:9100"))
+    path._advance()  # the request goes out; the stream is read (what came before is unknown)
+    stream.chunks.append(_ANSWER)
+    path._on_upstream()  # its answer calls back
+    assert path.ex.phase == "head" and path.waiting
+    transport = cast(_Transport, sock.transport)
+    assert transport.out[-1].endswith(b"ok") and len(transport.out) == 2
+    return path, stream, transport
+
+
+async def test_a_request_sent_after_every_chunk_was_read_reads_nothing() -> None:
+    path, stream, _ = _answered_twice()
+    reads = stream.reads
+    cast(SocketStream, path.reader).data_received(get("/c", "edge-1:9100"))
+    path._advance()
+    assert path.ex.phase == "forwarding" and stream.sent[-1].startswith(b"GET /c ")
+    assert stream.reads == reads  # its answer calls back when it comes
+
+
+async def test_a_chunk_that_came_between_requests_is_read_when_the_next_goes_out() -> None:
+    """Bytes the target sent before the request (the stream called back while the connection
+    waited for one) are not lost to the missing read: they are the answer's beginning."""
+    path, stream, transport = _answered_twice()
+    stream.chunks.append(_ANSWER)
+    path._on_upstream()  # between requests: noticed, not read
+    assert len(transport.out) == 2
+    cast(SocketStream, path.reader).data_received(get("/c", "edge-1:9100"))
+    path._advance()
+    assert len(transport.out) == 3 and transport.out[-1].endswith(b"ok")
+    assert path.ex.phase == "head"
+
+
+async def test_a_chunk_that_called_back_from_inside_is_read_after_the_request() -> None:
+    """A chunk whose callback came from inside another (the stream fed while the request was
+    written) found the connection busy: it is read before the request's callback returns."""
+    path, stream, transport = _answered_twice()
+
+    def write_and_answer(data: bytes) -> int:
+        stream.sent.append(bytes(data))
+        stream.chunks.append(_ANSWER)
+        path._on_upstream()  # busy: not served from here
+        return len(data)
+
+    stream.try_write = write_and_answer  # type: ignore[method-assign]
+    cast(SocketStream, path.reader).data_received(get("/c", "edge-1:9100"))
+    path._advance()
+    assert len(transport.out) == 3 and transport.out[-1].endswith(b"ok")
+    assert path.ex.phase == "head"
