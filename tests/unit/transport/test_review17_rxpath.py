@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 
 from ravenproxy.transport.frame_batch import COALESCE, batched, one_small
+from ravenproxy.transport.tunnel_stream import StreamClosedError
 from ravenproxy.transport.wsframes import MESSAGE, Failure, FrameParser, Handover
 from tests.unit.transport.test_session import TARGET, WAIT, tunnel
 from tests.unit.transport.test_session_writes import record, settle
@@ -192,3 +194,33 @@ async def test_a_lent_buffer_is_held_by_no_view_of_the_transport_at_the_next_rou
         finally:
             server.transport.set_protocol(server)  # its connection_lost, for connected()
         assert len(lender.held) >= sent // size and set(lender.held) == {0}
+
+
+# -- data after the peer's CLOSE ----------------------------------------------------------------
+
+
+async def test_data_the_peer_sends_after_its_close_reaches_no_stream() -> None:
+    """RFC 6455 5.5.1: after its CLOSE the peer sends no data frame; one that comes anyway,
+    even in the same read as the CLOSE (the reader parses a read's frames in buffer_updated and
+    stops at the CLOSE), is not delivered to the stream it names."""
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        await settle(t.cloud)
+        await settle(t.edge)
+        edge_conn = t.edge.conn
+        edge_conn.send_data(stream.id, b"late")  # a DATA message, built but not sent
+        (message,) = edge_conn.outbox.take_pieces()
+        data = Frame(Opcode.BINARY, b"".join(message)).serialize(mask=True, extensions=[])
+        close = Frame(Opcode.CLOSE, b"\x03\xe8").serialize(mask=True, extensions=[])
+        fed: list[bytes] = []
+
+        def taken() -> None:  # each chunk as it arrives (a reset later drops what is buffered)
+            with contextlib.suppress(StreamClosedError):
+                while (chunk := stream.read_nowait()) is not None and chunk:
+                    fed.append(bytes(chunk))
+
+        stream.on_readable(taken)
+        t.edge_ws.transport.write(close + data)  # one write: one read, most likely
+        await _left_open(t.cloud_ws)
+        await asyncio.sleep(0.05)
+        assert fed == []
