@@ -224,3 +224,30 @@ async def test_data_the_peer_sends_after_its_close_reaches_no_stream() -> None:
         await _left_open(t.cloud_ws)
         await asyncio.sleep(0.05)
         assert fed == []
+
+
+@pytest.mark.parametrize("state", ["shutdown draining to FIN", "a write waiting for reading"])
+async def test_read_readiness_serves_what_else_it_is_for_first(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    """Read readiness is also the shutdown's wait for the peer's FIN and a write's wait for
+    a TLS record to read: ``_read(True)`` hands it to them first (as _on_readable did); only
+    a transport simply reading reads for the protocol."""
+    async with connected(pki) as (client, server):
+        assert client.transport is not None and server.transport is not None
+        transport = server.transport
+        transport.pause_reading()
+        client.transport.write(b"x" * 100)
+        await asyncio.sleep(0.1)  # in the server's socket, unread
+        calls: list[str] = []
+        monkeypatch.setattr(transport, "_drain_to_fin", lambda: calls.append("drain"))
+        monkeypatch.setattr(transport, "_flush", lambda: calls.append("flush"))
+        monkeypatch.setattr(transport, "_reading_paused", False)  # no read scheduled
+        if state.startswith("shutdown"):
+            monkeypatch.setattr(transport, "_shutdown", 2)
+            transport._read(True)
+            assert calls == ["drain"] and server.received == 0
+        else:
+            monkeypatch.setattr(transport, "_write_wants_read", True)
+            transport._read(True)
+            assert calls == ["flush"] and server.received == 100  # then read: it is reading
