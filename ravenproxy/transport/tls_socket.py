@@ -312,7 +312,7 @@ class TLSSocketTransport(asyncio.Transport):
             finally:
                 if view is not given:
                     view.release()
-                del view, given  # held no longer: a protocol counts who holds its lent buffers
+                del view, given, into  # none held on: a protocol counts who holds its buffers
             if isinstance(end, BaseException):
                 self._fatal(end, "read")
                 return
