@@ -174,7 +174,17 @@ class Parsed:
         """:meth:`feed` with ``head`` taken at once: True when ``data`` is the last request
         again (``_again``), whole and bodiless, that request's head is ``head`` and no event
         waits — its END is queued; else False, and nothing was fed."""
-        if self.events or self._repeated(data) is not head:
+        # :meth:`_repeated`'s rule asked without its call (once a request), the head's
+        # identity first: no bytes compared for another request's head.
+        again = self._again
+        if (
+            again is None
+            or again[1] is not head
+            or self.events
+            or self.in_head
+            or self.in_body
+            or data != again[0]
+        ):
             return False
         self.events.append((END, []))
         self.fed = 0
