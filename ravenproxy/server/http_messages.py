@@ -21,7 +21,7 @@ from httptools import (
 )
 
 from ravenproxy.server.http_heads import FRAMING_KIND, Head, Headers, PlainHead
-from ravenproxy.server.podroutes import Destination, forwardable, wants_upgrade
+from ravenproxy.server.podroutes import HOP_BY_HOP, Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
 
 REPLAY_MAX = 2 * 1024
@@ -363,6 +363,14 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
     """The head to send on: hop-by-hop fields dropped (RFC 9110 §7.6.1), ``Host`` set for the
     destination, the body's chunking kept, ``Via`` added."""
     headers, lower = request.headers, request.lower
+    if dest.authority is None and "host" in lower and HOP_BY_HOP.isdisjoint(lower):
+        # Nothing dropped, nothing added but Via (no Connection, no Transfer-Encoding: no
+        # upgrade, no chunking): the fields as parsed, joined in C — the bytes fields() makes
+        # of their decoded form (latin-1 round-trips), without a format per field.
+        lines = b"\r\n".join(map(_name_value, request.fields))
+        via_line = f"Via: {request.version} {via}\r\n\r\n".encode("latin-1")
+        line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
+        return Outbound(b"".join((line, lines, b"\r\n", via_line)), False, False)
     upgrade = wants_upgrade(headers) if "connection" in lower else None
     out = forwardable(headers, upgrade=upgrade, names=lower)
     if dest.authority is not None:
