@@ -21,7 +21,7 @@ from httptools import (
 )
 
 from ravenproxy.server.http_heads import FRAMING_KIND, Head, Headers, PlainHead
-from ravenproxy.server.podroutes import Destination, forwardable, wants_upgrade
+from ravenproxy.server.podroutes import HOP_BY_HOP, Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
 
 REPLAY_MAX = 2 * 1024
@@ -174,7 +174,17 @@ class Parsed:
         """:meth:`feed` with ``head`` taken at once: True when ``data`` is the last request
         again (``_again``), whole and bodiless, that request's head is ``head`` and no event
         waits — its END is queued; else False, and nothing was fed."""
-        if self.events or self._repeated(data) is not head:
+        # :meth:`_repeated`'s rule asked without its call (once a request), the head's
+        # identity first: no bytes compared for another request's head.
+        again = self._again
+        if (
+            again is None
+            or again[1] is not head
+            or self.events
+            or self.in_head
+            or self.in_body
+            or data != again[0]
+        ):
             return False
         self.events.append((END, []))
         self.fed = 0
@@ -353,6 +363,14 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
     """The head to send on: hop-by-hop fields dropped (RFC 9110 §7.6.1), ``Host`` set for the
     destination, the body's chunking kept, ``Via`` added."""
     headers, lower = request.headers, request.lower
+    if dest.authority is None and "host" in lower and HOP_BY_HOP.isdisjoint(lower):
+        # Nothing dropped, nothing added but Via (no Connection, no Transfer-Encoding: no
+        # upgrade, no chunking): the fields as parsed, joined in C — the bytes fields() makes
+        # of their decoded form (latin-1 round-trips), without a format per field.
+        lines = b"\r\n".join(map(_name_value, request.fields))
+        via_line = f"Via: {request.version} {via}\r\n\r\n".encode("latin-1")
+        line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
+        return Outbound(b"".join((line, lines, b"\r\n", via_line)), False, False)
     upgrade = wants_upgrade(headers) if "connection" in lower else None
     out = forwardable(headers, upgrade=upgrade, names=lower)
     if dest.authority is not None:

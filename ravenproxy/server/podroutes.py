@@ -82,6 +82,19 @@ def _authority(text: str) -> tuple[str, int | None]:
     return host, (port or None)
 
 
+def _node_name(query: str) -> str | None:
+    """The first non-empty ``nodeName`` of a query, as ``parse_qsl`` decodes it. A query in
+    which no key can decode to it (the name spelled out, or some of it percent-encoded; ``+``
+    decodes to a space, which it has none of) is not parsed: most queries (kubectl's
+    ``?follow=true``, a scrape's) name no node, and parse_qsl splits and unquotes each pair."""
+    if not query or (NODE_NAME_PARAM not in query and "%" not in query):
+        return None
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key == NODE_NAME_PARAM and value:
+            return value
+    return None
+
+
 def find_destination(
     method: str,
     target: str,
@@ -117,12 +130,10 @@ def find_destination(
     if tunnel_host:
         host, port = _authority(tunnel_host)
         return Destination("tunnel-header", host, port, target=target)
-    query = target.partition("?")[2]
-    if query:
-        for key, value in parse_qsl(query, keep_blank_values=True):
-            if key == NODE_NAME_PARAM and value:
-                host, port = _authority(value)
-                return Destination("node-name-query", host, port, target=target)
+    node_name = _node_name(target.partition("?")[2])
+    if node_name is not None:
+        host, port = _authority(node_name)
+        return Destination("node-name-query", host, port, target=target)
     pod = pod_of_path(target)
     if pod is not None:
         return Destination("pod-path", pod=pod, target=target)

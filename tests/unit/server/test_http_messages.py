@@ -4,6 +4,9 @@ make exactly that again."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import DATA, END, ERROR, HEAD, REPLAY_MAX, Parsed
 
@@ -203,3 +206,32 @@ def test_a_response_s_version_is_llhttp_s_whether_its_read_began_with_it_or_not(
         assert versions(Parsed(response=True), chunks) == expected
         assert {v for v, _ in expected} == {"1.0", "1.1"} or chunks == [early + zero]
     assert versions(Parsed(response=True), [early + zero]) == [("1.1", 103), ("1.0", 200)]
+
+
+_PIECES = st.sampled_from(
+    [GET, GET.replace(b"/metrics", b"/healthz"), GET[:20], b"", GET + GET, b"POST / HTTP/1.1\r\n"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fed=st.lists(_PIECES, max_size=4), data=_PIECES, mine=st.booleans(), queued=st.booleans())
+def test_again_is_the_old_rule_repeated_bytes_with_that_head_and_no_event_waiting(
+    fed: list[bytes], data: bytes, mine: bool, queued: bool
+) -> None:
+    """``again`` asks :meth:`Parsed._repeated`'s rule itself (no call): for any parser state
+    (what was fed, events left queued or not) and any head asked for, it answers and acts as
+    the rule it replaced — ``not events and _repeated(data) is head``, END queued when True."""
+    parsed = Parsed(response=False)
+    for piece in fed:
+        parsed.feed(piece)
+        if not queued:
+            parsed.events.clear()
+    remembered = parsed._again
+    other = Head("GET", "/", 0, "1.1", [], 20)
+    head = remembered[1] if remembered is not None and mine else other
+    expected = not parsed.events and parsed._repeated(data) is head
+    before = list(parsed.events)
+    assert parsed.again(data, head) is expected
+    assert list(parsed.events) == ([*before, (END, [])] if expected else before)
+    if expected:
+        assert parsed.fed == 0

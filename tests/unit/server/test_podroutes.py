@@ -3,11 +3,16 @@ and which headers travel on (RFC 9110 hop-by-hop rules)."""
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ravenproxy.server.http1 import BadRequest
 from ravenproxy.server.podroutes import (
     Destination,
+    _node_name,
     find_destination,
     forwardable,
     pod_of_path,
@@ -149,3 +154,48 @@ def test_an_unparseable_absolute_uri_is_a_400_not_a_crash() -> None:
     with pytest.raises(BadRequest) as info:
         find_destination("GET", "http://[::1/", [("Host", "edge-1")])
     assert info.value.status == 400
+
+
+def _node_name_by_parse(query: str) -> str | None:
+    """The rule ``_node_name`` replaced: every query parsed."""
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key == "nodeName" and value:
+            return value
+    return None
+
+
+_QUERY_PARTS = st.sampled_from(
+    [
+        "nodeName",
+        "node%4Eame",
+        "%6eodeName",
+        "node",
+        "Name",
+        "ame",
+        "%4E",
+        "%4e",
+        "%65",
+        "%",
+        "%2",
+        "+",
+        "=",
+        "&",
+        "edge-1",
+    ]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(parts=st.lists(_QUERY_PARTS | st.text(max_size=3), max_size=8))
+def test_node_name_is_what_parsing_every_query_finds(parts: list[str]) -> None:
+    """A query is parsed only where a key could decode to ``nodeName``: for any query (the
+    name spelled out, percent-encoded in part, mangled), the answer is parse_qsl's."""
+    query = "".join(parts)
+    assert _node_name(query) == _node_name_by_parse(query)
+
+
+def test_a_percent_encoded_node_name_key_still_routes() -> None:
+    dest = find_destination("GET", "/metrics?node%4Eame=edge-2:10250", [("Host", "edge-1")])
+    assert (dest.via, dest.host, dest.port) == ("node-name-query", "edge-2", 10250)
+    dest = find_destination("GET", "/containerLogs/ns/p/c?follow=true", [("Host", "edge-1")])
+    assert (dest.via, dest.pod) == ("pod-path", ("ns", "p"))
