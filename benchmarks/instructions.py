@@ -57,6 +57,8 @@ from latency import (
     _machine,
     _wait_routable,
     add_answer_argument,
+    add_request_argument,
+    request_setting,
     run_row,
     start_target,
     start_tunnel,
@@ -141,6 +143,7 @@ async def measure(
                 connect=host if args.connect else None,
                 on_start=counted.on,
                 on_stop=stop,
+                vary=args.request == "varied",
             )
             served = len(row.latencies)
             entry: dict[str, Any] = {
@@ -230,7 +233,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "connections": args.connections,
             "answer": args.answer,
             "rounds": args.rounds,
-            "request": "GET /ping (keep-alive), Host: edge-1:PORT (the answers: see answer)",
+            "request": request_setting(
+                args.request, "(keep-alive), Host: edge-1:PORT (the answers: see answer)"
+            ),
             "path": "tunnel-connect (CONNECT edge-1:PORT once per connection)"
             if args.connect
             else "tunnel (each request routed by its Host)",
@@ -262,6 +267,7 @@ def main() -> None:
     )
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
     add_answer_argument(parser)
+    add_request_argument(parser)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run()'s cleanup still runs
     write_result(run(args), args.output)

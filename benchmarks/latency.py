@@ -86,6 +86,7 @@ RESPONSE = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(BODY)
 ) + BODY
 ANSWERS = ("varied", "same")
+REQUESTS = ("same", "varied")
 # ``--answer varied``: a metrics endpoint's answers differ from one to the next (a Date per
 # second, a body and so a Content-Length that change every scrape), and the server's front
 # re-derives what it forwards for each new head; identical answers (``same``, the figures
@@ -323,6 +324,7 @@ async def run_row(
     on_stop: Callable[[], None] | None = None,
     warmup: float = 0.0,
     ours: Callable[[], list[int]] | None = None,
+    vary: bool = False,
 ) -> Row:
     """One row. ``connect``: open every connection with ``CONNECT connect`` first (a byte
     tunnel). ``warmup``: seconds of the same schedule at the same rate over the same
@@ -330,7 +332,8 @@ async def run_row(
     ``on_start`` is called once the connections are warmed up (just before the timed part),
     ``on_stop`` when the last answer is in (benchmarks/instructions.py's switch).
     ``ours``: every process of the benchmark but this one (target, relays): the row's
-    :class:`Noise` is measured around them."""
+    :class:`Noise` is measured around them. ``vary``: request i asks for ``/ping?n=i`` (a
+    request that differs from the last: parsed and routed anew), not ``/ping`` every time."""
     row = Row(name, rate, seconds)
     request = f"GET /ping HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: latency\r\n\r\n".encode()
     conns = []
@@ -347,13 +350,13 @@ async def run_row(
         await _read_response(reader)
     if warmup > 0:
         scratch = Row(name, rate, warmup)
-        await _paced(conns, request, scratch)
+        await _paced(conns, request, scratch, vary)
         row.errors += [f"warm-up: {e}" for e in scratch.errors]
     if on_start is not None:
         on_start()
     before = {pid: cpu_seconds([pid]) for pid in pids()} if pids is not None else {}
     noise = Noise.sample(ours()) if ours is not None else None
-    await _paced(conns, request, row)
+    await _paced(conns, request, row, vary)
     if ours is not None and noise is not None:
         row.noise = Noise.sample(ours()).since(noise)
     if on_stop is not None:
@@ -368,7 +371,10 @@ async def run_row(
 
 
 async def _paced(
-    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]], request: bytes, row: Row
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
+    request: bytes,
+    row: Row,
+    vary: bool = False,
 ) -> None:
     """``row.rate`` requests a second for ``row.seconds`` over ``conns`` on an open-loop
     schedule; latencies (and when each was due) and errors into ``row``, the timed window
@@ -378,6 +384,8 @@ async def _paced(
     total = int(rate * row.seconds)
     now = time.perf_counter  # uvloop's loop.time() has millisecond resolution
     t0 = now() + 0.05
+    path_end = request.index(b" HTTP/1.1")  # ``vary``: the query goes in before it
+    head, tail = request[:path_end], request[path_end:]
 
     async def worker(c: int) -> None:
         reader, writer = conns[c]
@@ -390,7 +398,7 @@ async def _paced(
                 # behind schedule: from the due time, so queueing behind a slow answer counts.
                 due = now()
             try:
-                writer.write(request)
+                writer.write(b"%b?n=%d%b" % (head, i, tail) if vary else request)
                 status = await _read_response(reader)
             except (OSError, asyncio.IncompleteReadError, RuntimeError, ValueError) as exc:
                 row.errors.append(repr(exc))
@@ -715,6 +723,7 @@ async def measure(
                     path.connect,
                     warmup=args.warmup,
                     ours=ours,
+                    vary=args.request == "varied",
                 )
                 runs[path.name].append((position, row))
                 print(json.dumps({"round": r, **row.summary()}), file=sys.stderr)
@@ -817,7 +826,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "total requests / total time; rows[].rounds has each round's own (position: its "
             "place in that round's order)",
             "connections": args.connections,
-            "request": "GET /ping (keep-alive) (the answers: see answer)",
+            "request": request_setting(args.request, "(keep-alive) (the answers: see answer)"),
             "schedule": "open loop; latency measured from each request's due time",
             "relay_cpu": "utime+stime from /proc/PID/stat over the row / requests served: "
             "server+agent (tunnel), sshd with its children+ssh (ssh); by process in that "
@@ -973,6 +982,7 @@ def main() -> None:
         "--profile", type=Path, help="run this checkout's server and agent under cProfile into DIR"
     )
     add_answer_argument(parser)
+    add_request_argument(parser)
     parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.target is not None:
@@ -983,6 +993,24 @@ def main() -> None:
     # agent and target are in sessions of their own and would outlive us otherwise.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     write_result(run_benchmark(args), args.output, plot)
+
+
+def add_request_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--request",
+        choices=REQUESTS,
+        default="same",
+        help="the client's requests: same (GET /ping every time: the server's parse memo "
+        "serves each one after the first) or varied (GET /ping?n=I, a query that changes "
+        "every request, as a scraper's or kubectl's requests through one connection differ: "
+        "each parsed and routed anew) (same)",
+    )
+
+
+def request_setting(request: str, rest: str) -> str:
+    """The settings' ``request`` entry for ``--request``."""
+    path = "GET /ping?n=I (I: the request's number)" if request == "varied" else "GET /ping"
+    return f"{path} {rest}"
 
 
 def add_answer_argument(parser: argparse.ArgumentParser) -> None:

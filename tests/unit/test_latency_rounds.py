@@ -174,3 +174,44 @@ def test_interpreter_names_the_version_and_the_executable_a_venv_links_to(
     link.symlink_to(sys.executable)
     real = os.path.realpath(sys.executable)
     assert latency._interpreter(str(link)) == f"{platform.python_version()} {real}"
+
+
+@pytest.mark.parametrize("vary", [False, True], ids=["same", "varied"])
+def test_varied_requests_ask_for_a_query_that_changes_every_request(
+    latency: ModuleType, vary: bool
+) -> None:
+    """``--request varied``: request i asks for ``/ping?n=i`` (each one differs from the last,
+    so a server parses and routes it anew), warm-ups included; ``same``: ``/ping`` every
+    time. The request lines as the target received them."""
+    lines: list[bytes] = []
+
+    class Recording(latency._Target):  # type: ignore[name-defined]
+        def data_received(self, data: bytes) -> None:
+            lines.extend(part.split(b"\r\n", 1)[0] for part in data.split(b"\r\n\r\n") if part)
+            super().data_received(data)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        answers = latency._Answers(True)
+        server = await loop.create_server(lambda: Recording(answers), "127.0.0.1", 0)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            row = await latency.run_row(
+                "direct", port, f"127.0.0.1:{port}", 400, 0.05, 2, warmup=0.02, vary=vary
+            )
+            assert len(row.latencies) == 20 and not row.errors
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+    # 2 connection warm-ups (the plain request), then 8 warm-up requests and 20 timed ones
+    # (numbered from 0 each: the schedule's i), over 2 connections (interleaved: sorted).
+    assert lines[:2] == [b"GET /ping HTTP/1.1"] * 2
+    if vary:
+        numbers = [*range(8), *range(20)]
+        expected = sorted(b"GET /ping?n=%d HTTP/1.1" % i for i in numbers)
+    else:
+        expected = [b"GET /ping HTTP/1.1"] * 28
+    assert sorted(lines[2:]) == expected
