@@ -241,11 +241,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         Way(way, tunnel.http, host, lambda p=tunnel.pids: p, ["server", "agent"])
                     )
         if "ssh" in wanted:
-            rport, ssh_pids, version = start_ssh(base, procs, target_port)
+            rports, ssh_pids, version = start_ssh(base, procs, target_port)
             machine["openssh"] = version
             # sshd's listener, its per-connection children (they relay) and ssh.
             ways.append(
-                Way("ssh", rport, host, lambda p=ssh_pids: with_descendants(p), ["sshd", "ssh"])
+                Way("ssh", rports[0], host, lambda p=ssh_pids: with_descendants(p), ["sshd", "ssh"])
             )
         if "floor" in wanted:
             fport, floor_pids = start_floor(base, procs, target_port)
