@@ -402,7 +402,7 @@ async def _run(args: argparse.Namespace, base: Path) -> list[Traced]:
 
                 row = await latency.run_row(
                     way, port, host_header, rate, args.seconds, args.connections,
-                    lambda relays=relays: relays, connect, on_start=on_start, warmup=args.warmup,
+                    latency._pids(relays, False), connect, on_start=on_start, warmup=args.warmup,
                 )  # fmt: skip
                 await asyncio.to_thread(seen["perf"].wait)
                 roles = {0: "idle"}

@@ -532,7 +532,7 @@ async def measure_agents(bed: Bed) -> dict[str, Any]:
     before = rss_kib(bed.server.pid)
     began = time.monotonic()
     bed.start_fleet()
-    n = bed.args.agents
+    n: int = bed.args.agents
     port = bed.ports["metrics"]
 
     async def all_in() -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import functools
 import os
 import re
 import shutil
@@ -37,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import uvloop
 
@@ -48,6 +49,7 @@ from latency import (
     _commit,
     _interpreter,
     _machine,
+    _pids,
     _wait_routable,
     add_answer_argument,
     run_row,
@@ -55,11 +57,11 @@ from latency import (
     start_ssh,
     start_target,
     start_tunnel,
-    with_descendants,
     write_result,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results" / "syscalls.json"
+V = TypeVar("V")
 _ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(\d+)?\s*(\w+)\s*$")
 
 
@@ -132,6 +134,11 @@ def sample(pids: list[int]) -> dict[int, list[int]]:
     return out
 
 
+def _update(into: dict[int, V], source: Callable[[], dict[int, V]]) -> None:
+    """``into`` updated with what ``source`` answers when called (a round's start or end)."""
+    into.update(source())
+
+
 class Way:
     def __init__(
         self, name: str, port: int, host: str, pids: Callable[[], list[int]], roles: list[str]
@@ -164,7 +171,7 @@ async def measure(args: argparse.Namespace, ways: list[Way], base: Path) -> list
             row = await run_row(
                 way.name, way.port, way.host, args.rate, args.requests / args.rate,
                 args.connections, connect=way.connect, on_start=traced.start,
-                on_stop=lambda t=traced, c=counts: c.update(t.stop()),
+                on_stop=functools.partial(_update, counts, traced.stop),
             )  # fmt: skip
             served = len(row.latencies)
             # Pass 2: CPU and context switches, nothing attached.
@@ -173,8 +180,8 @@ async def measure(args: argparse.Namespace, ways: list[Way], base: Path) -> list
             row2 = await run_row(
                 way.name, way.port, way.host, args.rate, args.requests / args.rate,
                 args.connections, connect=way.connect,
-                on_start=lambda b=before, p=pids: b.update(sample(p)),
-                on_stop=lambda a=after, p=pids: a.update(sample(p)),
+                on_start=functools.partial(_update, before, functools.partial(sample, pids)),
+                on_stop=functools.partial(_update, after, functools.partial(sample, pids)),
             )  # fmt: skip
             served2 = len(row2.latencies)
             entry: dict[str, Any] = {
@@ -238,18 +245,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for way in (name, f"{name}-connect"):
                 if way in wanted:
                     ways.append(
-                        Way(way, tunnel.http, host, lambda p=tunnel.pids: p, ["server", "agent"])
+                        Way(way, tunnel.http, host, _pids(tunnel.pids, False), ["server", "agent"])
                     )
         if "ssh" in wanted:
-            rport, ssh_pids, version = start_ssh(base, procs, target_port)
+            rports, ssh_pids, version = start_ssh(base, procs, target_port)
             machine["openssh"] = version
             # sshd's listener, its per-connection children (they relay) and ssh.
-            ways.append(
-                Way("ssh", rport, host, lambda p=ssh_pids: with_descendants(p), ["sshd", "ssh"])
-            )
+            ways.append(Way("ssh", rports[0], host, _pids(ssh_pids, True), ["sshd", "ssh"]))
         if "floor" in wanted:
             fport, floor_pids = start_floor(base, procs, target_port)
-            ways.append(Way("floor", fport, host, lambda p=floor_pids: p, ["relay-a", "relay-b"]))
+            ways.append(Way("floor", fport, host, _pids(floor_pids, False), ["relay-a", "relay-b"]))
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             rows = runner.run(measure(args, ways, base))
     finally:

@@ -837,9 +837,10 @@ async def run(opts: Options) -> dict[str, Any]:
     ssh_n: dict[str, float | None] = {}
     if opts.ssh_n:  # below 1: the session row is slower than -N (MB/s) or cheaper (CPU)
         for x in ("", "_x8"):
-            session, no_session = results.get(f"ssh_aes128{x}"), results.get(f"ssh-N_aes128{x}")
-            ssh_n[f"ssh_aes128{x}/ssh-N_aes128{x}"] = _ratio(session, no_session)
-            ssh_n[f"cpu ssh_aes128{x}/ssh-N_aes128{x}"] = _ratio(session, no_session, CPU)
+            with_session = results.get(f"ssh_aes128{x}")
+            without = results.get(f"ssh-N_aes128{x}")
+            ssh_n[f"ssh_aes128{x}/ssh-N_aes128{x}"] = _ratio(with_session, without)
+            ssh_n[f"cpu ssh_aes128{x}/ssh-N_aes128{x}"] = _ratio(with_session, without, CPU)
     return {
         "benchmark": "throughput",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 from websockets.datastructures import Headers
 from websockets.protocol import Side, State
 
+from ravenproxy.transport.feeder import Feeder
 from ravenproxy.transport.readiness import watch
 from ravenproxy.transport.scratch import Scratch
 from ravenproxy.transport.wsframes import MESSAGE, Control, Failure, FrameParser, Handover
@@ -338,7 +339,7 @@ class TunnelConnectionMixin(_Base):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         watch(transport)  # its input can queue tunnel output (credit, answers): readiness.py
-        transport.set_protocol(_Feeder(self))  # before the first byte: all by buffer_updated
+        transport.set_protocol(Feeder(self))  # before the first byte: all by buffer_updated
 
     def data_received(self, data: bytes) -> None:  # only if a transport ignored set_protocol
         view = self.get_buffer(len(data))
@@ -355,9 +356,11 @@ class TunnelConnectionMixin(_Base):
         self._wake()
 
     def send_data(self) -> None:
-        super().send_data()
-        if self.protocol.state in _ENDED:
-            self.data_closed = True
+        try:
+            super().send_data()
+        finally:  # on every exit: a CLOSE whose write raised left OPEN all the same
+            if self.protocol.state in _ENDED:
+                self.data_closed = True
 
     # -- the modes --------------------------------------------------------------------------
     def _read_head(self) -> None:
@@ -484,17 +487,3 @@ class TunnelConnectionMixin(_Base):
         self._fed -= self._start
         self._start, self._end = 0, pending
         return self._buf
-
-
-class _Feeder(asyncio.BufferedProtocol):
-    """The transport's protocol: reads into the connection's buffer and passes every other
-    callback on. Needed because uvloop reads into a buffer only for a protocol that is not
-    an :class:`asyncio.Protocol`, which ``websockets``' connection classes are."""
-
-    def __init__(self, connection: TunnelConnectionMixin) -> None:
-        self.get_buffer = connection.get_buffer  # type: ignore[method-assign]
-        self.buffer_updated = connection.buffer_updated  # type: ignore[method-assign]
-        self.eof_received = connection.eof_received  # type: ignore[method-assign]
-        self.connection_lost = connection.connection_lost  # type: ignore[method-assign]
-        self.pause_writing = connection.pause_writing  # type: ignore[method-assign]
-        self.resume_writing = connection.resume_writing  # type: ignore[method-assign]

@@ -4,6 +4,7 @@ CPU sampled from /proc for it."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.unit.benchscripts import load_script
+from tests.unit.benchscripts import load_script, needs_ssh
 
 # Per millisecond: a getppid (succeeds) and a stat of a missing path (fails with ENOENT).
 CHILD = """
@@ -70,3 +71,24 @@ def test_sample_reads_context_switches_and_cpu(
     assert after[0] - before[0] >= 50  # voluntary: each sleep
     assert all(a >= b for a, b in zip(after, before, strict=True))
     assert syscalls.sample([2**22 + 1]) == {2**22 + 1: [0, 0, 0, 0]}  # no such process
+
+
+@needs_ssh
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_the_ssh_way_runs_through_its_forwarded_port(syscalls: ModuleType) -> None:
+    """The ssh row connects to the ``ssh -R`` forward (start_ssh answers a list of forwarded
+    ports: the first is the row's), and counts its requests over sshd and ssh."""
+    args = argparse.Namespace(
+        ways="ssh",
+        requests=60,
+        rate=200,
+        connections=2,
+        rounds=1,
+        baseline=None,
+        answer="varied",
+    )
+    result = syscalls.run(args)
+    (row,) = result["rounds"]
+    assert row["way"] == "ssh" and row["errors"] == []
+    assert row["requests"] == [60, 60]
+    assert row["per_request"] and result["machine"]["openssh"]

@@ -314,3 +314,57 @@ async def test_lent_messages_stay_intact_while_held(pki: Path, tls: bool) -> Non
         buffers = {id(m.obj) for m in got if isinstance(m, memoryview)}
         assert len(buffers) > 1  # held views made the reader move on to other buffers
         await client.close()
+
+
+class _WriteRaises:
+    """A transport whose ``write`` sends the bytes, then raises (as a transport closed under the
+    write does: uvloop's once its handle is closed, asyncio's after ``write_eof``)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def write(self, data: bytes) -> None:
+        self._transport.write(data)
+        raise RuntimeError("the transport closed under the write")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+
+def _close_whose_write_raises(ws: TunnelConnectionMixin) -> tuple[bool, bool]:
+    """``data_closed`` before and after a CLOSE whose write raised."""
+    before = ws.data_closed
+    transport = ws.transport
+    ws.transport = _WriteRaises(transport)  # type: ignore[assignment]
+    try:
+        ws.protocol.send_close(1000, "bye")
+        with pytest.raises(RuntimeError, match="closed under the write"):
+            ws.send_data()
+    finally:
+        ws.transport = transport
+    return before, ws.data_closed
+
+
+@pytest.mark.parametrize("side", ["server", "client"])
+async def test_a_close_whose_write_raised_still_says_no_data_may_follow(side: str) -> None:
+    """``data_closed`` is kept where websockets' output leaves (``send_data``) on every exit:
+    the CLOSE left OPEN before its write raised, and the flag would otherwise stay unset (and a
+    write-through follow it) until ``connection_lost``."""
+
+    flags: list[tuple[bool, bool]] = []
+
+    async def on_server(ws: ServerConnection) -> None:
+        assert isinstance(ws, TunnelConnectionMixin)
+        if side == "server":
+            flags.append(_close_whose_write_raises(ws))
+        with contextlib.suppress(ConnectionClosed):
+            await ws.recv()
+
+    async with pair(on_server) as client:
+        assert isinstance(client, TunnelConnectionMixin)
+        if side == "client":
+            flags.append(_close_whose_write_raises(client))
+        with contextlib.suppress(ConnectionClosed):
+            await asyncio.wait_for(client.recv(), WAIT)
+    # What the outlet asks before a write-through: no DATA after that CLOSE, even so.
+    assert flags == [(False, True)]
