@@ -110,7 +110,7 @@ def test_a_plain_heads_target_cannot_be_told_from_a_heads() -> None:
 # -- whole conversations: the fast path against 691ee7b's _response_head -------------------------
 
 
-def _old_response_head(self: Exchange, response: Head, *, bodiless: bool) -> bytes:
+def _old_response_head(self: Exchange, response: Head, bodiless: bool) -> bytes:
     """Exchange._response_head as 691ee7b had it (every answer through response_framing)."""
     client_keep = self._client_keep and self.body_done
     request, rest = self._request, (bodiless, client_keep, self._up is not None)
