@@ -40,7 +40,6 @@ from ravenproxy.server.exchange_actions import (
     Action,
     Close,
     CloseUpstream,
-    Count,
     Looped,
     RouteRequest,
     WriteClient,
@@ -452,6 +451,14 @@ class CallbackPath:
             done += 1
             # By exact type (no action class is subclassed): a comparison each, not a call.
             if type(action) is WriteClient:
+                status = action.status
+                if status:  # an answer's head: counted (HttpProxy.count's common case inline)
+                    counters = self.proxy.counters.get(status)
+                    if counters is None:
+                        self.proxy.count(status)
+                    else:
+                        for counter in counters:
+                            counter.n += 1
                 write = self._write
                 if write is not None:
                     write(action.data)
@@ -463,13 +470,6 @@ class CallbackPath:
                 if sent < len(data):
                     rest = WriteUpstream(data[sent:]) if sent else action
                     return self._leave([rest, *actions[done + 1 :]])
-            elif type(action) is Count:
-                counters = self.proxy.counters.get(action.status)
-                if counters is None:
-                    self.proxy.count(action.status)
-                else:  # HttpProxy.count's common case inline (a call a request)
-                    for counter in counters:
-                        counter.n += 1
             elif type(action) is RouteRequest and self.proxy.egress is None:
                 # _route_again inline (a call a request).
                 try:

@@ -7,6 +7,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import cast
 
+from ravenproxy.metrics import Tallied
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import Action, Close, OpenUpstream, RouteRequest
 from ravenproxy.server.front import FrontContext
@@ -272,3 +273,27 @@ async def test_a_chunk_that_called_back_from_inside_is_read_after_the_request() 
     path._advance()
     assert len(transport.out) == 3 and transport.out[-1].endswith(b"ok")
     assert path.ex.phase == "head"
+
+
+# -- counting: an answer's status once, as its head goes to the client ------------------------
+
+
+async def test_answers_by_callbacks_count_each_final_status_once() -> None:
+    """The status rides on the client write that carries the head (no action of its own): a
+    head split from its body, and an interim 100 before it, count the final status once."""
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n"
+    head, body = _ANSWER[:-2], _ANSWER[-2:]
+    path, _ = _forwarding(get("/a", "edge-1:9100"), _Stream(interim, head, body), _A)
+    series = Tallied()
+    path.proxy.counters[200] = [series]
+    counted: list[int] = []
+    path.proxy.count = counted.append  # type: ignore[assignment]  # a status not seen before
+    path._advance()
+    assert path.ex.phase == "head" and series.n == 1 and counted == []
+    transport = cast(_Transport, cast(SocketStream, path.reader).transport)
+    assert b"".join(transport.out) == interim + _ANSWER
+    stream = _Stream(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+    path._hooked = cast(TunnelStream, stream)
+    cast(SocketStream, path.reader).data_received(get("/b", "edge-1:9100"))
+    path._advance()
+    assert path.ex.phase == "head" and series.n == 1 and counted == [404]

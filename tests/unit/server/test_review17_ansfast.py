@@ -22,7 +22,6 @@ from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
     Close,
-    Count,
     OpenUpstream,
     RouteRequest,
     WriteClient,
@@ -188,9 +187,11 @@ def _converse(steps: list[tuple[bytes, bool, bool, bytes]]) -> list[Any]:
 
     def note(actions: list[Action]) -> list[Action]:
         for a in actions:
-            if isinstance(a, WriteClient | WriteUpstream):
+            if isinstance(a, WriteClient):
+                seen.append((type(a).__name__, bytes(a.data), a.status))
+            elif isinstance(a, WriteUpstream):
                 seen.append((type(a).__name__, bytes(a.data)))
-            elif isinstance(a, Close | Count):
+            elif isinstance(a, Close):
                 seen.append(repr(a))
             else:
                 seen.append(type(a).__name__)
