@@ -370,7 +370,7 @@ class CallbackPath:
         try:
             assert type(sock) is SocketStream and watch is not None
             client = ex.client
-            while not done.done():
+            while True:  # left by a return, or once an action left to the task (at the end)
                 phase = ex.phase
                 if phase == "head":
                     # Exchange.poll and .head_begun inlined for their common case, nothing of
@@ -400,7 +400,7 @@ class CallbackPath:
                         self.waiting = False
                         actions = ex.receive_client(data)
                         if not actions:
-                            continue
+                            continue  # nothing was carried out: still ours
                     self._run(actions)
                     if ex.phase == "forwarding":
                         watch.retime(self.ctx.limits.idle_timeout)
@@ -432,6 +432,8 @@ class CallbackPath:
                         watch.touch()
                 else:
                     return self._leave([])
+                if done.done():  # an action was left to the task (not before: checked above)
+                    return None
         except Exception as exc:
             if not done.done():
                 if watch is not None:

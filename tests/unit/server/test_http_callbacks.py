@@ -9,7 +9,13 @@ from typing import cast
 
 from ravenproxy.metrics import Tallied
 from ravenproxy.server.exchange import Exchange
-from ravenproxy.server.exchange_actions import Action, Close, OpenUpstream, RouteRequest
+from ravenproxy.server.exchange_actions import (
+    Action,
+    Close,
+    OpenUpstream,
+    RouteRequest,
+    WriteUpstream,
+)
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http_callbacks import KEEPALIVE_TIMEOUT, CallbackPath
 from ravenproxy.server.router import Route
@@ -297,3 +303,19 @@ async def test_answers_by_callbacks_count_each_final_status_once() -> None:
     cast(SocketStream, path.reader).data_received(get("/b", "edge-1:9100"))
     path._advance()
     assert path.ex.phase == "head" and series.n == 1 and counted == [404]
+
+
+async def test_a_request_left_to_the_task_leaves_its_answer_unread() -> None:
+    """No credit for the request: its rest goes to the task, and the callbacks stop there —
+    the answer the stream holds already is the task's to read, after it sent the rest."""
+    stream = _Stream(_ANSWER)
+    path, _ = _forwarding(get("/a", "edge-1:9100"), stream, _A)
+    path._advance()  # the first answer
+    stream.chunks.append(_ANSWER)  # the next one, early
+    stream.try_write = lambda data: 0  # type: ignore[method-assign]
+    path._unread = True  # the stream may hold what came
+    cast(SocketStream, path.reader).data_received(get("/b", "edge-1:9100"))
+    reads = stream.reads
+    path._advance()
+    assert path._exit is not None and [type(a) for a in path._exit.result()] == [WriteUpstream]
+    assert stream.reads == reads and stream.chunks == [_ANSWER]
