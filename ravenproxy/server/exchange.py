@@ -27,11 +27,13 @@ client's bytes are read only when the exchange wants them, which bounds their qu
 
 from __future__ import annotations
 
+from collections import deque
+from typing import Any
+
 from ravenproxy.server.exchange_actions import (
     Action,
     Close,
     CloseUpstream,
-    Count,
     Looped,
     OpenUpstream,
     ReadBody,
@@ -66,9 +68,6 @@ from ravenproxy.server.podroutes import Destination, find_destination, forwardab
 from ravenproxy.server.router import Route, UpstreamKey
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
-
-_COUNTS: dict[int, Count] = {}  # each status's Count action, made once
-_count_of = _COUNTS.get  # bound once, as wire.data_path's _unpack_header (see there)
 
 
 class Exchange:
@@ -322,71 +321,65 @@ class Exchange:
         # Bytes for the client are gathered while events come without waiting (head, body,
         # end of a small response: one write) and flushed before the driver waits again.
         out: list[bytes] = []
-        actions: list[Action] = []
-        events = up.events
+        counted = 0  # the final answer's status once its head is in out (WriteClient.status)
+        events: deque[tuple[int, Any]] = up.events  # a kind says its value's type: no isinstance
         while events:
             kind, value = events.popleft()
             if kind == DATA:
-                assert isinstance(value, bytes)
                 out.append(chunk(value) if self._body_out == "chunked" else value)
             elif kind == HEAD:
-                assert isinstance(value, Head)
+                status = value.status
                 if value.size > self.max_head:
-                    return self._flushed(out, actions, self._bad_response("head too large"))
-                if value.status == 101:
+                    return self._flushed(out, counted, self._bad_response("head too large"))
+                if status == 101:
                     if not self._upgrade:
                         failure = self._failed("101 without an upgrade request", status=502)
-                        return self._flushed(out, actions, failure)
+                        return self._flushed(out, counted, failure)
                     self.started = True
                     self.phase = "switching"
                     self._switched = value
-                    return self._flushed(out, actions, [SwitchProtocols()])
+                    return self._flushed(out, counted, [SwitchProtocols()])
                 self.started = True
-                if value.status < 200:
+                if status < 200:
                     self._info = True
                     out.append(value.wire)  # an interim answer goes on whole
                 else:
-                    status = value.status  # one Count per status, shared (it is frozen)
-                    actions.append(_count_of(status) or _COUNTS.setdefault(status, Count(status)))
-                    out.append(self._response_head(value, bodiless=up.bodiless))
+                    counted = status
+                    out.append(self._response_head(value, up.bodiless))  # no keyword: a faster call
             elif kind == END:
                 if self._info:
                     self._info = False
                     continue
-                assert isinstance(value, list)
                 if self._body_out == "chunked":
                     out.append(last_chunk(value))
-                if out:
-                    actions.append(WriteClient(b"".join(out)))
+                actions: list[Action] = [WriteClient(b"".join(out), counted)] if out else []
                 if self._up_keep and self._client_keep and self.body_done:
                     if self.client_raw is None:  # _finished's common case, inline (per request)
                         self.phase = "head"
                         return actions
                 return actions + self._finished()
             elif kind == ERROR:
-                return self._flushed(out, actions, self._bad_response(str(value)))
+                return self._flushed(out, counted, self._bad_response(str(value)))
             elif self._until_close and self.started:  # EOF ends a body framed by the close
                 if self._body_out == "chunked":
                     out.append(last_chunk([]))
                 self._up_keep = False
-                return self._flushed(out, actions, self._finished())
+                return self._flushed(out, counted, self._finished())
             else:
                 what = "the connection was closed" if self.started else _CLOSED_UNANSWERED
-                return self._flushed(out, actions, self._bad_response(what))
+                return self._flushed(out, counted, self._bad_response(what))
         if up.in_head and up.fed > self.max_head:
-            return self._flushed(out, actions, self._bad_response("head too large"))
-        return self._flushed(out, actions, [])
+            return self._flushed(out, counted, self._bad_response("head too large"))
+        return self._flushed(out, counted, [])
 
     @staticmethod
-    def _flushed(out: list[bytes], actions: list[Action], then: list[Action]) -> list[Action]:
-        if out:
-            actions.append(WriteClient(b"".join(out)))
-        return actions + then
+    def _flushed(out: list[bytes], counted: int, then: list[Action]) -> list[Action]:
+        return [WriteClient(b"".join(out), counted), *then] if out else then
 
     def _bad_response(self, what: str) -> list[Action]:
         return self._failed(f"bad response from the target: {what}", status=502)
 
-    def _response_head(self, response: Head, *, bodiless: bool) -> bytes:
+    def _response_head(self, response: Head, bodiless: bool) -> bytes:
         """The head for the client, and how the body after it is framed. An answer before the
         request body is through closes the connection after it (:meth:`_finished`): it says so."""
         client_keep = self._client_keep and self.body_done

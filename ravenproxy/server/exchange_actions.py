@@ -49,13 +49,10 @@ class WriteUpstream:
 @dataclass(slots=True)
 class WriteClient:
     data: bytes
-
-
-@dataclass(frozen=True)
-class Count:
-    """A response with this status went (or goes) to the client."""
-
-    status: int
+    status: int = 0
+    """The status of the final answer (200 and up) whose head ``data`` holds: counted once, as
+    it goes to the client; 0 for none (a body's bytes, an interim answer). Not an action of its
+    own: one fewer an answer to make and to carry out."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +95,6 @@ Action = (
     | CloseUpstream
     | WriteUpstream
     | WriteClient
-    | Count
     | Looped
     | ReadBody
     | SwitchProtocols

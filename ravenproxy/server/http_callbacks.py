@@ -40,7 +40,6 @@ from ravenproxy.server.exchange_actions import (
     Action,
     Close,
     CloseUpstream,
-    Count,
     Looped,
     RouteRequest,
     WriteClient,
@@ -371,7 +370,7 @@ class CallbackPath:
         try:
             assert type(sock) is SocketStream and watch is not None
             client = ex.client
-            while not done.done():
+            while True:  # left by a return, or once an action left to the task (at the end)
                 phase = ex.phase
                 if phase == "head":
                     # Exchange.poll and .head_begun inlined for their common case, nothing of
@@ -401,7 +400,7 @@ class CallbackPath:
                         self.waiting = False
                         actions = ex.receive_client(data)
                         if not actions:
-                            continue
+                            continue  # nothing was carried out: still ours
                     self._run(actions)
                     if ex.phase == "forwarding":
                         watch.retime(self.ctx.limits.idle_timeout)
@@ -433,6 +432,8 @@ class CallbackPath:
                         watch.touch()
                 else:
                     return self._leave([])
+                if done.done():  # an action was left to the task (not before: checked above)
+                    return None
         except Exception as exc:
             if not done.done():
                 if watch is not None:
@@ -452,6 +453,14 @@ class CallbackPath:
             done += 1
             # By exact type (no action class is subclassed): a comparison each, not a call.
             if type(action) is WriteClient:
+                status = action.status
+                if status:  # an answer's head: counted (HttpProxy.count's common case inline)
+                    counters = self.proxy.counters.get(status)
+                    if counters is None:
+                        self.proxy.count(status)
+                    else:
+                        for counter in counters:
+                            counter.n += 1
                 write = self._write
                 if write is not None:
                     write(action.data)
@@ -463,13 +472,6 @@ class CallbackPath:
                 if sent < len(data):
                     rest = WriteUpstream(data[sent:]) if sent else action
                     return self._leave([rest, *actions[done + 1 :]])
-            elif type(action) is Count:
-                counters = self.proxy.counters.get(action.status)
-                if counters is None:
-                    self.proxy.count(action.status)
-                else:  # HttpProxy.count's common case inline (a call a request)
-                    for counter in counters:
-                        counter.n += 1
             elif type(action) is RouteRequest and self.proxy.egress is None:
                 # _route_again inline (a call a request).
                 try:

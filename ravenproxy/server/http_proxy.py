@@ -32,7 +32,6 @@ from ravenproxy.server.exchange_actions import (
     Action,
     Close,
     CloseUpstream,
-    Count,
     Looped,
     OpenUpstream,
     ReadBody,
@@ -336,6 +335,8 @@ class _Connection(CallbackPath):
             action = queue[done]
             done += 1
             if isinstance(action, WriteClient):
+                if action.status:
+                    self.proxy.count(action.status)
                 self.writer.write(action.data)
                 await self._drain_client()
             elif isinstance(action, WriteUpstream):
@@ -344,8 +345,6 @@ class _Connection(CallbackPath):
                     await self.upstream.write(action.data)
                 except _IO_ERRORS:
                     queue.extend(self.ex.upstream_lost())
-            elif isinstance(action, Count):
-                self.proxy.count(action.status)
             elif isinstance(action, RouteRequest):
                 if self.proxy.egress is not None:
                     queue.extend(self.ex.refused(405, "", "this listener serves only CONNECT"))

@@ -17,7 +17,6 @@ from ravenproxy.server.exchange_actions import (
     Action,
     Close,
     CloseUpstream,
-    Count,
     OpenUpstream,
     ReadBody,
     Refuse,
@@ -98,9 +97,9 @@ def run(ex: Exchange, chunks: list[bytes], target: Route) -> list[tuple[str, byt
             elif isinstance(action, WriteUpstream):
                 log.append(("up", action.data))
             elif isinstance(action, WriteClient):
+                if action.status:
+                    log.append(("count", b"%d" % action.status))
                 log.append(("down", action.data))
-            elif isinstance(action, Count):
-                log.append(("count", b"%d" % action.status))
             elif isinstance(action, CloseUpstream):
                 log.append(("close-up", b""))
             elif isinstance(action, Close | Refuse):

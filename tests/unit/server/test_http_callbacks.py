@@ -7,8 +7,15 @@ import asyncio
 from types import SimpleNamespace
 from typing import cast
 
+from ravenproxy.metrics import Tallied
 from ravenproxy.server.exchange import Exchange
-from ravenproxy.server.exchange_actions import Action, Close, OpenUpstream, RouteRequest
+from ravenproxy.server.exchange_actions import (
+    Action,
+    Close,
+    OpenUpstream,
+    RouteRequest,
+    WriteUpstream,
+)
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http_callbacks import KEEPALIVE_TIMEOUT, CallbackPath
 from ravenproxy.server.router import Route
@@ -272,3 +279,43 @@ async def test_a_chunk_that_called_back_from_inside_is_read_after_the_request() 
     path._advance()
     assert len(transport.out) == 3 and transport.out[-1].endswith(b"ok")
     assert path.ex.phase == "head"
+
+
+# -- counting: an answer's status once, as its head goes to the client ------------------------
+
+
+async def test_answers_by_callbacks_count_each_final_status_once() -> None:
+    """The status rides on the client write that carries the head (no action of its own): a
+    head split from its body, and an interim 100 before it, count the final status once."""
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n"
+    head, body = _ANSWER[:-2], _ANSWER[-2:]
+    path, _ = _forwarding(get("/a", "edge-1:9100"), _Stream(interim, head, body), _A)
+    series = Tallied()
+    path.proxy.counters[200] = [series]
+    counted: list[int] = []
+    path.proxy.count = counted.append  # type: ignore[assignment]  # a status not seen before
+    path._advance()
+    assert path.ex.phase == "head" and series.n == 1 and counted == []
+    transport = cast(_Transport, cast(SocketStream, path.reader).transport)
+    assert b"".join(transport.out) == interim + _ANSWER
+    stream = _Stream(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+    path._hooked = cast(TunnelStream, stream)
+    cast(SocketStream, path.reader).data_received(get("/b", "edge-1:9100"))
+    path._advance()
+    assert path.ex.phase == "head" and series.n == 1 and counted == [404]
+
+
+async def test_a_request_left_to_the_task_leaves_its_answer_unread() -> None:
+    """No credit for the request: its rest goes to the task, and the callbacks stop there —
+    the answer the stream holds already is the task's to read, after it sent the rest."""
+    stream = _Stream(_ANSWER)
+    path, _ = _forwarding(get("/a", "edge-1:9100"), stream, _A)
+    path._advance()  # the first answer
+    stream.chunks.append(_ANSWER)  # the next one, early
+    stream.try_write = lambda data: 0  # type: ignore[method-assign]
+    path._unread = True  # the stream may hold what came
+    cast(SocketStream, path.reader).data_received(get("/b", "edge-1:9100"))
+    reads = stream.reads
+    path._advance()
+    assert path._exit is not None and [type(a) for a in path._exit.result()] == [WriteUpstream]
+    assert stream.reads == reads and stream.chunks == [_ANSWER]

@@ -22,7 +22,6 @@ from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
     Close,
-    Count,
     OpenUpstream,
     RouteRequest,
     WriteClient,
@@ -110,7 +109,7 @@ def test_a_plain_heads_target_cannot_be_told_from_a_heads() -> None:
 # -- whole conversations: the fast path against 691ee7b's _response_head -------------------------
 
 
-def _old_response_head(self: Exchange, response: Head, *, bodiless: bool) -> bytes:
+def _old_response_head(self: Exchange, response: Head, bodiless: bool) -> bytes:
     """Exchange._response_head as 691ee7b had it (every answer through response_framing)."""
     client_keep = self._client_keep and self.body_done
     request, rest = self._request, (bodiless, client_keep, self._up is not None)
@@ -188,9 +187,11 @@ def _converse(steps: list[tuple[bytes, bool, bool, bytes]]) -> list[Any]:
 
     def note(actions: list[Action]) -> list[Action]:
         for a in actions:
-            if isinstance(a, WriteClient | WriteUpstream):
+            if isinstance(a, WriteClient):
+                seen.append((type(a).__name__, bytes(a.data), a.status))
+            elif isinstance(a, WriteUpstream):
                 seen.append((type(a).__name__, bytes(a.data)))
-            elif isinstance(a, Close | Count):
+            elif isinstance(a, Close):
                 seen.append(repr(a))
             else:
                 seen.append(type(a).__name__)
