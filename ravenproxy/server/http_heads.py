@@ -53,7 +53,9 @@ class Head:
         self.wire = wire
         """A response's head as :func:`~ravenproxy.server.http_messages.response_framing`
         writes it when it drops and adds no field: ``HTTP/1.1``, the status and reason, each
-        field as parsed on a ``name: value`` line (b"" for a request)."""
+        field as parsed on a ``name: value`` line. A request's: its fields as parsed on their
+        ``name: value`` lines joined by CRLF (no request line, no end): what
+        :func:`~ravenproxy.server.http_messages.request_head` sends on when it drops none."""
         # A request is routed by its fields, a response that is not plain rewritten.
         self.headers, self.lower = _decoded(fields)
 

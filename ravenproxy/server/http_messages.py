@@ -55,6 +55,7 @@ class Parsed:
         "_fields",
         "_kind",
         "_last",
+        "_replay_head",
         "_response",
         "_start",
         "_trailers",
@@ -110,8 +111,13 @@ class Parsed:
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
         same answer) is the same object, and what was derived from it can be reused."""
         self._again: tuple[bytes, Head] | None = None
-        """The last bytes fed, when they were one whole request, bodiless and kept alive, and
-        its head: the same bytes again are that request again (:meth:`feed`)."""
+        """The last bytes fed, when they were one whole request that left the parser as it
+        found it, and its head: the same bytes again are that request again (:meth:`feed`),
+        when its head passes :meth:`_replayable` (asked then, not when remembered: most
+        requests that differ from the last are not followed by themselves)."""
+        self._replay_head: Head | None = None
+        """The last head :meth:`_replayable` said yes to (a connection's repeated request asks
+        once)."""
 
     @property
     def midway(self) -> bool:
@@ -120,12 +126,29 @@ class Parsed:
         return self.in_head or self.in_body
 
     def _repeated(self, data: bytes) -> Head | None:
-        """The remembered request's head when ``data`` is its bytes again and the parser is
-        where that request left it (no head or body begun); else None."""
+        """The remembered request's head when ``data`` is its bytes again, the parser is where
+        that request left it (no head or body begun) and the head may be replayed; else None."""
         again = self._again
         if again is not None and not self.in_head and not self.in_body and data == again[0]:
-            return again[1]
+            head = again[1]
+            if head is self._replay_head or self._replayable(head):
+                return head
         return None
+
+    def _replayable(self, head: Head) -> bool:
+        """A remembered request may be answered from memory when its bytes come again: kept
+        alive (after a "close" llhttp takes no more), no body, no upgrade, no CONNECT."""
+        lower = head.lower
+        if (
+            head.start != "CONNECT"
+            and keeps_alive(head)
+            and "upgrade" not in lower
+            and "content-length" not in lower
+            and "transfer-encoding" not in lower
+        ):
+            self._replay_head = head
+            return True
+        return False
 
     def feed(self, data: bytes) -> bytes | None:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
@@ -177,14 +200,13 @@ class Parsed:
         # :meth:`_repeated`'s rule asked without its call (once a request), the head's
         # identity first: no bytes compared for another request's head.
         again = self._again
-        if (
-            again is None
-            or again[1] is not head
-            or self.events
-            or self.in_head
-            or self.in_body
-            or data != again[0]
-        ):
+        if again is None or again[1] is not head or self.events or self.in_head or self.in_body:
+            return False
+        if data != again[0]:
+            # feed would compare the same bytes to miss (a call, once a request that differs)
+            self._again = None
+            return False
+        if head is not self._replay_head and not self._replayable(head):
             return False
         self.events.append((END, []))
         self.fed = 0
@@ -192,20 +214,13 @@ class Parsed:
 
     def _remember(self, data: bytes) -> None:
         """Keep ``data`` for :meth:`feed` when it was one whole request that leaves the parser
-        as it found it: kept alive, no body, no upgrade, nothing of a next message."""
+        as it found it: no body event, nothing of a next message. (Whether it may be replayed
+        is asked when it comes again: :meth:`_replayable`.)"""
         (kind, head), (end, trailers) = self.events
         if kind != HEAD or end != END or trailers or self.in_head or self.in_body:
             return
         assert isinstance(head, Head)
-        lower = head.lower
-        if (
-            head.start != "CONNECT"
-            and keeps_alive(head)  # after a "close" llhttp takes no more
-            and "upgrade" not in lower
-            and "content-length" not in lower
-            and "transfer-encoding" not in lower
-        ):
-            self._again = (bytes(data), head)
+        self._again = (bytes(data), head)
 
     # -- llhttp's callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -285,12 +300,16 @@ class Parsed:
                 return PlainHead(self._start, status, version, fields, len(wire), wire)
             start = self._start.decode("latin-1")
             return Head(start, "", status, version, fields, len(wire), wire)
-        size = len(self._start) + 2
-        for k, v in fields:
-            size += len(k) + len(v) + 4
+        # A request's fields on their lines as parsed, joined in C: request_head sends them on
+        # when it drops none, and their length is the fields' part of the head's size ("name:
+        # value" and a line end each: the lines' length and the last line's end).
+        lines = b"\r\n".join(map(_name_value, fields)) if fields else b""
+        size = len(lines) + 2 if fields else 0
         method = kind.decode("ascii", "replace")
         start = self._start.decode("latin-1")
-        return Head(method, start, 0, version, fields, size + len(method) + 12)
+        # The request line: method, target, "HTTP/1.1" and two spaces and its end (14).
+        size += len(method) + len(self._start) + 14
+        return Head(method, start, 0, version, fields, size, lines)
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
@@ -348,7 +367,7 @@ def keeps_alive(head: Head) -> bool:
     return head.version == "1.0" and "keep-alive" in tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request that differs (see Destination)
 class Outbound:
     """A request head as it goes to the target."""
 
@@ -367,7 +386,7 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
         # Nothing dropped, nothing added but Via (no Connection, no Transfer-Encoding: no
         # upgrade, no chunking): the fields as parsed, joined in C — the bytes fields() makes
         # of their decoded form (latin-1 round-trips), without a format per field.
-        lines = b"\r\n".join(map(_name_value, request.fields))
+        lines = request.wire  # the fields' lines, as parsed
         via_line = f"Via: {request.version} {via}\r\n\r\n".encode("latin-1")
         line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
         return Outbound(b"".join((line, lines, b"\r\n", via_line)), False, False)

@@ -235,3 +235,59 @@ def test_again_is_the_old_rule_repeated_bytes_with_that_head_and_no_event_waitin
     assert list(parsed.events) == ([*before, (END, [])] if expected else before)
     if expected:
         assert parsed.fed == 0
+
+
+_NAMES = st.sampled_from(["Host", "User-Agent", "Accept", "X-A", "Via", "Cookie"])
+_VALUES = st.text(st.sampled_from("abc:/ ,;=1\t\x80\xff"), max_size=8).map(str.strip)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    method=st.sampled_from(["GET", "HEAD", "DELETE", "OPTIONS"]),
+    target=st.sampled_from(["/", "/metrics", "/ping?n=1", "/a/b?c=d&e"]),
+    fields=st.lists(st.tuples(_NAMES, _VALUES), max_size=5),
+    version=st.sampled_from(["1.0", "1.1"]),
+)
+def test_a_request_head_s_size_and_lines_are_its_bytes(
+    method: str, target: str, fields: list[tuple[str, str]], version: str
+) -> None:
+    """A request head's size is its bytes on the wire (fields written ``name: value``), and
+    its ``wire`` the fields' lines as parsed, joined by CRLF (what request_head sends on)."""
+    lines = "\r\n".join(f"{k}: {v}" for k, v in fields).encode("latin-1")
+    data = f"{method} {target} HTTP/{version}\r\n".encode() + lines
+    data += b"\r\n\r\n" if fields else b"\r\n"
+    parsed = Parsed(response=False)
+    parsed.feed(data)
+    kind, head = parsed.events.popleft()
+    assert kind == HEAD and isinstance(head, Head)
+    assert head.size == len(data)
+    assert head.wire == lines
+    assert head.fields == [(k.encode("latin-1"), v.encode("latin-1")) for k, v in fields]
+
+
+class Asked(Parsed):
+    """Counts :meth:`Parsed._replayable`'s answers."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        super().__init__(response=False)
+
+    def _replayable(self, head: Head) -> bool:
+        self.asked += 1
+        return super()._replayable(head)
+
+
+def test_whether_a_request_may_be_replayed_is_asked_when_it_comes_again_once() -> None:
+    """Requests that differ from the last are parsed and never asked about (the rule runs when
+    the same bytes come again, once for a connection's repeated request)."""
+    parsed = Asked()
+    for n in range(5):
+        take_after(parsed, GET.replace(b"/metrics", b"/metrics?n=%d" % n))
+    assert parsed.asked == 0
+    first = take_after(parsed, GET)
+    head = first[0][1]
+    assert isinstance(head, Head)
+    for _ in range(3):
+        assert take_after(parsed, GET) == first
+        assert parsed.again(GET, head) and take(parsed) == [(END, [])]
+    assert parsed.asked == 1
