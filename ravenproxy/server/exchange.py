@@ -180,14 +180,13 @@ class Exchange:
         if (host is None and request.version == "1.1") or (host is not None and "," in host):
             return self._refuse(400, "", "bad request: an HTTP/1.1 request needs one Host field")
         self._client_keep = keeps_alive(request)
-        node = ""
         try:
             dest = find_destination(request.start, request.target, headers, lower)
         except BadRequest as exc:
-            return self._refuse(exc.status, node, exc.reason)
-        node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
+            return self._refuse(exc.status, "", exc.reason)
         via = lower.get("via")
         if via and self.via in via_received_by([via]):
+            node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
             why = f"loop detected: the request already passed through this server (Via {self.via})"
             return [Looped(), *self._refuse(508, node, why)]
         self._request, self._dest = request, dest

@@ -184,12 +184,7 @@ class Parsed:
             self.tail += len(data)
             if self.tail > self.max_tail:
                 events.append((ERROR, f"chunk framing or trailers over {self.max_tail} bytes"))
-        if (
-            fresh
-            and len(events) == 2
-            and len(data) <= REPLAY_MAX
-            and isinstance(self.parser, HttpRequestParser)
-        ):
+        if fresh and len(events) == 2 and len(data) <= REPLAY_MAX and not self._response:
             self._remember(data)
         return None
 
@@ -358,8 +353,10 @@ def keeps_alive(head: Head) -> bool:
     counts it: after a ``close`` in it the parser takes no more on the connection."""
     lower = head.lower
     connection = lower.get("connection")
-    tokens = _tokens(connection) if connection else set()
     proxy = lower.get("proxy-connection")
+    if not connection and not proxy:  # most messages: no option listed, the version decides
+        return head.version == "1.1"
+    tokens = _tokens(connection) if connection else set()
     if proxy:
         tokens |= _tokens(proxy)
     if head.version == "1.1":

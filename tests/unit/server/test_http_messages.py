@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.server.http_heads import Head
-from ravenproxy.server.http_messages import DATA, END, ERROR, HEAD, REPLAY_MAX, Parsed
+from ravenproxy.server.http_messages import (
+    DATA,
+    END,
+    ERROR,
+    HEAD,
+    REPLAY_MAX,
+    Parsed,
+    keeps_alive,
+)
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: prom\r\n\r\n"
 
@@ -291,3 +299,32 @@ def test_whether_a_request_may_be_replayed_is_asked_when_it_comes_again_once() -
         assert take_after(parsed, GET) == first
         assert parsed.again(GET, head) and take(parsed) == [(END, [])]
     assert parsed.asked == 1
+
+
+def _keeps_alive_by_tokens(head: Head) -> bool:
+    """keeps_alive's rule with every message's tokens gathered (before its early answer)."""
+    tokens: set[str] = set()
+    for name in ("connection", "proxy-connection"):
+        value = head.lower.get(name)
+        if value:
+            tokens |= {t.strip().lower() for t in value.split(",")}
+    if head.version == "1.1":
+        return "close" not in tokens
+    return head.version == "1.0" and "keep-alive" in tokens
+
+
+_OPTIONS = st.sampled_from(["", "close", "Keep-Alive", "keep-alive, Upgrade", " CLOSE ", "x"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    version=st.sampled_from(["1.0", "1.1", "0.9"]),
+    fields=st.lists(
+        st.tuples(st.sampled_from(["Connection", "Proxy-Connection", "Host"]), _OPTIONS),
+        max_size=3,
+    ),
+)
+def test_keeps_alive_is_the_rule_of_the_tokens(version: str, fields: list[tuple[str, str]]) -> None:
+    encoded = [(k.encode(), v.encode()) for k, v in fields]
+    head = Head("GET", "/", 0, version, encoded, 0)
+    assert keeps_alive(head) is _keeps_alive_by_tokens(head)
