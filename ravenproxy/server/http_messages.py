@@ -20,7 +20,14 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.http_heads import FRAMING_KIND, Head, Headers, PlainHead
+from ravenproxy.server.http_heads import (
+    FRAMING_KIND,
+    Head,
+    Headers,
+    PlainHead,
+    RequestHead,
+    routing_fields,
+)
 from ravenproxy.server.podroutes import HOP_BY_HOP, Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
 
@@ -138,13 +145,13 @@ class Parsed:
     def _replayable(self, head: Head) -> bool:
         """A remembered request may be answered from memory when its bytes come again: kept
         alive (after a "close" llhttp takes no more), no body, no upgrade, no CONNECT."""
-        lower = head.lower
+        routing = head.routing
         if (
             head.start != "CONNECT"
             and keeps_alive(head)
-            and "upgrade" not in lower
-            and "content-length" not in lower
-            and "transfer-encoding" not in lower
+            and "upgrade" not in routing
+            and "content-length" not in routing
+            and "transfer-encoding" not in routing
         ):
             self._replay_head = head
             return True
@@ -304,7 +311,7 @@ class Parsed:
         start = self._start.decode("latin-1")
         # The request line: method, target, "HTTP/1.1" and two spaces and its end (14).
         size += len(method) + len(self._start) + 14
-        return Head(method, start, 0, version, fields, size, lines)
+        return RequestHead(method, start, version, fields, size, lines, routing_fields(fields))
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
@@ -351,7 +358,7 @@ def keeps_alive(head: Head) -> bool:
     """The sender keeps the connection open after this message (RFC 9112 §9.3). A client's
     ``Proxy-Connection`` (pre-standard, sent to proxies) counts as ``Connection``, as llhttp
     counts it: after a ``close`` in it the parser takes no more on the connection."""
-    lower = head.lower
+    lower = head.routing
     connection = lower.get("connection")
     proxy = lower.get("proxy-connection")
     if not connection and not proxy:  # most messages: no option listed, the version decides
@@ -378,8 +385,8 @@ class Outbound:
 def request_head(request: Head, dest: Destination, route: Route, via: str) -> Outbound:
     """The head to send on: hop-by-hop fields dropped (RFC 9110 §7.6.1), ``Host`` set for the
     destination, the body's chunking kept, ``Via`` added."""
-    headers, lower = request.headers, request.lower
-    if dest.authority is None and "host" in lower and HOP_BY_HOP.isdisjoint(lower):
+    routing = request.routing  # all it reads of a request that goes on as parsed
+    if dest.authority is None and "host" in routing and HOP_BY_HOP.isdisjoint(routing):
         # Nothing dropped, nothing added but Via (no Connection, no Transfer-Encoding: no
         # upgrade, no chunking): the fields as parsed, joined in C — the bytes fields() makes
         # of their decoded form (latin-1 round-trips), without a format per field.
@@ -387,6 +394,7 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
         via_line = f"Via: {request.version} {via}\r\n\r\n".encode("latin-1")
         line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
         return Outbound(b"".join((line, lines, b"\r\n", via_line)), False, False)
+    headers, lower = request.headers, request.lower
     upgrade = wants_upgrade(headers) if "connection" in lower else None
     out = forwardable(headers, upgrade=upgrade, names=lower)
     if dest.authority is not None:

@@ -120,7 +120,8 @@ def find_destination(
     lower: Mapping[str, str] | None = None,
 ) -> Destination:
     """Where the request goes (not yet resolved to a node: that needs the model). ``lower``:
-    the headers by lower-cased name, when the caller has them already."""
+    the headers by lower-cased name, when the caller has them already (``headers`` is then
+    not read): of them only X-Tunnel-Proxy-Host and Host (a head's ``routing`` has both)."""
     if lower is None:
         lower = {k.lower(): v for k, v in headers}
     if method == "CONNECT":

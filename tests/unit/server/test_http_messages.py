@@ -7,7 +7,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ravenproxy.server.http_heads import Head
+from ravenproxy.server.exchange import Exchange
+from ravenproxy.server.exchange_actions import OpenUpstream, RouteRequest, WriteUpstream
+from ravenproxy.server.http_heads import ROUTING_NAMES, Head, RequestHead, _decoded, routing_fields
 from ravenproxy.server.http_messages import (
     DATA,
     END,
@@ -17,6 +19,8 @@ from ravenproxy.server.http_messages import (
     Parsed,
     keeps_alive,
 )
+
+from .test_exchange import VIA, route
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: prom\r\n\r\n"
 
@@ -328,3 +332,44 @@ def test_keeps_alive_is_the_rule_of_the_tokens(version: str, fields: list[tuple[
     encoded = [(k.encode(), v.encode()) for k, v in fields]
     head = Head("GET", "/", 0, version, encoded, 0)
     assert keeps_alive(head) is _keeps_alive_by_tokens(head)
+
+
+_ANY_NAMES = st.sampled_from(
+    [
+        *("Host", "HOST", "Via", "Connection", "X-Tunnel-Proxy-Host", "Content-Length"),
+        *("Upgrade", "Transfer-Encoding", "TE", "Accept", "User-Agent", "Keep-Alive"),
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.lists(st.tuples(_ANY_NAMES, _VALUES), max_size=6))
+def test_a_request_s_routing_fields_are_its_decoded_fields_that_routing_reads(
+    fields: list[tuple[str, str]],
+) -> None:
+    """A request head decodes only the fields named in ROUTING_NAMES as it is parsed (as the
+    whole decode would, repeated ones joined), and the rest, in order, when asked."""
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in fields]
+    head = RequestHead("GET", "/", "1.1", raw, 0, b"", routing_fields(raw))
+    headers, lower = _decoded(raw)
+    assert head.routing == {k: v for k, v in lower.items() if k in ROUTING_NAMES.values()}
+    assert (head.headers, head.lower) == (headers, lower)
+
+
+def test_a_plain_request_goes_on_without_its_other_fields_decoded() -> None:
+    """Routed and sent on, a request without a hop-by-hop field has only its routing fields
+    decoded; one with a hop-by-hop field is rewritten from all of them (and loses it)."""
+    hop = GET.replace(b"User-Agent: prom", b"Keep-Alive: 5\r\nUser-Agent: prom")
+    for request, decoded in ((GET, False), (hop, True)):
+        ex = Exchange(via=VIA, max_head=4096)
+        (action,) = ex.receive_client(request)
+        assert isinstance(action, RouteRequest)
+        (opened,) = ex.routed(route("edge-1"))
+        assert isinstance(opened, OpenUpstream)
+        (sent,) = ex.upstream_opened()
+        assert isinstance(sent, WriteUpstream)
+        assert b"User-Agent: prom\r\n" in sent.data and b"Keep-Alive" not in sent.data
+        head = ex._request
+        assert isinstance(head, RequestHead)
+        assert hasattr(head, "_decoded") is decoded
+        assert head.routing["host"] == "edge-1:9100"
