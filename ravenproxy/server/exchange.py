@@ -211,9 +211,8 @@ class Exchange:
         if built is None or built[0] is not request or built[1] is not route:
             out = request_head(request, self._dest, route, self.via)
             built = self._built = (request, route, out, WriteUpstream(out.head))
-        out = built[2]
-        self._outbound = [out.head]
-        self._upgrade, self._chunked_up = out.upgrade, out.chunked
+        head, self._upgrade, self._chunked_up = built[2]  # an Outbound, unpacked as a tuple
+        self._outbound = [head]
         if same:
             return self._send()
         key = UpstreamKey.of(route)

@@ -123,7 +123,7 @@ class PlainHead(_DecodedWhenAsked):
 
 class RequestHead(_DecodedWhenAsked):
     """A parsed request's head: routed by :attr:`routing` (decoded as it is parsed: a name
-    lookup per field, :func:`routing_fields`), its other fields decoded only if something asks
+    lookup per field), its other fields decoded only if something asks
     for :attr:`headers` or :attr:`lower` (a request with a hop-by-hop field, rewritten): most go
     on as parsed (:attr:`Head.wire`), and their User-Agent, Accept or Authorization is read by
     no one."""
@@ -138,10 +138,19 @@ class RequestHead(_DecodedWhenAsked):
         fields: list[tuple[bytes, bytes]],
         size: int,
         wire: bytes,
-        routing: dict[str, str],
     ) -> None:
         self.start, self.target, self.status, self.version = method, target, 0, version
-        self.fields, self.size, self.wire, self.routing = fields, size, wire, routing
+        self.fields, self.size, self.wire = fields, size, wire
+        # _decoded's by-name form of the fields named in ROUTING_NAMES only: no other field
+        # decoded (a lower-cased name looked up per field).
+        routing: dict[str, str] = {}
+        for k, v in fields:
+            key = _routing_name(k.lower())
+            if key is not None:
+                value = v.decode("latin-1")
+                seen = routing.get(key)
+                routing[key] = value if seen is None else f"{seen}, {value}"
+        self.routing = routing
 
 
 def _decoded(fields: list[tuple[bytes, bytes]]) -> tuple[Headers, dict[str, str]]:
@@ -164,19 +173,6 @@ ROUTING_NAMES: dict[bytes, str] = {
 decoded): hop-by-hop (:data:`HOP_BY_HOP`: Connection, Upgrade, Transfer-Encoding,
 X-Tunnel-Proxy-Host, ...), Host, Via, Content-Length."""
 _routing_name = ROUTING_NAMES.get
-
-
-def routing_fields(fields: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    """:func:`_decoded`'s by-name form of ``fields``, of those named in
-    :data:`ROUTING_NAMES` only: no other field is decoded."""
-    routing: dict[str, str] = {}
-    for k, v in fields:
-        key = _routing_name(k.lower())
-        if key is not None:
-            value = v.decode("latin-1")
-            seen = routing.get(key)
-            routing[key] = value if seen is None else f"{seen}, {value}"
-    return routing
 
 
 FRAMING_KIND: dict[bytes, int] = {b"content-length": 1, **{n.encode(): 2 for n in HOP_BY_HOP}}

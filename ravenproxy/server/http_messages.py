@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from httptools import (
@@ -26,7 +25,6 @@ from ravenproxy.server.http_heads import (
     Headers,
     PlainHead,
     RequestHead,
-    routing_fields,
 )
 from ravenproxy.server.podroutes import HOP_BY_HOP, Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
@@ -311,7 +309,7 @@ class Parsed:
         start = self._start.decode("latin-1")
         # The request line: method, target, "HTTP/1.1" and two spaces and its end (14).
         size += len(method) + len(self._start) + 14
-        return RequestHead(method, start, version, fields, size, lines, routing_fields(fields))
+        return RequestHead(method, start, version, fields, size, lines)
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
@@ -371,15 +369,20 @@ def keeps_alive(head: Head) -> bool:
     return head.version == "1.0" and "keep-alive" in tokens
 
 
-@dataclass(slots=True)  # not frozen: one per request that differs (see Destination)
-class Outbound:
-    """A request head as it goes to the target."""
+class Outbound(NamedTuple):
+    """A request head as it goes to the target (a named tuple: one is made per request that
+    differs from the last, by :data:`_outbound`)."""
 
     head: bytes
     upgrade: bool
     """The client asked for a protocol upgrade (``Connection: Upgrade``)."""
     chunked: bool
     """The body goes to the target chunked."""
+
+
+_outbound = tuple.__new__
+"""``_outbound(Outbound, fields)``: an :class:`Outbound` made by tuple's C constructor, as
+:data:`_framing` a :class:`Framing` (no Python call)."""
 
 
 def request_head(request: Head, dest: Destination, route: Route, via: str) -> Outbound:
@@ -393,7 +396,7 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
         lines = request.wire  # the fields' lines, as parsed
         via_line = f"Via: {request.version} {via}\r\n\r\n".encode("latin-1")
         line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-        return Outbound(b"".join((line, lines, b"\r\n", via_line)), False, False)
+        return _outbound(Outbound, (b"".join((line, lines, b"\r\n", via_line)), False, False))
     headers, lower = request.headers, request.lower
     upgrade = wants_upgrade(headers) if "connection" in lower else None
     out = forwardable(headers, upgrade=upgrade, names=lower)

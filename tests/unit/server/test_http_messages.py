@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import OpenUpstream, RouteRequest, WriteUpstream
-from ravenproxy.server.http_heads import ROUTING_NAMES, Head, RequestHead, _decoded, routing_fields
+from ravenproxy.server.http_heads import ROUTING_NAMES, Head, RequestHead, _decoded
 from ravenproxy.server.http_messages import (
     DATA,
     END,
@@ -350,7 +350,7 @@ def test_a_request_s_routing_fields_are_its_decoded_fields_that_routing_reads(
     """A request head decodes only the fields named in ROUTING_NAMES as it is parsed (as the
     whole decode would, repeated ones joined), and the rest, in order, when asked."""
     raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in fields]
-    head = RequestHead("GET", "/", "1.1", raw, 0, b"", routing_fields(raw))
+    head = RequestHead("GET", "/", "1.1", raw, 0, b"")
     headers, lower = _decoded(raw)
     assert head.routing == {k: v for k, v in lower.items() if k in ROUTING_NAMES.values()}
     assert (head.headers, head.lower) == (headers, lower)
