@@ -174,19 +174,18 @@ class Exchange:
             return [seen[2]]
         if request.size > self.max_head:
             return self._refuse(431, "", f"request head larger than {self.max_head} bytes")
-        headers, lower = request.headers, request.lower
-        host = lower.get("host")
+        routing = request.routing  # all it reads of the fields (Head.routing: Host, Via, ...)
+        host = routing.get("host")
         if (host is None and request.version == "1.1") or (host is not None and "," in host):
             return self._refuse(400, "", "bad request: an HTTP/1.1 request needs one Host field")
         self._client_keep = keeps_alive(request)
-        node = ""
         try:
-            dest = find_destination(request.start, request.target, headers, lower)
+            dest = find_destination(request.start, request.target, (), routing)
         except BadRequest as exc:
-            return self._refuse(exc.status, node, exc.reason)
-        node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
-        via = lower.get("via")
+            return self._refuse(exc.status, "", exc.reason)
+        via = routing.get("via")
         if via and self.via in via_received_by([via]):
+            node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
             why = f"loop detected: the request already passed through this server (Via {self.via})"
             return [Looped(), *self._refuse(508, node, why)]
         self._request, self._dest = request, dest
@@ -211,9 +210,8 @@ class Exchange:
         if built is None or built[0] is not request or built[1] is not route:
             out = request_head(request, self._dest, route, self.via)
             built = self._built = (request, route, out, WriteUpstream(out.head))
-        out = built[2]
-        self._outbound = [out.head]
-        self._upgrade, self._chunked_up = out.upgrade, out.chunked
+        head, self._upgrade, self._chunked_up = built[2]  # an Outbound, unpacked as a tuple
+        self._outbound = [head]
         if same:
             return self._send()
         key = UpstreamKey.of(route)

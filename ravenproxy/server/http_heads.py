@@ -1,6 +1,7 @@
 """A parsed HTTP/1.1 head as :mod:`ravenproxy.server.http_messages` makes it: the fields as
-llhttp gave them, decoded for what routes or rewrites it, and not for a response that goes on as
-parsed (:class:`PlainHead`)."""
+llhttp gave them, decoded for what routes or rewrites it — not for a response that goes on as
+parsed (:class:`PlainHead`), and for a request only those routing reads unless more is asked
+(:class:`RequestHead`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class Head:
         "fields",
         "headers",
         "lower",
+        "routing",
         "size",
         "start",
         "status",
@@ -34,6 +36,10 @@ class Head:
     """The fields decoded (latin-1), in order."""
     lower: dict[str, str]
     """The fields by lower-cased name (repeated ones joined with ", ")."""
+    routing: dict[str, str]
+    """:attr:`lower`'s fields named in :data:`ROUTING_NAMES` (hop-by-hop, framing, Host, Via):
+    all that routing, the hop-by-hop rules and keep-alive read (:attr:`lower` itself for a
+    head decoded whole)."""
 
     def __init__(
         self,
@@ -53,22 +59,46 @@ class Head:
         self.wire = wire
         """A response's head as :func:`~ravenproxy.server.http_messages.response_framing`
         writes it when it drops and adds no field: ``HTTP/1.1``, the status and reason, each
-        field as parsed on a ``name: value`` line (b"" for a request)."""
-        # A request is routed by its fields, a response that is not plain rewritten.
+        field as parsed on a ``name: value`` line. A request's: its fields as parsed on their
+        ``name: value`` lines joined by CRLF (no request line, no end): what
+        :func:`~ravenproxy.server.http_messages.request_head` sends on when it drops none."""
+        # A response that is not plain is rewritten by its fields.
         self.headers, self.lower = _decoded(fields)
+        self.routing = self.lower
 
 
-class PlainHead(Head):
-    """A plain response's head (:attr:`Head.plain`): it goes on as parsed, so neither its
-    fields nor its reason phrase are decoded unless something asks for them."""
+class _DecodedWhenAsked(Head):
+    """A head whose :attr:`headers` and :attr:`lower` are decoded when first asked for."""
 
-    __slots__ = ("_decoded", "_reason")
-
-    plain = True
-    target = ""  # a response's (Head's slot left unset)
+    __slots__ = ("_decoded",)
 
     _decoded: tuple[Headers, dict[str, str]]
     """Set when first asked for."""
+
+    @property
+    def headers(self) -> Headers:  # type: ignore[override]  # read-only: decoded on demand
+        return self._forms()[0]
+
+    @property
+    def lower(self) -> dict[str, str]:  # type: ignore[override]
+        return self._forms()[1]
+
+    def _forms(self) -> tuple[Headers, dict[str, str]]:
+        try:
+            return self._decoded
+        except AttributeError:
+            self._decoded = _decoded(self.fields)
+            return self._decoded
+
+
+class PlainHead(_DecodedWhenAsked):
+    """A plain response's head (:attr:`Head.plain`): it goes on as parsed, so neither its
+    fields nor its reason phrase are decoded unless something asks for them."""
+
+    __slots__ = ("_reason",)
+
+    plain = True
+    target = ""  # a response's (Head's slot left unset)
 
     def __init__(  # not Head's: nothing decoded, and no call to it (once an answer)
         self,
@@ -87,19 +117,40 @@ class PlainHead(Head):
         return self._reason.decode("latin-1")
 
     @property
-    def headers(self) -> Headers:  # type: ignore[override]  # read-only: decoded on demand
-        return self._forms()[0]
-
-    @property
-    def lower(self) -> dict[str, str]:  # type: ignore[override]
+    def routing(self) -> dict[str, str]:  # type: ignore[override]
         return self._forms()[1]
 
-    def _forms(self) -> tuple[Headers, dict[str, str]]:
-        try:
-            return self._decoded
-        except AttributeError:
-            self._decoded = _decoded(self.fields)
-            return self._decoded
+
+class RequestHead(_DecodedWhenAsked):
+    """A parsed request's head: routed by :attr:`routing` (decoded as it is parsed: a name
+    lookup per field), its other fields decoded only if something asks
+    for :attr:`headers` or :attr:`lower` (a request with a hop-by-hop field, rewritten): most go
+    on as parsed (:attr:`Head.wire`), and their User-Agent, Accept or Authorization is read by
+    no one."""
+
+    __slots__ = ()
+
+    def __init__(  # not Head's: its fields not decoded (once a request that differs)
+        self,
+        method: str,
+        target: str,
+        version: str,
+        fields: list[tuple[bytes, bytes]],
+        size: int,
+        wire: bytes,
+    ) -> None:
+        self.start, self.target, self.status, self.version = method, target, 0, version
+        self.fields, self.size, self.wire = fields, size, wire
+        # _decoded's by-name form of the fields named in ROUTING_NAMES only: no other field
+        # decoded (a lower-cased name looked up per field).
+        routing: dict[str, str] = {}
+        for k, v in fields:
+            key = _routing_name(k.lower())
+            if key is not None:
+                value = v.decode("latin-1")
+                seen = routing.get(key)
+                routing[key] = value if seen is None else f"{seen}, {value}"
+        self.routing = routing
 
 
 def _decoded(fields: list[tuple[bytes, bytes]]) -> tuple[Headers, dict[str, str]]:
@@ -113,6 +164,15 @@ def _decoded(fields: list[tuple[bytes, bytes]]) -> tuple[Headers, dict[str, str]
         seen = lower.get(key)
         lower[key] = value if seen is None else f"{seen}, {value}"
     return headers, lower
+
+
+ROUTING_NAMES: dict[bytes, str] = {
+    n.encode(): n for n in sorted(HOP_BY_HOP | {"host", "via", "content-length"})
+}
+"""The lower-cased names of :attr:`Head.routing`'s fields (as llhttp gives a name, and
+decoded): hop-by-hop (:data:`HOP_BY_HOP`: Connection, Upgrade, Transfer-Encoding,
+X-Tunnel-Proxy-Host, ...), Host, Via, Content-Length."""
+_routing_name = ROUTING_NAMES.get
 
 
 FRAMING_KIND: dict[bytes, int] = {b"content-length": 1, **{n.encode(): 2 for n in HOP_BY_HOP}}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from httptools import (
@@ -20,7 +19,13 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.http_heads import FRAMING_KIND, Head, Headers, PlainHead
+from ravenproxy.server.http_heads import (
+    FRAMING_KIND,
+    Head,
+    Headers,
+    PlainHead,
+    RequestHead,
+)
 from ravenproxy.server.podroutes import HOP_BY_HOP, Destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
 
@@ -55,6 +60,7 @@ class Parsed:
         "_fields",
         "_kind",
         "_last",
+        "_replay_head",
         "_response",
         "_start",
         "_trailers",
@@ -110,8 +116,13 @@ class Parsed:
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
         same answer) is the same object, and what was derived from it can be reused."""
         self._again: tuple[bytes, Head] | None = None
-        """The last bytes fed, when they were one whole request, bodiless and kept alive, and
-        its head: the same bytes again are that request again (:meth:`feed`)."""
+        """The last bytes fed, when they were one whole request that left the parser as it
+        found it, and its head: the same bytes again are that request again (:meth:`feed`),
+        when its head passes :meth:`_replayable` (asked then, not when remembered: most
+        requests that differ from the last are not followed by themselves)."""
+        self._replay_head: Head | None = None
+        """The last head :meth:`_replayable` said yes to (a connection's repeated request asks
+        once)."""
 
     @property
     def midway(self) -> bool:
@@ -120,12 +131,29 @@ class Parsed:
         return self.in_head or self.in_body
 
     def _repeated(self, data: bytes) -> Head | None:
-        """The remembered request's head when ``data`` is its bytes again and the parser is
-        where that request left it (no head or body begun); else None."""
+        """The remembered request's head when ``data`` is its bytes again, the parser is where
+        that request left it (no head or body begun) and the head may be replayed; else None."""
         again = self._again
         if again is not None and not self.in_head and not self.in_body and data == again[0]:
-            return again[1]
+            head = again[1]
+            if head is self._replay_head or self._replayable(head):
+                return head
         return None
+
+    def _replayable(self, head: Head) -> bool:
+        """A remembered request may be answered from memory when its bytes come again: kept
+        alive (after a "close" llhttp takes no more), no body, no upgrade, no CONNECT."""
+        routing = head.routing
+        if (
+            head.start != "CONNECT"
+            and keeps_alive(head)
+            and "upgrade" not in routing
+            and "content-length" not in routing
+            and "transfer-encoding" not in routing
+        ):
+            self._replay_head = head
+            return True
+        return False
 
     def feed(self, data: bytes) -> bytes | None:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
@@ -161,13 +189,16 @@ class Parsed:
             self.tail += len(data)
             if self.tail > self.max_tail:
                 events.append((ERROR, f"chunk framing or trailers over {self.max_tail} bytes"))
-        if (
-            fresh
-            and len(events) == 2
-            and len(data) <= REPLAY_MAX
-            and isinstance(self.parser, HttpRequestParser)
-        ):
-            self._remember(data)
+        if fresh and len(events) == 2 and len(data) <= REPLAY_MAX and not self._response:
+            # One whole request that left the parser as it found it (no body event, nothing of
+            # a next message) is kept: the same bytes again are that request again. (Whether
+            # it may be replayed is asked then: _replayable.) Here, not in a method of its own:
+            # once a request that differs.
+            (kind, parsed), (end, trailers) = events
+            done = not self.in_head and not self.in_body
+            if kind == HEAD and end == END and not trailers and done:
+                assert isinstance(parsed, Head)
+                self._again = (bytes(data), parsed)
         return None
 
     def again(self, data: bytes, head: Head) -> bool:
@@ -177,35 +208,17 @@ class Parsed:
         # :meth:`_repeated`'s rule asked without its call (once a request), the head's
         # identity first: no bytes compared for another request's head.
         again = self._again
-        if (
-            again is None
-            or again[1] is not head
-            or self.events
-            or self.in_head
-            or self.in_body
-            or data != again[0]
-        ):
+        if again is None or again[1] is not head or self.events or self.in_head or self.in_body:
+            return False
+        if data != again[0]:
+            # feed would compare the same bytes to miss (a call, once a request that differs)
+            self._again = None
+            return False
+        if head is not self._replay_head and not self._replayable(head):
             return False
         self.events.append((END, []))
         self.fed = 0
         return True
-
-    def _remember(self, data: bytes) -> None:
-        """Keep ``data`` for :meth:`feed` when it was one whole request that leaves the parser
-        as it found it: kept alive, no body, no upgrade, nothing of a next message."""
-        (kind, head), (end, trailers) = self.events
-        if kind != HEAD or end != END or trailers or self.in_head or self.in_body:
-            return
-        assert isinstance(head, Head)
-        lower = head.lower
-        if (
-            head.start != "CONNECT"
-            and keeps_alive(head)  # after a "close" llhttp takes no more
-            and "upgrade" not in lower
-            and "content-length" not in lower
-            and "transfer-encoding" not in lower
-        ):
-            self._again = (bytes(data), head)
 
     # -- llhttp's callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -285,12 +298,16 @@ class Parsed:
                 return PlainHead(self._start, status, version, fields, len(wire), wire)
             start = self._start.decode("latin-1")
             return Head(start, "", status, version, fields, len(wire), wire)
-        size = len(self._start) + 2
-        for k, v in fields:
-            size += len(k) + len(v) + 4
+        # A request's fields on their lines as parsed, joined in C: request_head sends them on
+        # when it drops none, and their length is the fields' part of the head's size ("name:
+        # value" and a line end each: the lines' length and the last line's end).
+        lines = b"\r\n".join(map(_name_value, fields)) if fields else b""
+        size = len(lines) + 2 if fields else 0
         method = kind.decode("ascii", "replace")
         start = self._start.decode("latin-1")
-        return Head(method, start, 0, version, fields, size + len(method) + 12)
+        # The request line: method, target, "HTTP/1.1" and two spaces and its end (14).
+        size += len(method) + len(self._start) + 14
+        return RequestHead(method, start, version, fields, size, lines)
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
@@ -337,10 +354,12 @@ def keeps_alive(head: Head) -> bool:
     """The sender keeps the connection open after this message (RFC 9112 §9.3). A client's
     ``Proxy-Connection`` (pre-standard, sent to proxies) counts as ``Connection``, as llhttp
     counts it: after a ``close`` in it the parser takes no more on the connection."""
-    lower = head.lower
+    lower = head.routing
     connection = lower.get("connection")
-    tokens = _tokens(connection) if connection else set()
     proxy = lower.get("proxy-connection")
+    if not connection and not proxy:  # most messages: no option listed, the version decides
+        return head.version == "1.1"
+    tokens = _tokens(connection) if connection else set()
     if proxy:
         tokens |= _tokens(proxy)
     if head.version == "1.1":
@@ -348,9 +367,9 @@ def keeps_alive(head: Head) -> bool:
     return head.version == "1.0" and "keep-alive" in tokens
 
 
-@dataclass(frozen=True, slots=True)
-class Outbound:
-    """A request head as it goes to the target."""
+class Outbound(NamedTuple):
+    """A request head as it goes to the target (a named tuple: one is made per request that
+    differs from the last, by :data:`_outbound`)."""
 
     head: bytes
     upgrade: bool
@@ -359,18 +378,24 @@ class Outbound:
     """The body goes to the target chunked."""
 
 
+_outbound = tuple.__new__
+"""``_outbound(Outbound, fields)``: an :class:`Outbound` made by tuple's C constructor, as
+:data:`_framing` a :class:`Framing` (no Python call)."""
+
+
 def request_head(request: Head, dest: Destination, route: Route, via: str) -> Outbound:
     """The head to send on: hop-by-hop fields dropped (RFC 9110 §7.6.1), ``Host`` set for the
     destination, the body's chunking kept, ``Via`` added."""
-    headers, lower = request.headers, request.lower
-    if dest.authority is None and "host" in lower and HOP_BY_HOP.isdisjoint(lower):
+    routing = request.routing  # all it reads of a request that goes on as parsed
+    if dest.authority is None and "host" in routing and HOP_BY_HOP.isdisjoint(routing):
         # Nothing dropped, nothing added but Via (no Connection, no Transfer-Encoding: no
         # upgrade, no chunking): the fields as parsed, joined in C — the bytes fields() makes
         # of their decoded form (latin-1 round-trips), without a format per field.
-        lines = b"\r\n".join(map(_name_value, request.fields))
+        lines = request.wire  # the fields' lines, as parsed
         via_line = f"Via: {request.version} {via}\r\n\r\n".encode("latin-1")
         line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-        return Outbound(b"".join((line, lines, b"\r\n", via_line)), False, False)
+        return _outbound(Outbound, (b"".join((line, lines, b"\r\n", via_line)), False, False))
+    headers, lower = request.headers, request.lower
     upgrade = wants_upgrade(headers) if "connection" in lower else None
     out = forwardable(headers, upgrade=upgrade, names=lower)
     if dest.authority is not None:

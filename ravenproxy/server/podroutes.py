@@ -26,6 +26,8 @@ NODE_NAME_PARAM = "nodeName"
 
 POD_PATH_PREFIXES = ("containerLogs", "exec", "attach", "portForward", "run")
 """Kubelet endpoints whose path is ``/<prefix>/<namespace>/<pod>/…``."""
+_POD_PATH_STARTS = tuple(f"/{prefix}/" for prefix in POD_PATH_PREFIXES)
+"""How a pod path begins: a target that begins otherwise names no pod (one C call asks)."""
 
 # RFC 9110 §7.6.1: hop-by-hop fields, never forwarded; plus the framing fields the exchange sets
 # itself and the proxy's own routing header.
@@ -44,7 +46,10 @@ HOP_BY_HOP = frozenset(
 )
 
 
-@dataclass(frozen=True)
+# Slotted, not frozen: one is made per request that differs from the last, and a frozen
+# dataclass's __init__ sets each of its 7 fields through object.__setattr__. No one changes or
+# hashes a destination.
+@dataclass(slots=True)
 class Destination:
     via: str
     """How the request named it: absolute-uri, tunnel-header, node-name-query, pod-path, host."""
@@ -73,22 +78,35 @@ def pod_of_path(path: str) -> tuple[str, str] | None:
     return None
 
 
+_AUTHORITIES: dict[str, tuple[str, int | None]] = {}
+""":func:`_authority` by the text it was given (a Host or X-Tunnel-Proxy-Host value, a
+nodeName): a client sends the same one with each request, and the same few come from every
+client. Bounded: emptied when full; a value longer than a host and port can be is not kept."""
+_AUTHORITIES_MAX = 1024
+_known_authority = _AUTHORITIES.get
+
+
 def _authority(text: str) -> tuple[str, int | None]:
-    text = text.strip()
+    """``node[:port]`` → (host, port or None); a :class:`BadRequest` 400 for anything else.
+    Callers ask :data:`_AUTHORITIES` first (``_known_authority``)."""
+    stripped = text.strip()
     try:
-        host, port = split_authority(text, default_port=0)
+        host, port = split_authority(stripped, default_port=0)
     except BadRequest:
-        raise BadRequest(400, f"bad node address {text[:80]!r}") from None
-    return host, (port or None)
+        raise BadRequest(400, f"bad node address {stripped[:80]!r}") from None
+    parsed = host, (port or None)
+    if len(text) <= 300:  # a DNS name is at most 253 characters, a port 6 more
+        if len(_AUTHORITIES) >= _AUTHORITIES_MAX:
+            _AUTHORITIES.clear()
+        _AUTHORITIES[text] = parsed
+    return parsed
 
 
 def _node_name(query: str) -> str | None:
-    """The first non-empty ``nodeName`` of a query, as ``parse_qsl`` decodes it. A query in
-    which no key can decode to it (the name spelled out, or some of it percent-encoded; ``+``
-    decodes to a space, which it has none of) is not parsed: most queries (kubectl's
+    """The first non-empty ``nodeName`` of a query, as ``parse_qsl`` decodes it. Asked only for
+    a query in which a key can decode to it (the name spelled out, or some of it
+    percent-encoded; ``+`` decodes to a space, which it has none of): most queries (kubectl's
     ``?follow=true``, a scrape's) name no node, and parse_qsl splits and unquotes each pair."""
-    if not query or (NODE_NAME_PARAM not in query and "%" not in query):
-        return None
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key == NODE_NAME_PARAM and value:
             return value
@@ -102,13 +120,16 @@ def find_destination(
     lower: Mapping[str, str] | None = None,
 ) -> Destination:
     """Where the request goes (not yet resolved to a node: that needs the model). ``lower``:
-    the headers by lower-cased name, when the caller has them already."""
+    the headers by lower-cased name, when the caller has them already (``headers`` is then
+    not read): of them only X-Tunnel-Proxy-Host and Host (a head's ``routing`` has both)."""
     if lower is None:
         lower = {k.lower(): v for k, v in headers}
     if method == "CONNECT":
         chost, cport = split_authority(target)
         return Destination("connect", chost, cport, target=target)
-    if target.startswith(("http://", "https://")):
+    # Origin form (most requests) told by its first character: a one-character slice is a
+    # cached string, while str.startswith parses its arguments by format (~500 instructions).
+    if target[:1] != "/" and target.startswith(("http://", "https://")):
         try:
             url = urlsplit(target)
         except ValueError:  # e.g. an unclosed "[" of an IPv6 literal
@@ -122,25 +143,28 @@ def find_destination(
         return Destination(
             "absolute-uri", uhost, uport, target=origin, authority=url.netloc, scheme=url.scheme
         )
-    if not target.startswith("/"):
+    if target[:1] != "/":
         if target == "*" and method == "OPTIONS":
             raise BadRequest(400, "OPTIONS * names no node")
         raise BadRequest(400, f"bad request target {target[:80]!r}")
     tunnel_host = lower.get(TUNNEL_HOST_HEADER)
     if tunnel_host:
-        host, port = _authority(tunnel_host)
+        host, port = _known_authority(tunnel_host) or _authority(tunnel_host)
         return Destination("tunnel-header", host, port, target=target)
-    node_name = _node_name(target.partition("?")[2])
-    if node_name is not None:
-        host, port = _authority(node_name)
-        return Destination("node-name-query", host, port, target=target)
-    pod = pod_of_path(target)
-    if pod is not None:
-        return Destination("pod-path", pod=pod, target=target)
+    query = target.partition("?")[2]
+    if query and (NODE_NAME_PARAM in query or "%" in query):  # else no key decodes to it
+        node_name = _node_name(query)
+        if node_name is not None:
+            host, port = _known_authority(node_name) or _authority(node_name)
+            return Destination("node-name-query", host, port, target=target)
+    if target.startswith(_POD_PATH_STARTS):  # else pod_of_path finds no pod
+        pod = pod_of_path(target)
+        if pod is not None:
+            return Destination("pod-path", pod=pod, target=target)
     host_header = lower.get("host")
     if not host_header:
         raise BadRequest(400, "the request names no node (no Host, X-Tunnel-Proxy-Host, nodeName)")
-    host, port = _authority(host_header)
+    host, port = _known_authority(host_header) or _authority(host_header)
     return Destination("host", host, port, target=target)
 
 

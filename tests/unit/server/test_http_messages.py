@@ -7,8 +7,20 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ravenproxy.server.http_heads import Head
-from ravenproxy.server.http_messages import DATA, END, ERROR, HEAD, REPLAY_MAX, Parsed
+from ravenproxy.server.exchange import Exchange
+from ravenproxy.server.exchange_actions import OpenUpstream, RouteRequest, WriteUpstream
+from ravenproxy.server.http_heads import ROUTING_NAMES, Head, RequestHead, _decoded
+from ravenproxy.server.http_messages import (
+    DATA,
+    END,
+    ERROR,
+    HEAD,
+    REPLAY_MAX,
+    Parsed,
+    keeps_alive,
+)
+
+from .test_exchange import VIA, route
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: prom\r\n\r\n"
 
@@ -235,3 +247,129 @@ def test_again_is_the_old_rule_repeated_bytes_with_that_head_and_no_event_waitin
     assert list(parsed.events) == ([*before, (END, [])] if expected else before)
     if expected:
         assert parsed.fed == 0
+
+
+_NAMES = st.sampled_from(["Host", "User-Agent", "Accept", "X-A", "Via", "Cookie"])
+_VALUES = st.text(st.sampled_from("abc:/ ,;=1\t\x80\xff"), max_size=8).map(str.strip)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    method=st.sampled_from(["GET", "HEAD", "DELETE", "OPTIONS"]),
+    target=st.sampled_from(["/", "/metrics", "/ping?n=1", "/a/b?c=d&e"]),
+    fields=st.lists(st.tuples(_NAMES, _VALUES), max_size=5),
+    version=st.sampled_from(["1.0", "1.1"]),
+)
+def test_a_request_head_s_size_and_lines_are_its_bytes(
+    method: str, target: str, fields: list[tuple[str, str]], version: str
+) -> None:
+    """A request head's size is its bytes on the wire (fields written ``name: value``), and
+    its ``wire`` the fields' lines as parsed, joined by CRLF (what request_head sends on)."""
+    lines = "\r\n".join(f"{k}: {v}" for k, v in fields).encode("latin-1")
+    data = f"{method} {target} HTTP/{version}\r\n".encode() + lines
+    data += b"\r\n\r\n" if fields else b"\r\n"
+    parsed = Parsed(response=False)
+    parsed.feed(data)
+    kind, head = parsed.events.popleft()
+    assert kind == HEAD and isinstance(head, Head)
+    assert head.size == len(data)
+    assert head.wire == lines
+    assert head.fields == [(k.encode("latin-1"), v.encode("latin-1")) for k, v in fields]
+
+
+class Asked(Parsed):
+    """Counts :meth:`Parsed._replayable`'s answers."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        super().__init__(response=False)
+
+    def _replayable(self, head: Head) -> bool:
+        self.asked += 1
+        return super()._replayable(head)
+
+
+def test_whether_a_request_may_be_replayed_is_asked_when_it_comes_again_once() -> None:
+    """Requests that differ from the last are parsed and never asked about (the rule runs when
+    the same bytes come again, once for a connection's repeated request)."""
+    parsed = Asked()
+    for n in range(5):
+        take_after(parsed, GET.replace(b"/metrics", b"/metrics?n=%d" % n))
+    assert parsed.asked == 0
+    first = take_after(parsed, GET)
+    head = first[0][1]
+    assert isinstance(head, Head)
+    for _ in range(3):
+        assert take_after(parsed, GET) == first
+        assert parsed.again(GET, head) and take(parsed) == [(END, [])]
+    assert parsed.asked == 1
+
+
+def _keeps_alive_by_tokens(head: Head) -> bool:
+    """keeps_alive's rule with every message's tokens gathered (before its early answer)."""
+    tokens: set[str] = set()
+    for name in ("connection", "proxy-connection"):
+        value = head.lower.get(name)
+        if value:
+            tokens |= {t.strip().lower() for t in value.split(",")}
+    if head.version == "1.1":
+        return "close" not in tokens
+    return head.version == "1.0" and "keep-alive" in tokens
+
+
+_OPTIONS = st.sampled_from(["", "close", "Keep-Alive", "keep-alive, Upgrade", " CLOSE ", "x"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    version=st.sampled_from(["1.0", "1.1", "0.9"]),
+    fields=st.lists(
+        st.tuples(st.sampled_from(["Connection", "Proxy-Connection", "Host"]), _OPTIONS),
+        max_size=3,
+    ),
+)
+def test_keeps_alive_is_the_rule_of_the_tokens(version: str, fields: list[tuple[str, str]]) -> None:
+    encoded = [(k.encode(), v.encode()) for k, v in fields]
+    head = Head("GET", "/", 0, version, encoded, 0)
+    assert keeps_alive(head) is _keeps_alive_by_tokens(head)
+
+
+_ANY_NAMES = st.sampled_from(
+    [
+        *("Host", "HOST", "Via", "Connection", "X-Tunnel-Proxy-Host", "Content-Length"),
+        *("Upgrade", "Transfer-Encoding", "TE", "Accept", "User-Agent", "Keep-Alive"),
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.lists(st.tuples(_ANY_NAMES, _VALUES), max_size=6))
+def test_a_request_s_routing_fields_are_its_decoded_fields_that_routing_reads(
+    fields: list[tuple[str, str]],
+) -> None:
+    """A request head decodes only the fields named in ROUTING_NAMES as it is parsed (as the
+    whole decode would, repeated ones joined), and the rest, in order, when asked."""
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in fields]
+    head = RequestHead("GET", "/", "1.1", raw, 0, b"")
+    headers, lower = _decoded(raw)
+    assert head.routing == {k: v for k, v in lower.items() if k in ROUTING_NAMES.values()}
+    assert (head.headers, head.lower) == (headers, lower)
+
+
+def test_a_plain_request_goes_on_without_its_other_fields_decoded() -> None:
+    """Routed and sent on, a request without a hop-by-hop field has only its routing fields
+    decoded; one with a hop-by-hop field is rewritten from all of them (and loses it)."""
+    hop = GET.replace(b"User-Agent: prom", b"Keep-Alive: 5\r\nUser-Agent: prom")
+    for request, decoded in ((GET, False), (hop, True)):
+        ex = Exchange(via=VIA, max_head=4096)
+        (action,) = ex.receive_client(request)
+        assert isinstance(action, RouteRequest)
+        (opened,) = ex.routed(route("edge-1"))
+        assert isinstance(opened, OpenUpstream)
+        (sent,) = ex.upstream_opened()
+        assert isinstance(sent, WriteUpstream)
+        assert b"User-Agent: prom\r\n" in sent.data and b"Keep-Alive" not in sent.data
+        head = ex._request
+        assert isinstance(head, RequestHead)
+        assert hasattr(head, "_decoded") is decoded
+        assert head.routing["host"] == "edge-1:9100"

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ravenproxy.server.http1 import BadRequest
+from ravenproxy.server import podroutes
+from ravenproxy.server.http1 import BadRequest, split_authority
 from ravenproxy.server.podroutes import (
     Destination,
-    _node_name,
     find_destination,
     forwardable,
     pod_of_path,
@@ -92,6 +92,8 @@ def test_connect() -> None:
         ("GET", "/?nodeName=edge-1:99999", []),
         ("OPTIONS", "*", [("Host", "edge-1")]),
         ("GET", "edge-1/x", [("Host", "edge-1")]),
+        ("GET", "", [("Host", "edge-1")]),
+        ("GET", "HTTP://edge-1/", [("Host", "edge-1")]),  # not absolute-form as parsed here
         ("GET", "http://user@edge-1/", []),
         ("GET", "http:///x", []),
     ],
@@ -189,9 +191,78 @@ _QUERY_PARTS = st.sampled_from(
 @given(parts=st.lists(_QUERY_PARTS | st.text(max_size=3), max_size=8))
 def test_node_name_is_what_parsing_every_query_finds(parts: list[str]) -> None:
     """A query is parsed only where a key could decode to ``nodeName``: for any query (the
-    name spelled out, percent-encoded in part, mangled), the answer is parse_qsl's."""
+    name spelled out, percent-encoded in part, mangled), the request goes where parse_qsl's
+    answer says (else by its Host)."""
     query = "".join(parts)
-    assert _node_name(query) == _node_name_by_parse(query)
+    name = _node_name_by_parse(query)
+    try:
+        dest = find_destination("GET", f"/metrics?{query}", [("Host", "edge-1")])
+    except BadRequest as exc:  # a name that is no host[:port]
+        assert name is not None and exc.status == 400
+        return
+    if name is None:
+        assert (dest.via, dest.host) == ("host", "edge-1")
+    else:
+        host, port = split_authority(name.strip(), default_port=0)
+        assert (dest.via, dest.host, dest.port) == ("node-name-query", host, port or None)
+
+
+_SEGMENTS = st.sampled_from(
+    ["", "/", "?", "exec", "containerLogs", "attach", "portForward", "run", "runX", "ns", "p"]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(parts=st.lists(_SEGMENTS | st.text(max_size=2), max_size=7))
+def test_a_pod_path_is_found_only_where_it_begins_as_one(parts: list[str]) -> None:
+    """find_destination asks pod_of_path only of a target that begins ``/<prefix>/``: for any
+    target, it routes by the pod exactly when pod_of_path finds one."""
+    target = "/" + "/".join(parts)
+    pod = pod_of_path(target)
+    try:
+        dest = find_destination("GET", target, [("Host", "edge-1")])
+    except BadRequest:  # a nodeName in the query that is no host[:port]
+        return
+    if pod is not None:
+        assert (dest.via, dest.pod) == ("pod-path", pod)
+    else:
+        assert dest.via in ("host", "node-name-query")
+
+
+_AUTHORITY_PARTS = st.sampled_from(["edge-1", "EDGE-2", ":", "[", "]", "fd00::1", "10250", " "])
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    parts=st.lists(_AUTHORITY_PARTS | st.text(max_size=3), min_size=1, max_size=5),
+    header=st.sampled_from(["Host", "X-Tunnel-Proxy-Host"]),
+)
+def test_a_remembered_authority_routes_as_one_parsed_anew(parts: list[str], header: str) -> None:
+    """The same Host (or X-Tunnel-Proxy-Host) value again is not parsed again: the answer,
+    or the refusal, is the same as the first time's."""
+
+    def routed() -> tuple[object, ...]:
+        try:
+            dest = find_destination("GET", "/metrics", [(header, value)])
+        except BadRequest as exc:
+            return ("refused", exc.status, exc.reason)
+        return (dest.via, dest.host, dest.port)
+
+    value = "".join(parts)
+    podroutes._AUTHORITIES.clear()
+    first = routed()
+    assert routed() == first
+    assert (value in podroutes._AUTHORITIES) == (first[0] != "refused" and bool(value.strip()))
+
+
+def test_remembered_authorities_are_bounded() -> None:
+    podroutes._AUTHORITIES.clear()
+    for i in range(podroutes._AUTHORITIES_MAX + 10):
+        find_destination("GET", "/", [("Host", f"edge-{i}:10250")])
+    assert 0 < len(podroutes._AUTHORITIES) <= podroutes._AUTHORITIES_MAX
+    long = "e" * 400
+    assert find_destination("GET", "/", [("Host", long)]).host == long
+    assert long not in podroutes._AUTHORITIES
 
 
 def test_a_percent_encoded_node_name_key_still_routes() -> None:
