@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
 
 from ravenproxy.transport.flag import Flag
-from ravenproxy.transport.frame_batch import WRITE_THROUGH, batched, one_small, writes
+from ravenproxy.transport.frame_batch import WRITE_THROUGH, one_frame, writes
 from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.readiness import of as readiness_of
 from ravenproxy.transport.websocket import TunnelConnectionMixin
@@ -83,13 +83,21 @@ class Outlet(Intake):
                 # Written in the caller's turn, for the idle writer (not by a method of its own:
                 # a call a request): no task step and no loop turn between a request (its
                 # answer) and its write.
-                batch = self.conn.outbox.take_pieces()
+                outbox = self.conn.outbox
+                one = outbox.take_one()  # the usual output: one frame, no lists made for it
+                batch = outbox.take_pieces() if one is None else None
                 if self._taken.waiter is not None:
                     self._taken.set()
                 transport, mask = ws.transport, not self.conn.server_side
-                small = one_small(batch, mask=mask)  # writes(), written out: the usual batch
-                for frames in batched(batch, mask=mask) if small is None else (small,):
-                    transport.writelines(frames)
+                frame = None if one is None else one_frame(one[0], one[1], mask)
+                if frame is not None:
+                    transport.writelines((frame,))
+                else:
+                    if batch is None:  # one frame, too large for one_frame
+                        assert one is not None
+                        batch = [[one[0], one[1]] if one[1] else [one[0]]]
+                    for frames in writes(batch, mask=mask):
+                        transport.writelines(frames)
                 if self._drain_event.waiter is not None:
                     self._drain_event.set()
             elif not self._late:  # should no later event of the burst flush this session
