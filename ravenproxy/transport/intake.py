@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from websockets.protocol import State as WsState
@@ -89,7 +88,7 @@ class Intake:
             self._held += batch
             return
         # conn.should_read, written out (a property: two calls a request).
-        outbox, cap = conn.outbox, conn.config.max_control_pending
+        outbox, cap, streams = conn.outbox, conn.config.max_control_pending, self.streams
         # What the round queues (several streams' frames, credit) is written at its end, in
         # one write, not by the first flush it makes (Session._flush writes through).
         self._deferred = True
@@ -103,17 +102,21 @@ class Intake:
                 # The usual message, one DATA frame (several under load), by the wire's fast
                 # path: no event to match.
                 got = conn.receive_data(message)
-                taken: Sequence[tuple[int, bytes | memoryview]] | None
-                if got is not None:
-                    taken = (got,)
-                else:
-                    taken = conn.receive_batch(message)
-                    if taken is None:
-                        for event in conn.receive_message(message):
-                            self._dispatch(event)
-                        continue
+                if got is not None:  # its one chunk fed as is: no tuple of it to loop over
+                    sid, data = got
+                    stream = streams.get(sid)
+                    if stream is not None:
+                        stream._feed(data)
+                    else:  # as _dispatch: a stream this side already let go of
+                        conn.consumed(sid, len(data))
+                    continue
+                taken = conn.receive_batch(message)
+                if taken is None:
+                    for event in conn.receive_message(message):
+                        self._dispatch(event)
+                    continue
                 for sid, data in taken:
-                    stream = self.streams.get(sid)
+                    stream = streams.get(sid)
                     if stream is not None:
                         stream._feed(data)
                     else:  # as _dispatch: a stream this side already let go of
