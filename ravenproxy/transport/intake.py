@@ -65,13 +65,22 @@ class Intake:
     _writer_task: asyncio.Task[None] | None
     _taken: Flag
 
+    # The class's until a session sets them, which its usual life never does (a pause on a
+    # flood of control frames, a handover to websockets' reader). Python 3.11 keeps up to 29
+    # attributes of an instance in shared-key values; a session that sets more gets a dict of
+    # its own, and every attribute load on it then takes the slower hinted lookup and its
+    # method loads are not specialized at all (LOAD_METHOD_ADAPTIVE: ~a dozen loads a
+    # message, `session._flush()` among them). tests/unit/transport/test_session_attributes.py
+    # holds a session to that count.
+    _yielded = 0.0
+    """When the websockets read path last yielded (0: it yields at its first message)."""
+    _paused_at = 0.0
+    _flood_timer: asyncio.TimerHandle | None = None
+
     def _init_intake(self) -> None:
-        self._yielded = time.monotonic()
         self._delivering = False  # our frame reader calls _on_messages
         self._held: list[bytes | memoryview] | None = None  # reading paused: not taken yet
         self._deferred = False  # taking a read round: what it queues is written at its end
-        self._paused_at = 0.0
-        self._flood_timer: asyncio.TimerHandle | None = None
 
     if TYPE_CHECKING:  # the session's
 
