@@ -30,6 +30,7 @@ are written as they are, after the gathered run is topped up to this size from t
 
 
 _HEAD16 = struct.Struct("!BBH")
+_pack16 = _HEAD16.pack  # bound once: GLOBAL.method() is an attribute load a call on 3.11
 
 
 class FrameBatch:
@@ -107,29 +108,46 @@ def batched(
 def one_small(
     batch: list[list[bytes | memoryview]], *, mask: bool
 ) -> list[bytes | bytearray | memoryview] | None:
-    """The frame of a batch of one small message (a GET, its answer: the writer's usual batch
-    at request rates) for one ``writelines``, made without a :class:`FrameBatch`: the same
-    bytes :func:`batched` yields for it, in fewer calls. None for any other batch."""
+    """The frame of a batch of one small message (the writer's usual batch at request rates)
+    for one ``writelines``, made by :func:`one_frame`: the same bytes :func:`batched` yields
+    for it, in fewer calls. None for any other batch."""
     if len(batch) != 1:
         return None
     pieces = batch[0]
-    size = sum(map(len, pieces))
+    if len(pieces) == 2 and type(pieces[0]) is bytes:  # a DATA frame's header and payload
+        frame = one_frame(pieces[0], pieces[1], mask)
+    else:
+        frame = one_frame(b"".join(pieces), b"", mask)
+    return None if frame is None else [frame]
+
+
+def one_frame(head: bytes, payload: bytes | memoryview, mask: bool) -> bytes | None:
+    """The WebSocket frame of one small message, ``head`` then ``payload`` (what a session's
+    outbox holds for one DATA frame: :meth:`~ravenproxy.wire.outbox.Outbox.take_one`): the
+    same bytes :func:`batched` makes for it (but for the masking key), as one object, for a
+    write through at request rates (a GET, its answer). None when too large for one run."""
+    size = len(head) + len(payload)
     if size >= COALESCE - 16:  # a frame header and its key: the whole frame in one run
         return None
-    # binary_frame_header's two cases for a size under 64 KiB, written out. The frame is one
-    # join of its parts (not a joined payload, then a header added: a bytes object less).
+    # binary_frame_header's two cases for a size under 64 KiB, a small one's header from a
+    # table (not a bytes() of a tuple: ~500 instructions a frame). The frame is one join of its
+    # parts (not a joined payload, then a header added: a bytes object less).
     if mask:
-        payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         keys = _keys  # _keys.take(4), written out: a call a request on the agent
         at = keys.at
         if at + 4 > len(keys.pool):
             keys.pool, at = os.urandom(keys.POOL), 0
         keys.at = at + 4
         key = keys.pool[at : at + 4]
-        head = bytes((0x82, 0x80 | size)) if size < 126 else _HEAD16.pack(0x82, 0xFE, size)
-        return [b"".join((head, key, apply_mask(payload, key)))]
-    head = bytes((0x82, size)) if size < 126 else _HEAD16.pack(0x82, 126, size)
-    return [b"".join((head, *pieces))]
+        ws_head = _MASKED_HEADS[size] if size < 126 else _pack16(0x82, 0xFE, size)
+        return b"".join((ws_head, key, apply_mask(head + payload if payload else head, key)))
+    ws_head = _HEADS[size] if size < 126 else _pack16(0x82, 126, size)
+    return b"".join((ws_head, head, payload))
+
+
+_HEADS = [bytes((0x82, size)) for size in range(126)]
+"""The header of a binary frame of each payload size under 126 bytes, unmasked and masked."""
+_MASKED_HEADS = [bytes((0x82, 0x80 | size)) for size in range(126)]
 
 
 def writes(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from websockets.protocol import State as WsState
@@ -66,13 +65,22 @@ class Intake:
     _writer_task: asyncio.Task[None] | None
     _taken: Flag
 
+    # The class's until a session sets them, which its usual life never does (a pause on a
+    # flood of control frames, a handover to websockets' reader). Python 3.11 keeps up to 29
+    # attributes of an instance in shared-key values; a session that sets more gets a dict of
+    # its own, and every attribute load on it then takes the slower hinted lookup and its
+    # method loads are not specialized at all (LOAD_METHOD_ADAPTIVE: ~a dozen loads a
+    # message, `session._flush()` among them). tests/unit/transport/test_session_attributes.py
+    # holds a session to that count.
+    _yielded = 0.0
+    """When the websockets read path last yielded (0: it yields at its first message)."""
+    _paused_at = 0.0
+    _flood_timer: asyncio.TimerHandle | None = None
+
     def _init_intake(self) -> None:
-        self._yielded = time.monotonic()
         self._delivering = False  # our frame reader calls _on_messages
         self._held: list[bytes | memoryview] | None = None  # reading paused: not taken yet
         self._deferred = False  # taking a read round: what it queues is written at its end
-        self._paused_at = 0.0
-        self._flood_timer: asyncio.TimerHandle | None = None
 
     if TYPE_CHECKING:  # the session's
 
@@ -89,7 +97,7 @@ class Intake:
             self._held += batch
             return
         # conn.should_read, written out (a property: two calls a request).
-        outbox, cap = conn.outbox, conn.config.max_control_pending
+        outbox, cap, streams = conn.outbox, conn.config.max_control_pending, self.streams
         # What the round queues (several streams' frames, credit) is written at its end, in
         # one write, not by the first flush it makes (Session._flush writes through).
         self._deferred = True
@@ -103,17 +111,21 @@ class Intake:
                 # The usual message, one DATA frame (several under load), by the wire's fast
                 # path: no event to match.
                 got = conn.receive_data(message)
-                taken: Sequence[tuple[int, bytes | memoryview]] | None
-                if got is not None:
-                    taken = (got,)
-                else:
-                    taken = conn.receive_batch(message)
-                    if taken is None:
-                        for event in conn.receive_message(message):
-                            self._dispatch(event)
-                        continue
+                if got is not None:  # its one chunk fed as is: no tuple of it to loop over
+                    sid, data = got
+                    stream = streams.get(sid)
+                    if stream is not None:
+                        stream._feed(data)
+                    else:  # as _dispatch: a stream this side already let go of
+                        conn.consumed(sid, len(data))
+                    continue
+                taken = conn.receive_batch(message)
+                if taken is None:
+                    for event in conn.receive_message(message):
+                        self._dispatch(event)
+                    continue
                 for sid, data in taken:
-                    stream = self.streams.get(sid)
+                    stream = streams.get(sid)
                     if stream is not None:
                         stream._feed(data)
                     else:  # as _dispatch: a stream this side already let go of

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
 
 from ravenproxy.transport.flag import Flag
-from ravenproxy.transport.frame_batch import WRITE_THROUGH, batched, one_small, writes
+from ravenproxy.transport.frame_batch import WRITE_THROUGH, one_frame, writes
 from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.readiness import of as readiness_of
 from ravenproxy.transport.websocket import TunnelConnectionMixin
@@ -57,7 +57,8 @@ class Outlet(Intake):
         """Queued output, to be written: through at once (small output, the writer idle), else
         by the writer task. Several times a request: one call, its checks written out."""
         # Deferred: the read round being taken flushes at its end.
-        if self._wake or self._deferred or not self.conn.outbox.pending_bytes:
+        outbox = self.conn.outbox
+        if self._wake or self._deferred or not outbox.pending_bytes:
             return
         waiter = self._wake_writer
         if waiter is None or waiter.done():  # the writer is busy (or gone)
@@ -69,27 +70,36 @@ class Outlet(Intake):
         # is written, the tunnel's TLS one as uvloop's until connection_lost, after which the
         # gate says no.)
         ws = self.ws
-        if self.conn.outbox.pending_bytes < WRITE_THROUGH and not (
+        if outbox.pending_bytes < WRITE_THROUGH and not (
             ws.paused or self._held is not None or self._gate.data_closed
         ):
             # Written now by whoever queued it, unless more input waits in this turn (a burst:
             # its other events queue more; the last one writes it all, in one write).
             probe = self._probe
+            poll = probe.poll  # a slot holding a bound method: as a method, not specialized
+            more: object  # its truth: no bool() (a type call) a write
             try:  # Readiness.more_input, written out
-                more = not late and bool(probe.soon or probe.poll(0, 1))
+                more = not late and (probe.soon or poll(0, 1))
             except ValueError:  # the probe is closed: the writer's, as without it
                 more = True
             if not more:
                 # Written in the caller's turn, for the idle writer (not by a method of its own:
                 # a call a request): no task step and no loop turn between a request (its
                 # answer) and its write.
-                batch = self.conn.outbox.take_pieces()
+                one = outbox.take_one()  # the usual output: one frame, no lists made for it
+                batch = outbox.take_pieces() if one is None else None
                 if self._taken.waiter is not None:
                     self._taken.set()
                 transport, mask = ws.transport, not self.conn.server_side
-                small = one_small(batch, mask=mask)  # writes(), written out: the usual batch
-                for frames in batched(batch, mask=mask) if small is None else (small,):
-                    transport.writelines(frames)
+                frame = None if one is None else one_frame(one[0], one[1], mask)
+                if frame is not None:
+                    transport.writelines((frame,))
+                else:
+                    if batch is None:  # one frame, too large for one_frame
+                        assert one is not None
+                        batch = [[one[0], one[1]] if one[1] else [one[0]]]
+                    for frames in writes(batch, mask=mask):
+                        transport.writelines(frames)
                 if self._drain_event.waiter is not None:
                     self._drain_event.set()
             elif not self._late:  # should no later event of the burst flush this session

@@ -69,6 +69,7 @@ class Splice(asyncio.Protocol):
         "_down_done",
         "_eof_sent",
         "_lost",
+        "_over",
         "_pending",
         "_sender",
         "_up_done",
@@ -86,6 +87,11 @@ class Splice(asyncio.Protocol):
         self.stream: TunnelStream | None = None
         self.result = RelayResult()
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._over = False
+        """``_done.done()`` as an attribute, for :meth:`_readable` (a chunk a request): set
+        where ``_done`` is set (:meth:`_finish`) or cancelled (:meth:`wait` cancelled). A
+        Future's ``done()`` is a method call its load is not specialized for (~350
+        instructions)."""
         self._pending: list[bytes | memoryview] = []
         """Socket bytes the stream did not take at once: :attr:`_sender` sends them."""
         self._sender: asyncio.Task[None] | None = None
@@ -174,7 +180,7 @@ class Splice(asyncio.Protocol):
         once, not a second time to find nothing (a call a request on the agent). Runs in the
         session's reader: nothing may escape."""
         stream, transport = self.stream, self.transport
-        if stream is None or transport is None or self._done.done():
+        if stream is None or transport is None or self._over:
             return
         try:
             # A reset (or the tunnel gone) ends the splice even while the socket takes nothing
@@ -288,6 +294,7 @@ class Splice(asyncio.Protocol):
         if self._done.done():
             return
         self.result.error = error
+        self._over = True
         self._done.set_result(None)
         self._nudge()
 
@@ -306,6 +313,7 @@ class Splice(asyncio.Protocol):
             if self.stream is not None:
                 self.stream.reset(ErrorCode.CANCEL, IDLE_ERROR)
         except asyncio.CancelledError:
+            self._over = self._done.done()  # cancelled with the wait (Splice's)
             if self.stream is not None:
                 self.stream.reset(ErrorCode.CANCEL, "relay cancelled")
             self.result.error = self.result.error or "cancelled"

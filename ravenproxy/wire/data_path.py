@@ -156,11 +156,11 @@ class DataPath:
             recv = stream.recv
             conn_unacked = conn.unacked + n
             unacked = recv.unacked + n
-            half = conn.size // 2
+            half = conn.half
             if (
                 conn_unacked < half
                 and conn.available >= half
-                and unacked < recv.size // 2
+                and unacked < recv.half
                 and conn_unacked + conn.available <= conn.size
                 and unacked + recv.available <= recv.size
             ):

@@ -64,6 +64,17 @@ class Outbox:
         self.pending_bytes = 0
         self.control_bytes = 0
 
+    def take_one(self) -> tuple[bytes, bytes | memoryview] | None:
+        """The usual output at request rates, one frame queued (a GET, its answer) and nothing
+        else: its header and payload (``b""`` for an OPEN or a RESET), what :meth:`take_pieces`
+        would return as its one message, without the lists; the outbox is empty afterwards.
+        None, having taken nothing, for any other output."""
+        ordered = self._ordered
+        if len(ordered) != 1 or self._control:
+            return None
+        self.pending_bytes = self.control_bytes = 0
+        return ordered.pop()
+
     def take_pieces(self) -> list[list[bytes | memoryview]]:
         """Everything queued, as messages of at most ``max_message_size`` bytes, each still in
         pieces (frame headers and payloads), a bulk DATA frame alone in its message; the

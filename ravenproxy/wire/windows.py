@@ -40,11 +40,14 @@ class SendWindow:
 class RecvWindow:
     """Credit we granted the peer, and when to grant more."""
 
-    __slots__ = ("_last_update", "available", "max_size", "size", "unacked")
+    __slots__ = ("_last_update", "available", "half", "max_size", "size", "unacked")
 
     def __init__(self, initial: int, max_size: int) -> None:
         self.size = initial
         """Current window: what the peer may have outstanding."""
+        self.half = initial // 2
+        """``size // 2``, kept as ``size`` changes: the credit rule asks it twice a chunk
+        consumed (``//`` is not specialized by Python 3.11: a generic call each time)."""
         self.max_size = max(max_size, initial)
         self.available = initial
         """What the peer may still send before we return credit."""
@@ -71,7 +74,7 @@ class RecvWindow:
         if n > self.size - self.available - self.unacked:
             raise ValueError(f"consumed {n} bytes but only {self.buffered} are buffered")
         self.unacked += n
-        if self.unacked < self.size // 2:
+        if self.unacked < self.half:
             return 0
         increment = self.unacked
         if (
@@ -82,7 +85,7 @@ class RecvWindow:
         ):
             grown = min(self.size * 2, self.max_size)
             increment += grown - self.size
-            self.size = grown
+            self.size, self.half = grown, grown // 2
         self._last_update = now
         self.unacked = 0
         self.available += increment
@@ -98,7 +101,7 @@ class RecvWindow:
         if n > self.size - self.available - self.unacked:
             raise ValueError(f"consumed {n} bytes but only {self.buffered} are buffered")
         self.unacked += n
-        if self.unacked < self.size // 2 and self.available >= self.size // 2:
+        if self.unacked < self.half and self.available >= self.half:
             return 0
         increment, self.unacked = self.unacked, 0
         self.available += increment

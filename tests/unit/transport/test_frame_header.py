@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
@@ -15,6 +17,7 @@ from ravenproxy.transport.frame_batch import (
     FrameBatch,
     batched,
     binary_frame_header,
+    one_frame,
     one_small,
 )
 
@@ -146,4 +149,43 @@ def test_one_small_leaves_every_other_batch_to_batched(masked: bool) -> None:
 
 def test_one_small_draws_a_fresh_masking_key_each_time() -> None:
     frames = {bytes(one_small([[b"same"]], mask=True)[0]) for _ in range(200)}  # type: ignore[index]
+    assert len(frames) == 200
+
+
+def _frame_of(head: bytes, payload: bytes | memoryview, masked: bool) -> None:
+    """one_frame's frame is what batched makes of the message (but for the masking key)."""
+    frame = one_frame(head, payload, masked)
+    message = head + bytes(payload)
+    if len(message) >= COALESCE - 16:
+        assert frame is None
+        return
+    assert frame is not None
+    [reference] = batched([[head, payload] if payload else [head]], mask=masked)
+    if not masked:
+        assert frame == b"".join(bytes(p) for p in reference)
+    assert len(frame) == sum(len(p) for p in reference)
+    assert parse(frame, masked=masked) == [message]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("size", [0, 1, 12, 113, 125, 126, 127, 1000, COALESCE - 17, COALESCE - 16])
+def test_one_frame_at_every_header_size(masked: bool, size: int) -> None:
+    # Under 126 bytes the header comes from a table (both MASK bits), then the 16-bit length.
+    _frame_of(b"\x00\x01\x00\x00head"[: min(size, 8)], os.urandom(max(0, size - 8)), masked)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.binary(max_size=16),
+    st.one_of(st.binary(max_size=400), st.binary(max_size=400).map(memoryview)),
+    st.booleans(),
+)
+def test_one_frame_frames_a_header_and_payload_as_batched_does(
+    head: bytes, payload: bytes | memoryview, masked: bool
+) -> None:
+    _frame_of(head, payload, masked)
+
+
+def test_one_frame_draws_a_fresh_masking_key_each_time() -> None:
+    frames = {one_frame(b"head", b"same", True) for _ in range(200)}
     assert len(frames) == 200

@@ -17,6 +17,7 @@ import pytest
 from websockets.protocol import State
 
 from ravenproxy.transport import readiness
+from ravenproxy.transport.frame_batch import COALESCE, WRITE_THROUGH
 from ravenproxy.transport.session import Session, TunnelStream
 from tests.unit.transport.test_session import TARGET, WAIT, read_all, tunnel
 from tests.unit.transport.test_websocket import contexts, pki  # noqa: F401 (a fixture)
@@ -102,6 +103,35 @@ async def test_what_a_read_round_queues_goes_out_in_one_write() -> None:
         for i, stream in enumerate(streams):
             stream.write_eof()
             assert await asyncio.wait_for(read_all(stream), WAIT) == b"ask %d" % i
+
+
+@pytest.mark.parametrize(
+    "size",
+    # Frames of 12 + size bytes: a header from the table (under 126), the 16-bit length, and
+    # one too large for one_frame (COALESCE - 16 and over) yet under WRITE_THROUGH, which the
+    # write-through frames by writes() instead.
+    [1, 113, 114, COALESCE - 29, COALESCE - 28, WRITE_THROUGH - 13],
+)
+async def test_a_lone_frame_written_through_arrives_whole_both_ways(size: int) -> None:
+    """A write-through of one DATA frame (Outbox.take_one, then one_frame or writes()), the
+    server side's unmasked and the agent side's masked echo of it: one write each, the bytes
+    as sent."""
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    async with tunnel(on_open=echo_by_callback) as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        await settle(t.cloud)
+        await settle(t.edge)
+        cloud, edge = record(t.cloud), record(t.edge)
+        assert stream.try_write(payload) == size
+        assert len(cloud.writes) == 1 and t.cloud.conn.outbox.pending_bytes == 0
+        echoed = bytearray()
+        async with asyncio.timeout(WAIT):
+            while len(echoed) < size:
+                echoed += await stream.read()
+        assert bytes(echoed) == payload
+        assert len(edge.writes) == 1  # the echo: written through by the edge's read callback
+        stream.write_eof()
+        assert await asyncio.wait_for(read_all(stream), WAIT) == b""
 
 
 async def test_a_paused_transport_leaves_the_write_to_the_writer_which_waits_for_drain() -> None:

@@ -75,3 +75,32 @@ def test_a_bulk_data_frame_is_a_message_of_its_own() -> None:
         [b"H5", b"BB", b"H6", b"ta"],
     ]
     assert messages[1][1] is bulk  # still referenced, not copied
+
+
+def test_take_one_takes_a_lone_frame_as_take_pieces_would() -> None:
+    """The usual output at request rates: one frame, nothing else. take_one gives its header
+    and payload (the payload as queued, uncopied) and empties the outbox; anything else is
+    left, untouched, to take_pieces."""
+    box = Outbox(max_message_size=100)
+    payload = memoryview(b"payload")
+    box.data(b"H1", payload)
+    head, got = box.take_one()  # type: ignore[misc]
+    assert head == b"H1" and got is payload
+    assert (box.pending_bytes, box.control_bytes, box.take_pieces()) == (0, 0, [])
+    box.ordered(b"RESET1")
+    assert box.take_one() == (b"RESET1", b"")
+    assert (box.pending_bytes, box.control_bytes) == (0, 0)
+    assert box.take_one() is None  # nothing queued
+
+
+def test_take_one_leaves_any_other_output_to_take_pieces() -> None:
+    box = Outbox(max_message_size=100)
+    box.data(b"H1", b"a")
+    box.control(b"WU")  # credit goes with it, first: not the lone frame
+    assert box.take_one() is None
+    assert (box.pending_bytes, box.control_bytes) == (2 + 1 + 2, 2)
+    assert box.take_pieces() == [[b"WU", b"H1", b"a"]]
+    box.data(b"H1", b"a")
+    box.data(b"H2", b"b")  # two frames
+    assert box.take_one() is None
+    assert box.take_pieces() == [[b"H1", b"a", b"H2", b"b"]]
