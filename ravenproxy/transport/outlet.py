@@ -26,6 +26,7 @@ from ravenproxy.transport.flag import Flag
 from ravenproxy.transport.frame_batch import WRITE_THROUGH, one_frame, writes
 from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.readiness import of as readiness_of
+from ravenproxy.transport.tls_socket import TLSSocketTransport
 from ravenproxy.transport.websocket import TunnelConnectionMixin
 
 # WsState.OPEN read once: a member read on its class goes through EnumType.__getattr__ on
@@ -49,9 +50,13 @@ class Outlet(Intake):
         # a reader paused on unsent control output waits for.
         self._taken = Flag()
         # Whether no DATA frame may go out any more, as an attribute: our reader's (kept where
-        # websockets' output leaves), else websockets' state asked (a property) each time.
+        # websockets' output leaves) on the tunnel's TLS transport, which drops what is written
+        # once closing without a word; else websockets' state and is_closing() asked each time
+        # (asyncio's TCP transport logs each write after an abort from the fifth on).
         ws = self.ws
-        self._gate = ws if isinstance(ws, TunnelConnectionMixin) else _StateGate(ws)
+        self._gate: TunnelConnectionMixin | _StateGate = _StateGate(ws)
+        if isinstance(ws, TunnelConnectionMixin) and isinstance(ws.transport, TLSSocketTransport):
+            self._gate = ws
 
     def _flush(self, late: bool = False) -> None:
         """Queued output, to be written: through at once (small output, the writer idle), else
