@@ -9,7 +9,7 @@ from ravenproxy.server.podroutes import Destination
 from ravenproxy.server.router import Route
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per request that differs, set without __setattr__
 class RouteRequest:
     """Route the request to ``dest``; answer with :meth:`Exchange.routed` or
     :meth:`Exchange.refused`."""

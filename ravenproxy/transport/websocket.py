@@ -286,7 +286,8 @@ class TunnelConnectionMixin(_Base):
         assert parser is not None and self._buf is not None
         lend = self._buf is not self._scratch
         view = memoryview(self._buf) if lend else self._scratch  # lends nothing: no view
-        events, used = parser.parse(view, lend=lend, offset=self._start, stop=self._end)
+        # Positional: a call with keywords is not specialised on 3.11 (a read on both ends).
+        events, used = parser.parse(view, lend, self._start, self._end)
         if parser.lent:
             parser.lent, self._lent = False, True
         self._start += used

@@ -95,7 +95,6 @@ class FrameParser:
     def parse(
         self,
         data: memoryview | bytearray,
-        *,
         lend: bool = False,
         offset: int = 0,
         stop: int | None = None,
