@@ -190,7 +190,15 @@ class Parsed:
             if self.tail > self.max_tail:
                 events.append((ERROR, f"chunk framing or trailers over {self.max_tail} bytes"))
         if fresh and len(events) == 2 and len(data) <= REPLAY_MAX and not self._response:
-            self._remember(data)
+            # One whole request that left the parser as it found it (no body event, nothing of
+            # a next message) is kept: the same bytes again are that request again. (Whether
+            # it may be replayed is asked then: _replayable.) Here, not in a method of its own:
+            # once a request that differs.
+            (kind, parsed), (end, trailers) = events
+            done = not self.in_head and not self.in_body
+            if kind == HEAD and end == END and not trailers and done:
+                assert isinstance(parsed, Head)
+                self._again = (bytes(data), parsed)
         return None
 
     def again(self, data: bytes, head: Head) -> bool:
@@ -211,16 +219,6 @@ class Parsed:
         self.events.append((END, []))
         self.fed = 0
         return True
-
-    def _remember(self, data: bytes) -> None:
-        """Keep ``data`` for :meth:`feed` when it was one whole request that leaves the parser
-        as it found it: no body event, nothing of a next message. (Whether it may be replayed
-        is asked when it comes again: :meth:`_replayable`.)"""
-        (kind, head), (end, trailers) = self.events
-        if kind != HEAD or end != END or trailers or self.in_head or self.in_body:
-            return
-        assert isinstance(head, Head)
-        self._again = (bytes(data), head)
 
     # -- llhttp's callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:

@@ -127,7 +127,9 @@ def find_destination(
     if method == "CONNECT":
         chost, cport = split_authority(target)
         return Destination("connect", chost, cport, target=target)
-    if target.startswith(("http://", "https://")):
+    # Origin form (most requests) told by its first character: a one-character slice is a
+    # cached string, while str.startswith parses its arguments by format (~500 instructions).
+    if target[:1] != "/" and target.startswith(("http://", "https://")):
         try:
             url = urlsplit(target)
         except ValueError:  # e.g. an unclosed "[" of an IPv6 literal
@@ -141,7 +143,7 @@ def find_destination(
         return Destination(
             "absolute-uri", uhost, uport, target=origin, authority=url.netloc, scheme=url.scheme
         )
-    if not target.startswith("/"):
+    if target[:1] != "/":
         if target == "*" and method == "OPTIONS":
             raise BadRequest(400, "OPTIONS * names no node")
         raise BadRequest(400, f"bad request target {target[:80]!r}")

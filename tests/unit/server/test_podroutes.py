@@ -92,6 +92,8 @@ def test_connect() -> None:
         ("GET", "/?nodeName=edge-1:99999", []),
         ("OPTIONS", "*", [("Host", "edge-1")]),
         ("GET", "edge-1/x", [("Host", "edge-1")]),
+        ("GET", "", [("Host", "edge-1")]),
+        ("GET", "HTTP://edge-1/", [("Host", "edge-1")]),  # not absolute-form as parsed here
         ("GET", "http://user@edge-1/", []),
         ("GET", "http:///x", []),
     ],
