@@ -248,6 +248,7 @@ class _Collect:
         self.in_head = False
         self.done = 0
         self.order: list[Any] = []
+        self.trailers: list[tuple[str, str]] = []
         self.parser: HttpRequestParser | None = None
 
     def on_message_begin(self) -> None:
@@ -259,6 +260,8 @@ class _Collect:
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.in_head:
             self.flds.append((name, value))
+        else:
+            self.trailers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -270,7 +273,8 @@ class _Collect:
 
     def on_message_complete(self) -> None:
         self.done += 1
-        self.order.append("end")
+        self.order.append(("end", self.trailers))
+        self.trailers = []
 
 
 def _parse(data: bytes) -> tuple[_OldHead | None, bool, str | None]:
@@ -444,8 +448,9 @@ def _request(draw: st.DrawFn) -> bytes:
     head = f"{method.decode()} {target} HTTP/{version}\r\n{lines}\r\n".encode("latin-1")
     body = b""
     names = {k.lower(): v for k, v in flds}
-    if "transfer-encoding" in names:
-        body = b"3\r\nabc\r\n0\r\n\r\n"
+    if "transfer-encoding" in names:  # a chunk or none, trailers or none
+        body = draw(st.sampled_from([b"3\r\nabc\r\n", b""]))
+        body += b"0\r\n" + draw(st.sampled_from([b"", b"X-T: 1\r\n", b"Via: 1.1 t\r\n"])) + b"\r\n"
     elif names.get("content-length") == "3":
         body = b"abc"
     return head + body
@@ -665,7 +670,7 @@ def test_parsed_events_over_repeats_are_llhttps(pool: list[bytes], steps: list[A
                 got.append(("head", value.target.encode("latin-1"), value.fields))
                 got.append((value.start, value.version))
             elif kind == END:
-                got.append("end")
+                got.append(("end", value))
             elif kind == ERROR:
                 got.append("error")
         try:
