@@ -317,6 +317,10 @@ _AUTHORITIES = [
     "",
     "\xe9dge:9100",
     "edge-1,edge-2",
+    "edge-1.",
+    "[FE80::1%25eth0]:80",
+    "h" * 296 + ":80",  # 300 characters: the longest the authority cache keeps
+    "h" * 297 + ":80",  # 301: parsed each time
 ]
 _PATHS = [
     "/",
