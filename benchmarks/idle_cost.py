@@ -595,6 +595,17 @@ async def run(
     }
 
 
+def _agent_count(text: str) -> int:
+    """``--agents``: 0 (skip) or at least 2 (the first tunnel is a warm-up: the figure is per
+    agent after it)."""
+    count = int(text)
+    if count == 1 or count < 0:
+        raise argparse.ArgumentTypeError(
+            f"{count}: 0 to skip, or 2 or more (the first is a warm-up)"
+        )
+    return count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -602,7 +613,12 @@ def main() -> None:
     parser.add_argument(
         "--streams", type=lambda s: [int(x) for x in s.split(",") if x], default=[1000, 5000, 8500]
     )
-    parser.add_argument("--agents", type=int, default=500, help="idle agents (0: skip)")
+    parser.add_argument(
+        "--agents",
+        type=_agent_count,
+        default=500,
+        help="idle agents, the first a warm-up left out of the figure: 2 or more (0: skip)",
+    )
     parser.add_argument(
         "--no-agent-process", action="store_true", help="skip the idle agent process's RSS"
     )
