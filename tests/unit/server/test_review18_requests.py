@@ -44,7 +44,6 @@ from ravenproxy.server.http_messages import (
     ERROR,
     HEAD,
     Parsed,
-    fields,
     keeps_alive,
     request_head,
 )
@@ -56,12 +55,11 @@ from ravenproxy.server.podroutes import (
     TUNNEL_HOST_HEADER,
     Destination,
     find_destination,
-    forwardable,
-    wants_upgrade,
 )
 from ravenproxy.server.router import Route
 
 from .test_exchange import VIA, route
+from .test_request_head import _general
 
 # -- db4c494's rules, verbatim (only renamed; Destination/BadRequest/forwardable are unchanged) ----
 
@@ -189,25 +187,14 @@ def _old_keeps_alive(head: _OldHead) -> bool:
 def _old_request_head(
     request: _OldHead, dest: Destination, route: Route, via: str
 ) -> tuple[bytes, bool, bool]:
-    headers, lower = request.headers, request.lower
+    lower = request.lower
     if dest.authority is None and "host" in lower and HOP_BY_HOP.isdisjoint(lower):
         lines = b"\r\n".join(map(b": ".join, request.fields))
         via_line = f"Via: {request.version} {via}\r\n\r\n".encode("latin-1")
         line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
         return (b"".join((line, lines, b"\r\n", via_line)), False, False)
-    upgrade = wants_upgrade(headers) if "connection" in lower else None
-    out = forwardable(headers, upgrade=upgrade, names=lower)
-    if dest.authority is not None:
-        out = [(k, v) for k, v in out if k.lower() != "host"]
-        out.insert(0, ("Host", dest.authority))
-    elif "host" not in lower:
-        out.insert(0, ("Host", f"{dest.host or route.node.name}:{route.target.port}"))
-    chunked = "chunked" in lower.get("transfer-encoding", "").lower()
-    if chunked:
-        out.append(("Transfer-Encoding", "chunked"))
-    out.append(("Via", f"{request.version} {via}"))
-    head = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-    return (head + fields(out) + b"\r\n", upgrade is not None, chunked)
+    # The general rule: test_request_head's oracle (db4c494's, unchanged since reqpath).
+    return tuple(_general(request, dest, route, via))
 
 
 def _old_on_request(request: _OldHead, max_head: int) -> tuple[Any, ...]:
