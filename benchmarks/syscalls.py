@@ -18,7 +18,7 @@ Ways (``--ways``, default all): ``tunnel`` (Host-routed: client → server front
 ``base-connect`` (the same through ``--baseline DIR``'s checkout), ``ssh`` (sshd's
 per-connection processes + ``ssh -R``), ``floor`` (benchmarks/floor_relay.py's two relays).
 
-    .venv/bin/python benchmarks/syscalls.py --baseline /work/wt/base --output /tmp/s.json
+    .venv/bin/python benchmarks/syscalls.py --baseline ../base --output /tmp/s.json
     .venv/bin/python benchmarks/syscalls.py --ways tunnel,ssh --requests 1000 --output -
 """
 
