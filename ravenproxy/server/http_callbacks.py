@@ -215,9 +215,7 @@ class CallbackPath:
         the agents did not change), and what the exchange does next; the task path and the
         callbacks alike."""
         try:
-            self.routed = self.ctx.router.route_again(
-                action.dest, over_tls=self.proxy.over_tls, memo=self.routed
-            )
+            self.routed = self.ctx.router.route_again(action.dest, self.proxy.over_tls, self.routed)
         except RoutingError as exc:
             return list(self.ex.refused(exc.status, exc.node, exc.reason))
         return self.ex.routed(self.routed.route)  # a new list: extended by the caller
@@ -476,7 +474,7 @@ class CallbackPath:
                 # _route_again inline (a call a request).
                 try:
                     self.routed = memo = self.ctx.router.route_again(
-                        action.dest, over_tls=self.proxy.over_tls, memo=self.routed
+                        action.dest, self.proxy.over_tls, self.routed
                     )
                 except RoutingError as exc:
                     actions.extend(self.ex.refused(exc.status, exc.node, exc.reason))
