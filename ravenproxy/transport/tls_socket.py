@@ -16,7 +16,8 @@ The contract is asyncio's :class:`asyncio.Transport` (what ``websockets`` and th
   is all or nothing: after ``SSLWantWriteError`` the same piece is written again. Flow control as
   asyncio's. Either direction may need the other's readiness (a key update); both are waited for.
 - closing: ``close()`` writes what is queued, ``close_notify``, a FIN, then drops what comes
-  until the peer's FIN, within :data:`SHUTDOWN_TIMEOUT`; ``abort()`` closes at once.
+  until the peer's FIN, within :data:`SHUTDOWN_TIMEOUT` (the socket's steps: :mod:`.tls_close`);
+  ``abort()`` closes at once.
   ``connection_lost`` is called exactly once, from the loop, once the socket is closed.
 - the peer's ``close_notify`` (or a FIN without it) is the protocol's ``eof_received``; unless
   that returns true, the transport closes.
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ravenproxy.transport.readiness import of as readiness_of
+from ravenproxy.transport.tls_close import Shutdown, drained_to_fin, shut_down
 from ravenproxy.transport.tls_names import tls_names
 
 SHUTDOWN_TIMEOUT = 10.0
@@ -48,7 +50,6 @@ CORK_MIN = 32 * 1024
 
 HIGH_WATER = 64 * 1024  # the default write buffer high-water mark (asyncio's)
 RECORD = 16 * 1024  # TLS's largest record payload: one SSL_read returns one record at most
-_DROP = bytearray(RECORD)  # where the bytes read after our close_notify go
 
 
 class TLSSocketTransport(asyncio.Transport):
@@ -386,39 +387,18 @@ class TLSSocketTransport(asyncio.Transport):
         peer's FIN (reading and dropping what comes before it), within the close's timeout."""
         self._shutdown = 1
         self._shutdown_wants_write = False
-        sock = self._sock
-        try:
-            if self._ragged:  # OpenSSL's session ended in error: it sends nothing more
-                raise ssl.SSLWantReadError
-            sock.unwrap()
-        except ssl.SSLWantWriteError:
+        done = shut_down(self._sock, self._ragged)
+        if done is Shutdown.WANT_WRITE:
             self._shutdown_wants_write = True
             self._update_io()
-            return
-        except ssl.SSLWantReadError:
-            pass  # sent; OpenSSL would wait for the peer's close_notify here: we do not
-        except (OSError, ssl.SSLError, ValueError):
+        elif done is Shutdown.FAILED or self._peer_eof:
             self._close_now(None)
-            return
-        try:
-            socket.socket.shutdown(sock, socket.SHUT_WR)
-        except OSError:
-            self._close_now(None)
-            return
-        if self._peer_eof:
-            self._close_now(None)
-            return
-        self._shutdown = 2
-        self._update_io()
+        else:
+            self._shutdown = 2
+            self._update_io()
 
     def _drain_to_fin(self) -> None:
-        try:
-            n = socket.socket.recv_into(self._sock, _DROP)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            n = 0
-        if not n:
+        if drained_to_fin(self._sock):
             self._close_now(None)
 
     def _force_close(self) -> None:
