@@ -32,7 +32,7 @@ into a buffer of the connection's own. A thousand idle agents then hold no 4 KiB
 Large messages to the client side (the agent: unmasked frames) are not copied out of the
 buffer but lent, as read-only views of it (``FrameParser(lend=True)``): the wire codec copies
 the DATA it does not keep in place, and the buffer is read into again once no view of it is
-left; while one is, reading goes on in a spare buffer (:meth:`TunnelConnectionMixin._swap_lent`).
+left; while one is, reading goes on in a spare buffer (:mod:`.spares`).
 A bulk transfer allocates no ~1 MiB ``bytes`` per message (~100 page faults per MiB before).
 
 Binary messages are handed to the session from the read callback itself
@@ -56,6 +56,7 @@ from websockets.protocol import Side, State
 from ravenproxy.transport.feeder import Feeder
 from ravenproxy.transport.readiness import watch
 from ravenproxy.transport.scratch import Scratch
+from ravenproxy.transport.spares import UNSHARED, swap_lent
 from ravenproxy.transport.wsframes import MESSAGE, Control, Failure, FrameParser, Handover
 
 MIN_READ = 4 * 1024
@@ -74,22 +75,8 @@ size is given back, once reads no longer fill :data:`MAX_READ`: a bulk transfer'
 its frames (up to a message each), and giving it back after each message meant allocating it
 again (zeroed) and copying the next frame's first read into it, per message."""
 
-SPARE_BYTES = 16 * 1024 * 1024
-"""Lent buffers a connection keeps, in bytes at most, to read into again once the messages lent
-from them are let go (see :meth:`TunnelConnectionMixin._swap_lent`)."""
-
 _HEAD_END = b"\r\n\r\n"
 _ENDED = (State.CLOSING, State.CLOSED)  # (a member read on an Enum class: ~850 instructions)
-
-
-def _unshared_refs() -> int:
-    buf = bytearray()
-    return sys.getrefcount(buf)
-
-
-_UNSHARED = _unshared_refs()
-"""What ``sys.getrefcount`` says of a buffer with one reference (an attribute, a list slot):
-more means a message lent from it (a view) is still held by whoever received it."""
 
 
 _scratch = Scratch(MIN_READ)
@@ -249,7 +236,7 @@ class TunnelConnectionMixin(_Base):
         room = self._read_size
         if self._lent:
             self._lent = False
-            if self._buf is not None and sys.getrefcount(self._buf) > _UNSHARED:
+            if self._buf is not None and sys.getrefcount(self._buf) > UNSHARED:
                 self._swap_lent()
         buf = self._buf
         if buf is None:  # nothing pending (see _release)
@@ -417,29 +404,11 @@ class TunnelConnectionMixin(_Base):
 
     def _swap_lent(self) -> None:
         """The buffer is lent (a message received as a view of it is still held): read on in a
-        spare that is free again and large enough, else in a new one; the lent buffer becomes a
-        spare. A bulk transfer's messages are then received in place, no copy and no new
-        buffer, while the messages in flight fit :data:`SPARE_BYTES`; beyond, each costs a new
-        buffer, as each cost a new ``bytes`` when messages were copied."""
-        lent = self._buf
-        assert lent is not None
-        spares = self._spares
-        fresh = None
-        for i in range(len(spares)):
-            if len(spares[i]) >= len(lent) and sys.getrefcount(spares[i]) <= _UNSHARED:
-                fresh = spares.pop(i)
-                break
-        if fresh is None:
-            fresh = bytearray(len(lent))
-        pending = self._end - self._start
-        fresh[:pending] = memoryview(lent)[self._start : self._end]
-        self._buf = fresh
-        spares.append(lent)
-        kept = sum(len(spare) for spare in spares)
-        while spares and kept > SPARE_BYTES:
-            kept -= len(spares.pop(0))
+        spare (see :func:`~ravenproxy.transport.spares.swap_lent`)."""
+        assert self._buf is not None
+        self._buf = swap_lent(self._buf, self._spares, self._start, self._end)
         self._fed -= self._start
-        self._start, self._end = 0, pending
+        self._start, self._end = 0, self._end - self._start
 
     def _keep_pending(self) -> None:
         """Copy what a read into the shared scratch left unparsed into a buffer of our own
