@@ -57,7 +57,14 @@ from ravenproxy.transport.feeder import Feeder
 from ravenproxy.transport.readiness import watch
 from ravenproxy.transport.scratch import Scratch
 from ravenproxy.transport.spares import UNSHARED, swap_lent
-from ravenproxy.transport.wsframes import MESSAGE, Control, Failure, FrameParser, Handover
+from ravenproxy.transport.wsframes import (
+    MESSAGE,
+    Control,
+    Event,
+    Failure,
+    FrameParser,
+    Handover,
+)
 
 MIN_READ = 4 * 1024
 """The smallest read offered: an idle tunnel (PINGs, small streams) holds a buffer this size."""
@@ -273,24 +280,16 @@ class TunnelConnectionMixin(_Base):
         assert parser is not None and self._buf is not None
         lend = self._buf is not self._scratch
         view = memoryview(self._buf) if lend else self._scratch  # lends nothing: no view
+        # The binary messages go straight into the list handed on, not through a list of
+        # events looked at one by one: only a read with anything else sorts it out.
+        messages = self._messages
         # Positional: a call with keywords is not specialised on 3.11 (a read on both ends).
-        events, used = parser.parse(view, lend, self._start, self._end)
+        used = parser.parse_into(messages, view, lend, self._start, self._end)  # type: ignore[arg-type]
         if parser.lent:
             parser.lent, self._lent = False, True
         self._start += used
-        messages = self._messages
-        for event in events:
-            if isinstance(event, MESSAGE):
-                messages.append(event)
-            elif isinstance(event, Control):
-                self._websockets_receive(event.raw)
-            elif isinstance(event, Handover):
-                self._mode = _WEBSOCKETS
-                self._to_websockets()
-            elif isinstance(event, Failure):
-                self._stop_frames()
-                self.protocol.fail(event.code, event.reason)
-                self.send_data()
+        if parser.special >= 0:
+            self._sort_out(messages, parser)
         if parser.stopped and self._mode == _FRAMES:  # after a CLOSE
             self._mode = _WEBSOCKETS
             self._to_websockets()
@@ -349,6 +348,25 @@ class TunnelConnectionMixin(_Base):
         finally:  # on every exit: a CLOSE whose write raised left OPEN all the same
             if self.protocol.state in _ENDED:
                 self.data_closed = True
+
+    def _sort_out(self, messages: list[bytes | memoryview], parser: FrameParser) -> None:
+        """A read parsed more than binary messages: from the first other event on, each is
+        taken out of ``messages`` and dealt with, in order (the messages stay, in order)."""
+        events: list[Event] = messages[parser.special :]  # type: ignore[assignment]
+        del messages[parser.special :]
+        parser.special = -1
+        for event in events:
+            if isinstance(event, MESSAGE):
+                messages.append(event)
+            elif isinstance(event, Control):
+                self._websockets_receive(event.raw)
+            elif isinstance(event, Handover):
+                self._mode = _WEBSOCKETS
+                self._to_websockets()
+            elif isinstance(event, Failure):
+                self._stop_frames()
+                self.protocol.fail(event.code, event.reason)
+                self.send_data()
 
     # -- the modes --------------------------------------------------------------------------
     def _read_head(self) -> None:
