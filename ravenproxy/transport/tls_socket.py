@@ -57,6 +57,18 @@ class TLSSocketTransport(asyncio.Transport):
     """An :class:`asyncio.Transport` over a connected, handshaken, non-blocking
     :class:`ssl.SSLSocket` (see the module's doc)."""
 
+    # The class's until set, which a transport's usual life never does (a close, the peer's
+    # EOF, a read scheduled for decrypted bytes left): Python 3.11 keeps up to 29 attributes
+    # of an instance in shared-key values; with 30 the transport got a dict of its own, and
+    # every attribute load and store of each read and write took the hinted dict lookup.
+    # tests/unit/transport/test_connection_attributes.py holds it to that count.
+    _shutdown = 0  # 0: not started; 1: close_notify to write; 2: draining to the FIN
+    _shutdown_wants_write = False  # the close_notify waits for write readiness
+    _shutdown_timer: asyncio.TimerHandle | None = None
+    _read_soon: asyncio.Handle | None = None
+    _peer_eof = False
+    _ragged = False  # the peer's FIN came without its close_notify
+
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
@@ -84,19 +96,13 @@ class TLSSocketTransport(asyncio.Transport):
         self._writing_paused = False  # the protocol was told to pause writing
         self._reading_paused = False
         self._closing = False  # close() called, or the connection is going down
-        self._shutdown = 0  # 0: not started; 1: close_notify to write; 2: draining to the FIN
-        self._shutdown_wants_write = False  # the close_notify waits for write readiness
-        self._shutdown_timer: asyncio.TimerHandle | None = None
         self._write_wants_read = False  # the queued piece waits for read readiness
         self._read_wants_write = False  # a read waits for write readiness
         self._reader = False  # add_reader in place
         self._writer = False
-        self._read_soon: asyncio.Handle | None = None
         self._soon = readiness_of(loop).soon
         self._lost = False  # connection_lost scheduled
         self._closed = False  # the socket is closed
-        self._peer_eof = False
-        self._ragged = False  # the peer's FIN came without its close_notify
         # Read now: the socket answers none of these once closed (and an SSLSocket none of the
         # TLS ones once its close_notify is sent).
         self._cork = sock.family in (socket.AF_INET, socket.AF_INET6)
