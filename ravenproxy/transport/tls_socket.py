@@ -62,7 +62,6 @@ class TLSSocketTransport(asyncio.Transport):
     # of an instance in shared-key values; with 30 the transport got a dict of its own, and
     # every attribute load and store of each read and write took the hinted dict lookup.
     # tests/unit/transport/test_connection_attributes.py holds it to that count.
-    _shutdown = 0  # 0: not started; 1: close_notify to write; 2: draining to the FIN
     _shutdown_wants_write = False  # the close_notify waits for write readiness
     _shutdown_timer: asyncio.TimerHandle | None = None
     _read_soon: asyncio.Handle | None = None
@@ -80,8 +79,7 @@ class TLSSocketTransport(asyncio.Transport):
         self._loop = loop
         self._sock = sock
         self._fd = sock.fileno()
-        self._protocol = protocol
-        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        self._use(protocol)
         # CPython's TLS object under the SSLSocket: read(), write() and pending() are what
         # recv_into(), send() and pending() end in, two Python calls later (~6 % of bulk CPU;
         # four calls a small request); the SSLSocket's own methods if it has none.
@@ -96,6 +94,7 @@ class TLSSocketTransport(asyncio.Transport):
         self._writing_paused = False  # the protocol was told to pause writing
         self._reading_paused = False
         self._closing = False  # close() called, or the connection is going down
+        self._shutdown = 0  # 0: not started; 1: close_notify to write; 2: draining to the FIN
         self._write_wants_read = False  # the queued piece waits for read readiness
         self._read_wants_write = False  # a read waits for write readiness
         self._reader = False  # add_reader in place
@@ -134,8 +133,17 @@ class TLSSocketTransport(asyncio.Transport):
         self._update_io()
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._use(protocol)
+
+    def _use(self, protocol: asyncio.BaseProtocol) -> None:
         self._protocol = protocol
-        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        # A BufferedProtocol's two read methods, bound once: called as methods in _read they
+        # were loaded unspecialized (methods of its class, which the tunnel's Feeder shadows
+        # with attributes: ~2 generic lookups a read on 3.11).
+        self._get_buffer: Callable[[int], Any] | None = None
+        self._updated: Callable[[int], Any] | None = None
+        if isinstance(protocol, asyncio.BufferedProtocol):
+            self._get_buffer, self._updated = protocol.get_buffer, protocol.buffer_updated
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         return self._protocol
@@ -273,12 +281,12 @@ class TLSSocketTransport(asyncio.Transport):
         sock, sslread = self._sock, self._sslread
         self._read_wants_write = False
         for _ in _ROUNDS:
-            protocol, buffered = self._protocol, self._buffered
+            protocol, get_buffer, updated = self._protocol, self._get_buffer, self._updated
             got = 0
             end: str | BaseException | None = None  # why this round stopped short
             try:
                 # A view as given (the tunnel's: no view of a view a read), else one of ours.
-                given = protocol.get_buffer(-1) if buffered else bytearray(256 * 1024)  # type: ignore[attr-defined]
+                given = get_buffer(-1) if get_buffer is not None else bytearray(256 * 1024)
                 view = given if type(given) is memoryview else memoryview(given)
                 size = len(view)
                 if not size:
@@ -310,8 +318,8 @@ class TLSSocketTransport(asyncio.Transport):
                 end = exc
             try:
                 if got:  # what came before an end is delivered first
-                    if buffered:
-                        protocol.buffer_updated(got)  # type: ignore[attr-defined]
+                    if updated is not None:
+                        updated(got)
                     elif isinstance(protocol, asyncio.Protocol):
                         protocol.data_received(bytes(view[:got]))
             except Exception as exc:
@@ -332,7 +340,8 @@ class TLSSocketTransport(asyncio.Transport):
                 break
             if self._reading_paused or self._closing or self._closed:
                 break
-            if end == "drained" and not self._sslpending():
+            pending = self._sslpending  # (an attribute: as a method load, unspecialized)
+            if end == "drained" and not pending():
                 break  # the socket has no more now
         else:
             if self._sslpending():  # decrypted bytes make no readiness event
@@ -450,7 +459,7 @@ class TLSSocketTransport(asyncio.Transport):
         try:
             self._protocol.connection_lost(exc if isinstance(exc, Exception) else None)
         finally:
-            self._protocol, self._buffered = _Gone(), False
+            self._use(_Gone())
 
     # -- the loop's readiness ---------------------------------------------------------------
     def _update_io(self) -> None:
