@@ -219,6 +219,62 @@ async def test_a_burst_of_requests_in_one_loop_turn_goes_out_in_one_write() -> N
             assert await asyncio.wait_for(read_all(stream), WAIT) == b"ask %d" % i
 
 
+async def test_a_burst_asks_the_probe_once_and_goes_out_in_one_write_at_its_end() -> None:
+    """Three fronts' requests readable in one loop turn: the first write's poll says more input,
+    and the turn's later writes wait for its end without a poll each (they polled once a
+    write: ~900 instructions, mostly the GIL's release and take); all three go out in one
+    write at the turn's end, and the next turn's lone request is asked about and written
+    through again."""
+    async with tunnel() as t:
+        streams = [await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT) for _ in range(3)]
+        async with fronts(streams) as made:
+            await settle(t.cloud)
+            writes = record(t.cloud)
+            probe = t.cloud._probe
+            poll = probe.poll
+            polls: list[int] = []  # the polls made by each read callback of the burst
+            inside = [False]
+
+            def counted(*args: Any) -> Any:
+                if inside[0]:
+                    polls[-1] += 1
+                return poll(*args)
+
+            def watched(asker: Asker) -> None:
+                feed = asker.data_received
+
+                def received(data: bytes) -> None:
+                    polls.append(0)
+                    inside[0] = True
+                    try:
+                        feed(data)
+                    finally:
+                        inside[0] = False
+
+                asker.data_received = received  # type: ignore[method-assign]
+
+            for _, asker in made:
+                watched(asker)
+            probe.poll = counted  # type: ignore[misc]
+            try:
+                for i, (client, _) in enumerate(made):  # no await between: one poll sees all
+                    client.send(b"ask %d" % i)
+                await wait_writes(writes, 1)
+                assert polls == [1, 0, 0]
+                assert not probe.seen  # cleared at the turn's end
+                assert len(writes.writes) == 1
+                assert all(b"ask %d" % i in writes.writes[0] for i in range(3))
+                made[0][0].send(b"alone")
+                await wait_writes(writes, 2)
+                assert polls[3:] == [1]
+                assert len(writes.writes) == 2 and b"alone" in writes.writes[1]
+            finally:
+                probe.poll = poll  # type: ignore[misc]
+        for stream, sent in zip(streams, (b"ask 0alone", b"ask 1", b"ask 2"), strict=True):
+            stream.write_eof()
+            assert await asyncio.wait_for(read_all(stream), WAIT) == sent
+
+
 async def test_a_lone_request_is_written_in_its_read_callback() -> None:
     async with tunnel() as t:
         stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
