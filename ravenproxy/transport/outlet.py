@@ -67,7 +67,10 @@ class Outlet(Intake):
         if self._wake or self._deferred or not outbox.pending_bytes:
             return
         waiter = self._wake_writer
-        if waiter is None or waiter.done():  # the writer is busy (or gone)
+        # The writer is busy (or gone): None once it took the wake-up, and where the session
+        # cancels it (not waiter.done(), a method call a write; a future cancelled with its
+        # task by another hand, at the loop's shutdown, is asked below).
+        if waiter is None:
             self._wake = True
             return
         # Not while the transport is paused, after a CLOSE, or while the reader holds messages
@@ -118,7 +121,8 @@ class Outlet(Intake):
             return
         self._wake = True
         self._wake_writer = None
-        waiter.set_result(None)
+        if not waiter.done():  # else cancelled with its task: gone
+            waiter.set_result(None)
 
     def _flush_late(self) -> None:
         """What the turn left queued (no later event of its burst wrote it), in the loop's next

@@ -19,6 +19,7 @@ from websockets.protocol import State
 from ravenproxy.transport import readiness
 from ravenproxy.transport.frame_batch import COALESCE, WRITE_THROUGH
 from ravenproxy.transport.session import Session, TunnelStream
+from ravenproxy.wire.codes import ErrorCode
 from tests.unit.transport.test_session import TARGET, WAIT, read_all, tunnel
 from tests.unit.transport.test_websocket import contexts, pki  # noqa: F401 (a fixture)
 
@@ -398,3 +399,27 @@ async def test_a_write_through_on_an_aborted_transport_raises_nothing(
         await asyncio.wait_for(t.cloud_run, WAIT)
         assert t.cloud_ws.data_closed
         assert stream.try_write(b"after") == 0
+
+
+async def test_nothing_is_written_through_once_the_session_stopped_its_writer() -> None:
+    """A connection error stops the writer first, so that nothing follows the GOAWAY it sends
+    (``_close_with_error``); a small write meanwhile is not written through either: the outlet
+    asks ``_wake_writer`` alone (not the future's ``done()``), which the session clears where it
+    cancels the writer."""
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        await settle(t.cloud)
+        writes = record(t.cloud)
+        conn = t.cloud.conn
+        take = conn.data_to_send
+        seen: list[int] = []
+
+        def data_to_send() -> Any:  # asked right after the writer's cancel, in the same step
+            assert t.cloud._writer_task is not None and t.cloud._writer_task.cancelling()
+            assert stream.try_write(b"late") == 4
+            seen.append(len(writes.writes))
+            return take()
+
+        conn.data_to_send = data_to_send  # type: ignore[method-assign]
+        await asyncio.wait_for(t.cloud._close_with_error(ErrorCode.PROTOCOL_ERROR), WAIT)
+        assert seen == [0]  # left queued (sent by the close), not written in the caller's turn
