@@ -113,8 +113,7 @@ class Outlet(Intake):
                 if self._drain_event.waiter is not None:
                     self._drain_event.set()
             else:
-                if not probe.seen:  # the turn's first "more": its later writes need not ask
-                    probe.saw(self.loop)
+                probe.seen = True  # the turn's later writes need not ask (see _flush_late)
                 if not self._late:  # written at the turn's end, with what the burst adds
                     self._late = True
                     self.loop.call_soon(self._flush_late)
@@ -126,8 +125,10 @@ class Outlet(Intake):
 
     def _flush_late(self) -> None:
         """What the turn left queued (no later event of its burst wrote it), in the loop's next
-        turn, before it polls again."""
+        turn, before it polls again. The first of them ends the turn's "more input" (no
+        handle of its own: one of these is pending wherever a poll said more)."""
         self._late = False
+        self._probe.seen = False
         self._flush(late=True)
 
     async def _drained(self) -> None:

@@ -21,7 +21,7 @@ is left out (:meth:`Readiness.quiet`, from ``eof_received``): half-closed, it is
 Asked once a burst: once a poll said "more" (:attr:`Readiness.seen`), every later write of the
 same loop turn waits for the turn's end too, without a poll of its own (what a poll would mostly
 say: the batch's next socket is still unread). Each writer that waited writes at the turn's end
-(its ``call_soon``), before the loop polls again; ``seen`` is cleared there too.
+(its ``call_soon``), before the loop polls again; the first of them clears ``seen``.
 """
 
 from __future__ import annotations
@@ -45,18 +45,10 @@ class Readiness:
         self.soon: set[object] = set()
         """TLS transports with decrypted bytes to read in the next turn (no readiness event)."""
         self.seen = False
-        """A poll said "more input" in this loop turn (:meth:`saw`): the turn's later writes
-        wait for its end without asking again."""
-
-    def saw(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Note that a poll said "more input": :attr:`seen` until the turn's end (a
-        ``call_soon``: it runs with the writes that waited, before the loop polls again)."""
-        if not self.seen:
-            self.seen = True
-            loop.call_soon(self._calm)
-
-    def _calm(self) -> None:
-        self.seen = False
+        """A poll said "more input" in this loop turn: the turn's later writes wait for its end
+        without asking again. Set by the session whose poll said so, cleared by the first
+        write at the turn's end (a session's ``call_soon``, which the setter made or had made:
+        each poll that says more leaves one pending)."""
 
     def watch(self, transport: Any) -> None:
         """Count ``transport``'s socket from now on (until it is closed)."""
