@@ -102,8 +102,8 @@ class Outlet(Intake):
                     self._taken.set()
                 transport, mask = ws.transport, not self.conn.server_side
                 frame = None if one is None else one_frame(one[0], one[1], mask)
-                if frame is not None:
-                    transport.writelines((frame,))
+                if frame is not None:  # (write: the tunnel's TLS transport sends it at once)
+                    transport.write(frame)
                 else:
                     if batch is None:  # one frame, too large for one_frame
                         assert one is not None

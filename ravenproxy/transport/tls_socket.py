@@ -11,10 +11,11 @@ The contract is asyncio's :class:`asyncio.Transport` (what ``websockets`` and th
   ``SSL_read`` calls as it takes (a record each), then one ``buffer_updated``. Decrypted bytes
   OpenSSL still holds (``pending()``: the rest of a record larger than the buffer) make no
   readiness event: they are read on the next loop iteration (:mod:`.readiness` counts that).
-- writing: :meth:`TLSSocketTransport.write` encrypts at once while nothing is queued; the rest is
-  queued (by reference, as ``sslproto`` does), written on ``add_writer`` readiness; ``SSL_write``
-  is all or nothing: after ``SSLWantWriteError`` the same piece is written again. Flow control as
-  asyncio's. Either direction may need the other's readiness (a key update); both are waited for.
+- writing (:mod:`.tls_write`, the base class's): ``write`` encrypts at once while nothing is
+  queued; the rest is queued (by reference, as ``sslproto`` does), written on ``add_writer``
+  readiness; ``SSL_write`` is all or nothing: after ``SSLWantWriteError`` the same piece is
+  written again. Flow control as asyncio's. Either direction may need the other's readiness (a
+  key update); both are waited for.
 - closing: ``close()`` writes what is queued, ``close_notify``, a FIN, then drops what comes
   until the peer's FIN, within :data:`SHUTDOWN_TIMEOUT` (the socket's steps: :mod:`.tls_close`);
   ``abort()`` closes at once.
@@ -32,12 +33,13 @@ import collections
 import errno
 import socket
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from ravenproxy.transport.readiness import of as readiness_of
 from ravenproxy.transport.tls_close import Shutdown, drained_to_fin, shut_down
 from ravenproxy.transport.tls_names import tls_names
+from ravenproxy.transport.tls_write import HIGH_WATER, WriteSide
 
 SHUTDOWN_TIMEOUT = 10.0
 """Seconds ``close()`` may take (queued data, ``close_notify``, FIN, the peer's FIN), at most."""
@@ -46,14 +48,10 @@ READ_ROUNDS = 4
 """Buffers filled per read readiness at most (a busy connection must not starve the loop)."""
 _ROUNDS = (None,) * READ_ROUNDS  # looped over: no range object made a read (~700 instructions)
 
-CORK_MIN = 32 * 1024
-"""Bytes queued from which a flush corks the socket (``TCP_CORK``) while it writes them."""
-
-HIGH_WATER = 64 * 1024  # the default write buffer high-water mark (asyncio's)
 RECORD = 16 * 1024  # TLS's largest record payload: one SSL_read returns one record at most
 
 
-class TLSSocketTransport(asyncio.Transport):
+class TLSSocketTransport(WriteSide):
     """An :class:`asyncio.Transport` over a connected, handshaken, non-blocking
     :class:`ssl.SSLSocket` (see the module's doc)."""
 
@@ -165,98 +163,6 @@ class TLSSocketTransport(asyncio.Transport):
         self._update_io()
         if self._sock.pending():  # decrypted bytes make no readiness event
             self._schedule_read()
-
-    # -- asyncio.WriteTransport -------------------------------------------------------------
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        if high is None:
-            high = HIGH_WATER if low is None else 4 * low
-        if low is None:
-            low = high // 4
-        if not high >= low >= 0:
-            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
-        self._high, self._low = high, low
-        self._check_pause()
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._low, self._high
-
-    def get_write_buffer_size(self) -> int:
-        return self._queued
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise TypeError(f"data: expected a bytes-like object, not {type(data).__name__}")
-        if data:  # (dropped after close, as asyncio's transports do: writelines' check)
-            self.writelines((data,))
-
-    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
-        if self._closing:
-            return
-        queue = self._queue
-        for data in list_of_data:
-            if data:
-                queue.append(data)
-                self._queued += len(data)
-        if not (self._writer or self._write_wants_read):  # else it writes on readiness
-            self._flush()
-        if not self._writing_paused and self._queued > self._high and not self._lost:
-            self._writing_paused = True  # _check_pause, written out (a write per message)
-            self._protocol.pause_writing()
-
-    def write_eof(self) -> None:
-        raise NotImplementedError("TLS: no half-close (close() sends close_notify)")
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def abort(self) -> None:
-        self._close_now(None)
-
-    # -- writing ----------------------------------------------------------------------------
-    def _flush(self) -> None:
-        """Write queued pieces until the socket takes no more."""
-        queue = self._queue
-        sock = self._sock
-        send = self._sslwrite
-        self._write_wants_read = False
-        # Several records to write: cork, so the kernel sends full segments, not one per
-        # record (each SSL_write of a record is a send() of its own; TCP_NODELAY is on).
-        cork = self._queued >= CORK_MIN and self._cork
-        failed: BaseException | None = None
-        try:
-            if cork:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
-            while queue:
-                piece = queue[0]
-                sent = send(piece)
-                queue.popleft()
-                self._queued -= sent
-        except ssl.SSLWantWriteError:
-            pass
-        except ssl.SSLWantReadError:
-            self._write_wants_read = True
-        except (OSError, ssl.SSLError) as exc:
-            failed = exc
-        if cork:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
-            except OSError as exc:
-                failed = failed or exc
-        if failed is not None:
-            self._fatal(failed, "write")
-            return
-        if not queue and self._closing and self._shutdown == 0:
-            self._start_shutdown()
-        if not self._reader or self._writer or queue or self._closing or self._reading_paused:
-            self._update_io()  # else it would change nothing (see _read's end)
-        if self._writing_paused and self._queued <= self._low:
-            self._writing_paused = False
-            self._protocol.resume_writing()
-
-    def _check_pause(self) -> None:
-        if not self._writing_paused and self._queued > self._high and not self._lost:
-            self._writing_paused = True
-            self._protocol.pause_writing()
 
     # -- reading ----------------------------------------------------------------------------
     def _schedule_read(self) -> None:
@@ -398,6 +304,9 @@ class TLSSocketTransport(asyncio.Transport):
             self._update_io()
 
     # -- closing ----------------------------------------------------------------------------
+    def abort(self) -> None:
+        self._close_now(None)
+
     def _start_shutdown(self) -> None:
         """Everything queued is written: the ``close_notify``, then the FIN, then wait for the
         peer's FIN (reading and dropping what comes before it), within the close's timeout."""

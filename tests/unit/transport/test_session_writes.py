@@ -25,7 +25,8 @@ from tests.unit.transport.test_websocket import contexts, pki  # noqa: F401 (a f
 
 
 class Recorder:
-    """A session's transport, every ``writelines`` call recorded (the rest passed through)."""
+    """A session's transport, every ``write`` and ``writelines`` call recorded (the rest passed
+    through)."""
 
     def __init__(self, transport: Any) -> None:
         self._transport = transport
@@ -35,6 +36,10 @@ class Recorder:
         pieces = list(pieces)
         self.writes.append(b"".join(pieces))
         self._transport.writelines(pieces)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+        self._transport.write(data)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

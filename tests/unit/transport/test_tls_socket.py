@@ -229,9 +229,9 @@ async def test_a_stalled_reader_pauses_the_writer_and_resuming_drains_it(pki: Pa
 async def test_a_read_or_flush_leaves_the_registration_update_io_would_make(
     pki: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # _read and _flush skip _update_io when it would change nothing: after each, a full
-    # _update_io must find the loop's registration already right (partial writes, a paused
-    # reader, resuming, small messages both ways).
+    # _read, _flush and a write straight to SSL_write skip _update_io when it would change
+    # nothing: after each, a full _update_io must find the loop's registration already right
+    # (partial writes, a paused reader, resuming, small messages both ways).
     misses: list[tuple[str, bool, bool]] = []
     update_io = TLSSocketTransport._update_io
 
@@ -247,6 +247,7 @@ async def test_a_read_or_flush_leaves_the_registration_update_io_would_make(
 
     monkeypatch.setattr(TLSSocketTransport, "_read", checked(TLSSocketTransport._read))
     monkeypatch.setattr(TLSSocketTransport, "_flush", checked(TLSSocketTransport._flush))
+    monkeypatch.setattr(TLSSocketTransport, "write", checked(TLSSocketTransport.write))
     async with connected(pki) as (client, server):
         assert client.transport is not None and server.transport is not None
         for i in range(20):  # small messages both ways
