@@ -1,5 +1,6 @@
 """One client connection's HTTP/1.1 exchanges with their targets, sans-I/O (the messages are
-parsed and the heads sent on written by :mod:`ravenproxy.server.http_messages`).
+parsed by :mod:`ravenproxy.server.http_messages`, the heads sent on written by
+:mod:`ravenproxy.server.http_rewrite`).
 
 :class:`Exchange` is fed what happened — client bytes, target bytes, the route it asked for,
 a target connection opened or lost — and answers with *actions* for the driver
@@ -45,20 +46,14 @@ from ravenproxy.server.exchange_actions import (
     WriteUpstream,
 )
 from ravenproxy.server.http1 import BadRequest
-from ravenproxy.server.http_heads import Head
-from ravenproxy.server.http_messages import (
-    DATA,
-    END,
-    EOF,
-    ERROR,
-    HEAD,
+from ravenproxy.server.http_heads import Head, keeps_alive
+from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD, Parsed
+from ravenproxy.server.http_rewrite import (
     Framing,
     Outbound,
-    Parsed,
     chunk,
     fields,
     header,
-    keeps_alive,
     last_chunk,
     request_head,
     response_framing,

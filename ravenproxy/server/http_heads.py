@@ -57,11 +57,11 @@ class Head:
         self.size = size
         """Bytes of the head on the wire."""
         self.wire = wire
-        """A response's head as :func:`~ravenproxy.server.http_messages.response_framing`
+        """A response's head as :func:`~ravenproxy.server.http_rewrite.response_framing`
         writes it when it drops and adds no field: ``HTTP/1.1``, the status and reason, each
         field as parsed on a ``name: value`` line. A request's: its fields as parsed on their
         ``name: value`` lines joined by CRLF (no request line, no end): what
-        :func:`~ravenproxy.server.http_messages.request_head` sends on when it drops none."""
+        :func:`~ravenproxy.server.http_rewrite.request_head` sends on when it drops none."""
         # A response that is not plain is rewritten by its fields.
         self.headers, self.lower = _decoded(fields)
         self.routing = self.lower
@@ -138,18 +138,22 @@ class RequestHead(_DecodedWhenAsked):
         fields: list[tuple[bytes, bytes]],
         size: int,
         wire: bytes,
+        routing: dict[str, str] | None = None,
     ) -> None:
+        """``routing``: the :attr:`routing` of an earlier head with the same ``fields`` (read
+        only, so shared), else made here."""
         self.start, self.target, self.status, self.version = method, target, 0, version
         self.fields, self.size, self.wire = fields, size, wire
-        # _decoded's by-name form of the fields named in ROUTING_NAMES only: no other field
-        # decoded (a lower-cased name looked up per field).
-        routing: dict[str, str] = {}
-        for k, v in fields:
-            key = _routing_name(k.lower())
-            if key is not None:
-                value = v.decode("latin-1")
-                seen = routing.get(key)
-                routing[key] = value if seen is None else f"{seen}, {value}"
+        if routing is None:
+            # _decoded's by-name form of the fields named in ROUTING_NAMES only: no other field
+            # decoded (a lower-cased name looked up per field).
+            routing = {}
+            for k, v in fields:
+                key = _routing_name(k.lower())
+                if key is not None:
+                    value = v.decode("latin-1")
+                    seen = routing.get(key)
+                    routing[key] = value if seen is None else f"{seen}, {value}"
         self.routing = routing
 
 
@@ -179,3 +183,24 @@ FRAMING_KIND: dict[bytes, int] = {b"content-length": 1, **{n.encode(): 2 for n i
 """A lower-cased field name's part in :attr:`Head.plain`: 1 for Content-Length, 2 for a
 hop-by-hop field (:data:`HOP_BY_HOP`). A head's parts add up to 1 when it is plain: one
 Content-Length (llhttp refuses a second) and no hop-by-hop field."""
+
+
+def _tokens(value: str) -> set[str]:
+    return {t.strip().lower() for t in value.split(",")}
+
+
+def keeps_alive(head: Head) -> bool:
+    """The sender keeps the connection open after this message (RFC 9112 §9.3). A client's
+    ``Proxy-Connection`` (pre-standard, sent to proxies) counts as ``Connection``, as llhttp
+    counts it: after a ``close`` in it the parser takes no more on the connection."""
+    lower = head.routing
+    connection = lower.get("connection")
+    proxy = lower.get("proxy-connection")
+    if not connection and not proxy:  # most messages: no option listed, the version decides
+        return head.version == "1.1"
+    tokens = _tokens(connection) if connection else set()
+    if proxy:
+        tokens |= _tokens(proxy)
+    if head.version == "1.1":
+        return "close" not in tokens
+    return head.version == "1.0" and "keep-alive" in tokens

@@ -1,6 +1,7 @@
 """HTTP/1.1 messages as :class:`~ravenproxy.server.exchange.Exchange` sees them: parsed by
-llhttp (through ``httptools``) into queued events (:class:`Parsed`, :class:`Head`), and written
-back for the other side (the heads sent on, chunks), as pure functions of what was parsed.
+llhttp (through ``httptools``) into queued events (:class:`Parsed`, :class:`Head`). What is
+written back for the other side (the heads sent on, chunks) is
+:mod:`ravenproxy.server.http_rewrite`'s.
 
 The parsers run ahead of the exchange (a pipelined request is parsed while the one before it is
 answered): what they parse is queued as events and taken when the exchange is ready for it.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from httptools import (
     HttpParserError,
@@ -22,12 +23,10 @@ from httptools import (
 from ravenproxy.server.http_heads import (
     FRAMING_KIND,
     Head,
-    Headers,
     PlainHead,
     RequestHead,
+    keeps_alive,
 )
-from ravenproxy.server.podroutes import HOP_BY_HOP, Destination, forwardable, wants_upgrade
-from ravenproxy.server.router import Route
 
 REPLAY_MAX = 2 * 1024
 """A request this long at most is kept to be recognised when it comes again: an idle kept-alive
@@ -38,9 +37,17 @@ _framing_kind = FRAMING_KIND.get
 _name_value = b": ".join
 """A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
+_HTTP11_END = b" HTTP/1.1\r\n"
+"""The end of an HTTP/1.1 request line."""
+
 _STATUS_LINES: dict[int, bytes] = {}
 """``HTTP/1.1 200 `` by status: a response's :attr:`Head.wire` begins with it."""
 _status_line = _STATUS_LINES.get
+
+_METHOD_NAMES: dict[bytes, str] = {}
+"""A request's method by llhttp's name for it (llhttp names the methods it knows: a few dozen
+at most are kept), decoded once."""
+_method_name = _METHOD_NAMES.get
 
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
@@ -60,6 +67,7 @@ class Parsed:
         "_fields",
         "_kind",
         "_last",
+        "_line",
         "_replay_head",
         "_response",
         "_start",
@@ -94,6 +102,12 @@ class Parsed:
         """The HTTP version of the message being parsed when its first bytes were seen to be
         ``HTTP/1.1 `` (a response that began a read): llhttp's version, known without asking
         for it (``get_http_version`` formats a new string, per response)."""
+        self._line: bytes | None = None
+        """The bytes fed when a request may have begun at their start (the parser between
+        messages): where its request line ends with `` HTTP/1.1`` if it is the minimal
+        ``method SP target SP version`` (:meth:`on_headers_complete`), the version known
+        without asking llhttp for it (``get_http_version``: a new string formatted, per
+        request that differs)."""
         self.fed = 0
         """Bytes fed while no head was complete: what an unfinished head may have taken."""
         self.tail = 0
@@ -174,8 +188,12 @@ class Parsed:
         fresh = not events and not self.in_head and not self.in_body
         if not self.in_body:
             self.fed += len(data)
-            if not self.in_head and self._response:
+            if self.in_head:
+                pass
+            elif self._response:
                 self._version = "1.1" if data.startswith(b"HTTP/1.1 ") else None
+            else:
+                self._line = data
         queued = len(events)
         try:
             self.parser.feed_data(data)
@@ -242,13 +260,23 @@ class Parsed:
 
     def on_headers_complete(self) -> None:
         self.in_head, self.in_body, self.fed, self.tail = False, True, 0, 0
-        parser = self.parser
+        kind: Any = self._kind()  # the status (int) or the method (bytes)
         version = self._version
-        if version is None:
-            version = parser.get_http_version()
-        else:  # only the message whose start it saw
+        if version is not None:  # only the message whose start it saw
             self._version = None
-        kind = self._kind()
+        else:
+            line = self._line
+            # A request that began at the start of ``line`` (llhttp skips CRLFs before a
+            # request: a shifted start cannot match): its request line's first CRLF is at
+            # least len(method SP target SP HTTP/x.y) in, and only there when it ends with
+            # `` HTTP/1.1`` (no CR or LF before its end), so a match at that place is
+            # llhttp's version. Once: a next request in the same bytes asks llhttp.
+            if line is not None:
+                self._line = None
+                if line.startswith(_HTTP11_END, len(kind) + len(self._start) + 1):
+                    version = "1.1"
+            if version is None:
+                version = self.parser.get_http_version()
         last = self._last
         if (
             last is not None
@@ -301,13 +329,21 @@ class Parsed:
         # A request's fields on their lines as parsed, joined in C: request_head sends them on
         # when it drops none, and their length is the fields' part of the head's size ("name:
         # value" and a line end each: the lines' length and the last line's end).
-        lines = b"\r\n".join(map(_name_value, fields)) if fields else b""
+        last, routing = self._last, None
+        if last is not None and fields and last[1] == fields:
+            # The last request's fields again (a keep-alive client's requests differ in their
+            # target, seldom in their fields): its lines and routing fields are these.
+            lines, routing = last[4].wire, last[4].routing
+        else:
+            lines = b"\r\n".join(map(_name_value, fields)) if fields else b""
         size = len(lines) + 2 if fields else 0
-        method = kind.decode("ascii", "replace")
+        method = _method_name(kind) or _METHOD_NAMES.setdefault(
+            kind, kind.decode("ascii", "replace")
+        )
         start = self._start.decode("latin-1")
         # The request line: method, target, "HTTP/1.1" and two spaces and its end (14).
         size += len(method) + len(self._start) + 14
-        return RequestHead(method, start, version, fields, size, lines)
+        return RequestHead(method, start, version, fields, size, lines, routing)
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
@@ -325,155 +361,3 @@ class Parsed:
                 else [],
             )
         )
-
-
-def header(headers: Headers, name: str) -> str | None:
-    for key, value in headers:
-        if key.lower() == name:
-            return value
-    return None
-
-
-def fields(headers: Headers) -> bytes:
-    return "".join(f"{k}: {v}\r\n" for k, v in headers).encode("latin-1")
-
-
-def chunk(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
-def last_chunk(trailers: Headers) -> bytes:
-    return b"0\r\n" + fields(trailers) + b"\r\n"
-
-
-def _tokens(value: str) -> set[str]:
-    return {t.strip().lower() for t in value.split(",")}
-
-
-def keeps_alive(head: Head) -> bool:
-    """The sender keeps the connection open after this message (RFC 9112 §9.3). A client's
-    ``Proxy-Connection`` (pre-standard, sent to proxies) counts as ``Connection``, as llhttp
-    counts it: after a ``close`` in it the parser takes no more on the connection."""
-    lower = head.routing
-    connection = lower.get("connection")
-    proxy = lower.get("proxy-connection")
-    if not connection and not proxy:  # most messages: no option listed, the version decides
-        return head.version == "1.1"
-    tokens = _tokens(connection) if connection else set()
-    if proxy:
-        tokens |= _tokens(proxy)
-    if head.version == "1.1":
-        return "close" not in tokens
-    return head.version == "1.0" and "keep-alive" in tokens
-
-
-class Outbound(NamedTuple):
-    """A request head as it goes to the target (a named tuple: one is made per request that
-    differs from the last, by :data:`_outbound`)."""
-
-    head: bytes
-    upgrade: bool
-    """The client asked for a protocol upgrade (``Connection: Upgrade``)."""
-    chunked: bool
-    """The body goes to the target chunked."""
-
-
-_outbound = tuple.__new__
-"""``_outbound(Outbound, fields)``: an :class:`Outbound` made by tuple's C constructor, as
-:data:`_framing` a :class:`Framing` (no Python call)."""
-
-
-def request_head(request: Head, dest: Destination, route: Route, via: str) -> Outbound:
-    """The head to send on: hop-by-hop fields dropped (RFC 9110 §7.6.1), ``Host`` set for the
-    destination, the body's chunking kept, ``Via`` added."""
-    routing = request.routing  # all it reads of a request that goes on as parsed
-    if dest.authority is None and "host" in routing and HOP_BY_HOP.isdisjoint(routing):
-        # Nothing dropped, nothing added but Via (no Connection, no Transfer-Encoding: no
-        # upgrade, no chunking): the fields as parsed, joined in C — the bytes fields() makes
-        # of their decoded form (latin-1 round-trips), without a format per field.
-        lines = request.wire  # the fields' lines, as parsed
-        via_line = f"Via: {request.version} {via}\r\n\r\n".encode("latin-1")
-        line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-        return _outbound(Outbound, (b"".join((line, lines, b"\r\n", via_line)), False, False))
-    headers, lower = request.headers, request.lower
-    upgrade = wants_upgrade(headers) if "connection" in lower else None
-    out = forwardable(headers, upgrade=upgrade, names=lower)
-    if dest.authority is not None:
-        out = [(k, v) for k, v in out if k.lower() != "host"]
-        out.insert(0, ("Host", dest.authority))
-    elif "host" not in lower:
-        out.insert(0, ("Host", f"{dest.host or route.node.name}:{route.target.port}"))
-    chunked = "chunked" in lower.get("transfer-encoding", "").lower()
-    if chunked:
-        out.append(("Transfer-Encoding", "chunked"))
-    # RFC 9110 §7.6.3; also how a request that comes back here is recognised.
-    out.append(("Via", f"{request.version} {via}"))
-    head = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-    return Outbound(head + fields(out) + b"\r\n", upgrade is not None, chunked)
-
-
-class Framing(NamedTuple):
-    """A response head as it goes to the client, and how its body and both connections go on
-    (a named tuple: one is made per answer that differs from the last, by :data:`_framing`)."""
-
-    head: bytes
-    body_out: str
-    """How the body goes to the client: ``length`` (as it comes), ``chunked`` (each piece a
-    chunk), ``none``."""
-    until_close: bool
-    """The body ends when the target closes the connection."""
-    up_keep: bool
-    """The target connection can carry another request afterwards."""
-    client_keep: bool
-    """The client connection can carry another request afterwards."""
-
-
-_framing = tuple.__new__
-"""``_framing(Framing, fields)``: a :class:`Framing` made by tuple's C constructor, without the
-named tuple's own ``__new__`` (a Python function: a call per answer)."""
-
-
-def response_framing(
-    response: Head, *, bodiless: bool, request_version: str, client_keep: bool, upstream: bool
-) -> Framing:
-    """The head for the client of a final response and its body's framing. ``bodiless``: it
-    answers a HEAD; ``client_keep``: the client asked to keep its connection; ``upstream``:
-    the target connection is still held."""
-    if response.plain and not bodiless and response.status not in (204, 304):
-        # A length-framed answer without a hop-by-hop field (so no Transfer-Encoding, no
-        # Connection): nothing is dropped, the head goes on as parsed (a target's usual answer;
-        # each scrape's differs, in its Date and length). keeps_alive's rule, no field to read.
-        up_keep = response.version == "1.1" and upstream
-        wire = response.wire
-        head = wire if client_keep else wire[:-2] + b"Connection: close\r\n\r\n"
-        return _framing(Framing, (head, "length", False, up_keep, client_keep))
-    headers, lower = response.headers, response.lower
-    kept = forwardable(headers, names=lower)
-    te = lower.get("transfer-encoding", "").lower()
-    if te:
-        # RFC 9112 §6.3: Transfer-Encoding wins, and a proxy drops the length.
-        kept = [(k, v) for k, v in kept if k.lower() != "content-length"]
-    up_keep = keeps_alive(response) and upstream and not bodiless
-    until_close = False
-    if bodiless or response.status in (204, 304):
-        body_out = "none"
-        if te.endswith("chunked"):
-            kept.append(("Transfer-Encoding", "chunked"))
-    elif te.endswith("chunked"):
-        body_out = "chunked"
-        kept.append(("Transfer-Encoding", "chunked"))
-    elif te or "content-length" not in lower:
-        until_close, up_keep = True, False
-        if request_version == "1.1":
-            body_out = "chunked"
-            kept.append(("Transfer-Encoding", "chunked"))
-        else:
-            body_out = "length"
-            client_keep = False
-    else:
-        body_out = "length"
-    if not client_keep:
-        kept.append(("Connection", "close"))
-    head = f"HTTP/1.1 {response.status} {response.start}\r\n".encode("latin-1")
-    head += fields(kept) + b"\r\n"
-    return _framing(Framing, (head, body_out, until_close, up_keep, client_keep))

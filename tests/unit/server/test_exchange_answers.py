@@ -27,16 +27,8 @@ from ravenproxy.server.exchange_actions import (
     WriteUpstream,
 )
 from ravenproxy.server.http_heads import Head
-from ravenproxy.server.http_messages import (
-    DATA,
-    END,
-    EOF,
-    ERROR,
-    HEAD,
-    chunk,
-    fields,
-    last_chunk,
-)
+from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD
+from ravenproxy.server.http_rewrite import chunk, fields, last_chunk
 
 from .test_exchange import OK, VIA, route
 

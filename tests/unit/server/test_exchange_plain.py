@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.http_heads import Head, PlainHead
-from ravenproxy.server.http_messages import HEAD, Parsed, response_framing
+from ravenproxy.server.http_messages import HEAD, Parsed
+from ravenproxy.server.http_rewrite import response_framing
 
 from .test_exchange import OK, VIA
 from .test_response_framing import SCRAPE, answer_heads

@@ -9,16 +9,8 @@ from hypothesis import strategies as st
 
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import OpenUpstream, RouteRequest, WriteUpstream
-from ravenproxy.server.http_heads import ROUTING_NAMES, Head, RequestHead, _decoded
-from ravenproxy.server.http_messages import (
-    DATA,
-    END,
-    ERROR,
-    HEAD,
-    REPLAY_MAX,
-    Parsed,
-    keeps_alive,
-)
+from ravenproxy.server.http_heads import ROUTING_NAMES, Head, RequestHead, _decoded, keeps_alive
+from ravenproxy.server.http_messages import DATA, END, ERROR, HEAD, REPLAY_MAX, Parsed
 
 from .test_exchange import VIA, route
 

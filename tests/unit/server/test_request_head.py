@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from ravenproxy.server.http1 import BadRequest
 from ravenproxy.server.http_heads import Head
-from ravenproxy.server.http_messages import HEAD, Outbound, Parsed, fields, request_head
+from ravenproxy.server.http_messages import HEAD, Parsed
+from ravenproxy.server.http_rewrite import Outbound, fields, request_head
 from ravenproxy.server.podroutes import Destination, find_destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
 

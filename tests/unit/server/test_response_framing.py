@@ -9,16 +9,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ravenproxy.server.http_heads import Head, PlainHead
-from ravenproxy.server.http_messages import (
-    ERROR,
-    HEAD,
-    Framing,
-    Parsed,
-    fields,
-    keeps_alive,
-    response_framing,
-)
+from ravenproxy.server.http_heads import Head, PlainHead, keeps_alive
+from ravenproxy.server.http_messages import ERROR, HEAD, Parsed
+from ravenproxy.server.http_rewrite import Framing, fields, response_framing
 from ravenproxy.server.podroutes import HOP_BY_HOP, forwardable
 
 SCRAPE = (

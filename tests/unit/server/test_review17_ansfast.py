@@ -28,7 +28,8 @@ from ravenproxy.server.exchange_actions import (
     WriteUpstream,
 )
 from ravenproxy.server.http_heads import Head, PlainHead
-from ravenproxy.server.http_messages import HEAD, Parsed, response_framing
+from ravenproxy.server.http_messages import HEAD, Parsed
+from ravenproxy.server.http_rewrite import response_framing
 
 from .test_exchange import VIA, route
 

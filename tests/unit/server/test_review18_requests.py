@@ -38,15 +38,9 @@ from ravenproxy.server.exchange_actions import (
     WriteUpstream,
 )
 from ravenproxy.server.http1 import BadRequest, split_authority
-from ravenproxy.server.http_heads import Head
-from ravenproxy.server.http_messages import (
-    END,
-    ERROR,
-    HEAD,
-    Parsed,
-    keeps_alive,
-    request_head,
-)
+from ravenproxy.server.http_heads import Head, keeps_alive
+from ravenproxy.server.http_messages import END, ERROR, HEAD, Parsed
+from ravenproxy.server.http_rewrite import request_head
 from ravenproxy.server.loops import via_received_by
 from ravenproxy.server.podroutes import (
     HOP_BY_HOP,
