@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from ravenproxy.errors import RoutingError
 from ravenproxy.log import kv
-from ravenproxy.metrics import ServerMetrics
+from ravenproxy.metrics import ServerMetrics, Tallied
 from ravenproxy.server.connector import Connector
 from ravenproxy.server.limits import ClientStreams, ConnectionGate, StreamLease, client_key
 from ravenproxy.server.router import Router
@@ -32,6 +32,18 @@ class FrontLimits:
     idle_timeout: float
     via: str
     """This process's Via pseudonym (loop detection, :func:`ravenproxy.server.loops.via_token`)."""
+
+
+class Front(Protocol):
+    """What the keep-alive callback path (:mod:`ravenproxy.server.http_callbacks`) uses of its
+    front's proxy."""
+
+    front: str
+    over_tls: bool
+    egress: str | None
+    counters: dict[int, list[Tallied]]
+
+    def count(self, status: int) -> None: ...
 
 
 class Waiter(Protocol):

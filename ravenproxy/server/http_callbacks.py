@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
 
 from ravenproxy.errors import RoutingError
-from ravenproxy.metrics import Tallied
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
@@ -45,7 +43,7 @@ from ravenproxy.server.exchange_actions import (
     WriteClient,
     WriteUpstream,
 )
-from ravenproxy.server.front import FrontContext
+from ravenproxy.server.front import Front, FrontContext
 from ravenproxy.server.router import RouteMemo
 from ravenproxy.transport.bytestream import (
     READ_LIMIT,
@@ -62,17 +60,6 @@ KEEPALIVE_TIMEOUT = 300.0
 """A kept-alive client connection with no byte of a next request for this long is closed (once
 a head has begun, --header-timeout bounds it). Checked as :class:`IdleWatch` checks: while other
 connections are busy, up to an eighth of it later."""
-
-
-class Front(Protocol):
-    """What the callback path uses of its front's proxy."""
-
-    front: str
-    over_tls: bool
-    egress: str | None
-    counters: dict[int, list[Tallied]]
-
-    def count(self, status: int) -> None: ...
 
 
 class CallbackPath:
@@ -158,6 +145,11 @@ class CallbackPath:
         self._exit = done
         self._write = sock.transport.write
         self._hook_kept()
+        if self._hooked is not None:
+            # In callback mode the stream calls _advance itself, as the socket does (not
+            # _on_upstream, a call more per answer): _advance tells the kept stream's news
+            # between requests from a request's end by ``waiting``.
+            self._hooked.on_readable(self._advance)
         sock.on_data(self._advance)
         try:
             try:
@@ -215,15 +207,14 @@ class CallbackPath:
         the agents did not change), and what the exchange does next; the task path and the
         callbacks alike."""
         try:
-            self.routed = self.ctx.router.route_again(
-                action.dest, over_tls=self.proxy.over_tls, memo=self.routed
-            )
+            self.routed = self.ctx.router.route_again(action.dest, self.proxy.over_tls, self.routed)
         except RoutingError as exc:
             return list(self.ex.refused(exc.status, exc.node, exc.reason))
         return self.ex.routed(self.routed.route)  # a new list: extended by the caller
 
     def _hook_kept(self) -> None:
-        """The kept tunnel stream calls back (:meth:`_on_upstream`): in callback mode, and
+        """The kept tunnel stream calls back (:meth:`_on_upstream`; :meth:`_by_callbacks`
+        hooks :meth:`_advance` instead): in callback mode, and
         while the task waits for a next request — a stream under re-originated TLS too, whose
         connection the callbacks do not serve — so that its end between requests is noticed
         either way. Its end before the hook: :meth:`_kept_ended`, once ``waiting``. A direct
@@ -390,6 +381,14 @@ class CallbackPath:
                             return self._leave([])
                         data = sock.read_nowait(READ_LIMIT)
                         if data is None:
+                            if self.waiting:
+                                # The kept stream called between requests (the socket's calls
+                                # bring bytes, its end or loss): _on_upstream's rule, busy
+                                # already (_let_go_if's); the keep-alive clock goes on.
+                                self._unread = True
+                                if self._hooked is not None and self._hooked.ended:
+                                    self._run(ex.upstream_ended())
+                                return None
                             self.waiting = True  # the drain closes it (Drain.start)
                             watch.retime(KEEPALIVE_TIMEOUT)
                             return None
@@ -476,7 +475,7 @@ class CallbackPath:
                 # _route_again inline (a call a request).
                 try:
                     self.routed = memo = self.ctx.router.route_again(
-                        action.dest, over_tls=self.proxy.over_tls, memo=self.routed
+                        action.dest, self.proxy.over_tls, self.routed
                     )
                 except RoutingError as exc:
                     actions.extend(self.ex.refused(exc.status, exc.node, exc.reason))

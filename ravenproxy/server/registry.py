@@ -48,9 +48,10 @@ class AgentRegistry:
     def __len__(self) -> int:
         return self._count
 
-    @staticmethod
-    def live(session: Session) -> bool:
-        """The session may carry new streams (open, no GOAWAY either way)."""
+    def live(self, session: Session) -> bool:
+        """The session may carry new streams (open, no GOAWAY either way). A method, not a
+        staticmethod: the router asks it per request, and 3.11 does not specialize the load
+        of a staticmethod called on an instance."""
         conn = session.conn
         return not session.closed and conn.goaway_received is None and conn.goaway_sent is None
 

@@ -73,15 +73,17 @@ class Route:
 @dataclass(frozen=True, slots=True)
 class RouteMemo:
     """A request's route and what it was decided on: what the destination names (not its
-    path), the model and the registry's generation."""
+    path: :attr:`dest`'s host, port, pod and scheme), TLS from the client, the model and the
+    registry's generation."""
 
-    key: tuple[str, int | None, tuple[str, str] | None, str | None, bool]
+    over_tls: bool
     model: Model
     agents: int
     route: Route
     dest: Destination
     """The destination it was decided for: the same object again (a keep-alive client's
-    same request, :class:`~ravenproxy.server.exchange.Exchange` reuses it) needs no key."""
+    same request, :class:`~ravenproxy.server.exchange.Exchange` reuses it) needs no
+    comparison."""
 
 
 @dataclass(frozen=True)
@@ -192,24 +194,29 @@ class Router:
         tls = over_tls or dest.scheme == "https" or r.target.port == r.node.kubelet_port
         return dataclasses.replace(r, tls=tls) if tls else r
 
-    def route_again(
-        self, dest: Destination, *, over_tls: bool, memo: RouteMemo | None
-    ) -> RouteMemo:
+    def route_again(self, dest: Destination, over_tls: bool, memo: RouteMemo | None) -> RouteMemo:
         """:meth:`route_request`, or ``memo`` (a keep-alive connection's last route) when the
         request names the same node, port, pod and scheme, and neither the model nor the
         connected agents changed since, and its agent still takes streams: the next request
-        of a connection goes where the last one went without routing it again."""
+        of a connection goes where the last one went without routing it again. Positional
+        (the callbacks call it per request: a call with keywords is not specialized)."""
         model, agents = self.store.model, self.registry.generation
         if (
             memo is not None
             and memo.model is model
             and memo.agents == agents
             and (memo.route.session is None or self.registry.live(memo.route.session))
+            and memo.over_tls is over_tls
         ):
-            key = memo.key
-            if memo.dest is dest and key[4] is over_tls:
+            last = memo.dest
+            # What routing read of a destination, compared field by field with the one the
+            # memo was made for (no key tuple made per request that differs).
+            if last is dest or (
+                last.host == dest.host
+                and last.port == dest.port
+                and last.pod == dest.pod
+                and last.scheme == dest.scheme
+            ):
                 return memo
-            if key == (dest.host, dest.port, dest.pod, dest.scheme, over_tls):
-                return memo
-        key = (dest.host, dest.port, dest.pod, dest.scheme, over_tls)
-        return RouteMemo(key, model, agents, self.route_request(dest, over_tls=over_tls), dest)
+        route = self.route_request(dest, over_tls=over_tls)
+        return RouteMemo(over_tls, model, agents, route, dest)

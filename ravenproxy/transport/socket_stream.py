@@ -129,8 +129,11 @@ class SocketStream(asyncio.Protocol):
                 pass
         if self._read_waiter is not None:  # _wake_reader's check: a call a request spared
             self._wake_reader()
-        if self._on_data is not None:
-            self._on_data()
+        # Loaded once, as an attribute: a bound method held in a slot and called as
+        # ``self._on_data()`` is a LOAD_METHOD 3.11 leaves unspecialized (a chunk a request).
+        callback = self._on_data
+        if callback is not None:
+            callback()
 
     def eof_received(self) -> bool:
         self._eof = True

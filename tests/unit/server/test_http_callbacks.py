@@ -105,7 +105,7 @@ class _Router:
     def __init__(self, route: Route) -> None:
         self.to = route
 
-    def route_again(self, dest: object, *, over_tls: bool, memo: object) -> SimpleNamespace:
+    def route_again(self, dest: object, over_tls: bool, memo: object) -> SimpleNamespace:
         return SimpleNamespace(route=self.to)
 
 

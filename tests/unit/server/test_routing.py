@@ -250,6 +250,15 @@ def test_route_again_reuses_the_last_route_until_something_it_depends_on_changes
         == 9101
     )
     assert router.route_again(metrics, over_tls=True, memo=memo).route.tls
+    # Another scheme (an absolute URI's https://), or a pod's path: routed anew. Each field
+    # routing reads is compared with the memo's destination, one by one.
+    https = dataclasses.replace(metrics, scheme="https")
+    assert router.route_again(https, over_tls=False, memo=memo).route.tls
+    assert router.route_again(https, over_tls=False, memo=memo) is not memo
+    same_https = router.route_again(https, over_tls=False, memo=None)
+    assert router.route_again(metrics, over_tls=False, memo=same_https) is not same_https
+    other_host = dataclasses.replace(metrics, host="b")
+    assert router.route_again(other_host, over_tls=False, memo=memo).route.node.name == "b"
     # An agent came (or went): routed anew.
     reg.add("a", second)
     again = router.route_again(metrics, over_tls=False, memo=memo)
