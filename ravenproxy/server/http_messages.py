@@ -286,34 +286,19 @@ class Parsed:
             and last[1] == self._fields
         ):
             head = last[4]
-        else:
-            head = self._head(version, kind)
-            self._last = (self._start, self._fields, kind, version, head)
-        self.events.append((HEAD, head))
-        if self.bodiless and head.status >= 200:
-            # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
-            # connection is not used again.
-            self.in_body = False
-            self.events.append((END, []))
-            raise _Stop
-
-    def _head(self, version: str, kind: Any) -> Head:
-        """``kind``: the status code (a response) or the method (a request), as llhttp gave it."""
-        fields = self._fields
-        if self._response:
-            status: int = kind
-            # The same bytes as fields(headers) after the status line: latin-1 round-trips.
-            # (Each field joined in C: no format parsed per field, no comprehension's frame;
+        elif self._response:
+            # A response's head, here and not in a method of its own: once an answer that
+            # differs from the last. The same bytes as fields(headers) after the status
+            # line: latin-1 round-trips. (Each field joined in C: no format parsed per field;
             # the status line's start made once per status, as a format parses its template
             # per call: llhttp takes 3 digits, so at most 1 000 are kept.)
-            line = _status_line(status) or _STATUS_LINES.setdefault(
-                status, b"HTTP/1.1 %d " % status
-            )
+            fields, reason = self._fields, self._start
+            line = _status_line(kind) or _STATUS_LINES.setdefault(kind, b"HTTP/1.1 %d " % kind)
             if fields:
                 lines = b"\r\n".join(map(_name_value, fields))
-                wire = b"".join((line, self._start, b"\r\n", lines, b"\r\n\r\n"))
+                wire = b"".join((line, reason, b"\r\n", lines, b"\r\n\r\n"))
             else:
-                wire = b"".join((line, self._start, b"\r\n\r\n"))
+                wire = b"".join((line, reason, b"\r\n\r\n"))
             # Which framing fields it has: a lookup per name, not a decode (a regular expression
             # over the head cost more; ``bytes in bytes`` makes and drops a TypeError first).
             framing = 0
@@ -323,9 +308,25 @@ class Parsed:
                     framing += part
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
             if framing == 1:  # plain: what PlainHead is
-                return PlainHead(self._start, status, version, fields, len(wire), wire)
-            start = self._start.decode("latin-1")
-            return Head(start, "", status, version, fields, len(wire), wire)
+                head = PlainHead(reason, kind, version, fields, len(wire), wire)
+            else:
+                start = reason.decode("latin-1")
+                head = Head(start, "", kind, version, fields, len(wire), wire)
+            self._last = (reason, fields, kind, version, head)
+        else:
+            head = self._request_head(version, kind)
+            self._last = (self._start, self._fields, kind, version, head)
+        self.events.append((HEAD, head))
+        if self.bodiless and head.status >= 200:
+            # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
+            # connection is not used again.
+            self.in_body = False
+            self.events.append((END, []))
+            raise _Stop
+
+    def _request_head(self, version: str, kind: bytes) -> Head:
+        """``kind``: the method, as llhttp gave it."""
+        fields = self._fields
         # A request's fields on their lines as parsed, joined in C: request_head sends them on
         # when it drops none, and their length is the fields' part of the head's size ("name:
         # value" and a line end each: the lines' length and the last line's end).

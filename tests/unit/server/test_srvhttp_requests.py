@@ -1,4 +1,4 @@
-"""srvhttp (issue 15): a request's parse against 3466b61's, differentially.
+"""srvhttp (issue 15): a request's and an answer's parse against 3466b61's, differentially.
 
 A request that differs from the last now takes its HTTP version from its own bytes when its
 request line is ``method SP target SP HTTP/1.1`` and began a read (llhttp's getter formats a
@@ -476,3 +476,44 @@ def test_the_last_requests_fields_again_share_its_lines_and_routing() -> None:
     assert isinstance(a, RequestHead) and isinstance(b, RequestHead) and isinstance(c, RequestHead)
     assert b.routing is a.routing and b.wire is a.wire and b.size == a.size + 1
     assert c.routing is not a.routing and c.routing == {"host": "h2"}
+
+
+# -- answers: the response head is built where llhttp completes it (no method call) ------------
+
+_STATUS_LINES_GEN = st.sampled_from(
+    [b"HTTP/1.1 200 OK", b"HTTP/1.0 200 OK", b"HTTP/1.1 404 Not Found", b"HTTP/1.1 204 ",
+     b"HTTP/1.1 304 Not Modified", b"HTTP/1.1 100 Continue", b"HTTP/1.1 200 \xe9t\xe9",
+     b"HTTP/1.1 500"]
+)  # fmt: skip
+_ANSWER_FIELDS = st.lists(
+    st.sampled_from(
+        [b"Date: Sat, 05 Dec 2026 06:00:00 GMT", b"Content-Type: text/plain",
+         b"content-length: 2", b"Connection: close", b"Transfer-Encoding: chunked",
+         b"Keep-Alive: timeout=5", b"Server:  x ", b"X-Tunnel-Proxy-Host: a"]
+    ),
+    max_size=4,
+    unique=True,
+)  # fmt: skip
+
+
+@st.composite
+def _answers(draw: st.DrawFn) -> bytes:
+    fields = draw(_ANSWER_FIELDS)
+    head = b"\r\n".join([draw(_STATUS_LINES_GEN), *fields]) + b"\r\n\r\n"
+    if b"Transfer-Encoding: chunked" in fields:
+        return head + b"2\r\nok\r\n0\r\n" + draw(st.sampled_from([b"", b"T: 1\r\n"])) + b"\r\n"
+    return head + (b"ok" if b"content-length: 2" in fields else b"")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_answers(), min_size=1, max_size=4), st.booleans(), st.data())
+def test_an_answer_parse_is_3466b61s(answers: list[bytes], bodiless: bool, data: Any) -> None:
+    new, old = Parsed(response=True, max_tail=8192), _OldParsed(response=True, max_tail=8192)
+    new.bodiless = old.bodiless = bodiless
+    whole = b"".join(answers)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(whole)), max_size=3)))
+    for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True):
+        assert new.feed(whole[a:b]) == old.feed(whole[a:b])
+        assert [_view(e) for e in new.events] == [_view(e) for e in old.events]
+        new.events.clear()
+        old.events.clear()
