@@ -35,6 +35,7 @@ from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import OpenUpstream, Refuse, RouteRequest, Tunnel
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import HEAD, Parsed
+from ravenproxy.server.http_rewrite import response_framing
 from ravenproxy.server.podroutes import Destination, find_destination
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import Router
@@ -58,6 +59,8 @@ from .test_review18_requests import (
     _target,
 )
 from .test_routing import fake, model, registry
+from .test_srvhttp_requests import _OldParsed
+from .test_srvhttp_requests import _view as _srvhttp_view
 
 # -- generated conversations: requests sharing the last one's fields -------------------------------
 
@@ -563,3 +566,144 @@ def test_route_again_takes_its_arguments_by_position_and_by_name() -> None:
     assert router.route_again(dataclasses.replace(dest, target="/x"), False, memo) is memo
     with pytest.raises(RoutingError):
         router.route_again(Destination("host", "ghost", 9100), False, memo)
+
+
+# -- answers: srvhttp's response head built inline, against 3466b61's Parsed ----------------------
+
+_ANSWER_LINES = [
+    b"HTTP/1.1 200 OK",
+    b"HTTP/1.1 200 OK",
+    b"HTTP/1.0 200 OK",
+    b"HTTP/1.1 200 Fine",
+    b"HTTP/1.1 201 OK",
+    b"HTTP/1.1 204 No Content",
+    b"HTTP/1.1 304 Not Modified",
+    b"HTTP/1.1 404 ",
+    b"HTTP/1.1 500",
+    b"HTTP/1.1 200 \xe9t\xe9",
+]
+_INTERIM = [
+    b"HTTP/1.1 100 Continue\r\n\r\n",
+    b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n",
+    b"HTTP/1.1 102 Processing\r\nConnection: keep-alive\r\n\r\n",
+]
+_ANSWER_FIELD = st.sampled_from(
+    [
+        b"Date: Sat, 05 Dec 2026 06:00:00 GMT",
+        b"Date: Sat, 05 Dec 2026 06:00:01 GMT",
+        b"Content-Type: text/plain",
+        b"content-type: text/plain",
+        b"Connection: close",
+        b"Connection: keep-alive",
+        b"Connection: x-foo",
+        b"X-Foo: 1",
+        b"Proxy-Connection: close",
+        b"Keep-Alive: timeout=5",
+        b"Upgrade: h2c",
+        b"TE: trailers",
+        b"Trailer: X-T",
+        b"Via: 1.1 other",
+        b"Server:  x ",
+        b"X-\xe9: \xe9",
+        b"Set-Cookie: a=1",
+        b"Set-Cookie: a=1",
+    ]
+)
+
+
+@st.composite
+def _answer(draw: st.DrawFn) -> bytes:
+    """One answer: interim answers or none, a final head, its body as its framing says (a
+    Content-Length in odd forms, chunked with trailers, or none: close-framed)."""
+    flds = draw(st.lists(_ANSWER_FIELD, max_size=4))
+    framing = draw(
+        st.sampled_from(["cl"] * 4 + ["cl-lower", "cl-0", "cl-lead", "chunked", "gzip", "none"])
+    )
+    body = b""
+    if framing == "cl":
+        flds.append(b"Content-Length: 2")
+        body = b"ok"
+    elif framing == "cl-lower":
+        flds.append(b"content-length: 2")
+        body = b"ok"
+    elif framing == "cl-0":
+        flds.append(b"Content-Length: 0")
+    elif framing == "cl-lead":
+        flds.append(b"Content-Length: 002")
+        body = b"ok"
+    elif framing == "chunked":
+        flds.append(b"Transfer-Encoding: chunked")
+        body = b"2\r\nok\r\n0\r\n" + draw(st.sampled_from([b"", b"X-T: 1\r\n"])) + b"\r\n"
+    elif framing == "gzip":
+        flds.append(b"Transfer-Encoding: gzip")
+    flds = list(draw(st.permutations(flds)))
+    line = draw(st.sampled_from(_ANSWER_LINES))
+    interim = b"".join(draw(st.lists(st.sampled_from(_INTERIM), max_size=2)))
+    return interim + b"\r\n".join([line, *flds]) + b"\r\n\r\n" + body
+
+
+@st.composite
+def _answers(draw: st.DrawFn) -> list[bytes]:
+    """A target connection's answers: often the last one again, or it with its Date changed
+    (a scrape's answer), or another."""
+    out = [draw(_answer())]
+    for _ in range(draw(st.integers(0, 4))):
+        how = draw(st.sampled_from(["same", "date", "status", "version", "new"]))
+        last = out[-1]
+        if how == "same":
+            out.append(last)
+        elif how == "date":
+            out.append(last.replace(b"06:00:00", b"06:00:09"))
+        elif how == "version":  # the same head but its version (llhttp's, per answer)
+            if b"HTTP/1.1 200" in last:
+                out.append(last.replace(b"HTTP/1.1 200", b"HTTP/1.0 200"))
+            else:
+                out.append(last.replace(b"HTTP/1.0 200", b"HTTP/1.1 200"))
+        elif how == "status":
+            out.append(last.replace(b" 200 OK\r\n", b" 200 Fine\r\n", 1))
+        else:
+            out.append(draw(_answer()))
+    return out
+
+
+def _answer_view(event: tuple[int, object], bodiless: bool) -> object:
+    kind, value = event
+    if kind != HEAD:
+        return event
+    assert isinstance(value, Head)
+    framing = None
+    if value.status >= 200:
+        framing = tuple(
+            response_framing(
+                value,
+                bodiless=bodiless,
+                request_version=version,
+                client_keep=keep,
+                upstream=up,
+            )
+            for version in ("1.1", "1.0")
+            for keep in (True, False)
+            for up in (True, False)
+        )
+    return (_srvhttp_view(event), value.plain, framing)
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(_answers(), st.booleans(), st.data())
+def test_answers_parse_and_go_on_as_3466b61s(
+    answers: list[bytes], bodiless: bool, data: Any
+) -> None:
+    """A target connection's answers (interim ones, HEAD's, 204/304, close-framed, chunked with
+    trailers, odd Content-Lengths, hop-by-hop fields; repeated, or with their Date changed), in
+    reads cut anywhere: every event, every head (its fields, size, wire, plainness) and the head
+    and framing the client gets for it, as 3466b61's Parsed gives them."""
+    new, old = Parsed(response=True, max_tail=8192), _OldParsed(response=True, max_tail=8192)
+    whole = b"".join(answers)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(whole)), max_size=3)))
+    for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True):
+        new.bodiless = old.bodiless = bodiless
+        assert new.feed(whole[a:b]) == old.feed(whole[a:b])
+        got = [_answer_view(e, bodiless) for e in new.events]
+        assert got == [_answer_view(e, bodiless) for e in old.events]
+        new.events.clear()
+        old.events.clear()
