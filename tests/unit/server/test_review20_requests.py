@@ -24,7 +24,7 @@ from dataclasses import astuple
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.errors import RoutingError
@@ -142,8 +142,28 @@ def _changed(draw: st.DrawFn, flds: list[tuple[str, str]]) -> list[tuple[str, st
     return out
 
 
+_TAME = st.lists(
+    st.sampled_from(
+        [
+            ("Accept", "*/*"),
+            ("User-Agent", "Prometheus/2.51"),
+            ("Authorization", "Bearer t"),
+            ("Connection", "keep-alive"),
+            ("Accept-Encoding", "gzip"),
+            ("X-Tunnel-Proxy-Host", "edge-3:10250"),
+        ]
+    ),
+    max_size=3,
+    unique=True,
+)
+
+
 @st.composite
 def _fields(draw: st.DrawFn) -> list[tuple[str, str]]:
+    """A request's fields: a client's usual ones (one good Host), or review18's odd ones."""
+    if draw(st.booleans()):
+        host = draw(st.sampled_from(["edge-1:9100", "edge-2", "[::1]:10250", "10.1.0.1:80"]))
+        return list(draw(st.permutations([("Host", host), *draw(_TAME)])))
     flds = draw(st.lists(_FIELD, max_size=4))
     for _ in range(draw(st.sampled_from([1, 1, 1, 1, 0, 2]))):
         flds.append(draw(_HOST))
@@ -188,7 +208,7 @@ def _conversation(draw: st.DrawFn) -> list[bytes]:
 _CONVERSATION = st.tuples(
     _conversation(),
     st.lists(st.sampled_from(["whole"] * 5 + ["crlf", "two", "split"]), min_size=6, max_size=6),
-    st.integers(0, 5),
+    st.integers(0, 11),
     st.integers(-1, 1),
     st.data(),
 )
@@ -200,8 +220,10 @@ def _run_conversation(
     """Feed the requests to one Exchange (each a read, with a CRLF before it, two pipelined in
     one read, or split over two) and hold each outcome against 3466b61's rules for it alone."""
     sized = [_parse(r)[0] for r in requests]
-    at = sized[limit % len(sized)]
-    max_head = max(64, (at.size if at is not None else 200) + slack)
+    # The limit at one request's exact size (``slack`` around it), or far (``limit`` past the
+    # requests): most conversations then go on to their end.
+    at = sized[limit] if limit < len(sized) else None
+    max_head = max(64, at.size + slack) if at is not None else 4096
     ex = Exchange(via=VIA, max_head=max_head)
     plan: list[tuple[bytes, str, bytes]] = []
     i = 0
@@ -213,6 +235,7 @@ def _run_conversation(
             continue
         plan.append((requests[i], "whole" if mode == "two" else mode, b""))
         i += 1
+    shared: object = None
     for req, mode, after in plan:
         if mode == "second":
             actions = ex.poll()
@@ -230,6 +253,7 @@ def _run_conversation(
             assert [a.status for a in actions if isinstance(a, Refuse)] == [400], actions
             return
         want, keep = _old_on_request(old, max_head)
+        event(f"{mode}: {want[0]} {want[1] if want[0] == 'refuse' else want[1][0]}")
         if want[0] == "refuse":
             refusals = [a for a in actions if isinstance(a, Refuse)]
             assert refusals == [Refuse(want[1], want[2], want[3])], (req, actions)
@@ -241,6 +265,11 @@ def _run_conversation(
             return
         routes = [a for a in actions if isinstance(a, RouteRequest)]
         assert len(routes) == 1, (req, actions)
+        request = ex._request
+        assert request is not None
+        if request.routing is shared:
+            event(f"routed: the last head's fields and routing reused ({routes[0].dest.via})")
+        shared = request.routing
         assert astuple(routes[0].dest) == want[1], req
         assert ex._client_keep == keep, req
         r = _route_for(routes[0].dest)
