@@ -24,6 +24,7 @@ from dataclasses import astuple
 from typing import Any
 
 import pytest
+from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -48,6 +49,7 @@ from .test_review18_requests import (
     _METHODS,
     _OK,
     _OK_HEAD,
+    _Collect,
     _old_find_destination,
     _old_keeps_alive,
     _old_on_request,
@@ -736,3 +738,57 @@ def test_answers_parse_and_go_on_as_3466b61s(
         assert got == [_answer_view(e, bodiless) for e in old.events]
         new.events.clear()
         old.events.clear()
+
+
+# -- the version read from the request line: every cut of odd lines ------------------------------
+
+_ODD_LINES = [
+    b"GET /a HTTP/1.1\r\n",
+    b"GET /a HTTP/1.0\r\n",
+    b"GET  /a HTTP/1.1\r\n",
+    b"GET /a  HTTP/1.1\r\n",
+    b"GET /a HTTP/1.1 \r\n",
+    b"GET /a HTTP/1.1\n",
+    b"GET /a HTTP/1.0\n",
+    b"GET /HTTP/1.1 HTTP/1.0\r\n",
+    b"GET /a?x=%20HTTP/1.1 HTTP/1.0\r\n",
+    b"OPTIONS * HTTP/1.1\r\n",
+    b"CONNECT edge-1:443 HTTP/1.0\r\n",
+    b"M-SEARCH /a HTTP/1.0\r\n",
+    b"get /a HTTP/1.1\r\n",
+    b"GET /a HTTP/1.2\r\n",
+    b"GET /a HTTP/2.0\r\n",
+    b"GET /a HTTP/0.9\r\n",
+    b"GET /a http/1.1\r\n",
+    b"GET http://edge-1/ HTTP/1.0\r\n",
+]
+
+
+@pytest.mark.parametrize("line", _ODD_LINES)
+@pytest.mark.parametrize("lead", [b"", b"\r\n", b"\n", b"\r\n\r\n"])
+def test_the_version_is_llhttps_at_every_cut(line: bytes, lead: bytes) -> None:
+    """A request line llhttp takes in odd forms (extra spaces, LF alone, CRLFs before it, a
+    target holding `` HTTP/1.1``), its version another than 1.1, after a first request on the
+    connection or not, cut anywhere: the head's version is llhttp's (or both refuse it)."""
+    first = b"GET /first HTTP/1.1\r\nHost: edge-1\r\n\r\n"
+    for before in (b"", first):
+        # A field whose value ends `` HTTP/1.1``: the same bytes, not at the line's end.
+        data = before + lead + line + b"Host: edge-1\r\nX-A: b HTTP/1.1\r\n\r\n"
+        collect = _Collect()
+        parser = collect.parser = HttpRequestParser(collect)
+        try:
+            parser.feed_data(data)
+        except (HttpParserError, HttpParserUpgrade):
+            pass
+        want = [e for e in collect.order if isinstance(e[0], str) and e[0] not in ("head", "end")]
+        for cut in range(len(data) + 1):
+            parsed = Parsed(response=False)
+            for part in (data[:cut], data[cut:]):
+                if part:
+                    parsed.feed(part)
+            got = [
+                (value.start, value.version)
+                for kind, value in parsed.events
+                if kind == HEAD and isinstance(value, Head)
+            ]
+            assert got == want, cut
