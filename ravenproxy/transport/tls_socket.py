@@ -16,7 +16,8 @@ The contract is asyncio's :class:`asyncio.Transport` (what ``websockets`` and th
   is all or nothing: after ``SSLWantWriteError`` the same piece is written again. Flow control as
   asyncio's. Either direction may need the other's readiness (a key update); both are waited for.
 - closing: ``close()`` writes what is queued, ``close_notify``, a FIN, then drops what comes
-  until the peer's FIN, within :data:`SHUTDOWN_TIMEOUT`; ``abort()`` closes at once.
+  until the peer's FIN, within :data:`SHUTDOWN_TIMEOUT` (the socket's steps: :mod:`.tls_close`);
+  ``abort()`` closes at once.
   ``connection_lost`` is called exactly once, from the loop, once the socket is closed.
 - the peer's ``close_notify`` (or a FIN without it) is the protocol's ``eof_received``; unless
   that returns true, the transport closes.
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ravenproxy.transport.readiness import of as readiness_of
+from ravenproxy.transport.tls_close import Shutdown, drained_to_fin, shut_down
 from ravenproxy.transport.tls_names import tls_names
 
 SHUTDOWN_TIMEOUT = 10.0
@@ -42,18 +44,29 @@ SHUTDOWN_TIMEOUT = 10.0
 
 READ_ROUNDS = 4
 """Buffers filled per read readiness at most (a busy connection must not starve the loop)."""
+_ROUNDS = (None,) * READ_ROUNDS  # looped over: no range object made a read (~700 instructions)
 
 CORK_MIN = 32 * 1024
 """Bytes queued from which a flush corks the socket (``TCP_CORK``) while it writes them."""
 
 HIGH_WATER = 64 * 1024  # the default write buffer high-water mark (asyncio's)
 RECORD = 16 * 1024  # TLS's largest record payload: one SSL_read returns one record at most
-_DROP = bytearray(RECORD)  # where the bytes read after our close_notify go
 
 
 class TLSSocketTransport(asyncio.Transport):
     """An :class:`asyncio.Transport` over a connected, handshaken, non-blocking
     :class:`ssl.SSLSocket` (see the module's doc)."""
+
+    # The class's until set, which a transport's usual life never does (a close, the peer's
+    # EOF, a read scheduled for decrypted bytes left): Python 3.11 keeps up to 29 attributes
+    # of an instance in shared-key values; with 30 the transport got a dict of its own, and
+    # every attribute load and store of each read and write took the hinted dict lookup.
+    # tests/unit/transport/test_connection_attributes.py holds it to that count.
+    _shutdown_wants_write = False  # the close_notify waits for write readiness
+    _shutdown_timer: asyncio.TimerHandle | None = None
+    _read_soon: asyncio.Handle | None = None
+    _peer_eof = False
+    _ragged = False  # the peer's FIN came without its close_notify
 
     def __init__(
         self,
@@ -66,8 +79,7 @@ class TLSSocketTransport(asyncio.Transport):
         self._loop = loop
         self._sock = sock
         self._fd = sock.fileno()
-        self._protocol = protocol
-        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        self._use(protocol)
         # CPython's TLS object under the SSLSocket: read(), write() and pending() are what
         # recv_into(), send() and pending() end in, two Python calls later (~6 % of bulk CPU;
         # four calls a small request); the SSLSocket's own methods if it has none.
@@ -83,18 +95,13 @@ class TLSSocketTransport(asyncio.Transport):
         self._reading_paused = False
         self._closing = False  # close() called, or the connection is going down
         self._shutdown = 0  # 0: not started; 1: close_notify to write; 2: draining to the FIN
-        self._shutdown_wants_write = False  # the close_notify waits for write readiness
-        self._shutdown_timer: asyncio.TimerHandle | None = None
         self._write_wants_read = False  # the queued piece waits for read readiness
         self._read_wants_write = False  # a read waits for write readiness
         self._reader = False  # add_reader in place
         self._writer = False
-        self._read_soon: asyncio.Handle | None = None
         self._soon = readiness_of(loop).soon
         self._lost = False  # connection_lost scheduled
         self._closed = False  # the socket is closed
-        self._peer_eof = False
-        self._ragged = False  # the peer's FIN came without its close_notify
         # Read now: the socket answers none of these once closed (and an SSLSocket none of the
         # TLS ones once its close_notify is sent).
         self._cork = sock.family in (socket.AF_INET, socket.AF_INET6)
@@ -126,8 +133,17 @@ class TLSSocketTransport(asyncio.Transport):
         self._update_io()
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._use(protocol)
+
+    def _use(self, protocol: asyncio.BaseProtocol) -> None:
         self._protocol = protocol
-        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        # A BufferedProtocol's two read methods, bound once: called as methods in _read they
+        # were loaded unspecialized (methods of its class, which the tunnel's Feeder shadows
+        # with attributes: ~2 generic lookups a read on 3.11).
+        self._get_buffer: Callable[[int], Any] | None = None
+        self._updated: Callable[[int], Any] | None = None
+        if isinstance(protocol, asyncio.BufferedProtocol):
+            self._get_buffer, self._updated = protocol.get_buffer, protocol.buffer_updated
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         return self._protocol
@@ -264,13 +280,13 @@ class TLSSocketTransport(asyncio.Transport):
             return
         sock, sslread = self._sock, self._sslread
         self._read_wants_write = False
-        for _ in range(READ_ROUNDS):
-            protocol, buffered = self._protocol, self._buffered
+        for _ in _ROUNDS:
+            protocol, get_buffer, updated = self._protocol, self._get_buffer, self._updated
             got = 0
             end: str | BaseException | None = None  # why this round stopped short
             try:
                 # A view as given (the tunnel's: no view of a view a read), else one of ours.
-                given = protocol.get_buffer(-1) if buffered else bytearray(256 * 1024)  # type: ignore[attr-defined]
+                given = get_buffer(-1) if get_buffer is not None else bytearray(256 * 1024)
                 view = given if type(given) is memoryview else memoryview(given)
                 size = len(view)
                 if not size:
@@ -302,8 +318,8 @@ class TLSSocketTransport(asyncio.Transport):
                 end = exc
             try:
                 if got:  # what came before an end is delivered first
-                    if buffered:
-                        protocol.buffer_updated(got)  # type: ignore[attr-defined]
+                    if updated is not None:
+                        updated(got)
                     elif isinstance(protocol, asyncio.Protocol):
                         protocol.data_received(bytes(view[:got]))
             except Exception as exc:
@@ -324,7 +340,8 @@ class TLSSocketTransport(asyncio.Transport):
                 break
             if self._reading_paused or self._closing or self._closed:
                 break
-            if end == "drained" and not self._sslpending():
+            pending = self._sslpending  # (an attribute: as a method load, unspecialized)
+            if end == "drained" and not pending():
                 break  # the socket has no more now
         else:
             if self._sslpending():  # decrypted bytes make no readiness event
@@ -386,39 +403,18 @@ class TLSSocketTransport(asyncio.Transport):
         peer's FIN (reading and dropping what comes before it), within the close's timeout."""
         self._shutdown = 1
         self._shutdown_wants_write = False
-        sock = self._sock
-        try:
-            if self._ragged:  # OpenSSL's session ended in error: it sends nothing more
-                raise ssl.SSLWantReadError
-            sock.unwrap()
-        except ssl.SSLWantWriteError:
+        done = shut_down(self._sock, self._ragged)
+        if done is Shutdown.WANT_WRITE:
             self._shutdown_wants_write = True
             self._update_io()
-            return
-        except ssl.SSLWantReadError:
-            pass  # sent; OpenSSL would wait for the peer's close_notify here: we do not
-        except (OSError, ssl.SSLError, ValueError):
+        elif done is Shutdown.FAILED or self._peer_eof:
             self._close_now(None)
-            return
-        try:
-            socket.socket.shutdown(sock, socket.SHUT_WR)
-        except OSError:
-            self._close_now(None)
-            return
-        if self._peer_eof:
-            self._close_now(None)
-            return
-        self._shutdown = 2
-        self._update_io()
+        else:
+            self._shutdown = 2
+            self._update_io()
 
     def _drain_to_fin(self) -> None:
-        try:
-            n = socket.socket.recv_into(self._sock, _DROP)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            n = 0
-        if not n:
+        if drained_to_fin(self._sock):
             self._close_now(None)
 
     def _force_close(self) -> None:
@@ -463,7 +459,7 @@ class TLSSocketTransport(asyncio.Transport):
         try:
             self._protocol.connection_lost(exc if isinstance(exc, Exception) else None)
         finally:
-            self._protocol, self._buffered = _Gone(), False
+            self._use(_Gone())
 
     # -- the loop's readiness ---------------------------------------------------------------
     def _update_io(self) -> None:

@@ -32,7 +32,7 @@ into a buffer of the connection's own. A thousand idle agents then hold no 4 KiB
 Large messages to the client side (the agent: unmasked frames) are not copied out of the
 buffer but lent, as read-only views of it (``FrameParser(lend=True)``): the wire codec copies
 the DATA it does not keep in place, and the buffer is read into again once no view of it is
-left; while one is, reading goes on in a spare buffer (:meth:`TunnelConnectionMixin._swap_lent`).
+left; while one is, reading goes on in a spare buffer (:mod:`.spares`).
 A bulk transfer allocates no ~1 MiB ``bytes`` per message (~100 page faults per MiB before).
 
 Binary messages are handed to the session from the read callback itself
@@ -47,16 +47,24 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from websockets.datastructures import Headers
 from websockets.protocol import Side, State
 
 from ravenproxy.transport.feeder import Feeder
+from ravenproxy.transport.reader_state import ReaderState, Receiver
 from ravenproxy.transport.readiness import watch
 from ravenproxy.transport.scratch import Scratch
-from ravenproxy.transport.wsframes import MESSAGE, Control, Failure, FrameParser, Handover
+from ravenproxy.transport.spares import UNSHARED, swap_lent
+from ravenproxy.transport.wsframes import (
+    MESSAGE,
+    Control,
+    Event,
+    Failure,
+    FrameParser,
+    Handover,
+)
 
 MIN_READ = 4 * 1024
 """The smallest read offered: an idle tunnel (PINGs, small streams) holds a buffer this size."""
@@ -74,28 +82,11 @@ size is given back, once reads no longer fill :data:`MAX_READ`: a bulk transfer'
 its frames (up to a message each), and giving it back after each message meant allocating it
 again (zeroed) and copying the next frame's first read into it, per message."""
 
-SPARE_BYTES = 16 * 1024 * 1024
-"""Lent buffers a connection keeps, in bytes at most, to read into again once the messages lent
-from them are let go (see :meth:`TunnelConnectionMixin._swap_lent`)."""
-
 _HEAD_END = b"\r\n\r\n"
 _ENDED = (State.CLOSING, State.CLOSED)  # (a member read on an Enum class: ~850 instructions)
 
 
-def _unshared_refs() -> int:
-    buf = bytearray()
-    return sys.getrefcount(buf)
-
-
-_UNSHARED = _unshared_refs()
-"""What ``sys.getrefcount`` says of a buffer with one reference (an attribute, a list slot):
-more means a message lent from it (a view) is still held by whoever received it."""
-
-
 _scratch = Scratch(MIN_READ)
-
-# Takes the binary messages of one read round, in order (TunnelConnectionMixin.deliver).
-Receiver = Callable[[list[bytes | memoryview]], None]
 
 
 # The reader's modes: ints, not an Enum, whose members looked up on their class go through
@@ -133,28 +124,7 @@ class TunnelConnectionMixin(_Base):
     sans-I/O protocol parses it there."""
 
     def _init_reader(self) -> None:
-        # Adaptive, as asyncio's own reads are: the read offered doubles while reads fill it
-        # (bulk) and halves while they use less than a quarter of it; a drained buffer much
-        # larger than the read size and the frames received goes back to that size (see
-        # SHRINK_AFTER): a thousand idle tunnels hold a few KiB each, not a bulk transfer's
-        # megabyte. None: no buffer of its own (drained, idle); the next read goes to the scratch.
-        self._buf: bytearray | None = bytearray(MIN_READ)
-        self._lent = False  # messages were handed on as views of _buf (wsframes.LEND_MIN)
-        self._spares: list[bytearray] = []  # lent buffers, to read into again once free
-        self._in_scratch = False
-        self._scratch, self._scratch_view = _scratch.buf, _scratch.view  # see Scratch
-        self._read_size = MIN_READ
-        self._start = 0
-        self._end = 0
-        self._fed = 0
-        self._mode = _HANDSHAKE
-        self._parser: FrameParser | None = None
-        self._messages: list[bytes | memoryview] = []
-        self._waiter: asyncio.Future[None] | None = None
-        self._receiver: Receiver | None = None
-        self._delivery_error: Exception | None = None
-        self._reading_paused = False
-        self._lost = False
+        self._rd = ReaderState(_scratch, MIN_READ, _HANDSHAKE)  # why apart: reader_state.py
         self.data_closed = False
         """A CLOSE was sent (websockets left OPEN) or the connection is lost: no DATA frame
         may follow. Kept by :meth:`send_data`, where all of websockets' output leaves, the
@@ -164,27 +134,27 @@ class TunnelConnectionMixin(_Base):
     @property
     def frames_handled(self) -> bool:
         """Whether our reader took the connection over (it is OPEN and was read by us)."""
-        return self._parser is not None
+        return self._rd.parser is not None
 
     @property
     def read_buffer_size(self) -> int:
         """Bytes of read buffer this connection holds of its own (0 while idle)."""
-        return len(self._buf) if self._buf is not None and not self._in_scratch else 0
+        return len(self._rd.buf) if self._rd.buf is not None and not self._rd.in_scratch else 0
 
     async def next_messages(self) -> list[bytes | memoryview] | None:
         """The binary messages received, at least one, in order; None once the reader has
         nothing more and every further message is ``websockets``' (read it there)."""
-        while not self._messages:
-            if self._mode == _WEBSOCKETS or self._lost:
+        while not self._rd.messages:
+            if self._rd.mode == _WEBSOCKETS or self._rd.lost:
                 return None
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._rd.waiter = asyncio.get_running_loop().create_future()
             try:
-                await self._waiter
+                await self._rd.waiter
             finally:
-                self._waiter = None
-        batch, self._messages = self._messages, []
-        if self._reading_paused:
-            self._reading_paused = False
+                self._rd.waiter = None
+        batch, self._rd.messages = self._rd.messages, []
+        if self._rd.reading_paused:
+            self._rd.reading_paused = False
             self.transport.resume_reading()
         return batch
 
@@ -196,36 +166,36 @@ class TunnelConnectionMixin(_Base):
 
         An exception from ``receiver`` (or given to :meth:`stop_delivery`) ends the delivery
         and is raised here; what arrives after it is queued as for :meth:`next_messages`."""
-        self._receiver = receiver
+        self._rd.receiver = receiver
         try:
-            if self._messages:  # arrived before: in order, first
-                batch, self._messages = self._messages, []
-                if self._reading_paused:
-                    self._reading_paused = False
+            if self._rd.messages:  # arrived before: in order, first
+                batch, self._rd.messages = self._rd.messages, []
+                if self._rd.reading_paused:
+                    self._rd.reading_paused = False
                     self.transport.resume_reading()
                 try:
                     receiver(batch)
                 except Exception as exc:  # raised below: the session's reader handles it
                     self.stop_delivery(exc)
-            while self._delivery_error is None and self._mode != _WEBSOCKETS:
-                if self._lost:
+            while self._rd.delivery_error is None and self._rd.mode != _WEBSOCKETS:
+                if self._rd.lost:
                     break
-                self._waiter = asyncio.get_running_loop().create_future()
+                self._rd.waiter = asyncio.get_running_loop().create_future()
                 try:
-                    await self._waiter
+                    await self._rd.waiter
                 finally:
-                    self._waiter = None
+                    self._rd.waiter = None
         finally:
-            self._receiver = None
-        error, self._delivery_error = self._delivery_error, None
+            self._rd.receiver = None
+        error, self._rd.delivery_error = self._rd.delivery_error, None
         if error is not None:
             raise error
 
     def stop_delivery(self, error: Exception) -> None:
         """End :meth:`deliver` with ``error`` (raised there)."""
-        self._receiver = None
-        if self._delivery_error is None:
-            self._delivery_error = error
+        self._rd.receiver = None
+        if self._rd.delivery_error is None:
+            self._rd.delivery_error = error
         self._wake()
 
     def forget_handshake(self) -> None:
@@ -236,105 +206,102 @@ class TunnelConnectionMixin(_Base):
                 message.headers = Headers()
 
     def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if self._rd.waiter is not None and not self._rd.waiter.done():
+            self._rd.waiter.set_result(None)
 
     # -- asyncio.BufferedProtocol -----------------------------------------------------------
     def get_buffer(self, sizehint: int) -> memoryview:
         # A read stops at the end of the frame being received, unless that leaves less than
         # the read size: a large frame then starts at the front of the buffer, and moving the
         # unparsed bytes to make room for the next one copies little.
-        parser = self._parser
-        wanted = parser.wanted if parser is not None and self._mode == _FRAMES else 0
-        room = self._read_size
-        if self._lent:
-            self._lent = False
-            if self._buf is not None and sys.getrefcount(self._buf) > _UNSHARED:
+        rd = self._rd
+        parser = rd.parser
+        wanted = parser.wanted if parser is not None and rd.mode == _FRAMES else 0
+        room = rd.read_size
+        if rd.lent:
+            rd.lent = False
+            if rd.buf is not None and sys.getrefcount(rd.buf) > UNSHARED:
                 self._swap_lent()
-        buf = self._buf
+        buf = rd.buf
         if buf is None:  # nothing pending (see _release)
-            if self._mode == _FRAMES and wanted <= room == MIN_READ:  # the read size's floor
-                self._in_scratch = True
-                return self._scratch_view  # all of it (MIN_READ bytes): no slice made a read
-            buf = self._buf = bytearray(max(room, wanted))
-            self._in_scratch = False  # a read offered the scratch may have got nothing
-        if self._start + wanted > len(buf) or len(buf) - self._end < room:
+            if rd.mode == _FRAMES and wanted <= room == MIN_READ:  # the read size's floor
+                rd.in_scratch = True
+                return rd.scratch_view  # all of it (MIN_READ bytes): no slice made a read
+            buf = rd.buf = bytearray(max(room, wanted))
+            rd.in_scratch = False  # a read offered the scratch may have got nothing
+        if rd.start + wanted > len(buf) or len(buf) - rd.end < room:
             buf = self._make_room(wanted)
-        stop = max(self._start + wanted, self._end + room)
-        return memoryview(buf)[self._end : stop]
+        stop = max(rd.start + wanted, rd.end + room)
+        return memoryview(buf)[rd.end : stop]
 
     def buffer_updated(self, nbytes: int) -> None:
-        size = self._read_size
+        rd = self._rd
+        size = rd.read_size
         if nbytes >= size:
-            self._read_size = min(MAX_READ, size * 2)
+            rd.read_size = min(MAX_READ, size * 2)
         elif nbytes * 4 < size and size > MIN_READ:  # no max() per small read at MIN_READ
-            self._read_size = max(MIN_READ, size // 2)
-        if self._in_scratch:
-            self._in_scratch = False
-            self._buf = self._scratch
-        self._end += nbytes
-        if self._mode != _FRAMES:
-            if self._mode == _HANDSHAKE:
+            rd.read_size = max(MIN_READ, size // 2)
+        if rd.in_scratch:
+            rd.in_scratch = False
+            rd.buf = rd.scratch
+        rd.end += nbytes
+        if rd.mode != _FRAMES:
+            if rd.mode == _HANDSHAKE:
                 self._read_head()
-            elif self._mode == _AWAIT_OPEN:
+            elif rd.mode == _AWAIT_OPEN:
                 self._opened()
             else:
                 self._to_websockets()
             return
         # The frames, read here, not by a method of their own: a call a read on both ends.
-        parser = self._parser
-        assert parser is not None and self._buf is not None
-        lend = self._buf is not self._scratch
-        view = memoryview(self._buf) if lend else self._scratch  # lends nothing: no view
+        parser = rd.parser
+        assert parser is not None and rd.buf is not None
+        lend = rd.buf is not rd.scratch
+        view = memoryview(rd.buf) if lend else rd.scratch  # lends nothing: no view
+        # The binary messages go straight into the list handed on, not through a list of
+        # events looked at one by one: only a read with anything else sorts it out.
+        messages = rd.messages
         # Positional: a call with keywords is not specialised on 3.11 (a read on both ends).
-        events, used = parser.parse(view, lend, self._start, self._end)
+        used = parser.parse_into(messages, view, lend, rd.start, rd.end)  # type: ignore[arg-type]
         if parser.lent:
-            parser.lent, self._lent = False, True
-        self._start += used
-        messages = self._messages
-        for event in events:
-            if isinstance(event, MESSAGE):
-                messages.append(event)
-            elif isinstance(event, Control):
-                self._websockets_receive(event.raw)
-            elif isinstance(event, Handover):
-                self._mode = _WEBSOCKETS
-                self._to_websockets()
-            elif isinstance(event, Failure):
-                self._stop_frames()
-                self.protocol.fail(event.code, event.reason)
-                self.send_data()
-        if parser.stopped and self._mode == _FRAMES:  # after a CLOSE
-            self._mode = _WEBSOCKETS
+            parser.lent, rd.lent = False, True
+        rd.start += used
+        if parser.special >= 0:
+            self._sort_out(messages, parser)
+        if parser.stopped and rd.mode == _FRAMES:  # after a CLOSE
+            rd.mode = _WEBSOCKETS
             self._to_websockets()
-        if self._start == self._end:
-            self._start = self._end = 0
-            self._fed = 0
-            if self._read_size <= MIN_READ and self._mode == _FRAMES:
-                self._buf = None  # idle: hold no buffer (the next read goes to the scratch)
-                self._spares, self._lent = [], False
-            elif self._read_size < MAX_READ and len(self._buf) > SHRINK_AFTER * max(
-                self._read_size, parser.last_frame
+        if rd.start == rd.end:
+            rd.start = rd.end = 0
+            rd.fed = 0
+            if rd.read_size <= MIN_READ and rd.mode == _FRAMES:
+                rd.buf = None  # idle: hold no buffer (the next read goes to the scratch)
+                rd.lent = False
+                if rd.spares:  # (mostly none: no new list a read)
+                    rd.spares = []
+            elif rd.read_size < MAX_READ and len(rd.buf) > SHRINK_AFTER * max(
+                rd.read_size, parser.last_frame
             ):
-                self._buf = bytearray(self._read_size)
-                self._spares, self._lent = [], False
-        if messages and self._receiver is not None:
-            self._messages = []
+                rd.buf = bytearray(rd.read_size)
+                rd.spares, rd.lent = [], False
+        receiver = rd.receiver  # (a bound method in a slot: as a method load, unspecialized)
+        if messages and receiver is not None:
+            rd.messages = []
             try:  # not by a helper: a call per read
-                self._receiver(messages)
+                receiver(messages)
             except Exception as exc:  # raised in deliver(): the session's reader handles it
                 self.stop_delivery(exc)
-            if self._mode != _FRAMES:
+            if rd.mode != _FRAMES:
                 self._wake()
         elif messages:
             high = self.max_queue_high
-            if high is not None and len(messages) >= high and not self._reading_paused:
-                self._reading_paused = True
+            if high is not None and len(messages) >= high and not rd.reading_paused:
+                rd.reading_paused = True
                 self.transport.pause_reading()
             self._wake()
-        elif self._mode != _FRAMES:
+        elif rd.mode != _FRAMES:
             self._wake()
-        if self._buf is self._scratch:  # bytes left unparsed: a buffer of our own for them
+        if rd.buf is rd.scratch:  # bytes left unparsed: a buffer of our own for them
             self._keep_pending()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -352,7 +319,7 @@ class TunnelConnectionMixin(_Base):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self._lost = True
+        self._rd.lost = True
         self.data_closed = True
         self._wake()
 
@@ -363,46 +330,65 @@ class TunnelConnectionMixin(_Base):
             if self.protocol.state in _ENDED:
                 self.data_closed = True
 
+    def _sort_out(self, messages: list[bytes | memoryview], parser: FrameParser) -> None:
+        """A read parsed more than binary messages: from the first other event on, each is
+        taken out of ``messages`` and dealt with, in order (the messages stay, in order)."""
+        events: list[Event] = messages[parser.special :]  # type: ignore[assignment]
+        del messages[parser.special :]
+        parser.special = -1
+        for event in events:
+            if isinstance(event, MESSAGE):
+                messages.append(event)
+            elif isinstance(event, Control):
+                self._websockets_receive(event.raw)
+            elif isinstance(event, Handover):
+                self._rd.mode = _WEBSOCKETS
+                self._to_websockets()
+            elif isinstance(event, Failure):
+                self._stop_frames()
+                self.protocol.fail(event.code, event.reason)
+                self.send_data()
+
     # -- the modes --------------------------------------------------------------------------
     def _read_head(self) -> None:
-        buf = self._buf
+        buf = self._rd.buf
         assert buf is not None
-        found = buf.find(_HEAD_END, max(0, self._fed - 3), self._end)
+        found = buf.find(_HEAD_END, max(0, self._rd.fed - 3), self._rd.end)
         if found < 0:
-            self._feed_websockets(self._fed, self._end)
+            self._feed_websockets(self._rd.fed, self._rd.end)
             # Only the last 3 bytes can still be part of the blank line.
-            keep = min(3, self._end)
-            buf[:keep] = buf[self._end - keep : self._end]
-            self._start, self._end, self._fed = 0, keep, keep
+            keep = min(3, self._rd.end)
+            buf[:keep] = buf[self._rd.end - keep : self._rd.end]
+            self._rd.start, self._rd.end, self._rd.fed = 0, keep, keep
             if self.protocol.state is not State.CONNECTING:
-                self._mode = _WEBSOCKETS
-                self._start = self._end = 0
+                self._rd.mode = _WEBSOCKETS
+                self._rd.start = self._rd.end = 0
                 self._wake()
             return
         head_end = found + len(_HEAD_END)
-        self._feed_websockets(self._fed, head_end)
-        self._start = head_end
-        leftover = self._end - head_end
+        self._feed_websockets(self._rd.fed, head_end)
+        self._rd.start = head_end
+        leftover = self._rd.end - head_end
         state = self.protocol.state
         if state is State.OPEN:  # the client side: websockets took the 101 at once
             self._take_over()
         elif state is State.CONNECTING and not leftover:  # the server side, before its 101
-            self._mode = _AWAIT_OPEN
-            self._start = self._end = 0
+            self._rd.mode = _AWAIT_OPEN
+            self._rd.start = self._rd.end = 0
         else:
-            self._mode = _WEBSOCKETS
+            self._rd.mode = _WEBSOCKETS
             self._to_websockets()
 
     def _opened(self) -> None:
         if self.protocol.state is State.OPEN:
             self._take_over()
         else:
-            self._mode = _WEBSOCKETS
+            self._rd.mode = _WEBSOCKETS
             self._to_websockets()
 
     def _take_over(self) -> None:
-        self._mode = _FRAMES
-        self._parser = FrameParser(
+        self._rd.mode = _FRAMES
+        self._rd.parser = FrameParser(
             masked=self.protocol.side is Side.SERVER,
             max_size=self.protocol.max_message_size or 2**63,
         )
@@ -410,61 +396,43 @@ class TunnelConnectionMixin(_Base):
 
     def _stop_frames(self) -> None:
         """The connection failed: nothing more is parsed or delivered (websockets discards)."""
-        if self._mode == _FRAMES:
-            self._mode = _WEBSOCKETS
-            self._start = self._end = 0
+        if self._rd.mode == _FRAMES:
+            self._rd.mode = _WEBSOCKETS
+            self._rd.start = self._rd.end = 0
             self._wake()
 
     def _swap_lent(self) -> None:
         """The buffer is lent (a message received as a view of it is still held): read on in a
-        spare that is free again and large enough, else in a new one; the lent buffer becomes a
-        spare. A bulk transfer's messages are then received in place, no copy and no new
-        buffer, while the messages in flight fit :data:`SPARE_BYTES`; beyond, each costs a new
-        buffer, as each cost a new ``bytes`` when messages were copied."""
-        lent = self._buf
-        assert lent is not None
-        spares = self._spares
-        fresh = None
-        for i in range(len(spares)):
-            if len(spares[i]) >= len(lent) and sys.getrefcount(spares[i]) <= _UNSHARED:
-                fresh = spares.pop(i)
-                break
-        if fresh is None:
-            fresh = bytearray(len(lent))
-        pending = self._end - self._start
-        fresh[:pending] = memoryview(lent)[self._start : self._end]
-        self._buf = fresh
-        spares.append(lent)
-        kept = sum(len(spare) for spare in spares)
-        while spares and kept > SPARE_BYTES:
-            kept -= len(spares.pop(0))
-        self._fed -= self._start
-        self._start, self._end = 0, pending
+        spare (see :func:`~ravenproxy.transport.spares.swap_lent`)."""
+        assert self._rd.buf is not None
+        self._rd.buf = swap_lent(self._rd.buf, self._rd.spares, self._rd.start, self._rd.end)
+        self._rd.fed -= self._rd.start
+        self._rd.start, self._rd.end = 0, self._rd.end - self._rd.start
 
     def _keep_pending(self) -> None:
         """Copy what a read into the shared scratch left unparsed into a buffer of our own
         (room for the frame it begins, and a read beyond)."""
-        assert self._buf is not None
-        pending = self._end - self._start
-        wanted = self._parser.wanted if self._parser is not None else 0
-        own = bytearray(max(wanted, pending) + self._read_size)
-        own[:pending] = memoryview(self._buf)[self._start : self._end]
-        self._buf = own
-        self._fed -= self._start
-        self._start, self._end = 0, pending
+        assert self._rd.buf is not None
+        pending = self._rd.end - self._rd.start
+        wanted = self._rd.parser.wanted if self._rd.parser is not None else 0
+        own = bytearray(max(wanted, pending) + self._rd.read_size)
+        own[:pending] = memoryview(self._rd.buf)[self._rd.start : self._rd.end]
+        self._rd.buf = own
+        self._rd.fed -= self._rd.start
+        self._rd.start, self._rd.end = 0, pending
 
     def _to_websockets(self) -> None:
-        if self._end > self._start:
-            self._feed_websockets(self._start, self._end)
-        self._start = self._end = 0
+        if self._rd.end > self._rd.start:
+            self._feed_websockets(self._rd.start, self._rd.end)
+        self._rd.start = self._rd.end = 0
         self._wake()  # the session reads on through websockets
 
     # -- helpers ----------------------------------------------------------------------------
     def _feed_websockets(self, start: int, end: int) -> None:
         if end > start:
-            assert self._buf is not None
-            self._websockets_receive(bytes(self._buf[start:end]))
-        self._fed = end
+            assert self._rd.buf is not None
+            self._websockets_receive(bytes(self._rd.buf[start:end]))
+        self._rd.fed = end
 
     def _websockets_receive(self, data: bytes) -> None:
         super().data_received(data)  # the connection class's: its sans-I/O protocol
@@ -472,19 +440,19 @@ class TunnelConnectionMixin(_Base):
     def _make_room(self, wanted: int = 0) -> bytearray:
         """Move the unparsed bytes to the front; a bigger buffer when they and ``wanted`` (the
         frame being received) do not fit, or too little room would be left to read into."""
-        assert self._buf is not None
-        pending = self._end - self._start
-        size = len(self._buf)
-        need = max(wanted, pending) + self._read_size
+        assert self._rd.buf is not None
+        pending = self._rd.end - self._rd.start
+        size = len(self._rd.buf)
+        need = max(wanted, pending) + self._rd.read_size
         if need > size:
             size = max(need, 2 * size)
             new = bytearray(size)
-            new[:pending] = memoryview(self._buf)[self._start : self._end]
-            self._buf = new
-        elif self._start:
-            view = memoryview(self._buf)
-            view[:pending] = view[self._start : self._end]
+            new[:pending] = memoryview(self._rd.buf)[self._rd.start : self._rd.end]
+            self._rd.buf = new
+        elif self._rd.start:
+            view = memoryview(self._rd.buf)
+            view[:pending] = view[self._rd.start : self._rd.end]
             view.release()
-        self._fed -= self._start
-        self._start, self._end = 0, pending
-        return self._buf
+        self._rd.fed -= self._rd.start
+        self._rd.start, self._rd.end = 0, pending
+        return self._rd.buf

@@ -91,6 +91,9 @@ class FrameParser:
         """Size of the last whole frame parsed (header included)."""
         self.lent = False
         """Whether a call with ``lend`` returned a view of its ``data`` (the caller resets it)."""
+        self.special = -1
+        """Where in its ``out`` :meth:`parse_into` appended its first event that is not a
+        binary message; -1: none since the caller last reset it to -1."""
 
     def parse(
         self,
@@ -100,16 +103,32 @@ class FrameParser:
         stop: int | None = None,
     ) -> tuple[list[Event], int]:
         """Events for the whole frames at the start of ``data[offset:stop]``, and how many bytes
-        they took. The caller keeps the rest and calls again with it and what follows. Payloads
-        are copied: nothing returned refers to ``data``, except, with ``lend``, an unfragmented
-        unmasked message of at least :data:`LEND_MIN` bytes, which is a read-only view of
-        ``data`` (and :attr:`lent` is set): the caller must not change those bytes while the
-        view is held. (``offset``, ``stop``: bounds, not a slice of a reader's buffer a read.
-        ``data`` a bytearray when nothing is lent: its slices, a mask's and a payload's, are
-        copies made in C, cheaper than views, and unmasked by apply_mask at half the cost.)"""
+        they took: :meth:`parse_into` a list of their own."""
         events: list[Event] = []
+        self.special = -1
+        used = self.parse_into(events, data, lend, offset, len(data) if stop is None else stop)
+        self.special = -1
+        return events, used
+
+    def parse_into(
+        self, out: list[Event], data: memoryview | bytearray, lend: bool, offset: int, stop: int
+    ) -> int:
+        """Append to ``out`` the events for the whole frames at the start of
+        ``data[offset:stop]``; return how many bytes they took. The caller keeps the rest and
+        calls again with it and what follows. Payloads are copied: nothing appended refers to
+        ``data``, except, with ``lend``, an unfragmented unmasked message of at least
+        :data:`LEND_MIN` bytes, which is a read-only view of ``data`` (and :attr:`lent` is set):
+        the caller must not change those bytes while the view is held. (``offset``, ``stop``:
+        bounds, not a slice of a reader's buffer a read. ``data`` a bytearray when nothing is
+        lent: its slices, a mask's and a payload's, are copies made in C, cheaper than views,
+        and unmasked by apply_mask at half the cost.)
+
+        The first event appended that is not a binary message (a :class:`Control`, a
+        :class:`Handover`, a :class:`Failure`) sets :attr:`special` to its index in ``out``,
+        if it was negative: the reader hands the messages on as ``out`` holds them, without
+        looking at each event, unless that is set (and then resets it to -1)."""
         pos = offset
-        total = len(data) if stop is None else stop
+        total = stop
         masked, mask_bit = self.masked, self._mask_bit
         while not self.stopped:
             if total - pos < 2:
@@ -147,15 +166,22 @@ class FrameParser:
                 problem = self._check(b0 & 0x70, opcode, bool(b1 & 0x80) == masked, fin, length)
                 if problem is not None:
                     self.stopped = True
-                    events.append(problem)
+                    if self.special < 0:
+                        self.special = len(out)
+                    out.append(problem)
                     break
             end = pos + head + length
             if end > total:
                 self.wanted = head + length
                 break
             self.last_frame = head + length
-            if opcode in _CONTROL:
-                events.append(Control(bytes(data[pos:end]), opcode))
+            # A control frame: the opcodes _check lets through are CONT, BINARY and the three
+            # control ones, which (RFC 6455 section 5.5) are those from OP_CLOSE up (an int
+            # compare, not a search of a tuple a frame).
+            if opcode >= OP_CLOSE:
+                if self.special < 0:
+                    self.special = len(out)
+                out.append(Control(bytes(data[pos:end]), opcode))
                 if opcode == OP_CLOSE:
                     self.stopped = True
                 pos = end
@@ -167,24 +193,24 @@ class FrameParser:
             elif lend and fin and length >= LEND_MIN and not self._in_message:
                 assert type(payload) is memoryview  # what lends is a view
                 self.lent = True
-                events.append(payload.toreadonly())
+                out.append(payload.toreadonly())
                 continue
             else:
                 part = bytes(payload)
             if fin and not self._in_message:
-                events.append(part)
+                out.append(part)
                 continue
             self._in_message = True
             self._parts.append(part)
             self._part_bytes += length
             if fin:
-                events.append(b"".join(self._parts))
+                out.append(b"".join(self._parts))
                 self._parts.clear()
                 self._part_bytes = 0
                 self._in_message = False
         if self.stopped:
             self.wanted = 0
-        return events, pos - offset
+        return pos - offset
 
     def _check(
         self, rsv: int, opcode: int, mask_ok: bool, fin: int, length: int

@@ -532,13 +532,13 @@ async def test_messages_are_taken_in_the_read_callback_not_by_waking_the_reader(
     async with tunnel() as t:
         stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
         await asyncio.sleep(0.01)
-        waiting = t.cloud_ws._waiter
+        waiting = t.cloud_ws._rd.waiter
         assert waiting is not None and not waiting.done()
         for _ in range(20):
             await asyncio.sleep(0.005)
             await stream.write(b"GET / HTTP/1.1\r\n\r\n")
             assert await asyncio.wait_for(stream.read(), WAIT) == b"GET / HTTP/1.1\r\n\r\n"
-        assert t.cloud_ws._waiter is waiting and not waiting.done()
+        assert t.cloud_ws._rd.waiter is waiting and not waiting.done()
         stream.close()
 
 

@@ -282,6 +282,7 @@ async def test_resume_reads_bytes_openssl_already_decrypted(pki: Path) -> None:
                 first.set_result(None)
 
         server.buffer_updated = pause_after_first  # type: ignore[method-assign]
+        transport.set_protocol(server)  # its read methods are bound as it is set (as uvloop's)
         data = blob(16000)  # one record
         client.transport.write(data)
         await asyncio.wait_for(first, WAIT)

@@ -30,8 +30,8 @@ class Reader(TunnelConnectionMixin):
         self.transport = SimpleNamespace(pause_reading=lambda: None, resume_reading=lambda: None)
         self.max_queue_high = None
         self.to_websockets: list[bytes] = []
-        self._mode = websocket._FRAMES
-        self._parser = FrameParser(masked=masked, max_size=LIMIT)
+        self._rd.mode = websocket._FRAMES
+        self._rd.parser = FrameParser(masked=masked, max_size=LIMIT)
 
     def _websockets_receive(self, data: bytes) -> None:
         self.to_websockets.append(data)
@@ -88,6 +88,6 @@ def test_any_stream_read_in_any_pieces_comes_out_as_sent(
         at += n
         reader.buffer_updated(n)
         scratch[:] = b"\xee" * len(scratch)  # another connection's read
-    assert [bytes(m) for m in reader._messages] == messages
+    assert [bytes(m) for m in reader._rd.messages] == messages
     assert reader.to_websockets == pings
-    assert reader._start == reader._end
+    assert reader._rd.start == reader._rd.end

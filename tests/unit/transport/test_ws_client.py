@@ -227,7 +227,7 @@ async def test_a_receiver_that_raises_ends_the_delivery_with_its_error(before: b
         if before:  # queued by the reader, as no one takes them yet
             go.set()
             async with asyncio.timeout(WAIT):
-                while not client._messages:
+                while not client._rd.messages:
                     await asyncio.sleep(0.01)
         delivery = asyncio.create_task(client.deliver(receive), name="test-deliver")
         await asyncio.sleep(0)

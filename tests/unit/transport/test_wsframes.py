@@ -403,3 +403,45 @@ def test_bounds_parse_as_the_slice_on_any_stream_cut_anywhere(
             assert len(pending) < by_bounds.wanted <= frame
             if len(pending) >= MAX_HEADER:
                 assert by_bounds.wanted == frame
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    _stream_messages,
+    _ends,
+    st.lists(st.integers(0, 1 << 18), max_size=8),
+    st.lists(st.binary(max_size=8), max_size=3),
+    st.booleans(),
+)
+def test_parse_into_appends_what_parse_returns_and_marks_the_first_other_event(
+    sent: list[tuple[bytes, list[int], tuple[Opcode, bytes] | None]],
+    end: str | None,
+    cuts: list[int],
+    queued: list[bytes],
+    masked: bool,
+) -> None:
+    """The reader's call appends to its list of messages (which may hold some already) what
+    ``parse`` returns, in order, and ``special`` says where the first event that is not a
+    binary message went (-1: none), until the caller resets it: the reader then hands the
+    list on without looking at each event."""
+    limit = 1 << 18
+    data, _ = _stream(sent, end, masked, limit)
+    by_parse = FrameParser(masked=masked, max_size=limit)
+    by_into = FrameParser(masked=masked, max_size=limit)
+    pending = bytearray()
+    start = 0
+    for edge in sorted({c % (len(data) + 1) for c in cuts} | {len(data)}):
+        pending += data[start:edge]
+        start = edge
+        expected, expected_used = by_parse.parse(bytearray(pending))
+        out: list[object] = list(queued)
+        used = by_into.parse_into(out, bytearray(pending), False, 0, len(pending))  # type: ignore[arg-type]
+        assert used == expected_used
+        assert out == [*queued, *expected]
+        others = [i for i, e in enumerate(out) if not isinstance(e, bytes | memoryview)]
+        assert by_into.special == (others[0] if others else -1)
+        assert by_parse.special == -1  # parse leaves it as it found it
+        by_into.special = -1
+        del pending[:used]
+        if by_into.stopped:
+            break
