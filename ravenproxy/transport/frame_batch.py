@@ -130,8 +130,9 @@ def one_frame(head: bytes, payload: bytes | memoryview, mask: bool) -> bytes | N
     if size >= COALESCE - 16:  # a frame header and its key: the whole frame in one run
         return None
     # binary_frame_header's two cases for a size under 64 KiB, a small one's header from a
-    # table (not a bytes() of a tuple: ~500 instructions a frame). The frame is one join of its
-    # parts (not a joined payload, then a header added: a bytes object less).
+    # table (not a bytes() of a tuple: ~500 instructions a frame, nor a Struct.pack: ~350). The
+    # frame is one join of its parts (not a joined payload, then a header added: a bytes object
+    # less).
     if mask:
         keys = _keys  # _keys.take(4), written out: a call a request on the agent
         at = keys.at
@@ -139,15 +140,10 @@ def one_frame(head: bytes, payload: bytes | memoryview, mask: bool) -> bytes | N
             keys.pool, at = os.urandom(keys.POOL), 0
         keys.at = at + 4
         key = keys.pool[at : at + 4]
-        ws_head = _MASKED_HEADS[size] if size < 126 else _pack16(0x82, 0xFE, size)
+        ws_head = _MASKED_HEADS[size] if size < _TABLED else _pack16(0x82, 0xFE, size)
         return b"".join((ws_head, key, apply_mask(head + payload if payload else head, key)))
-    ws_head = _HEADS[size] if size < 126 else _pack16(0x82, 126, size)
+    ws_head = _HEADS[size] if size < _TABLED else _pack16(0x82, 126, size)
     return b"".join((ws_head, head, payload))
-
-
-_HEADS = [bytes((0x82, size)) for size in range(126)]
-"""The header of a binary frame of each payload size under 126 bytes, unmasked and masked."""
-_MASKED_HEADS = [bytes((0x82, 0x80 | size)) for size in range(126)]
 
 
 def writes(
@@ -194,3 +190,12 @@ def binary_frame_header(size: int, *, masked: bool = False) -> bytes:
     if size < 1 << 16:
         return struct.pack("!BBH", 0x82, bit | 126, size)
     return struct.pack("!BBQ", 0x82, bit | 127, size)
+
+
+_TABLED = 1024
+"""Payload sizes under this have their frame header in a table: a small request's or answer's
+(a health probe's, a GET's; most answers past 125 bytes, whose header is 4 bytes)."""
+_HEADS = [binary_frame_header(size) for size in range(_TABLED)]
+"""The header of a binary frame of each payload size under :data:`_TABLED`, unmasked and
+masked (~90 KB for both)."""
+_MASKED_HEADS = [binary_frame_header(size, masked=True) for size in range(_TABLED)]

@@ -5,8 +5,9 @@ Small output on an idle tunnel (a request, its answer) is written by whoever que
 callback that queued it: no writer task step, no loop turn between it and its write. Unless more
 input waits in this loop turn (:mod:`~ravenproxy.transport.readiness`): then several clients'
 requests (the server) or several targets' answers (the agent) are in the event loop's batch, and
-the last of them writes what all queued in one write, as the writer's batch did (a write each
-would split the burst: more reads and writes per request on both ends). What a read round of the
+what all queued is written in one write at the turn's end, as the writer's batch did (a write
+each would split the burst: more reads and writes per request on both ends); the probe is asked
+once a burst, not by each of its events. What a read round of the
 tunnel queues is one write at the round's end (the intake defers the flushes it makes). Bulk
 (:data:`~ravenproxy.transport.frame_batch.WRITE_THROUGH` or more queued), a paused transport, a
 WebSocket past its CLOSE (or lost) and messages held back go to the writer task, which writes
@@ -66,7 +67,10 @@ class Outlet(Intake):
         if self._wake or self._deferred or not outbox.pending_bytes:
             return
         waiter = self._wake_writer
-        if waiter is None or waiter.done():  # the writer is busy (or gone)
+        # The writer is busy (or gone): None once it took the wake-up, and where the session
+        # cancels it (not waiter.done(), a method call a write; a future cancelled with its
+        # task by another hand, at the loop's shutdown, is asked below).
+        if waiter is None:
             self._wake = True
             return
         # Not while the transport is paused, after a CLOSE, or while the reader holds messages
@@ -79,12 +83,13 @@ class Outlet(Intake):
             ws.paused or self._held is not None or self._gate.data_closed
         ):
             # Written now by whoever queued it, unless more input waits in this turn (a burst:
-            # its other events queue more; the last one writes it all, in one write).
+            # its other events queue more; it is all written at the turn's end, in one write).
+            # Asked once a burst: after a poll said more, the turn's later writes wait too.
             probe = self._probe
             poll = probe.poll  # a slot holding a bound method: as a method, not specialized
             more: object  # its truth: no bool() (a type call) a write
             try:  # Readiness.more_input, written out
-                more = not late and (probe.soon or poll(0, 1))
+                more = not late and (probe.soon or probe.seen or poll(0, 1))
             except ValueError:  # the probe is closed: the writer's, as without it
                 more = True
             if not more:
@@ -107,18 +112,23 @@ class Outlet(Intake):
                         transport.writelines(frames)
                 if self._drain_event.waiter is not None:
                     self._drain_event.set()
-            elif not self._late:  # should no later event of the burst flush this session
-                self._late = True
-                self.loop.call_soon(self._flush_late)
+            else:
+                probe.seen = True  # the turn's later writes need not ask (see _flush_late)
+                if not self._late:  # written at the turn's end, with what the burst adds
+                    self._late = True
+                    self.loop.call_soon(self._flush_late)
             return
         self._wake = True
         self._wake_writer = None
-        waiter.set_result(None)
+        if not waiter.done():  # else cancelled with its task: gone
+            waiter.set_result(None)
 
     def _flush_late(self) -> None:
         """What the turn left queued (no later event of its burst wrote it), in the loop's next
-        turn, before it polls again."""
+        turn, before it polls again. The first of them ends the turn's "more input" (no
+        handle of its own: one of these is pending wherever a poll said more)."""
         self._late = False
+        self._probe.seen = False
         self._flush(late=True)
 
     async def _drained(self) -> None:

@@ -17,6 +17,11 @@ of a reused descriptor number. "More input" is only ever a reason to leave the w
 session's writer (what every write did before): a socket that stays readable (reading paused
 with data waiting) costs that, never lost or late output. A socket whose peer ended its input
 is left out (:meth:`Readiness.quiet`, from ``eof_received``): half-closed, it is readable for ever.
+
+Asked once a burst: once a poll said "more" (:attr:`Readiness.seen`), every later write of the
+same loop turn waits for the turn's end too, without a poll of its own (what a poll would mostly
+say: the batch's next socket is still unread). Each writer that waited writes at the turn's end
+(its ``call_soon``), before the loop polls again; the first of them clears ``seen``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 class Readiness:
     """The readable-input probe of one event loop (:func:`of`)."""
 
-    __slots__ = ("_epoll", "poll", "soon")
+    __slots__ = ("_epoll", "poll", "seen", "soon")
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
@@ -39,6 +44,11 @@ class Readiness:
         flush asks it inline); ValueError once closed."""
         self.soon: set[object] = set()
         """TLS transports with decrypted bytes to read in the next turn (no readiness event)."""
+        self.seen = False
+        """A poll said "more input" in this loop turn: the turn's later writes wait for its end
+        without asking again. Set by the session whose poll said so, cleared by the first
+        write at the turn's end (a session's ``call_soon``, which the setter made or had made:
+        each poll that says more leaves one pending)."""
 
     def watch(self, transport: Any) -> None:
         """Count ``transport``'s socket from now on (until it is closed)."""
@@ -64,8 +74,9 @@ class Readiness:
                 pass
 
     def more_input(self) -> bool:
-        """Whether a watched socket has input waiting (or a TLS read is due next turn)."""
-        if self.soon:
+        """Whether a watched socket has input waiting (or a TLS read is due next turn, or a poll
+        said so earlier in this turn)."""
+        if self.soon or self.seen:
             return True
         try:
             return bool(self.poll(0, 1))

@@ -170,6 +170,7 @@ class Session(Outlet):
             self._closed.set()
             self._drain_event.set()
             writer.cancel()
+            self._wake_writer = None  # gone: nothing writes through (outlet's _flush)
             self._stop_flood_timer()
             if self._keepalive_timer is not None:
                 self._keepalive_timer.cancel()
@@ -321,6 +322,7 @@ class Session(Outlet):
         stops first, so nothing it still holds follows the GOAWAY."""
         if self._writer_task is not None:
             self._writer_task.cancel()
+            self._wake_writer = None  # nothing written through after it either
         status = 1008 if code is ErrorCode.ENHANCE_YOUR_CALM else 1002  # policy / protocol
         try:
             async with asyncio.timeout(self.config.flood_grace):

@@ -165,12 +165,17 @@ def _frame_of(head: bytes, payload: bytes | memoryview, masked: bool) -> None:
         assert frame == b"".join(bytes(p) for p in reference)
     assert len(frame) == sum(len(p) for p in reference)
     assert parse(frame, masked=masked) == [message]
+    header = binary_frame_header(len(message), masked=masked)  # tabled or packed: the same
+    assert frame[: len(header)] == header
 
 
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("size", [0, 1, 12, 113, 125, 126, 127, 1000, COALESCE - 17, COALESCE - 16])
+@pytest.mark.parametrize(
+    "size", [0, 1, 12, 113, 125, 126, 127, 1000, 1023, 1024, 1025, COALESCE - 17, COALESCE - 16]
+)
 def test_one_frame_at_every_header_size(masked: bool, size: int) -> None:
-    # Under 126 bytes the header comes from a table (both MASK bits), then the 16-bit length.
+    # Under 1 024 bytes the header comes from a table (both MASK bits; the 7-bit length, then
+    # the 16-bit one), then it is packed.
     _frame_of(b"\x00\x01\x00\x00head"[: min(size, 8)], os.urandom(max(0, size - 8)), masked)
 
 

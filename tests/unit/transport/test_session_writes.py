@@ -19,6 +19,7 @@ from websockets.protocol import State
 from ravenproxy.transport import readiness
 from ravenproxy.transport.frame_batch import COALESCE, WRITE_THROUGH
 from ravenproxy.transport.session import Session, TunnelStream
+from ravenproxy.wire.codes import ErrorCode
 from tests.unit.transport.test_session import TARGET, WAIT, read_all, tunnel
 from tests.unit.transport.test_websocket import contexts, pki  # noqa: F401 (a fixture)
 
@@ -219,6 +220,62 @@ async def test_a_burst_of_requests_in_one_loop_turn_goes_out_in_one_write() -> N
             assert await asyncio.wait_for(read_all(stream), WAIT) == b"ask %d" % i
 
 
+async def test_a_burst_asks_the_probe_once_and_goes_out_in_one_write_at_its_end() -> None:
+    """Three fronts' requests readable in one loop turn: the first write's poll says more input,
+    and the turn's later writes wait for its end without a poll each (they polled once a
+    write: ~900 instructions, mostly the GIL's release and take); all three go out in one
+    write at the turn's end, and the next turn's lone request is asked about and written
+    through again."""
+    async with tunnel() as t:
+        streams = [await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT) for _ in range(3)]
+        async with fronts(streams) as made:
+            await settle(t.cloud)
+            writes = record(t.cloud)
+            probe = t.cloud._probe
+            poll = probe.poll
+            polls: list[int] = []  # the polls made by each read callback of the burst
+            inside = [False]
+
+            def counted(*args: Any) -> Any:
+                if inside[0]:
+                    polls[-1] += 1
+                return poll(*args)
+
+            def watched(asker: Asker) -> None:
+                feed = asker.data_received
+
+                def received(data: bytes) -> None:
+                    polls.append(0)
+                    inside[0] = True
+                    try:
+                        feed(data)
+                    finally:
+                        inside[0] = False
+
+                asker.data_received = received  # type: ignore[method-assign]
+
+            for _, asker in made:
+                watched(asker)
+            probe.poll = counted  # type: ignore[misc]
+            try:
+                for i, (client, _) in enumerate(made):  # no await between: one poll sees all
+                    client.send(b"ask %d" % i)
+                await wait_writes(writes, 1)
+                assert polls == [1, 0, 0]
+                assert not probe.seen  # cleared at the turn's end
+                assert len(writes.writes) == 1
+                assert all(b"ask %d" % i in writes.writes[0] for i in range(3))
+                made[0][0].send(b"alone")
+                await wait_writes(writes, 2)
+                assert polls[3:] == [1]
+                assert len(writes.writes) == 2 and b"alone" in writes.writes[1]
+            finally:
+                probe.poll = poll  # type: ignore[misc]
+        for stream, sent in zip(streams, (b"ask 0alone", b"ask 1", b"ask 2"), strict=True):
+            stream.write_eof()
+            assert await asyncio.wait_for(read_all(stream), WAIT) == sent
+
+
 async def test_a_lone_request_is_written_in_its_read_callback() -> None:
     async with tunnel() as t:
         stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
@@ -342,3 +399,27 @@ async def test_a_write_through_on_an_aborted_transport_raises_nothing(
         await asyncio.wait_for(t.cloud_run, WAIT)
         assert t.cloud_ws.data_closed
         assert stream.try_write(b"after") == 0
+
+
+async def test_nothing_is_written_through_once_the_session_stopped_its_writer() -> None:
+    """A connection error stops the writer first, so that nothing follows the GOAWAY it sends
+    (``_close_with_error``); a small write meanwhile is not written through either: the outlet
+    asks ``_wake_writer`` alone (not the future's ``done()``), which the session clears where it
+    cancels the writer."""
+    async with tunnel() as t:
+        stream = await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT)
+        await settle(t.cloud)
+        writes = record(t.cloud)
+        conn = t.cloud.conn
+        take = conn.data_to_send
+        seen: list[int] = []
+
+        def data_to_send() -> Any:  # asked right after the writer's cancel, in the same step
+            assert t.cloud._writer_task is not None and t.cloud._writer_task.cancelling()
+            assert stream.try_write(b"late") == 4
+            seen.append(len(writes.writes))
+            return take()
+
+        conn.data_to_send = data_to_send  # type: ignore[method-assign]
+        await asyncio.wait_for(t.cloud._close_with_error(ErrorCode.PROTOCOL_ERROR), WAIT)
+        assert seen == [0]  # left queued (sent by the close), not written in the caller's turn
