@@ -13,19 +13,34 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from ravenproxy.transport.frame_batch import WRITE_THROUGH
+from ravenproxy.transport.readiness import Readiness
 from ravenproxy.transport.session import TunnelStream
 from tests.unit.transport.test_session import TARGET, WAIT, Pair, read_all, tunnel
 from tests.unit.transport.test_session_writes import fronts, record, settle, wait_writes
+from tests.unit.transport.test_websocket import contexts, pki  # noqa: F401 (a fixture)
 
 
 @contextlib.asynccontextmanager
-async def two_tunnels() -> AsyncIterator[tuple[Pair, Pair]]:
-    async with tunnel() as one, tunnel() as two:
+async def two_tunnels(certs: Path | None = None) -> AsyncIterator[tuple[Pair, Pair]]:
+    """Two tunnels on this loop: plain TCP, or the tunnel's mTLS (our TLS transport) with
+    ``certs``."""
+    srv, cli = contexts(certs)
+    tls = (srv, cli) if srv and cli else None
+    async with tunnel(tls=tls) as one, tunnel(tls=tls) as two:
         yield one, two
+
+
+async def quiet(probe: Readiness) -> None:
+    """Until no watched socket of this loop (both ends of each tunnel are in it) has input
+    waiting: a write then goes through in its caller's turn."""
+    async with asyncio.timeout(WAIT):
+        while probe.soon or probe.poll(0, 1):
+            await asyncio.sleep(0.001)
 
 
 async def _opened(t: Pair, n: int) -> list[TunnelStream]:
@@ -58,10 +73,11 @@ async def test_a_burst_across_two_tunnels_is_one_write_each_and_seen_ends_with_t
             assert b"ask 0" in writes_one.writes[0] and b"ask 1" in writes_one.writes[0]
             assert b"ask 2" in writes_two.writes[0] and b"ask 3" in writes_two.writes[0]
             assert not probe.seen
+            await quiet(probe)
             assert second[1].try_write(b"lone") == 4
             assert len(writes_two.writes) == 2  # in this turn, no await since
             # (Its bytes make tunnel two's agent end, in this loop, readable: more input.)
-            await asyncio.sleep(0.05)
+            await quiet(probe)
             assert first[0].try_write(b"lone") == 4
             assert len(writes_one.writes) == 2
         await _echoed([*first, *second], [b"ask 0lone", b"ask 1", b"ask 2", b"ask 3lone"])
@@ -93,7 +109,7 @@ async def test_seen_ends_with_its_turn_when_the_session_that_set_it_dies_first(e
             await asyncio.sleep(0)
         assert not probe.seen
         # (Tunnel one's ends, in this loop, readable until they have seen the end: more input.)
-        await asyncio.sleep(0.1)
+        await quiet(probe)
         assert not probe.seen
         assert alive.try_write(b"lone") == 4
         assert len(writes_two.writes) == 1 and b"lone" in writes_two.writes[0]
@@ -123,13 +139,18 @@ async def test_the_idle_writer_is_woken_once_and_written_through_output_is_not_r
         await _echoed([stream], [b"small 1." + bulk + b"small 2.small 3."])
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "mtls"])
 @pytest.mark.parametrize("seed", range(8))
-async def test_any_mix_of_writes_turns_and_bursts_arrives_once_in_order(seed: int) -> None:
+async def test_any_mix_of_writes_turns_and_bursts_arrives_once_in_order(
+    pki: Path,  # noqa: F811 (the fixture)
+    seed: int,
+    tls: bool,
+) -> None:
     """Writes of every size on streams of two tunnels, front bursts among them, with any number
     of loop turns between: each stream's bytes come back once, in order; nothing is left
     queued; the turn's "more input" is over once the loop went idle."""
     rng = random.Random(seed)
-    async with two_tunnels() as (one, two):
+    async with two_tunnels(pki if tls else None) as (one, two):
         streams = [*(await _opened(one, 2)), *(await _opened(two, 2))]
         sent = [bytearray() for _ in streams]
         async with fronts(streams) as made:
