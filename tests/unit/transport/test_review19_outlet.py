@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from ravenproxy.transport.frame_batch import WRITE_THROUGH
 from ravenproxy.transport.readiness import Readiness
@@ -57,6 +58,14 @@ async def test_a_burst_across_two_tunnels_is_one_write_each_and_seen_ends_with_t
     """Fronts of two tunnels readable in one loop turn: the first poll says more, every later
     write of the turn (the other tunnel's too) waits for the turn's end, each tunnel writes
     once; then a lone write on either is written through in its caller's turn."""
+    await _burst()
+
+
+def test_the_burst_under_uvloop() -> None:
+    uvloop.run(_burst())
+
+
+async def _burst() -> None:
     async with two_tunnels() as (one, two):
         first, second = await _opened(one, 2), await _opened(two, 2)
         async with fronts([*first, *second]) as made:
@@ -149,8 +158,21 @@ async def test_any_mix_of_writes_turns_and_bursts_arrives_once_in_order(
     """Writes of every size on streams of two tunnels, front bursts among them, with any number
     of loop turns between: each stream's bytes come back once, in order; nothing is left
     queued; the turn's "more input" is over once the loop went idle."""
+    await _mix(pki if tls else None, seed)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "mtls"])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_mix_under_uvloop(pki: Path, seed: int, tls: bool) -> None:  # noqa: F811
+    """The same under uvloop, the server's and the agent's loop, whose turn is ordered
+    otherwise (the ready callbacks, the late flushes among them, in its idle phase, before
+    the poll whose I/O callbacks run in the poll phase; timers first)."""
+    uvloop.run(_mix(pki if tls else None, 100 + seed))
+
+
+async def _mix(certs: Path | None, seed: int) -> None:
     rng = random.Random(seed)
-    async with two_tunnels(pki if tls else None) as (one, two):
+    async with two_tunnels(certs) as (one, two):
         streams = [*(await _opened(one, 2)), *(await _opened(two, 2))]
         sent = [bytearray() for _ in streams]
         async with fronts(streams) as made:
