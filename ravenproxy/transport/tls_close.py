@@ -34,7 +34,14 @@ def shut_down(sock: ssl.SSLSocket, ragged: bool) -> Shutdown:
         return Shutdown.WANT_WRITE
     except ssl.SSLWantReadError:
         pass  # sent; OpenSSL would wait for the peer's close_notify here: we do not
-    except (OSError, ssl.SSLError, ValueError):
+    except ssl.SSLError as exc:
+        # unwrap() is SSL_shutdown twice: the first sends our close_notify, the second reads
+        # for the peer's. Finding the peer's data instead (it is still sending) is this error,
+        # ours sent: as above. Closing now instead would close a socket with unread input,
+        # whose RST drops what we wrote before the close and the peer has not yet read.
+        if getattr(exc, "reason", None) != "APPLICATION_DATA_AFTER_CLOSE_NOTIFY":
+            return Shutdown.FAILED
+    except (OSError, ValueError):
         return Shutdown.FAILED
     try:
         socket.socket.shutdown(sock, socket.SHUT_WR)

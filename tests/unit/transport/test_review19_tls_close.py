@@ -227,15 +227,10 @@ async def test_reads_follow_set_protocol_buffered_plain_and_back(pki: Path) -> N
         assert server.received == 0  # the first protocol, replaced before any byte
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pre-existing (3466b61 too): close() while the peer's data is unread loses what"
-    " close() was to write first. unwrap() is CPython's SSL_shutdown twice: the first sends"
-    " the close_notify, the second reads for the peer's and finds application data: SSLError"
-    " APPLICATION_DATA_AFTER_CLOSE_NOTIFY (not SSLWantReadError), so shut_down says FAILED and"
-    " _close_now closes the socket with unread input: the kernel sends a RST and drops our"
-    " unacknowledged output (here the server gets 64 KiB of 1 MiB, then a ragged EOF)",
-)
+# Failed before 778e680's fix (3466b61 too): unwrap()'s second SSL_shutdown found the
+# peer's data and raised SSLError APPLICATION_DATA_AFTER_CLOSE_NOTIFY, not SSLWantReadError;
+# shut_down said FAILED and the socket was closed with unread input: the kernel's RST dropped
+# our unacknowledged output (the server got 64 KiB of 1 MiB, then a ragged EOF).
 @pytest.mark.parametrize("keep_open", [False, True])
 async def test_a_close_with_data_pending_both_ways(pki: Path, keep_open: bool) -> None:
     """The client closes with 1 MiB written while the server streams 4 MiB at it: the server
