@@ -34,7 +34,8 @@ def _load_state(state: ReaderState) -> object:
     return state.buf
 
 
-def _loaded_by(function: object, arg: object) -> str:
+def loaded_by(function: object, arg: object) -> str:
+    """The specialized form of ``function``'s one attribute load, once run on ``arg``."""
     for _ in range(64):  # past the adaptive counter: the load specializes, or gives up
         function(arg)  # type: ignore[operator]
     [load] = [i for i in dis.get_instructions(function, adaptive=True) if "ATTR" in i.opname]
@@ -50,11 +51,11 @@ async def test_both_ends_connections_keep_their_attributes_in_shared_key_values(
         assert await asyncio.wait_for(read_all(stream), WAIT) == b"ping"
         for load, ws in ((_load_cloud, t.cloud_ws), (_load_edge, t.edge_ws)):
             # (vars() only after the look: it makes the dict)
-            assert _loaded_by(load, ws) == "LOAD_ATTR_INSTANCE_VALUE", (
+            assert loaded_by(load, ws) == "LOAD_ATTR_INSTANCE_VALUE", (
                 f"{type(ws).__name__} sets {len(vars(ws))} attributes: at most 29 stay in "
                 "shared-key values (keep the reader's state in ReaderState)"
             )
-            assert _loaded_by(_load_state, ws._rd) == "LOAD_ATTR_SLOT"
+            assert loaded_by(_load_state, ws._rd) == "LOAD_ATTR_SLOT"
 
 
 def _load_transport(transport: TLSSocketTransport) -> object:
@@ -75,7 +76,7 @@ async def test_the_tls_transport_keeps_its_attributes_in_shared_key_values(
         assert await asyncio.wait_for(read_all(stream), WAIT) == b"ping"
         transport = t.edge_ws.transport
         assert isinstance(transport, TLSSocketTransport)
-        assert _loaded_by(_load_transport, transport) == "LOAD_ATTR_INSTANCE_VALUE", (
+        assert loaded_by(_load_transport, transport) == "LOAD_ATTR_INSTANCE_VALUE", (
             f"TLSSocketTransport sets {len(vars(transport))} attributes: at most 29 stay in "
             "shared-key values (give the rare ones class defaults)"
         )
