@@ -43,6 +43,8 @@ class StreamOwner(Protocol):
 
     def _flush(self) -> None: ...
 
+    def _write_through(self, stream_id: int, data: bytes | memoryview) -> bool: ...
+
     async def _drained(self) -> None: ...
 
     def _forget(self, sid: int) -> None: ...
@@ -230,6 +232,10 @@ class TunnelStream:
         if self._error is not None:
             return 0
         session = self.session
+        if session._write_through(self.id, data):  # an idle tunnel's small write: not queued
+            n = len(data)
+            self.bytes_out += n
+            return n
         conn = session.conn
         limit = session.config.wire.max_message_size
         n = conn.send_upto(self.id, data, limit - conn.outbox.pending_bytes)
