@@ -182,6 +182,24 @@ def find_destination(
     return Destination("host", host, port, None, target)
 
 
+def same_fields(last: Destination, target: str) -> Destination | None:
+    """The destination of a request with the method, version and fields of the one ``last``
+    was found for (by :func:`find_destination`), whose target is ``target``: ``last``'s node
+    and port when that request named them by X-Tunnel-Proxy-Host (which no target overrides
+    but a non-origin one), or by Host and this target names no node itself (no ``nodeName``
+    nor ``%`` in it, no pod path's start); else None (:func:`find_destination` asks)."""
+    if target[:1] != "/":
+        return None
+    via = last.via
+    if via == "host":
+        if NODE_NAME_PARAM in target or "%" in target or target[1:5] in _POD_PATH_HEADS:
+            return None
+    elif via != "tunnel-header":
+        return None
+    # Positional: a call with keywords is not specialized.
+    return Destination(via, last.host, last.port, None, target)
+
+
 def connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
     """The lower-cased options listed in every ``Connection`` header."""
     tokens: set[str] = set()
