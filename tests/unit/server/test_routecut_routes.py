@@ -44,6 +44,7 @@ from ravenproxy.server.podroutes import (
 )
 
 from .test_exchange import VIA, route
+from .test_review18_requests import _old_pod_of_path  # db4c494's, unchanged to f56f100
 
 # -- f56f100's rules, verbatim (only renamed) --------------------------------------------------
 
@@ -61,16 +62,6 @@ class _OldDestination:
 
 _OLD_POD_PATH_STARTS = tuple(f"/{prefix}/" for prefix in POD_PATH_PREFIXES)
 _OLD_POD_PATH_HEADS = frozenset(start[1:5] for start in _OLD_POD_PATH_STARTS)
-
-
-def _old_pod_of_path(path: str) -> tuple[str, str] | None:
-    parts = path.split("?", 1)[0].split("/")
-    # "", prefix, namespace, pod, ...
-    if len(parts) >= 4 and parts[0] == "" and parts[1] in POD_PATH_PREFIXES:
-        namespace, pod = parts[2], parts[3]
-        if namespace and pod:
-            return namespace, pod
-    return None
 
 
 _OLD_AUTHORITIES: dict[str, tuple[str, int | None]] = {}
