@@ -247,6 +247,11 @@ class TunnelStream:
     async def write(self, data: bytes | memoryview) -> None:
         """Send all of ``data``, waiting for credit as needed."""
         session = self.session
+        if self._error is None and session._write_through(self.id, data):
+            # An idle tunnel's small write, as try_write sends it: not queued (the drain below
+            # would not wait: what it may queue is one frame within the message size).
+            self.bytes_out += len(data)
+            return
         if self._error is None and 0 < len(data) <= session.conn.send_window(self.id):
             # The common small write: credit at hand, one frame, no waiting.
             session.conn.send_data(self.id, data)
