@@ -165,11 +165,26 @@ class Splice(asyncio.Protocol):
     def start(self, stream: TunnelStream) -> None:
         """Splice ``stream`` (accepted) to the socket: what the socket sent meanwhile goes up."""
         self.stream = stream
-        stream.on_readable(self._readable)
+        stream.on_readable(self._readable, self._take)
         if self._pending and self._sender is None and not self._done.done():
             self._send_pending()
         self._send_eof()
         self._readable(drain=True)
+
+    def _take(self, chunk: bytes | memoryview) -> bool:
+        """A chunk as it arrives, to the socket as :meth:`_readable` would (False: it would not)."""
+        transport = self.transport
+        if self._write_paused or self._down_done or self._lost or self._over or transport is None:
+            return False
+        try:  # as in _readable: in the session's reader, nothing may escape
+            transport.write(chunk)
+            self.result.bytes_down += len(chunk)
+            if self._watch is not None:
+                self._watch.touch()
+        except Exception as exc:
+            log.exception("splice failed", extra=kv(stream=self.stream and self.stream.id))
+            self._fail_socket(exc)
+        return True  # (read, as _readable had read it)
 
     def _readable(self, drain: bool = False) -> None:
         """A chunk, the end or an error arrived on the stream (called by it, for each one):

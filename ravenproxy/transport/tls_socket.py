@@ -235,6 +235,13 @@ class TLSSocketTransport(WriteSide):
                 if view is not given:
                     view.release()
                 del view, given, into  # none held on: a protocol counts who holds its buffers
+            if end == "drained":
+                # The socket has no more now, and OpenSSL holds none decrypted: a read that got
+                # less than it asked for took its record's last byte (SSL_read returns one
+                # record at most, less only at its end; Python sets no read-ahead), and one that
+                # found no whole record holds none. So no pending(), which answers 0 here and
+                # releases and takes the GIL (~500 instructions a read, a read a request).
+                break
             if isinstance(end, BaseException):
                 self._fatal(end, "read")
                 return
@@ -246,9 +253,7 @@ class TLSSocketTransport(WriteSide):
                 break
             if self._reading_paused or self._closing or self._closed:
                 break
-            pending = self._sslpending  # (an attribute: as a method load, unspecialized)
-            if end == "drained" and not pending():
-                break  # the socket has no more now
+            # A full buffer (the record's rest may be in OpenSSL): the next round reads on.
         else:
             if self._sslpending():  # decrypted bytes make no readiness event
                 self._schedule_read()

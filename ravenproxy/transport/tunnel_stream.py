@@ -81,6 +81,7 @@ class TunnelStream:
         "_chunks",
         "_eof",
         "_error",
+        "_on_chunk",
         "_on_readable",
         "_opened",
         "_read_waiters",
@@ -107,6 +108,8 @@ class TunnelStream:
         self._on_readable: Callable[[], None] | None = None
         """Called, instead of waking a waiting :meth:`read`, when a chunk, the end or an error
         arrives (:meth:`on_readable`)."""
+        self._on_chunk: Callable[[bytes | memoryview], bool] | None = None
+        """Offered each chunk that arrives while none is held (:meth:`on_readable`)."""
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -122,6 +125,17 @@ class TunnelStream:
             opened.set_result(None)
 
     def _feed(self, data: bytes | memoryview) -> None:
+        take = self._on_chunk
+        if take is not None and not self._chunks and take(data):
+            # Taken as it came (a chunk a request, on the agent): read, as read_nowait counts
+            # it, without holding it for a callback to read back.
+            n = len(data)
+            self.bytes_in += n
+            session = self.session
+            conn = session.conn
+            if not conn.closed and conn.consumed(self.id, n):
+                session._flush()
+            return
         if self._chunks is None:
             self._chunks = collections.deque()
         self._chunks.append(data)
@@ -203,11 +217,22 @@ class TunnelStream:
         self.session._consumed(self.id, len(chunk))
         return chunk
 
-    def on_readable(self, callback: Callable[[], None] | None) -> None:
+    def on_readable(
+        self,
+        callback: Callable[[], None] | None,
+        take: Callable[[bytes | memoryview], bool] | None = None,
+    ) -> None:
         """Serve the stream by callbacks (a relay without a task per direction): ``callback``
         runs, from the session's reader (the tunnel's read callback), when a chunk, the end or
-        an error arrives; it takes them with :meth:`read_nowait`. None: stop."""
+        an error arrives; it takes them with :meth:`read_nowait`. None: stop.
+
+        ``take``: each chunk that arrives while the stream holds none is offered to it first;
+        it returns whether it took the chunk (passed it on), which then counts as read
+        (:meth:`read_nowait`'s count and credit), with no call of ``callback`` to read it back
+        (a call and a read a chunk). A chunk not taken is held and ``callback`` called, as
+        without ``take``; none overtakes one held."""
         self._on_readable = callback
+        self._on_chunk = take
 
     def read_nowait(self) -> bytes | memoryview | None:
         """:meth:`read` without waiting: None while nothing has arrived."""
@@ -247,6 +272,11 @@ class TunnelStream:
     async def write(self, data: bytes | memoryview) -> None:
         """Send all of ``data``, waiting for credit as needed."""
         session = self.session
+        if self._error is None and session._write_through(self.id, data):
+            # An idle tunnel's small write, as try_write sends it: not queued (the drain below
+            # would not wait: what it may queue is one frame within the message size).
+            self.bytes_out += len(data)
+            return
         if self._error is None and 0 < len(data) <= session.conn.send_window(self.id):
             # The common small write: credit at hand, one frame, no waiting.
             session.conn.send_data(self.id, data)

@@ -240,11 +240,18 @@ class _Stream:
         self.eof = False
         self.reads = 0
         self.callback: Callable[[], None] | None = None
+        self.take: Callable[[bytes], bool] | None = None
 
-    def on_readable(self, callback: Callable[[], None] | None) -> None:
-        self.callback = callback
+    def on_readable(
+        self, callback: Callable[[], None] | None, take: Callable[[bytes], bool] | None = None
+    ) -> None:
+        self.callback, self.take = callback, take
 
     def feed(self, chunk: bytes) -> None:
+        if chunk and self.take is not None and not self.chunks:
+            self.reads += 1  # offered as it comes: a look at it, as a read is
+            if self.take(chunk):
+                return
         if chunk:
             self.chunks.append(chunk)
         else:

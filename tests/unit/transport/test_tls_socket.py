@@ -294,6 +294,24 @@ async def test_resume_reads_bytes_openssl_already_decrypted(pki: Path) -> None:
         assert server.sha.hexdigest() == hashlib.sha256(data).hexdigest()
 
 
+async def test_records_larger_and_smaller_than_the_buffer_all_arrive(pki: Path) -> None:
+    # A 1000-byte buffer and a burst of records around its size, the last one larger: a read
+    # that fills the buffer leaves the record's rest in OpenSSL, which no readiness announces
+    # (the next round, or the next loop turn, must read it); a short read ends the record, and
+    # the next one waits in the socket. Nothing follows the last record: its rest must come
+    # out of OpenSSL by itself.
+    async with connected(pki, server_buf=1000) as (client, server):
+        assert client.transport is not None
+        sizes = [16000, 999, 1000, 1001, 1, 5000, 3, 1999, 16000]
+        data = blob(sum(sizes))
+        at = 0
+        for size in sizes:  # one write, one record each
+            client.transport.write(data[at : at + size])
+            at += size
+        await server.until(len(data))
+        assert server.sha.hexdigest() == hashlib.sha256(data).hexdigest()
+
+
 async def test_close_sends_close_notify_after_the_queued_data_and_the_peer_closes(
     pki: Path,
 ) -> None:
