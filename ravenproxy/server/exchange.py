@@ -59,7 +59,7 @@ from ravenproxy.server.http_rewrite import (
     response_framing,
 )
 from ravenproxy.server.loops import via_received_by
-from ravenproxy.server.podroutes import Destination, find_destination, forwardable, same_fields
+from ravenproxy.server.podroutes import Destination, find_destination, forwardable, same_node
 from ravenproxy.server.router import Route, UpstreamKey
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
@@ -170,29 +170,31 @@ class Exchange:
         if request.size > self.max_head:
             return self._refuse(431, "", f"request head larger than {self.max_head} bytes")
         routing = request.routing  # all it reads of the fields (Head.routing: Host, Via, ...)
-        dest = None
         if seen is not None and routing is (last := seen[0]).routing:
             # The last request's fields (the parse shares their routing fields then: a
             # keep-alive client's next URL): what they decided stands (Host, keep-alive, Via);
-            # only its target may name another node.
-            if request.start == last.start and request.version == last.version:
-                dest = same_fields(seen[2].dest, request.target)
-                self._client_keep = seen[1]
-        if dest is None:
-            host = routing.get("host")
-            if (host is None and request.version == "1.1") or (host is not None and "," in host):
-                why = "bad request: an HTTP/1.1 request needs one Host field"
-                return self._refuse(400, "", why)
-            self._client_keep = keeps_alive(request)
-            try:
-                dest = find_destination(request.start, request.target, (), routing)
-            except BadRequest as exc:
-                return self._refuse(exc.status, "", exc.reason)
-            via = routing.get("via")
-            if via and self.via in via_received_by([via]):
-                node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
-                why = "loop detected: the request already passed through this server"
-                return [Looped(), *self._refuse(508, node, f"{why} (Via {self.via})")]
+            # only its target may name another node. When it names none, the last destination
+            # (the router memo's) and action go on, retargeted: neither is made anew.
+            dest, target, same = seen[2].dest, request.target, request.start == last.start
+            if same and request.version == last.version and same_node(dest, target):
+                dest.target, self._request, self._dest = target, request, dest
+                self._client_keep, self.phase = seen[1], "routing"
+                self._seen = (request, seen[1], seen[2])
+                return [seen[2]]
+        host = routing.get("host")
+        if (host is None and request.version == "1.1") or (host is not None and "," in host):
+            why = "bad request: an HTTP/1.1 request needs one Host field"
+            return self._refuse(400, "", why)
+        self._client_keep = keeps_alive(request)
+        try:
+            dest = find_destination(request.start, request.target, (), routing)
+        except BadRequest as exc:
+            return self._refuse(exc.status, "", exc.reason)
+        via = routing.get("via")
+        if via and self.via in via_received_by([via]):
+            node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
+            why = "loop detected: the request already passed through this server"
+            return [Looped(), *self._refuse(508, node, f"{why} (Via {self.via})")]
         self._request, self._dest = request, dest
         if dest.via == "connect":
             self.phase = "closed"
