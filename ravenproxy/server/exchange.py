@@ -50,16 +50,15 @@ from ravenproxy.server.http_heads import Head, keeps_alive
 from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD, Parsed
 from ravenproxy.server.http_rewrite import (
     Framing,
-    Outbound,
+    RequestHeads,
     chunk,
     fields,
     header,
     last_chunk,
-    request_head,
     response_framing,
 )
 from ravenproxy.server.loops import via_received_by
-from ravenproxy.server.podroutes import Destination, find_destination, forwardable, same_fields
+from ravenproxy.server.podroutes import find_destination, forwardable, same_node
 from ravenproxy.server.router import Route, UpstreamKey
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
@@ -79,7 +78,6 @@ class Exchange:
         """No request has begun on this connection yet."""
         self.route: Route | None = None
         self._request: Head | None = None
-        self._dest: Destination | None = None
         self.client_raw: bytes | None = None
         """Bytes past an upgrade's or a CONNECT's head (not HTTP: never parsed)."""
         self._client_keep, self._upgrade = True, False
@@ -104,7 +102,8 @@ class Exchange:
         """Part of a response went to the client: a refusal can no longer be answered."""
         # What the last heads led to, reused while the next are the same (Parsed._last) objects:
         self._seen: tuple[Head, bool, RouteRequest] | None = None
-        self._built: tuple[Head, Route, Outbound, WriteUpstream] | None = None
+        self._built: tuple[Head, Route, tuple[bytes, bool, bool], WriteUpstream] | None = None
+        self._request_head = RequestHeads(via).head
         self._answered: tuple[Head, Head | None, tuple[bool, ...], Framing] | None = None
 
     # -- the client side ----------------------------------------------------------------------
@@ -121,7 +120,7 @@ class Exchange:
         if seen is not None and self.phase == "head" and self.client.again(data, seen[0]):
             # The last request again (no HEAD event queued): it goes on as it went (the head
             # of _on_request, inline: once a request).
-            self._client_keep, self._request, self._dest = seen[1], seen[0], seen[2].dest
+            self._client_keep, self._request = seen[1], seen[0]
             self.phase = "routing"
             return [seen[2]]
         if not data:
@@ -164,36 +163,38 @@ class Exchange:
         seen = self._seen
         if seen is not None and seen[0] is request:  # as the last one: it went on
             self._client_keep = seen[1]
-            self._request, self._dest = request, seen[2].dest
+            self._request = request
             self.phase = "routing"
             return [seen[2]]
         if request.size > self.max_head:
             return self._refuse(431, "", f"request head larger than {self.max_head} bytes")
         routing = request.routing  # all it reads of the fields (Head.routing: Host, Via, ...)
-        dest = None
         if seen is not None and routing is (last := seen[0]).routing:
             # The last request's fields (the parse shares their routing fields then: a
             # keep-alive client's next URL): what they decided stands (Host, keep-alive, Via);
-            # only its target may name another node.
-            if request.start == last.start and request.version == last.version:
-                dest = same_fields(seen[2].dest, request.target)
-                self._client_keep = seen[1]
-        if dest is None:
-            host = routing.get("host")
-            if (host is None and request.version == "1.1") or (host is not None and "," in host):
-                why = "bad request: an HTTP/1.1 request needs one Host field"
-                return self._refuse(400, "", why)
-            self._client_keep = keeps_alive(request)
-            try:
-                dest = find_destination(request.start, request.target, (), routing)
-            except BadRequest as exc:
-                return self._refuse(exc.status, "", exc.reason)
-            via = routing.get("via")
-            if via and self.via in via_received_by([via]):
-                node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
-                why = "loop detected: the request already passed through this server"
-                return [Looped(), *self._refuse(508, node, f"{why} (Via {self.via})")]
-        self._request, self._dest = request, dest
+            # only its target may name another node. When it names none, the last destination
+            # (the router memo's) and action go on, retargeted: neither is made anew.
+            dest, target, same = seen[2].dest, request.target, request.start == last.start
+            if same and request.version == last.version and same_node(dest, target):
+                dest.target, self._request = target, request
+                self._client_keep, self.phase = seen[1], "routing"
+                self._seen = (request, seen[1], seen[2])
+                return [seen[2]]
+        host = routing.get("host")
+        if (host is None and request.version == "1.1") or (host is not None and "," in host):
+            why = "bad request: an HTTP/1.1 request needs one Host field"
+            return self._refuse(400, "", why)
+        self._client_keep = keeps_alive(request)
+        try:
+            dest = find_destination(request.start, request.target, (), routing)
+        except BadRequest as exc:
+            return self._refuse(exc.status, "", exc.reason)
+        via = routing.get("via")
+        if via and self.via in via_received_by([via]):
+            node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
+            why = "loop detected: the request already passed through this server"
+            return [Looped(), *self._refuse(508, node, f"{why} (Via {self.via})")]
+        self._request = request
         if dest.via == "connect":
             self.phase = "closed"
             return [*self._drop_upstream(), Tunnel(dest, self.client_raw or b"")]
@@ -205,7 +206,8 @@ class Exchange:
     # -- routing and the target connection ----------------------------------------------------
     def routed(self, route: Route) -> list[Action]:
         """The request's route: keep the target connection when it fits, else open one."""
-        assert self.phase == "routing" and self._request is not None and self._dest is not None
+        seen = self._seen  # the request's RouteRequest: its destination
+        assert self.phase == "routing" and self._request is not None and seen is not None
         same = route is self.route and self._up is not None  # the driver reused the route
         self.route = route
         self.body_done, self._body_error, self.started = False, None, False
@@ -213,9 +215,9 @@ class Exchange:
         # objects (a keep-alive client polling one URL); inline: it runs per request.
         request, built = self._request, self._built
         if built is None or built[0] is not request or built[1] is not route:
-            out = request_head(request, self._dest, route, self.via)
-            built = self._built = (request, route, out, WriteUpstream(out.head))
-        head, self._upgrade, self._chunked_up = built[2]  # an Outbound, unpacked as a tuple
+            out = self._request_head(request, seen[2].dest, route)
+            built = self._built = (request, route, out, WriteUpstream(out[0]))
+        head, self._upgrade, self._chunked_up = built[2]
         self._outbound = [head]
         if same:
             return self._send()

@@ -89,6 +89,46 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
     return Outbound(head + fields(out) + b"\r\n", upgrade is not None, chunked)
 
 
+class RequestHeads:
+    """:func:`request_head` for one client connection's requests (``via``: the server's
+    token), the part after the request line kept: a request with the last one's fields (the
+    parse's same :attr:`Head.wire` object) and version, its destination and route the same
+    objects (a keep-alive client's next URL: the exchange retargets the destination), gets
+    the same fields, Via, upgrade and chunking, so only its request line is made.
+    :meth:`head` answers (head, upgrade, chunked) as a plain tuple (an :class:`Outbound` is
+    made by a subtype's constructor: three objects)."""
+
+    __slots__ = ("_last", "_tail", "via")
+
+    def __init__(self, via: str) -> None:
+        self.via = via
+        self._last: tuple[bytes, Destination, Route, str] | None = None
+        """What the kept tail was made for: the fields' lines, destination, route (by
+        identity) and version. The same lines are the same fields (a name holds no colon, a
+        value no line end), hence the same routing fields and decoded forms."""
+        self._tail: tuple[bytes, bool, bool] = (b"", False, False)
+        """The head past its request line, its upgrade and chunking."""
+
+    def head(self, request: Head, dest: Destination, route: Route) -> tuple[bytes, bool, bool]:
+        last = self._last
+        if (
+            last is not None
+            and last[0] is request.wire
+            and last[1] is dest
+            and last[2] is route
+            and last[3] == request.version
+        ):
+            tail, upgrade, chunked = self._tail
+            line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
+            return line + tail, upgrade, chunked
+        out = request_head(request, dest, route, self.via)
+        head = out.head
+        # The request line ends at the head's first CRLF (a target holds none).
+        self._tail = (head[head.index(b"\r\n") + 2 :], out.upgrade, out.chunked)
+        self._last = (request.wire, dest, route, request.version)
+        return head, out.upgrade, out.chunked
+
+
 class Framing(NamedTuple):
     """A response head as it goes to the client, and how its body and both connections go on
     (a named tuple: one is made per answer that differs from the last, by :data:`_framing`)."""

@@ -48,9 +48,9 @@ HOP_BY_HOP = frozenset(
 )
 
 
-# Slotted, not frozen: one is made per request that differs from the last, and a frozen
-# dataclass's __init__ sets each of its 7 fields through object.__setattr__. No one changes or
-# hashes a destination.
+# Slotted, not frozen: one is made per request that names another node than the last, and a
+# frozen dataclass's __init__ sets each of its 7 fields through object.__setattr__. No one
+# hashes a destination; only its target changes (same_node).
 @dataclass(slots=True)
 class Destination:
     via: str
@@ -62,7 +62,9 @@ class Destination:
     pod: tuple[str, str] | None = None
     """(namespace, name) for a pod path."""
     target: str = "/"
-    """The request-target to send on, in origin form."""
+    """The request-target to send on, in origin form. The one field that changes: set to a
+    keep-alive connection's next request's target when :func:`same_node` says the rest stands
+    for it too (routing never reads it: the router's memo of this object stays true)."""
     authority: str | None = None
     """A Host value to send instead of the client's (absolute-URI requests)."""
     scheme: str | None = None
@@ -182,22 +184,21 @@ def find_destination(
     return Destination("host", host, port, None, target)
 
 
-def same_fields(last: Destination, target: str) -> Destination | None:
-    """The destination of a request with the method, version and fields of the one ``last``
-    was found for (by :func:`find_destination`), whose target is ``target``: ``last``'s node
-    and port when that request named them by X-Tunnel-Proxy-Host (which no target overrides
-    but a non-origin one), or by Host and this target names no node itself (no ``nodeName``
-    nor ``%`` in it, no pod path's start); else None (:func:`find_destination` asks)."""
+def same_node(last: Destination, target: str) -> bool:
+    """Whether ``last`` (found by :func:`find_destination` for a request with the method,
+    version and fields of one whose target is ``target``) is that request's destination too,
+    but for its :attr:`~Destination.target`: when the node and port were named by
+    X-Tunnel-Proxy-Host (which no target overrides but a non-origin one), or by Host and
+    ``target`` names no node itself (no ``nodeName`` nor ``%`` in it, no pod path's start).
+    A keep-alive connection's next request then takes ``last`` with its target set
+    (:meth:`~ravenproxy.server.exchange.Exchange._on_request`): no destination made, and the
+    router's memo made for ``last`` is reused without a field compared."""
     if target[:1] != "/":
-        return None
+        return False
     via = last.via
     if via == "host":
-        if NODE_NAME_PARAM in target or "%" in target or target[1:5] in _POD_PATH_HEADS:
-            return None
-    elif via != "tunnel-header":
-        return None
-    # Positional: a call with keywords is not specialized.
-    return Destination(via, last.host, last.port, None, target)
+        return not (NODE_NAME_PARAM in target or "%" in target or target[1:5] in _POD_PATH_HEADS)
+    return via == "tunnel-header"
 
 
 def connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:

@@ -2,7 +2,8 @@
 
 routecut lets a request whose fields are the last request's (the parse then shares their
 routing fields) keep the last destination's node when that was named by Host or
-X-Tunnel-Proxy-Host and the new target names none itself (:func:`podroutes.same_fields`):
+X-Tunnel-Proxy-Host and the new target names none itself (:func:`podroutes.same_fields`, since
+branch reqside :func:`podroutes.same_node`: the last destination, retargeted):
 the Host, keep-alive and Via checks are not run again. Routing is the security edge, so both
 are pinned against f56f100's code kept verbatim below (``_old_*``: only renamed; nothing is
 imported from a baseline checkout): :func:`find_destination` over generated targets, Host and
@@ -14,6 +15,7 @@ f56f100's ``Exchange._on_request`` as data.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass
 from typing import Any
@@ -40,7 +42,7 @@ from ravenproxy.server.podroutes import (
     POD_PATH_PREFIXES,
     TUNNEL_HOST_HEADER,
     find_destination,
-    same_fields,
+    same_node,
 )
 
 from .test_exchange import VIA, route
@@ -311,20 +313,20 @@ def test_find_destination_names_what_f56f100s_named(
 @example("GET", "/ping?n=1", "/m?%6EodeName=edge-2", [("Host", "edge-1")])
 @example("GET", "/", "http://edge-2/m", [("X-Tunnel-Proxy-Host", "edge-1")])
 @example("OPTIONS", "/", "*", [("X-Tunnel-Proxy-Host", "edge-1")])
-def test_same_fields_keeps_only_what_find_destination_would_find(
+def test_same_node_keeps_only_what_find_destination_would_find(
     method: str, first: str, then: str, flds: list[tuple[str, str]]
 ) -> None:
-    """same_fields(last, target): find_destination's answer for the same method and fields,
-    or None; never another destination."""
+    """same_node(last, target): True only when ``last`` retargeted is
+    find_destination's answer for the same method and fields; never another destination."""
     lower = {k.lower(): v for k, v in flds}
     try:
         last = find_destination(method, first, (), lower)
     except BadRequest:
         return
-    kept = same_fields(last, then)
-    if kept is None:
+    if not same_node(last, then):
         return
-    event(f"kept {kept.via}")
+    event(f"kept {last.via}")
+    kept = dataclasses.replace(last, target=then)
     assert ("dest", astuple(kept)) == _outcome(_old_find_destination, method, then, (), lower)
 
 
