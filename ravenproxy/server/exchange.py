@@ -52,13 +52,12 @@ from ravenproxy.server.http_rewrite import (
     Framing,
     RequestHeads,
     chunk,
-    fields,
-    header,
     last_chunk,
     response_framing,
+    switch_head,
 )
 from ravenproxy.server.loops import via_received_by
-from ravenproxy.server.podroutes import find_destination, forwardable, same_node
+from ravenproxy.server.podroutes import find_destination, same_node
 from ravenproxy.server.router import Route, UpstreamKey
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
@@ -437,10 +436,8 @@ class Exchange:
         its request, the target's bytes read past its 101."""
         event = self._switched
         assert self._up is not None and self.phase == "switching" and event is not None
-        self.phase, headers = "closed", event.headers
-        kept = forwardable(headers, upgrade=header(headers, "upgrade") or "websocket")
-        head = f"HTTP/1.1 101 {event.start}\r\n".encode("latin-1") + fields(kept) + b"\r\n"
-        return head, self.client_raw or b"", self._up_rest
+        self.phase = "closed"
+        return switch_head(event), self.client_raw or b"", self._up_rest
 
     def _failed(self, what: str, *, status: int | None = None) -> list[Action]:
         """The target connection failed before the response ended (``what`` "": it closed)."""

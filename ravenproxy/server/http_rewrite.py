@@ -194,3 +194,11 @@ def response_framing(
     head = f"HTTP/1.1 {response.status} {response.start}\r\n".encode("latin-1")
     head += fields(kept) + b"\r\n"
     return _framing(Framing, (head, body_out, until_close, up_keep, client_keep))
+
+
+def switch_head(response: Head) -> bytes:
+    """The ``101`` for the client: the target's, hop-by-hop fields dropped but the upgrade's
+    (``Upgrade``, and ``Connection: Upgrade`` for it)."""
+    headers = response.headers
+    kept = forwardable(headers, upgrade=header(headers, "upgrade") or "websocket")
+    return f"HTTP/1.1 101 {response.start}\r\n".encode("latin-1") + fields(kept) + b"\r\n"
