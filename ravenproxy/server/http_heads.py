@@ -130,6 +130,8 @@ class RequestHead(_DecodedWhenAsked):
 
     __slots__ = ()
 
+    status = 0  # a request's (Head's slot left unset: a store less a request that differs)
+
     def __init__(  # not Head's: its fields not decoded (once a request that differs)
         self,
         method: str,
@@ -142,7 +144,7 @@ class RequestHead(_DecodedWhenAsked):
     ) -> None:
         """``routing``: the :attr:`routing` of an earlier head with the same ``fields`` (read
         only, so shared), else made here."""
-        self.start, self.target, self.status, self.version = method, target, 0, version
+        self.start, self.target, self.version = method, target, version
         self.fields, self.size, self.wire = fields, size, wire
         if routing is None:
             # _decoded's by-name form of the fields named in ROUTING_NAMES only: no other field

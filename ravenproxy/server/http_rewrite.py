@@ -91,12 +91,12 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
 
 class RequestHeads:
     """:func:`request_head` for one client connection's requests (``via``: the server's
-    token), the part after the request line kept: a request whose fields are the last one's
-    (the parse's same :attr:`Head.wire` object), with its version, and its
-    destination and route the same objects (a keep-alive client's next URL, :meth:`Exchange.
-    _on_request` retargets the destination) gets the same fields, Via, upgrade and chunking:
-    only its request line is made. :meth:`head` answers (head, upgrade, chunked) as a plain
-    tuple (an :class:`Outbound` is made by a subtype's constructor: three objects)."""
+    token), the part after the request line kept: a request with the last one's fields (the
+    parse's same :attr:`Head.wire` object) and version, its destination and route the same
+    objects (a keep-alive client's next URL: the exchange retargets the destination), gets
+    the same fields, Via, upgrade and chunking, so only its request line is made.
+    :meth:`head` answers (head, upgrade, chunked) as a plain tuple (an :class:`Outbound` is
+    made by a subtype's constructor: three objects)."""
 
     __slots__ = ("_last", "_tail", "via")
 
