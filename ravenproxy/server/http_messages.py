@@ -49,6 +49,44 @@ _METHOD_NAMES: dict[bytes, str] = {}
 at most are kept), decoded once."""
 _method_name = _METHOD_NAMES.get
 
+_ShapeKey = tuple[int, bytes, tuple[bytes, ...]]
+_SHAPES: dict[_ShapeKey, tuple[bytes, bool]] = {}
+"""A response head's template and plainness by its shape — status, reason phrase, field names in
+order (:func:`_shaped`): shared by every target connection (the targets are alike: kubelets,
+exporters)."""
+_shape_of = _SHAPES.get
+SHAPES_MAX = 512
+"""Shapes kept at most (a target whose names change per answer makes a shape per answer)."""
+SHAPE_MAX = 1024
+"""A longer template is not kept (``SHAPES_MAX * SHAPE_MAX`` bounds what they hold)."""
+_NO_FIELDS: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ())
+
+
+def _shaped(key: _ShapeKey) -> tuple[bytes, bool]:
+    """A response head's template — its wire with ``%b`` for each field's value — and whether
+    it is plain (one Content-Length and no hop-by-hop field: each name looked up lower-cased,
+    not decoded; a regular expression over the head cost more), by ``(status, reason, names)``.
+    The wire is the bytes fields(headers) makes after the status line: latin-1 round-trips."""
+    status, reason, names = key
+    # The status line's start made once per status, as a format parses its template per call:
+    # llhttp takes 3 digits, so at most 1 000 are kept.
+    line = _status_line(status) or _STATUS_LINES.setdefault(status, b"HTTP/1.1 %d " % status)
+    lines = b": %b\r\n".join(names) + b": %b\r\n\r\n" if names else b"\r\n"
+    if b"%" in reason or lines.count(b"%") != len(names):  # a % of theirs (in a token): escaped
+        reason = reason.replace(b"%", b"%%")
+        lines = b"".join(n.replace(b"%", b"%%") + b": %b\r\n" for n in names) + b"\r\n"
+    template = b"".join((line, reason, b"\r\n", lines))
+    framing = 0
+    for name in names:
+        part = _framing_kind(name.lower())
+        if part is not None:
+            framing += part
+    shape = (template, framing == 1)
+    if len(_SHAPES) < SHAPES_MAX and len(template) <= SHAPE_MAX:
+        _SHAPES[key] = shape
+    return shape
+
+
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
 
@@ -288,26 +326,17 @@ class Parsed:
             head = last[4]
         elif self._response:
             # A response's head, here and not in a method of its own: once an answer that
-            # differs from the last. The same bytes as fields(headers) after the status
-            # line: latin-1 round-trips. (Each field joined in C: no format parsed per field;
-            # the status line's start made once per status, as a format parses its template
-            # per call: llhttp takes 3 digits, so at most 1 000 are kept.)
+            # differs from the last. Its wire is its shape's template with its values
+            # (_shaped): a target's answers differ in their values (a Date, a Content-Length),
+            # seldom in their status, reason or names.
             fields, reason = self._fields, self._start
-            line = _status_line(kind) or _STATUS_LINES.setdefault(kind, b"HTTP/1.1 %d " % kind)
-            if fields:
-                lines = b"\r\n".join(map(_name_value, fields))
-                wire = b"".join((line, reason, b"\r\n", lines, b"\r\n\r\n"))
-            else:
-                wire = b"".join((line, reason, b"\r\n\r\n"))
-            # Which framing fields it has: a lookup per name, not a decode (a regular expression
-            # over the head cost more; ``bytes in bytes`` makes and drops a TypeError first).
-            framing = 0
-            for name, _ in fields:
-                part = _framing_kind(name.lower())
-                if part is not None:
-                    framing += part
+            # (name, value) pairs: zip's strict= would only add a keyword call (~1 500 instr.)
+            names, values = zip(*fields) if fields else _NO_FIELDS  # noqa: B905
+            key = (kind, reason, names)
+            shape = _shape_of(key) or _shaped(key)
+            wire, plain = shape[0] % values, shape[1]
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
-            if framing == 1:  # plain: what PlainHead is
+            if plain:  # what PlainHead is
                 head = PlainHead(reason, kind, version, fields, len(wire), wire)
             else:
                 start = reason.decode("latin-1")
