@@ -611,7 +611,9 @@ _STATE = ("phase", "_client_keep", "_up_keep", "body_done", "started", "client_r
 class _Twins:
     """The branch's Exchange and 812de76's, driven alike; each call's actions compared."""
 
-    def __init__(self, max_head: int = 4096) -> None:
+    def __init__(self, max_head: int = 4096, *, tallied: bool = False) -> None:
+        self.tallied = tallied
+        """Tally refusals and closes (inside a hypothesis test only)."""
         self.new = Exchange(via=VIA, max_head=max_head)
         self.old = _OldExchange(via=VIA, max_head=max_head)
         self.route = route("a")
@@ -623,6 +625,9 @@ class _Twins:
         for attr in _STATE:
             assert getattr(self.new, attr) == getattr(self.old, attr), (name, attr)
         assert (self.new._up is None) == (self.old._up is None), name
+        for item in got if self.tallied else ():
+            if isinstance(item, Refuse | Close):
+                tally(f"{type(item).__name__}: {getattr(item, 'status', '')} {item.reason[:40]}")
         return got
 
     def settle(self, view: list[Any]) -> None:
@@ -775,7 +780,9 @@ def framing_of(answer: bytes) -> str:
 
 
 def _converse(steps: list[tuple[bytes, bytes, str, bytes, list[int], str]], data: Any) -> None:
-    twins = _Twins()
+    # The head-size limit far, or near a request's or an answer's head (431, "head too large").
+    limit = data.draw(st.sampled_from([4096, 4096, 4096, 90, 120, 160, 200]))
+    twins = _Twins(limit, tallied=True)
     for head, body, method, answer, cuts, end in steps:
         tally(f"{method}: {twins.phase}")
         if twins.phase != "head":
