@@ -252,6 +252,13 @@ class ServerMetrics:
             ["front", "relay"],
             registry=r,
         )
+        self.upstream_stray = Counter(
+            f"{NS}_server_upstream_stray",
+            "Kept target connections let go because the target sent bytes past its answer's end "
+            "or while no request was outstanding (the next request went on a fresh connection)",
+            ["front"],
+            registry=r,
+        )
         self.client_stream_limit = Counter(
             f"{NS}_server_client_stream_limit",
             "Streams refused because their client address held --max-streams-per-client",

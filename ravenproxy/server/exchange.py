@@ -11,7 +11,7 @@ I/O and knows no clock, so every rule below is tested with bytes alone.
 
 The rules: one client connection carries any number of requests (keep-alive), each routed on
 its own; the target connection is kept for the next request with the same
-:class:`~ravenproxy.server.router.UpstreamKey`.
+:class:`~ravenproxy.server.router.UpstreamKey`, unless it sent bytes past its answer's end.
 Bodies stream both ways, never buffered whole. ``Expect: 100-continue`` is carried (the target's
 ``100`` goes back). ``Connection: Upgrade`` becomes a raw relay once the target answers ``101``;
 ``CONNECT node:port`` one at once. Hop-by-hop fields are dropped (RFC 9110 §7.6.1); a request
@@ -240,11 +240,11 @@ class Exchange:
         self._up_used = False
         return self._send()
 
-    def _drop_upstream(self) -> list[Action]:
+    def _drop_upstream(self, stray: bool = False) -> list[Action]:
         if self._up is None:
             return []
         self._up = self._up_key = None
-        return [CloseUpstream()]
+        return [CloseUpstream(stray)]
 
     def _send(self) -> list[Action]:
         """The request (and the body bytes at hand) to the target connection."""
@@ -356,8 +356,8 @@ class Exchange:
                 if self._body_out == "chunked":
                     out.append(last_chunk(value))
                 actions: list[Action] = [WriteClient(b"".join(out), counted)] if out else []
-                if self._up_keep and self._client_keep and self.body_done:
-                    if self.client_raw is None:  # _finished's common case, inline (per request)
+                if self._up_keep and self._client_keep and self.body_done and not events:
+                    if self.client_raw is None and not up.in_head:  # _finished's common case
                         self.phase = "head"
                         return actions
                 return actions + self._finished()
@@ -417,9 +417,9 @@ class Exchange:
             return []
         return self._failed("the connection to the target was lost")
 
-    def upstream_ended(self) -> list[Action]:
-        """The kept target connection ended between requests: let it go (the next opens one)."""
-        return self._drop_upstream() if self.phase == "head" else []
+    def upstream_ended(self, stray: bool = False) -> list[Action]:
+        """The kept target connection ended (``stray``: sent bytes) between requests: let it go."""
+        return self._drop_upstream(stray) if self.phase == "head" else []
 
     def upstream_idle(self, timeout: float) -> list[Action]:
         """No byte either way for ``timeout`` seconds (--idle-timeout)."""
@@ -474,7 +474,11 @@ class Exchange:
             # The target answered before the client finished its body: the rest of it would
             # be read as a new request.
             return [*self._drop_upstream(), *self._close("answered before the request body ended")]
-        actions = [] if self._up_keep else self._drop_upstream()
+        up, keep = self._up, self._up_keep
+        # Bytes past the answer's end (a body longer than its Content-Length, say) would begin
+        # the next request's answer: the connection is not used again (Envoy's, HAProxy's rule).
+        stray = keep and up is not None and bool(up.events or up.in_head)
+        actions = [] if keep and not stray else self._drop_upstream(stray)
         if self._client_keep and self.client_raw is None:
             self.phase = "head"
             return actions

@@ -37,6 +37,10 @@ class OpenUpstream:
 class CloseUpstream:
     """Close the target connection (it cannot carry anything more)."""
 
+    stray: bool = False
+    """The target sent bytes past its answer's end or while no request was outstanding (logged
+    and counted as the connection is let go: it misbehaves)."""
+
 
 # The two made per request (the others are made once, or per refusal): slotted, not frozen —
 # a frozen dataclass's __init__ sets its field through object.__setattr__, twice the cost. No

@@ -44,12 +44,11 @@ from ravenproxy.server.exchange_actions import (
     WriteUpstream,
 )
 from ravenproxy.server.front import Front, FrontContext
+from ravenproxy.server.kept_upstream import KeptUpstream, news
 from ravenproxy.server.router import RouteMemo
 from ravenproxy.transport.bytestream import (
     READ_LIMIT,
     ByteStream,
-    SocketByteStream,
-    TlsByteStream,
     TunnelByteStream,
 )
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult
@@ -62,17 +61,13 @@ a head has begun, --header-timeout bounds it). Checked as :class:`IdleWatch` che
 connections are busy, up to an eighth of it later."""
 
 
-class CallbackPath:
+class CallbackPath(KeptUpstream):
     """The callback mode of one client connection (a base of the connection, whose slots hold
     what it names below); :meth:`_by_callbacks` is the task's side of it."""
 
     __slots__ = (
-        "_busy",
         "_calls",
         "_exit",
-        "_hooked",
-        "_hooked_direct",
-        "_unread",
         "_write",
         "routed",
         "waiting",
@@ -99,7 +94,7 @@ class CallbackPath:
         """The target's tunnel stream, while it calls back."""
         self._hooked_direct: SocketStream | None = None
         """A direct route's kept connection (no agent), hooked between requests as
-        :attr:`_hooked` is: only its end is looked for."""
+        :attr:`_hooked` is (:mod:`~ravenproxy.server.kept_upstream`)."""
         self._unread = True
         """The hooked stream may hold a chunk nobody read: one that came while no read followed
         its callback (between requests, from inside a callback, before the hook). False once a
@@ -212,66 +207,6 @@ class CallbackPath:
             return list(self.ex.refused(exc.status, exc.node, exc.reason))
         return self.ex.routed(self.routed.route)  # a new list: extended by the caller
 
-    def _hook_kept(self) -> None:
-        """The kept tunnel stream calls back (:meth:`_on_upstream`; :meth:`_by_callbacks`
-        hooks :meth:`_advance` instead): in callback mode, and
-        while the task waits for a next request — a stream under re-originated TLS too, whose
-        connection the callbacks do not serve — so that its end between requests is noticed
-        either way. Its end before the hook: :meth:`_kept_ended`, once ``waiting``. A direct
-        route's connection (the task waits for the next request) calls :meth:`_on_direct`."""
-        upstream = self.upstream
-        if type(upstream) is TlsByteStream:
-            upstream = upstream.inner
-        if type(upstream) is TunnelByteStream:
-            stream = self._hooked = upstream.stream
-            stream.on_readable(self._on_upstream)
-        elif type(upstream) is SocketByteStream and type(upstream.reader) is SocketStream:
-            sock = self._hooked_direct = upstream.reader
-            sock.on_data(self._on_direct)
-
-    def _kept_ended(self) -> None:
-        """The hooked stream ended before its hook (with the last answer; under TLS, maybe
-        only TLS did): let it go now."""
-        stream = self._hooked
-        if stream is not None and (stream.ended or self._tls_idle()):
-            self._on_upstream()
-        sock = self._hooked_direct
-        if sock is not None and (sock.ended or self._tls_idle()):
-            self._on_direct()
-
-    def _let_go_ended(self) -> None:
-        """A next request came with no wait for it since the last answer (pipelined: parsed
-        already, or in the socket, or its head in pieces), so no hook looked for the kept
-        connection's end meanwhile: if it is known to have ended, let it go now, before the
-        request goes out on it. Nothing of the request was sent, so it goes on a fresh one
-        whatever its method (sent on the dead one, a POST would be answered 502)."""
-        upstream = self.upstream
-        if type(upstream) is TlsByteStream:
-            inner = upstream.inner
-            if type(inner) is TunnelByteStream:
-                ended = self._tls_ended(inner.stream.read_nowait)
-            elif type(inner) is SocketByteStream and type(inner.reader) is SocketStream:
-                ended = self._tls_ended(inner.reader.read_nowait)
-            else:
-                return
-        elif type(upstream) is TunnelByteStream:
-            ended = upstream.stream.ended
-        elif type(upstream) is SocketByteStream and type(upstream.reader) is SocketStream:
-            ended = upstream.reader.ended
-        else:
-            return
-        if ended:
-            self._run(self.ex.upstream_ended())
-
-    def _unhook(self) -> None:
-        self._unread = True  # the next hook's stream may hold what came meanwhile
-        stream, self._hooked = self._hooked, None
-        if stream is not None:
-            stream.on_readable(None)
-        sock, self._hooked_direct = self._hooked_direct, None
-        if sock is not None:
-            sock.on_data(None)
-
     def _leave(self, rest: list[Action]) -> None:
         """Hand ``rest`` to the task; the watch stamped (what came last, an answer's chunk say,
         was not: :meth:`_advance`), so that it does not fire before the task leaves it."""
@@ -290,60 +225,6 @@ class CallbackPath:
             self._unread = True
             if phase == "head":
                 self._kept_news(self._hooked)
-
-    def _on_direct(self) -> None:
-        """The direct connection's callback between requests: data, its end or its loss."""
-        if self.ex.phase == "head":
-            self._kept_news(self._hooked_direct)
-
-    def _kept_news(self, kept: TunnelStream | SocketStream | None) -> None:
-        """Between requests, the kept connection (a tunnel stream, a direct socket) got bytes
-        or ended: under TLS what came is taken into it at once; it is let go if it ended."""
-        if kept is None:
-            return
-        if self._tls_idle():
-            self._let_go_if(self._tls_ended(kept.read_nowait))
-        else:
-            self._let_go_if(kept.ended)
-
-    def _tls_idle(self) -> bool:
-        """The kept connection is under re-originated TLS and waits for the next request: what
-        comes is taken into TLS at once (:meth:`_tls_ended`)."""
-        return (
-            type(self.upstream) is TlsByteStream
-            and self.ex.phase == "head"
-            and self.waiting
-            and not self._busy
-        )
-
-    def _tls_ended(self, read: Callable[[], bytes | memoryview | None]) -> bool:
-        """A kept TLS connection between requests: what its carrier holds (``read``) taken
-        into TLS; whether the carrier ended or TLS did — a close_notify, maybe with the TCP
-        side still open (asyncio's waits for ours): the next request would go out on a dead
-        session — there or in what TLS held already (it came with the last answer)."""
-        upstream = self.upstream
-        assert type(upstream) is TlsByteStream
-        try:
-            while (data := read()) is not None:
-                if not data or upstream.absorb(data):
-                    return True
-        except (StreamClosedError, OSError):  # the carrier's loss, raised by its read
-            return True
-        return upstream.absorb(b"")
-
-    def _let_go_if(self, ended: bool) -> None:
-        """Between requests (by callbacks or in the task): bytes of the kept connection wait
-        for the next request (under TLS, in it: :meth:`_tls_ended`); its end lets it go now,
-        and with it the client's stream slot (--max-streams-per-client), not at the next
-        request (which would go out on the dead connection: one with a body is then refused,
-        502) or the keep-alive timeout."""
-        if not ended or not self.waiting or self._busy:
-            return
-        self._busy = True
-        try:
-            self._run(self.ex.upstream_ended())
-        finally:
-            self._busy = False
 
     def _advance(self) -> None:
         """Move the exchange on as far as it goes without waiting: the client socket's callback
@@ -384,10 +265,11 @@ class CallbackPath:
                             if self.waiting:
                                 # The kept stream called between requests (the socket's calls
                                 # bring bytes, its end or loss): _on_upstream's rule, busy
-                                # already (_let_go_if's); the keep-alive clock goes on.
+                                # already (_kept_news's); the keep-alive clock goes on.
                                 self._unread = True
-                                if self._hooked is not None and self._hooked.ended:
-                                    self._run(ex.upstream_ended())
+                                hooked = self._hooked
+                                if hooked is not None and (got := news(hooked.read_nowait)):
+                                    self._let_go(got)
                                 return None
                             self.waiting = True  # the drain closes it (Drain.start)
                             watch.retime(KEEPALIVE_TIMEOUT)
@@ -482,6 +364,8 @@ class CallbackPath:
                 else:
                     actions.extend(self.ex.routed(memo.route))
             elif type(action) is CloseUpstream:
+                if action.stray:
+                    self._count_stray()
                 self._unhook()
                 self._close_upstream()
             elif type(action) is Looped:

@@ -353,6 +353,8 @@ class _Connection(CallbackPath):
             elif isinstance(action, OpenUpstream):
                 queue.extend(await self._open(action))
             elif isinstance(action, CloseUpstream):
+                if action.stray:
+                    self._count_stray()
                 self._close_upstream()
             elif isinstance(action, ReadBody):
                 self.pump = asyncio.create_task(self._pump(), name="http-body-up")

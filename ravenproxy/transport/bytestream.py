@@ -201,6 +201,11 @@ class TlsByteStream:
                 self._eof = True
             return data
 
+    @property
+    def held(self) -> bool:
+        """Plaintext :meth:`absorb` took in waits for the next :meth:`read`."""
+        return bool(self._held)
+
     def absorb(self, data: bytes | memoryview) -> bool:
         """Bytes the inner stream got while no answer is awaited (a kept connection between
         requests), taken into TLS now: True when TLS ended with them — the peer's close_notify
