@@ -12,6 +12,7 @@ inputs). Still sans-I/O: a method returns what the caller has to do.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -30,11 +31,17 @@ from ravenproxy.wire.streams import RECEIVING, SENDING, Stream
 from ravenproxy.wire.windows import RecvWindow, SendWindow
 
 _DATA = int(FrameType.DATA)  # compared with a plain int: no enum code per message
+# HEADER's layout with its first three fields (type, flags, reserved) as one word: a DATA
+# frame without flags is one value, compared at once (not three fields unpacked, a tuple of
+# five made, and each tested a message; a pack of three ints, not five, a write).
+_WORDS = struct.Struct("!III")
+assert _WORDS.size == HEADER.size
+_DATA_WORD = _DATA << 24
 # Bound once: Python 3.11 compiles ``GLOBAL.method(...)`` to an attribute load, which it can
 # specialize only on a module (it takes globals for modules), so a Struct's method was looked up
 # and a bound method made per message.
-_unpack_header = HEADER.unpack_from
-_pack_header = HEADER.pack
+_unpack_words = _WORDS.unpack_from
+_pack_words = _WORDS.pack
 
 
 class DataPath:
@@ -65,12 +72,10 @@ class DataPath:
         total = len(message)
         if type(message) is not bytes or total <= HEADER_SIZE or self.closed:
             return None
-        type_byte, flags, reserved, sid, length = _unpack_header(message)
+        word, sid, length = _unpack_words(message)
         n = total - HEADER_SIZE
         if (
-            type_byte != _DATA
-            or flags
-            or reserved
+            word != _DATA_WORD  # a DATA frame, no flags (no FIN), reserved bits clear
             or length != n
             or n > self.config.max_frame_size
             or not self._settings_received
@@ -116,9 +121,9 @@ class DataPath:
             start = pos + HEADER_SIZE
             if start > total:
                 break  # cut short: the general path raises
-            type_byte, flags, reserved, sid, n = _unpack_header(message, pos)
+            word, sid, n = _unpack_words(message, pos)
             pos = start + n
-            if type_byte != _DATA or flags or reserved or not n or pos > total or n > max_size:
+            if word != _DATA_WORD or not n or pos > total or n > max_size:
                 break
             stream = streams.get(sid)
             if stream is None or stream.state not in RECEIVING:
@@ -175,7 +180,7 @@ class DataPath:
         ):
             send.available -= n  # as send_upto counts it
             conn_send.available -= n
-            return _pack_header(_DATA, 0, 0, stream_id, n)
+            return _pack_words(_DATA_WORD, stream_id, n)
         return None
 
     def consumed(self, stream_id: int, n: int) -> bool:
