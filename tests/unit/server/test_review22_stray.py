@@ -153,10 +153,14 @@ class Turn:
     pipelined: bool = False
 
 
-def _request(method: str, n: int, body: bytes | None, early: bool, close: bool = False) -> bytes:
+def _request(
+    method: str, n: int, body: bytes | None, early: bool, close: bool = False, up: bool = False
+) -> bytes:
     head = f"{method} /r{n} HTTP/1.1\r\nHost: {HOST}\r\n"
     if close:
         head += "Connection: close\r\n"
+    if up:
+        head += "Connection: Upgrade\r\nUpgrade: websocket\r\n"
     if body is None:
         return (head + "\r\n").encode()
     length = len(body) + (3 if early else 0)  # early: the body's end never comes
@@ -181,7 +185,7 @@ def _chunked(draw: st.DrawFn) -> bytes:
 
 @st.composite
 def _turn(draw: st.DrawFn, n: int) -> Turn:
-    kind = draw(st.sampled_from([*_KINDS, "post", "early", "client_close"]))
+    kind = draw(st.sampled_from([*_KINDS, "post", "early", "client_close", "refused", "switch"]))
     method, body, early, close = "GET", None, False, False
     body_bytes = draw(_BODY)
     final = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body_bytes), body_bytes)
@@ -212,12 +216,15 @@ def _turn(draw: st.DrawFn, n: int) -> Turn:
     elif kind == "until_close":
         final = b"HTTP/1.1 200 OK\r\nX-A: b\r\n\r\n" + body_bytes
         close = True
+    elif kind == "switch":  # the bytes past a 101 are the new protocol's, not stray
+        final = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n" + body_bytes
     elif kind in ("post", "early"):
         method, body, early = "POST", draw(_BODY), kind == "early"
     if draw(st.booleans()):
         final += draw(st.sampled_from([b"\r\n", b"\n", b"\r\n\r\n"]))  # empty lines: skipped
     cuts = sorted(draw(st.sets(st.integers(1, max(1, len(final) - 1)), max_size=6)))
-    request = _request(method, n, body, early, close=kind == "client_close")
+    up = kind in ("refused", "switch")  # an upgrade asked for: answered 200 (refused) or 101
+    request = _request(method, n, body, early, close=kind == "client_close", up=up)
     return Turn(request, final, cuts, close, pipelined=n > 0 and draw(st.integers(0, 3)) == 0)
 
 
@@ -251,6 +258,9 @@ class _Driver:
                 self.opened += 1
                 self._carry("opened", self.ex.upstream_opened())
             elif isinstance(action, (Close, Refuse)):
+                self.over = True
+            elif isinstance(action, SwitchProtocols):
+                self.log.append(("switch", [], repr(self.ex.switch())))
                 self.over = True
             else:
                 assert isinstance(action, (WriteClient, WriteUpstream, CloseUpstream, ReadBody))
@@ -393,6 +403,7 @@ def test_bytes_past_a_kept_answer_let_its_connection_go_after_the_same_bytes(
             # Let go as stray exactly where 812de76 kept it for the next request (or would
             # have, but for the client's ``close``).
             kept = old.ex._up_keep and old.ex.body_done and old.ex.phase in ("head", "closed")
+            kept = kept and SwitchProtocols() not in got_old  # past a 101: the new protocol's
             assert (CloseUpstream(stray=True) in got_new) == kept, (got_old, got_new)
             closes = [a for a in got_new if isinstance(a, CloseUpstream)]
             assert len(closes) == max(int(kept), len(got_old) - len(_unclosed(got_old)))
