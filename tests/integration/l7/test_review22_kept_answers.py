@@ -125,3 +125,47 @@ async def test_legitimate_answers_keep_the_connection_uncounted(l7: L7, route: s
             await conversation(l7, "/x", "127.0.0.1", f"cloud-1:{port}")
     # One connection up to the HEAD's answer (which ends it), one after.
     assert len(connections) == 2, connections
+
+
+def closes_when_idle(connections: list[int]) -> object:
+    """Answers one request a connection, then ends it a moment later (over TLS: close_notify,
+    then the FIN), as a target closes an idle kept-alive connection."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+
+    return handle
+
+
+@pytest.mark.parametrize("route", ["tunnel", "tls-over-tunnel", "direct-tls"])
+async def test_a_target_that_ends_an_idle_kept_connection_is_not_counted_stray(
+    l7: L7, route: str
+) -> None:
+    """Its end (a FIN; over TLS a close_notify first) lets the kept connection go, as at
+    812de76, and is no stray byte: the counter does not move."""
+    connections: list[int] = []
+    tls: ssl.SSLContext | None = None
+    host_ip, port = EDGE_IP, l7.spare_port
+    url, host, hop = "/x", "127.0.0.1", f"edge-1:{port}"
+    if route == "tls-over-tunnel":
+        tls, url, host, hop = tls_target(l7), f"https://edge-1:{port}/x", "edge-1", ""
+    elif route == "direct-tls":
+        tls, host_ip, port = tls_target(l7, "cloud-1"), CLOUD_IP, l7.cloud_port
+        hop = f"cloud-1:{port}"
+    request = f"GET {url} HTTP/1.1\r\nHost: {host}\r\n"
+    request += f"X-Tunnel-Proxy-Host: {hop}\r\n\r\n" if hop else "\r\n"
+    async with tcp_server(closes_when_idle(connections), host_ip, port, tls=tls):  # type: ignore[arg-type]
+        before = (await l7.cluster.metrics()).get(STRAY, 0.0)
+        async with front_client(l7.http) as (reader, writer):
+            for _ in range(2):
+                writer.write(request.encode())
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                assert head.startswith(b"HTTP/1.1 200") and b"close" not in head.lower()
+                assert await asyncio.wait_for(reader.readexactly(2), 10) == b"ok"
+                await asyncio.sleep(0.5)  # the target ends the kept connection meanwhile
+        assert (await l7.cluster.metrics()).get(STRAY, 0.0) == before
+    assert len(connections) == 2
