@@ -27,6 +27,7 @@ import ssl
 from pathlib import Path
 
 import pytest
+import uvloop
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -191,3 +192,19 @@ def test_no_decrypted_byte_is_left_without_a_read_to_come(
     pki: Path, records: list[int], cuts: list[int], sizes: list[int], pause_every: int
 ) -> None:
     asyncio.run(_run(pki, records, cuts, sizes, pause_every))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    records=_RECORDS,
+    cuts=st.lists(st.integers(1, 12 * (RECORD + 30)), max_size=10),
+    sizes=st.lists(_SIZES, min_size=1, max_size=4),
+    pause_every=st.sampled_from([0, 2]),
+)
+@example(records=[RECORD, 1000, RECORD], cuts=[], sizes=[1000], pause_every=0)
+def test_no_decrypted_byte_is_left_under_uvloop(
+    pki: Path, records: list[int], cuts: list[int], sizes: list[int], pause_every: int
+) -> None:
+    """The same, on uvloop (the server's and the agent's loop)."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_run(pki, records, cuts, sizes, pause_every))
