@@ -168,7 +168,18 @@ def _request(
 
 
 _BODY = st.binary(max_size=24)
-_KINDS = ["length", "chunked", "info", "204", "304", "head", "close", "http10", "until_close"]
+_KINDS = [
+    "length",
+    "chunked",
+    "info",
+    "204",
+    "304",
+    "head",
+    "close",
+    "http10",
+    "http10_keep",
+    "until_close",
+]
 
 
 @st.composite
@@ -213,6 +224,8 @@ def _turn(draw: st.DrawFn, n: int) -> Turn:
         final = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
     elif kind == "http10":
         final = b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    elif kind == "http10_keep":
+        final = b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok"
     elif kind == "until_close":
         final = b"HTTP/1.1 200 OK\r\nX-A: b\r\n\r\n" + body_bytes
         close = True
