@@ -4,16 +4,17 @@ base of :class:`~ravenproxy.server.http_callbacks.CallbackPath`).
 While no request is outstanding, the kept connection — a tunnel stream, a direct route's socket,
 TLS over either — calls back, and whatever it got lets it go at once, with the client's stream
 slot (--max-streams-per-client): its end (the target closed an idle connection, as targets do),
-or any byte. A target that sends while nothing was asked, or more than its answer's framing
-said, answers nothing: those bytes would begin the next request's answer (a response desync,
-another client's bytes). As Envoy and HAProxy do, that connection is not used again — logged,
-counted (``ravenproxy_server_upstream_stray_total``) — and the next request goes on a fresh
-one. Under re-originated TLS the bytes are records, taken into TLS at once: a close_notify is
-the end, application data the stray case (a session ticket is neither). What came past an
-answer's end in the read that ended it is :class:`~ravenproxy.server.exchange.Exchange`'s to see
-(``CloseUpstream(stray=True)``); what came in a later read, before the next request, is seen
-here: by the hook's callback, when the hook is set (:meth:`KeptUpstream._kept_ended`), or before
-a pipelined request goes out (:meth:`KeptUpstream._let_go_ended`).
+or any byte but empty lines. A target that sends while nothing was asked, or more than its
+answer's framing said, answers nothing: those bytes would begin the next request's answer (a
+response desync, another client's bytes). As Envoy and HAProxy do, that connection is not used
+again — logged, counted (``ravenproxy_server_upstream_stray_total``) — and the next request goes
+on a fresh one. Under re-originated TLS the bytes are records, taken into TLS at once: a
+close_notify is the end, application data the stray case (a session ticket is neither). What
+came past an answer's end in the read that ended it is
+:class:`~ravenproxy.server.exchange.Exchange`'s to see (``CloseUpstream(stray=True)``); what
+came in a later read, before the next request, is seen here: by the hook's callback, when the
+hook is set (:meth:`KeptUpstream._kept_ended`), or before a pipelined request goes out
+(:meth:`KeptUpstream._let_go_ended`).
 """
 
 from __future__ import annotations
@@ -42,14 +43,18 @@ QUIET, ENDED, STRAY = 0, 1, 2
 
 def news(read: Callable[[], bytes | memoryview | None]) -> int:
     """What a kept connection got between requests, by its ``read_nowait``: a chunk is taken
-    (and dropped: the connection is let go for it)."""
+    (and dropped: the connection is let go for it, unless it is empty lines)."""
     try:
         data = read()
     except (StreamClosedError, OSError):  # the carrier's loss, raised by its read
         return ENDED
     if data is None:
         return QUIET
-    return STRAY if data else ENDED
+    if not data:
+        return ENDED
+    # Empty lines answer nothing and begin no answer (llhttp skips them before a message, as in
+    # the answer's own read: the exchange keeps the connection for them there): dropped.
+    return STRAY if bytes(data).strip(b"\r\n") else QUIET
 
 
 class KeptUpstream:
@@ -163,7 +168,7 @@ class KeptUpstream:
     def _tls_news(self, read: Callable[[], bytes | memoryview | None]) -> int:
         """:func:`news` of a kept TLS connection: what its carrier holds (``read``) taken into
         TLS (:meth:`_tls_ended`); application data in it, or in what TLS held already (it
-        came with the last answer), is stray."""
+        came with the last answer), is stray, unless it is empty lines (``held``)."""
         upstream = self.upstream
         assert type(upstream) is TlsByteStream
         ended = self._tls_ended(read)

@@ -203,8 +203,9 @@ class TlsByteStream:
 
     @property
     def held(self) -> bool:
-        """Plaintext :meth:`absorb` took in waits for the next :meth:`read`."""
-        return bool(self._held)
+        """Plaintext :meth:`absorb` took in, other than empty lines, waits for the next
+        :meth:`read` (empty lines alone begin no message: the next answer's parse skips them)."""
+        return bool(self._held.strip(b"\r\n"))
 
     def absorb(self, data: bytes | memoryview) -> bool:
         """Bytes the inner stream got while no answer is awaited (a kept connection between
