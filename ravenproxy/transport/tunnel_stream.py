@@ -38,7 +38,7 @@ class StreamOwner(Protocol):
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
 
-    def _consumed(self, sid: int, n: int) -> None: ...
+    def _consumed(self, stream: Stream | None, n: int) -> None: ...
 
     def _wait_window(self, stream: TunnelStream) -> None: ...
 
@@ -165,7 +165,7 @@ class TunnelStream:
         if self._chunks:
             dropped = sum(len(c) for c in self._chunks)
             self._chunks.clear()
-            self.session._consumed(self.id, dropped)
+            self.session._consumed(self._wire, dropped)
         self._wake_readers()
         self._wake_writer()
         if self._opened is not None and not self._opened.done():
@@ -220,7 +220,7 @@ class TunnelStream:
                 _forget(waiters, fut)
         chunk = self._chunks.popleft()
         self.bytes_in += len(chunk)
-        self.session._consumed(self.id, len(chunk))
+        self.session._consumed(self._wire, len(chunk))
         return chunk
 
     def on_readable(
