@@ -32,6 +32,7 @@ from ravenproxy.transport.readiness import of as readiness_of
 from ravenproxy.transport.tls_socket import TLSSocketTransport
 from ravenproxy.transport.websocket import TunnelConnectionMixin
 from ravenproxy.wire.frames import HEADER_SIZE
+from ravenproxy.wire.streams import Stream
 
 # WsState.OPEN read once: a member read on its class goes through EnumType.__getattr__ on
 # Python 3.11 (slot_tp_getattr_hook, ~850 instructions), and _flush reads it once a request.
@@ -130,20 +131,21 @@ class Outlet(Intake):
         if not waiter.done():  # else cancelled with its task: gone
             waiter.set_result(None)
 
-    def _write_through(self, stream_id: int, data: bytes | memoryview) -> bool:
+    def _write_through(self, stream: Stream | None, data: bytes | memoryview) -> bool:
         """A stream's small write (:meth:`TunnelStream.try_write`) as ``send_upto`` then
         :meth:`_flush` would send it when ``_flush`` writes it through at once, without
         queueing it and taking it back (~3 900 instructions a message): only where nothing is
         queued (nothing it could overtake, control frames included), ``_flush``'s conditions
-        hold and the wire takes it as one frame (:meth:`Connection.send_through`). Returns
-        whether it took ``data`` (all of it); False, having done nothing: the queued path."""
+        hold and the wire takes it as one frame (:meth:`Connection.send_through_on`; ``stream``:
+        the writer's wire stream, which it holds). Returns whether it took ``data`` (all of
+        it); False, having done nothing: the queued path."""
         if self._wake or self._deferred or self._wake_writer is None:
             return False
         ws = self.ws
         if ws.paused or self._held is not None or self._gate.data_closed:
             return False
         conn = self.conn
-        head = conn.send_through(stream_id, data, THROUGH)  # None where anything is queued
+        head = conn.send_through_on(stream, data, THROUGH)  # None where anything is queued
         if head is None:
             return False
         probe = self._probe

@@ -35,6 +35,7 @@ from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import ControlFloodError, ProtocolError, WireError
 from ravenproxy.wire.frames import Target
+from ravenproxy.wire.streams import Stream
 
 if TYPE_CHECKING:
     from ravenproxy.transport.intake import WebSocket
@@ -249,10 +250,11 @@ class Session(Outlet):
             if self.on_stream_closed is not None:
                 self.on_stream_closed(stream)
 
-    def _consumed(self, sid: int, n: int) -> None:
+    def _consumed(self, stream: Stream | None, n: int) -> None:
         # Flushed only when credit went back: whatever else is queued was flushed by who
-        # queued it (a chunk a request read, on both ends).
-        if not self.conn.closed and self.conn.consumed(sid, n):
+        # queued it (a chunk a request read, on both ends). ``stream``: the reader's wire
+        # stream, which it holds (TunnelStream._wire): not looked up by id again.
+        if not self.conn.closed and self.conn.consumed_on(stream, n):
             self._flush()
 
     def _wait_window(self, stream: TunnelStream) -> None:

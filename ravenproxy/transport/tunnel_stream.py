@@ -18,6 +18,7 @@ from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.frames import Target
+from ravenproxy.wire.streams import Stream
 
 
 class _Config(Protocol):
@@ -37,13 +38,13 @@ class StreamOwner(Protocol):
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
 
-    def _consumed(self, sid: int, n: int) -> None: ...
+    def _consumed(self, stream: Stream | None, n: int) -> None: ...
 
     def _wait_window(self, stream: TunnelStream) -> None: ...
 
     def _flush(self) -> None: ...
 
-    def _write_through(self, stream_id: int, data: bytes | memoryview) -> bool: ...
+    def _write_through(self, stream: Stream | None, data: bytes | memoryview) -> bool: ...
 
     async def _drained(self) -> None: ...
 
@@ -85,6 +86,7 @@ class TunnelStream:
         "_on_readable",
         "_opened",
         "_read_waiters",
+        "_wire",
         "_write_waiters",
         "bytes_in",
         "bytes_out",
@@ -97,6 +99,10 @@ class TunnelStream:
         self.session = session
         self.id = stream_id
         self.target = target
+        self._wire = session.conn.streams.get(stream_id)
+        """The wire's stream, whose credit a chunk read returns (``conn.consumed_on``) and on
+        which a small write goes through (``send_through_on``): not looked up by id again per
+        chunk and write. None if it already ended (as the id would find nothing)."""
         self._chunks: collections.deque[bytes | memoryview] | None = None
         """Received, not yet read; created with the first chunk."""
         self._read_waiters: list[asyncio.Future[None]] | None = None
@@ -133,7 +139,7 @@ class TunnelStream:
             self.bytes_in += n
             session = self.session
             conn = session.conn
-            if not conn.closed and conn.consumed(self.id, n):
+            if not conn.closed and conn.consumed_on(self._wire, n):
                 session._flush()
             return
         if self._chunks is None:
@@ -159,7 +165,7 @@ class TunnelStream:
         if self._chunks:
             dropped = sum(len(c) for c in self._chunks)
             self._chunks.clear()
-            self.session._consumed(self.id, dropped)
+            self.session._consumed(self._wire, dropped)
         self._wake_readers()
         self._wake_writer()
         if self._opened is not None and not self._opened.done():
@@ -214,7 +220,7 @@ class TunnelStream:
                 _forget(waiters, fut)
         chunk = self._chunks.popleft()
         self.bytes_in += len(chunk)
-        self.session._consumed(self.id, len(chunk))
+        self.session._consumed(self._wire, len(chunk))
         return chunk
 
     def on_readable(
@@ -246,7 +252,7 @@ class TunnelStream:
         # session._consumed, written out (a chunk a request, on both ends).
         session = self.session
         conn = session.conn
-        if not conn.closed and conn.consumed(self.id, n):
+        if not conn.closed and conn.consumed_on(self._wire, n):
             session._flush()
         return chunk
 
@@ -257,7 +263,7 @@ class TunnelStream:
         if self._error is not None:
             return 0
         session = self.session
-        if session._write_through(self.id, data):  # an idle tunnel's small write: not queued
+        if session._write_through(self._wire, data):  # an idle tunnel's small write: not queued
             n = len(data)
             self.bytes_out += n
             return n
@@ -272,7 +278,7 @@ class TunnelStream:
     async def write(self, data: bytes | memoryview) -> None:
         """Send all of ``data``, waiting for credit as needed."""
         session = self.session
-        if self._error is None and session._write_through(self.id, data):
+        if self._error is None and session._write_through(self._wire, data):
             # An idle tunnel's small write, as try_write sends it: not queued (the drain below
             # would not wait: what it may queue is one frame within the message size).
             self.bytes_out += len(data)

@@ -163,9 +163,16 @@ class DataPath:
         through of an idle tunnel's small message (a request, its answer) without queueing
         it and taking it back (tests/unit/wire/test_direct_send.py: the same accounting and
         bytes as ``send_upto`` over many inputs)."""
+        return self.send_through_on(self.streams.get(stream_id), data, limit)
+
+    def send_through_on(
+        self, stream: Stream | None, data: bytes | memoryview, limit: int
+    ) -> bytes | None:
+        """:meth:`send_through` of the stream itself, not its id (as :meth:`consumed_on`:
+        a tunnel stream's write does not look its stream up again; a stream that left
+        ``streams`` is closed, not one this side sends on, as one not there)."""
         if self.outbox.pending_bytes:
             return None
-        stream = self.streams.get(stream_id)
         if stream is None or stream.state not in SENDING:
             return None
         send, conn_send = stream.send, self._conn_send
@@ -180,16 +187,25 @@ class DataPath:
         ):
             send.available -= n  # as send_upto counts it
             conn_send.available -= n
-            return _pack_words(_DATA_WORD, stream_id, n)
+            return _pack_words(_DATA_WORD, stream.id, n)
         return None
 
     def consumed(self, stream_id: int, n: int) -> bool:
         """The application wrote or dropped ``n`` received bytes: return their credit. Returns
         whether that queued a WINDOW_UPDATE (mostly not: credit goes back by half windows)."""
+        return self.consumed_on(self.streams.get(stream_id), n)
+
+    def consumed_on(self, stream: Stream | None, n: int) -> bool:
+        """:meth:`consumed` of the stream itself, not its id: for a caller that holds the
+        :class:`Stream` (a tunnel stream holds its own; the stream is not looked up again for
+        every chunk, after ``receive_data`` found it). ``stream`` is one of this connection's
+        streams, taken from :attr:`streams` while it was there, or None (as ``consumed`` of an
+        id not there). The same as ``consumed`` of its id even after it left ``streams``: it
+        leaves only closed (``_transition``), not a state the peer sends in, as a stream not
+        there counts, and ids are never used again."""
         if n <= 0:
             return False
         conn = self._conn_recv
-        stream = self.streams.get(stream_id)
         if stream is not None and stream.state in RECEIVING:
             # RecvWindow.consume_shared and consume, written out for the usual chunk, after
             # which neither window is due an update: only the count of unreturned credit grows.
@@ -219,6 +235,6 @@ class DataPath:
         may_grow = conn.buffered < self.config.connection_window // 2
         inc = stream.recv.consume(n, now, self.rtt, may_grow=may_grow)
         if inc:
-            self._emit(WindowUpdate(stream_id, inc))
+            self._emit(WindowUpdate(stream.id, inc))
             return True
         return queued

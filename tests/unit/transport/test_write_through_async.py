@@ -83,7 +83,7 @@ async def run(ops: list[Op], through: bool, monkeypatch: pytest.MonkeyPatch) -> 
         else:
             direct = cloud._write_through
 
-            def counted(sid: int, data: bytes | memoryview) -> bool:
+            def counted(sid: Any, data: bytes | memoryview) -> bool:
                 took = direct(sid, data)
                 if took:
                     taken.append(len(data))
