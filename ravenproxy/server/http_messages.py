@@ -26,6 +26,7 @@ from ravenproxy.server.http_heads import (
     PlainHead,
     RequestHead,
     keeps_alive,
+    routing_of,
 )
 
 REPLAY_MAX = 2 * 1024
@@ -34,6 +35,10 @@ connection holds it (a scrape or a probe is a few hundred bytes; an idle front c
 whole budget is ~8 KiB)."""
 
 _framing_kind = FRAMING_KIND.get
+_new_request_head = object.__new__
+"""``_new_request_head(RequestHead)``: a head made by object's C constructor, its slots stored
+by the parse (:meth:`Parsed._request_head`): no Python ``__init__`` call, once a request that
+differs."""
 _name_value = b": ".join
 """A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
@@ -223,7 +228,8 @@ class Parsed:
         self._again = None
         if self.tail > self.max_tail:  # refused (below): nothing more goes into the parser
             return None
-        fresh = not events and not self.in_head and not self.in_body
+        # (A response is never kept: not asked whether it came whole.)
+        fresh = not self._response and not events and not self.in_head and not self.in_body
         if not self.in_body:
             self.fed += len(data)
             if self.in_head:
@@ -245,7 +251,7 @@ class Parsed:
             self.tail += len(data)
             if self.tail > self.max_tail:
                 events.append((ERROR, f"chunk framing or trailers over {self.max_tail} bytes"))
-        if fresh and len(events) == 2 and len(data) <= REPLAY_MAX and not self._response:
+        if fresh and len(events) == 2 and len(data) <= REPLAY_MAX:
             # One whole request that left the parser as it found it (no body event, nothing of
             # a next message) is kept: the same bytes again are that request again. (Whether
             # it may be replayed is asked then: _replayable.) Here, not in a method of its own:
@@ -300,6 +306,7 @@ class Parsed:
         self.in_head, self.in_body, self.fed, self.tail = False, True, 0, 0
         kind: Any = self._kind()  # the status (int) or the method (bytes)
         version = self._version
+        raw = None
         if version is not None:  # only the message whose start it saw
             self._version = None
         else:
@@ -311,8 +318,10 @@ class Parsed:
             # llhttp's version. Once: a next request in the same bytes asks llhttp.
             if line is not None:
                 self._line = None
-                if line.startswith(_HTTP11_END, len(kind) + len(self._start) + 1):
+                end = len(kind) + len(self._start) + 1
+                if line.startswith(_HTTP11_END, end):
                     version = "1.1"
+                    raw = line[: end + 11]  # the request line as it came (RequestHead.line)
             if version is None:
                 version = self.parser.get_http_version()
         last = self._last
@@ -343,7 +352,7 @@ class Parsed:
                 head = Head(start, "", kind, version, fields, len(wire), wire)
             self._last = (reason, fields, kind, version, head)
         else:
-            head = self._request_head(version, kind)
+            head = self._request_head(version, kind, raw)
             self._last = (self._start, self._fields, kind, version, head)
         self.events.append((HEAD, head))
         if self.bodiless and head.status >= 200:
@@ -353,8 +362,9 @@ class Parsed:
             self.events.append((END, []))
             raise _Stop
 
-    def _request_head(self, version: str, kind: bytes) -> Head:
-        """``kind``: the method, as llhttp gave it."""
+    def _request_head(self, version: str, kind: bytes, raw: bytes | None) -> Head:
+        """``kind``: the method, as llhttp gave it; ``raw``: the request line as it came, if
+        known (:attr:`RequestHead.line`)."""
         fields = self._fields
         # A request's fields on their lines as parsed, joined in C: request_head sends them on
         # when it drops none, and their length is the fields' part of the head's size ("name:
@@ -373,7 +383,12 @@ class Parsed:
         start = self._start.decode("latin-1")
         # The request line: method, target, "HTTP/1.1" and two spaces and its end (14).
         size += len(method) + len(self._start) + 14
-        return RequestHead(method, start, version, fields, size, lines, routing)
+        # RequestHead.__init__'s stores without its call.
+        head = _new_request_head(RequestHead)
+        head.start, head.target, head.version, head.line = method, start, version, raw
+        head.fields, head.size, head.wire = fields, size, lines
+        head.routing = routing_of(fields) if routing is None else routing
+        return head
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
