@@ -37,8 +37,8 @@ whole budget is ~8 KiB)."""
 _framing_kind = FRAMING_KIND.get
 _new_request_head = object.__new__
 """``_new_request_head(RequestHead)``: a head made by object's C constructor, its slots stored
-by the parse (:meth:`Parsed._request_head`): no Python ``__init__`` call, once a request that
-differs."""
+by the parse (:meth:`Parsed.on_headers_complete`): no Python ``__init__`` call, once a request
+that differs."""
 _name_value = b": ".join
 """A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
@@ -352,8 +352,35 @@ class Parsed:
                 head = Head(start, "", kind, version, fields, len(wire), wire)
             self._last = (reason, fields, kind, version, head)
         else:
-            head = self._request_head(version, kind, raw)
-            self._last = (self._start, self._fields, kind, version, head)
+            # A request's head, here and not in a method of its own (once a request that
+            # differs), made without RequestHead.__init__'s call: its stores.
+            fields, target = self._fields, self._start
+            # Its fields on their lines as parsed, joined in C: request_head sends them on
+            # when it drops none, and their length is the fields' part of the head's size
+            # ("name: value" and a line end each: the lines' length and the last line's end).
+            if last is not None and fields and last[1] == fields:
+                # The last request's fields again (a keep-alive client's requests differ in
+                # their target, seldom in their fields): its lines and routing fields are these.
+                lines, routing = last[4].wire, last[4].routing
+            else:
+                lines = b"\r\n".join(map(_name_value, fields)) if fields else b""
+                routing = routing_of(fields)
+            method = _method_name(kind) or _METHOD_NAMES.setdefault(
+                kind, kind.decode("ascii", "replace")
+            )
+            head = _new_request_head(RequestHead)
+            head.start, head.target, head.version, head.line = (
+                method,
+                target.decode("latin-1"),
+                version,
+                raw,  # the request line as it came, if known
+            )
+            # The size: the fields' and the request line's (method, target, "HTTP/1.1", two
+            # spaces and its end: 14).
+            size = len(lines) + 2 if fields else 0
+            head.fields, head.size, head.wire = fields, size + len(method) + len(target) + 14, lines
+            head.routing = routing
+            self._last = (target, fields, kind, version, head)
         self.events.append((HEAD, head))
         if self.bodiless and head.status >= 200:
             # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
@@ -361,34 +388,6 @@ class Parsed:
             self.in_body = False
             self.events.append((END, []))
             raise _Stop
-
-    def _request_head(self, version: str, kind: bytes, raw: bytes | None) -> Head:
-        """``kind``: the method, as llhttp gave it; ``raw``: the request line as it came, if
-        known (:attr:`RequestHead.line`)."""
-        fields = self._fields
-        # A request's fields on their lines as parsed, joined in C: request_head sends them on
-        # when it drops none, and their length is the fields' part of the head's size ("name:
-        # value" and a line end each: the lines' length and the last line's end).
-        last, routing = self._last, None
-        if last is not None and fields and last[1] == fields:
-            # The last request's fields again (a keep-alive client's requests differ in their
-            # target, seldom in their fields): its lines and routing fields are these.
-            lines, routing = last[4].wire, last[4].routing
-        else:
-            lines = b"\r\n".join(map(_name_value, fields)) if fields else b""
-        size = len(lines) + 2 if fields else 0
-        method = _method_name(kind) or _METHOD_NAMES.setdefault(
-            kind, kind.decode("ascii", "replace")
-        )
-        start = self._start.decode("latin-1")
-        # The request line: method, target, "HTTP/1.1" and two spaces and its end (14).
-        size += len(method) + len(self._start) + 14
-        # RequestHead.__init__'s stores without its call.
-        head = _new_request_head(RequestHead)
-        head.start, head.target, head.version, head.line = method, start, version, raw
-        head.fields, head.size, head.wire = fields, size, lines
-        head.routing = routing_of(fields) if routing is None else routing
-        return head
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
