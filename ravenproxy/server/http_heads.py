@@ -32,6 +32,8 @@ class Head:
     """A response with a Content-Length and no hop-by-hop field (:data:`HOP_BY_HOP`): nothing
     of it is dropped or added, it goes on as :attr:`wire`. True for a :class:`PlainHead` only
     (the class says it: no flag kept per head)."""
+    line: bytes | None = None
+    """A request's line as it came (:attr:`RequestHead.line`); None for any other head."""
     headers: Headers
     """The fields decoded (latin-1), in order."""
     lower: dict[str, str]
@@ -128,11 +130,16 @@ class RequestHead(_DecodedWhenAsked):
     on as parsed (:attr:`Head.wire`), and their User-Agent, Accept or Authorization is read by
     no one."""
 
-    __slots__ = ()
+    __slots__ = ("line",)
 
     status = 0  # a request's (Head's slot left unset: a store less a request that differs)
+    line: bytes | None
+    """The request line as it came (``method SP target SP HTTP/1.1`` CRLF), when the request
+    was HTTP/1.1 and the parse saw its line whole at the start of a read: the line sent on when
+    the target goes on unchanged (the bytes the line's format makes: the method is ASCII, the
+    target latin-1 round-trips). None otherwise."""
 
-    def __init__(  # not Head's: its fields not decoded (once a request that differs)
+    def __init__(
         self,
         method: str,
         target: str,
@@ -141,22 +148,30 @@ class RequestHead(_DecodedWhenAsked):
         size: int,
         wire: bytes,
         routing: dict[str, str] | None = None,
+        line: bytes | None = None,
     ) -> None:
         """``routing``: the :attr:`routing` of an earlier head with the same ``fields`` (read
-        only, so shared), else made here."""
+        only, so shared), else made here. (The parse makes its heads without this call:
+        :func:`~ravenproxy.server.http_messages.Parsed.on_headers_complete`, a request that
+        differs.)"""
         self.start, self.target, self.version = method, target, version
         self.fields, self.size, self.wire = fields, size, wire
-        if routing is None:
-            # _decoded's by-name form of the fields named in ROUTING_NAMES only: no other field
-            # decoded (a lower-cased name looked up per field).
-            routing = {}
-            for k, v in fields:
-                key = _routing_name(k.lower())
-                if key is not None:
-                    value = v.decode("latin-1")
-                    seen = routing.get(key)
-                    routing[key] = value if seen is None else f"{seen}, {value}"
-        self.routing = routing
+        self.routing = routing_of(fields) if routing is None else routing
+        self.line = line
+
+
+def routing_of(fields: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """:attr:`Head.routing` of a request's ``fields``: _decoded's by-name form of the fields
+    named in ROUTING_NAMES only, no other field decoded (a lower-cased name looked up per
+    field)."""
+    routing: dict[str, str] = {}
+    for k, v in fields:
+        key = _routing_name(k.lower())
+        if key is not None:
+            value = v.decode("latin-1")
+            seen = routing.get(key)
+            routing[key] = value if seen is None else f"{seen}, {value}"
+    return routing
 
 
 def _decoded(fields: list[tuple[bytes, bytes]]) -> tuple[Headers, dict[str, str]]:

@@ -26,6 +26,7 @@ from ravenproxy.server.http_heads import (
     PlainHead,
     RequestHead,
     keeps_alive,
+    routing_of,
 )
 
 REPLAY_MAX = 2 * 1024
@@ -34,6 +35,10 @@ connection holds it (a scrape or a probe is a few hundred bytes; an idle front c
 whole budget is ~8 KiB)."""
 
 _framing_kind = FRAMING_KIND.get
+_new_request_head = object.__new__
+"""``_new_request_head(RequestHead)``: a head made by object's C constructor, its slots stored
+by the parse (:meth:`Parsed.on_headers_complete`): no Python ``__init__`` call, once a request
+that differs."""
 _name_value = b": ".join
 """A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
@@ -223,7 +228,8 @@ class Parsed:
         self._again = None
         if self.tail > self.max_tail:  # refused (below): nothing more goes into the parser
             return None
-        fresh = not events and not self.in_head and not self.in_body
+        # (A response is never kept: not asked whether it came whole.)
+        fresh = not self._response and not events and not self.in_head and not self.in_body
         if not self.in_body:
             self.fed += len(data)
             if self.in_head:
@@ -245,7 +251,7 @@ class Parsed:
             self.tail += len(data)
             if self.tail > self.max_tail:
                 events.append((ERROR, f"chunk framing or trailers over {self.max_tail} bytes"))
-        if fresh and len(events) == 2 and len(data) <= REPLAY_MAX and not self._response:
+        if fresh and len(events) == 2 and len(data) <= REPLAY_MAX:
             # One whole request that left the parser as it found it (no body event, nothing of
             # a next message) is kept: the same bytes again are that request again. (Whether
             # it may be replayed is asked then: _replayable.) Here, not in a method of its own:
@@ -300,6 +306,7 @@ class Parsed:
         self.in_head, self.in_body, self.fed, self.tail = False, True, 0, 0
         kind: Any = self._kind()  # the status (int) or the method (bytes)
         version = self._version
+        raw = None
         if version is not None:  # only the message whose start it saw
             self._version = None
         else:
@@ -311,8 +318,10 @@ class Parsed:
             # llhttp's version. Once: a next request in the same bytes asks llhttp.
             if line is not None:
                 self._line = None
-                if line.startswith(_HTTP11_END, len(kind) + len(self._start) + 1):
+                end = len(kind) + len(self._start) + 1
+                if line.startswith(_HTTP11_END, end):
                     version = "1.1"
+                    raw = line[: end + 11]  # the request line as it came (RequestHead.line)
             if version is None:
                 version = self.parser.get_http_version()
         last = self._last
@@ -343,8 +352,35 @@ class Parsed:
                 head = Head(start, "", kind, version, fields, len(wire), wire)
             self._last = (reason, fields, kind, version, head)
         else:
-            head = self._request_head(version, kind)
-            self._last = (self._start, self._fields, kind, version, head)
+            # A request's head, here and not in a method of its own (once a request that
+            # differs), made without RequestHead.__init__'s call: its stores.
+            fields, target = self._fields, self._start
+            # Its fields on their lines as parsed, joined in C: request_head sends them on
+            # when it drops none, and their length is the fields' part of the head's size
+            # ("name: value" and a line end each: the lines' length and the last line's end).
+            if last is not None and fields and last[1] == fields:
+                # The last request's fields again (a keep-alive client's requests differ in
+                # their target, seldom in their fields): its lines and routing fields are these.
+                lines, routing = last[4].wire, last[4].routing
+            else:
+                lines = b"\r\n".join(map(_name_value, fields)) if fields else b""
+                routing = routing_of(fields)
+            method = _method_name(kind) or _METHOD_NAMES.setdefault(
+                kind, kind.decode("ascii", "replace")
+            )
+            head = _new_request_head(RequestHead)
+            head.start, head.target, head.version, head.line = (
+                method,
+                target.decode("latin-1"),
+                version,
+                raw,  # the request line as it came, if known
+            )
+            # The size: the fields' and the request line's (method, target, "HTTP/1.1", two
+            # spaces and its end: 14).
+            size = len(lines) + 2 if fields else 0
+            head.fields, head.size, head.wire = fields, size + len(method) + len(target) + 14, lines
+            head.routing = routing
+            self._last = (target, fields, kind, version, head)
         self.events.append((HEAD, head))
         if self.bodiless and head.status >= 200:
             # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
@@ -352,28 +388,6 @@ class Parsed:
             self.in_body = False
             self.events.append((END, []))
             raise _Stop
-
-    def _request_head(self, version: str, kind: bytes) -> Head:
-        """``kind``: the method, as llhttp gave it."""
-        fields = self._fields
-        # A request's fields on their lines as parsed, joined in C: request_head sends them on
-        # when it drops none, and their length is the fields' part of the head's size ("name:
-        # value" and a line end each: the lines' length and the last line's end).
-        last, routing = self._last, None
-        if last is not None and fields and last[1] == fields:
-            # The last request's fields again (a keep-alive client's requests differ in their
-            # target, seldom in their fields): its lines and routing fields are these.
-            lines, routing = last[4].wire, last[4].routing
-        else:
-            lines = b"\r\n".join(map(_name_value, fields)) if fields else b""
-        size = len(lines) + 2 if fields else 0
-        method = _method_name(kind) or _METHOD_NAMES.setdefault(
-            kind, kind.decode("ascii", "replace")
-        )
-        start = self._start.decode("latin-1")
-        # The request line: method, target, "HTTP/1.1" and two spaces and its end (14).
-        size += len(method) + len(self._start) + 14
-        return RequestHead(method, start, version, fields, size, lines, routing)
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))

@@ -119,7 +119,11 @@ class RequestHeads:
             and last[3] == request.version
         ):
             tail, upgrade, chunked = self._tail
-            line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
+            # The request line as it came when the target goes on unchanged (the same object:
+            # not rewritten by the destination): no format, no encode.
+            line = request.line if dest.target is request.target else None
+            if line is None:
+                line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
             return line + tail, upgrade, chunked
         out = request_head(request, dest, route, self.via)
         head = out.head
