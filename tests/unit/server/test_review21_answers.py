@@ -63,61 +63,19 @@ from ravenproxy.server.http_rewrite import (
 from ravenproxy.server.loops import via_received_by
 from ravenproxy.server.podroutes import (
     _POD_PATH_HEADS,
-    HOP_BY_HOP,
     NODE_NAME_PARAM,
     Destination,
     find_destination,
     forwardable,
-    wants_upgrade,
 )
 from ravenproxy.server.router import Route, UpstreamKey
 
 from .test_exchange import VIA, route
+from .test_reqside_requests import _old_request_head
 from .test_review20_requests import _answer_view
 from .test_srvhttp_requests import _OldParsed
 
-# -- 812de76's request_head and same_fields, verbatim (only renamed) ------------------------------
-
-_old_outbound = tuple.__new__
-_OLD_VIA_LINES: dict[tuple[str, str], bytes] = {}
-_old_via_line = _OLD_VIA_LINES.get
-
-
-def _old_via_line_made(key: tuple[str, str]) -> bytes:
-    line = f"Via: {key[0]} {key[1]}\r\n\r\n".encode("latin-1")
-    if len(_OLD_VIA_LINES) < 64:  # llhttp's versions by the processes' tokens: a few
-        _OLD_VIA_LINES[key] = line
-    return line
-
-
-def _old_request_head(request: Head, dest: Destination, route: Route, via: str) -> Outbound:
-    """The head to send on: hop-by-hop fields dropped (RFC 9110 §7.6.1), ``Host`` set for the
-    destination, the body's chunking kept, ``Via`` added."""
-    routing = request.routing  # all it reads of a request that goes on as parsed
-    if dest.authority is None and "host" in routing and HOP_BY_HOP.isdisjoint(routing):
-        # Nothing dropped, nothing added but Via (no Connection, no Transfer-Encoding: no
-        # upgrade, no chunking): the fields as parsed, joined in C — the bytes fields() makes
-        # of their decoded form (latin-1 round-trips), without a format per field.
-        lines = request.wire  # the fields' lines, as parsed
-        key = (request.version, via)
-        via_line = _old_via_line(key) or _old_via_line_made(key)
-        line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-        return _old_outbound(Outbound, (b"".join((line, lines, b"\r\n", via_line)), False, False))
-    headers, lower = request.headers, request.lower
-    upgrade = wants_upgrade(headers) if "connection" in lower else None
-    out = forwardable(headers, upgrade=upgrade, names=lower)
-    if dest.authority is not None:
-        out = [(k, v) for k, v in out if k.lower() != "host"]
-        out.insert(0, ("Host", dest.authority))
-    elif "host" not in lower:
-        out.insert(0, ("Host", f"{dest.host or route.node.name}:{route.target.port}"))
-    chunked = "chunked" in lower.get("transfer-encoding", "").lower()
-    if chunked:
-        out.append(("Transfer-Encoding", "chunked"))
-    # RFC 9110 §7.6.3; also how a request that comes back here is recognised.
-    out.append(("Via", f"{request.version} {via}"))
-    head = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-    return Outbound(head + fields(out) + b"\r\n", upgrade is not None, chunked)
+# -- 812de76's same_fields, verbatim (only renamed); its request_head is test_reqside_requests' --
 
 
 def _old_same_fields(last: Destination, target: str) -> Destination | None:
