@@ -25,6 +25,10 @@ Needs ``perf`` and the right to trace (root, or ``perf_event_paranoid`` ≤ 1 wi
 
     .venv/bin/python benchmarks/hops.py --rates 1000,4000 --output /tmp/hops.json
 
+``--request varied`` sends latency.py's varied requests (``/ping?n=I``: each parsed and routed
+anew). The relays are ``python -m ravenproxy`` run in the current directory: to trace another
+checkout's, run this script from that checkout (``cd ../other && python /path/to/hops.py``).
+
 Tracing costs every process ~1-2 µs a call: a traced row's latencies read ~5-15 % above an
 untraced one's; compare rows of one run.
 """
@@ -403,6 +407,7 @@ async def _run(args: argparse.Namespace, base: Path) -> list[Traced]:
                 row = await latency.run_row(
                     way, port, host_header, rate, args.seconds, args.connections,
                     latency._pids(relays, False), connect, on_start=on_start, warmup=args.warmup,
+                    vary=args.request == "varied",
                 )  # fmt: skip
                 await asyncio.to_thread(seen["perf"].wait)
                 roles = {0: "idle"}
@@ -448,7 +453,8 @@ def report(
     return result
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (a function: the tests read it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1000, 4000])  # fmt: skip
@@ -464,11 +470,17 @@ def main() -> None:
         " into on-CPU, preempted, asleep and woken-waiting time (sched_split.py)",
     )  # fmt: skip
     latency.add_answer_argument(parser)
-    args = parser.parse_args()
+    latency.add_request_argument(parser)
+    return parser
+
+
+def main() -> None:
+    cli = parser()
+    args = cli.parse_args()
     if unknown := set(args.ways) - set(WAYS):
-        parser.error(f"unknown ways: {sorted(unknown)}")
+        cli.error(f"unknown ways: {sorted(unknown)}")
     if shutil.which("perf") is None:
-        parser.error("perf is not installed")
+        cli.error("perf is not installed")
     base = Path(tempfile.mkdtemp(prefix="ravenproxy-hops-"))
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

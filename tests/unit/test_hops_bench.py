@@ -4,8 +4,11 @@ chained through its steps, and its place in its process's loop turn."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
-from types import ModuleType
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -81,3 +84,31 @@ def test_the_position_counts_like_calls_on_the_batch_sockets_since_the_loop_woke
     ends = [c.end for c in calls]
     assert hops.position(calls, ends, 2.6, {6, 7, 8}, "w") == 2
     assert hops.position(calls, ends, 2.1, {6, 7, 8}, "w") == 0
+
+
+@pytest.mark.parametrize(("argv", "vary"), [([], False), (["--request", "varied"], True)])
+def test_request_varied_reaches_the_rows_as_latency_s_varied_requests(
+    hops: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, argv: list[str], vary: bool
+) -> None:
+    """``--request varied`` (default same) is handed to latency.run_row as ``vary``: the row
+    asks for ``/ping?n=I``. The processes are stood in for; the row's call is caught."""
+    args = hops.parser().parse_args(["--ways", "floor", "--rates", "1000", *argv])
+    assert args.request == ("varied" if vary else "same")
+    seen: dict[str, Any] = {}
+
+    class Caught(Exception):
+        pass
+
+    async def run_row(*_: object, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise Caught
+
+    lat = hops.latency
+    procs = SimpleNamespace(procs=[SimpleNamespace(pid=1)], stop=lambda: None)
+    monkeypatch.setattr(lat, "Procs", lambda base: procs)
+    monkeypatch.setattr(lat, "start_target", lambda base, procs, answer: 2)
+    monkeypatch.setattr(lat, "start_floor", lambda base, procs, port: (3, [4, 5]))
+    monkeypatch.setattr(lat, "run_row", run_row)
+    with pytest.raises(Caught):
+        asyncio.run(hops._run(args, tmp_path))
+    assert seen["vary"] is vary
