@@ -35,10 +35,10 @@ connection holds it (a scrape or a probe is a few hundred bytes; an idle front c
 whole budget is ~8 KiB)."""
 
 _framing_kind = FRAMING_KIND.get
-_new_request_head = object.__new__
-"""``_new_request_head(RequestHead)``: a head made by object's C constructor, its slots stored
-by the parse (:meth:`Parsed.on_headers_complete`): no Python ``__init__`` call, once a request
-that differs."""
+_new_head = object.__new__
+"""``_new_head(RequestHead)``, ``_new_head(PlainHead)``: a head made by object's C constructor,
+its slots stored by the parse (:meth:`Parsed.on_headers_complete`): no Python ``__init__``
+call, once a request or an answer that differs."""
 _name_value = b": ".join
 """A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
@@ -382,7 +382,11 @@ class Parsed:
             wire, plain = shape[0] % values, shape[1]
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
             if plain:  # what PlainHead is
-                head = PlainHead(reason, kind, version, fields, len(wire), wire)
+                # Made by object's C constructor and its stores: no Python __init__ call.
+                made = _new_head(PlainHead)
+                made.reason, made.status, made.version = reason, kind, version
+                made.fields, made.size, made.wire = fields, len(wire), wire
+                head = made
             else:
                 text = reason.decode("latin-1")
                 head = Head(text, "", kind, version, fields, len(wire), wire)
@@ -404,7 +408,7 @@ class Parsed:
             method = _method_name(kind) or _METHOD_NAMES.setdefault(
                 kind, kind.decode("ascii", "replace")
             )
-            head = _new_request_head(RequestHead)
+            head = _new_head(RequestHead)
             head.start, head.target, head.version, head.line = (
                 method,
                 target.decode("latin-1"),
