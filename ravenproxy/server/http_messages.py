@@ -35,10 +35,10 @@ connection holds it (a scrape or a probe is a few hundred bytes; an idle front c
 whole budget is ~8 KiB)."""
 
 _framing_kind = FRAMING_KIND.get
-_new_request_head = object.__new__
-"""``_new_request_head(RequestHead)``: a head made by object's C constructor, its slots stored
-by the parse (:meth:`Parsed.on_headers_complete`): no Python ``__init__`` call, once a request
-that differs."""
+_new_head = object.__new__
+"""``_new_head(RequestHead)``, ``_new_head(PlainHead)``: a head made by object's C constructor,
+its slots stored by the parse (:meth:`Parsed.on_headers_complete`): no Python ``__init__``
+call, once a request or an answer that differs."""
 _name_value = b": ".join
 """A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
@@ -96,6 +96,23 @@ def _shaped(key: _ShapeKey) -> tuple[bytes, bool]:
 HEAD, DATA, END, ERROR, EOF = range(5)
 
 
+class _NoTrailers(list[tuple[str, str]]):
+    """The trailers of a message that had none: one empty list for every such END event (no
+    list and tuple made and freed per message); one that would change it is refused."""
+
+    __slots__ = ()
+
+    def _shared(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("the END event's shared empty trailers cannot change")
+
+    append = extend = insert = remove = clear = pop = sort = reverse = _shared  # type: ignore[assignment]
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _shared  # type: ignore[assignment]
+
+
+_ENDED: tuple[int, list[tuple[str, str]]] = (END, _NoTrailers())
+"""The END event of a message without trailers, shared."""
+
+
 class _Stop(Exception):
     """Raised from a parser callback to end the parse (a response that has no body)."""
 
@@ -107,13 +124,14 @@ class Parsed:
 
     __slots__ = (
         "_again",
+        "_between",
         "_fields",
         "_kind",
         "_last",
         "_line",
         "_replay_head",
         "_response",
-        "_start",
+        "_starts",
         "_trailers",
         "_version",
         "bodiless",
@@ -122,12 +140,30 @@ class Parsed:
         "in_body",
         "in_head",
         "max_tail",
+        "on_message_begin",
+        "on_status",
+        "on_url",
         "parser",
         "tail",
     )
 
     def __init__(self, *, response: bool, max_tail: int = 64 * 1024) -> None:
         self.events: deque[tuple[int, object]] = deque()
+        self._between: list[None] = [None]
+        """Empty from a message's first byte (llhttp's ``on_message_begin``, which empties it)
+        to its head's end (:meth:`on_headers_complete`, which refills it): :attr:`in_head` is
+        read from it after each parse."""
+        self.on_message_begin: Callable[[], None] = self._between.pop
+        """llhttp's callback at a message's first byte: a C method, no Python call (once a
+        message). What a message leaves behind is cleared as it ends (:meth:`on_headers_complete`,
+        :meth:`on_message_complete`), not as the next begins."""
+        self._starts: list[bytes] = []
+        """The request-target's or reason phrase's pieces (one, unless a read ended in it)."""
+        self.on_url: Callable[[bytes], None] = self._starts.append
+        self.on_status: Callable[[bytes], None] = self._starts.append
+        """llhttp's callbacks for the target (a request) or the reason (a response): C methods,
+        no Python call (once a message); taken and emptied by :meth:`on_headers_complete`. Set
+        before the parser is made, as ``on_message_begin``: httptools looks them up then."""
         self.parser: HttpRequestParser | HttpResponseParser
         self._kind: Callable[[], object]
         """The status code's getter (a response) or the method's (a request)."""
@@ -165,7 +201,6 @@ class Parsed:
         self.in_body = False
         self.bodiless = False
         """The response to come has no body whatever its fields say (it answers a HEAD)."""
-        self._start = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._trailers: list[tuple[bytes, bytes]] = []
         self._last: tuple[bytes, list[tuple[bytes, bytes]], object, str, Head] | None = None
@@ -221,7 +256,7 @@ class Parsed:
             # A keep-alive client sending the same request again (a scrape, a probe): the
             # parser is where that request left it, so it would make the same two events.
             events.append((HEAD, head))
-            events.append((END, []))
+            events.append(_ENDED)
             self.fed = 0
             return None
         # The parser leaves that state: what it held is remembered anew (or not at all).
@@ -235,7 +270,8 @@ class Parsed:
             if self.in_head:
                 pass
             elif self._response:
-                self._version = "1.1" if data.startswith(b"HTTP/1.1 ") else None
+                # (A slice compared: startswith parses its arguments by format, ~200 more.)
+                self._version = "1.1" if data[:9] == b"HTTP/1.1 " else None
             else:
                 self._line = data
         queued = len(events)
@@ -247,6 +283,10 @@ class Parsed:
             if not isinstance(exc.__context__, _Stop):
                 events.append((ERROR, str(exc) or type(exc).__name__))
             return None
+        finally:
+            # A head begun and not ended (the callbacks keep _between, not in_head: one C
+            # call, no Python one, at a message's start).
+            self.in_head = not self._between
         if self.in_body and len(events) == queued:  # inside a body, and nothing of it came
             self.tail += len(data)
             if self.tail > self.max_tail:
@@ -278,32 +318,27 @@ class Parsed:
             return False
         if head is not self._replay_head and not self._replayable(head):
             return False
-        self.events.append((END, []))
+        self.events.append(_ENDED)
         self.fed = 0
         return True
 
     # -- llhttp's callbacks ---------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self.in_head = True
-        self._start = b""
-        self._fields = []
-        if self._trailers:
-            self._trailers = []
-
-    def on_url(self, url: bytes) -> None:
-        self._start += url
-
-    def on_status(self, reason: bytes) -> None:
-        self._start += reason
-
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.in_head:
-            self._fields.append((name, value))
-        else:
+        # Trailers come inside a body (in_head is read from _between after the parse only).
+        if self.in_body:
             self._trailers.append((name, value))
+        else:
+            self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.in_head, self.in_body, self.fed, self.tail = False, True, 0, 0
+        self.in_body, self.fed, self.tail = True, 0, 0
+        self._between.append(None)  # no head begun (in_head, after the parse)
+        # The head's start and fields taken, the next message's left empty (no reset as it
+        # begins: on_message_begin is a C call).
+        starts, fields = self._starts, self._fields
+        start = b"".join(starts)  # the one piece itself, most often
+        starts.clear()
+        self._fields = []
         kind: Any = self._kind()  # the status (int) or the method (bytes)
         version = self._version
         raw = None
@@ -318,8 +353,9 @@ class Parsed:
             # llhttp's version. Once: a next request in the same bytes asks llhttp.
             if line is not None:
                 self._line = None
-                end = len(kind) + len(self._start) + 1
-                if line.startswith(_HTTP11_END, end):
+                end = len(kind) + len(start) + 1
+                # (A slice compared: startswith with a position parses its arguments by format.)
+                if line[end : end + 11] == _HTTP11_END:
                     version = "1.1"
                     raw = line[: end + 11]  # the request line as it came (RequestHead.line)
             if version is None:
@@ -327,10 +363,10 @@ class Parsed:
         last = self._last
         if (
             last is not None
-            and last[0] == self._start
+            and last[0] == start
             and last[2] == kind
             and last[3] == version
-            and last[1] == self._fields
+            and last[1] == fields
         ):
             head = last[4]
         elif self._response:
@@ -338,7 +374,7 @@ class Parsed:
             # differs from the last. Its wire is its shape's template with its values
             # (_shaped): a target's answers differ in their values (a Date, a Content-Length),
             # seldom in their status, reason or names.
-            fields, reason = self._fields, self._start
+            reason = start
             # (name, value) pairs: zip's strict= would only add a keyword call (~1 500 instr.)
             names, values = zip(*fields) if fields else _NO_FIELDS  # noqa: B905
             key = (kind, reason, names)
@@ -346,15 +382,19 @@ class Parsed:
             wire, plain = shape[0] % values, shape[1]
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
             if plain:  # what PlainHead is
-                head = PlainHead(reason, kind, version, fields, len(wire), wire)
+                # Made by object's C constructor and its stores: no Python __init__ call.
+                made = _new_head(PlainHead)
+                made.reason, made.status, made.version = reason, kind, version
+                made.fields, made.size, made.wire = fields, len(wire), wire
+                head = made
             else:
-                start = reason.decode("latin-1")
-                head = Head(start, "", kind, version, fields, len(wire), wire)
+                text = reason.decode("latin-1")
+                head = Head(text, "", kind, version, fields, len(wire), wire)
             self._last = (reason, fields, kind, version, head)
         else:
             # A request's head, here and not in a method of its own (once a request that
             # differs), made without RequestHead.__init__'s call: its stores.
-            fields, target = self._fields, self._start
+            target = start
             # Its fields on their lines as parsed, joined in C: request_head sends them on
             # when it drops none, and their length is the fields' part of the head's size
             # ("name: value" and a line end each: the lines' length and the last line's end).
@@ -368,7 +408,7 @@ class Parsed:
             method = _method_name(kind) or _METHOD_NAMES.setdefault(
                 kind, kind.decode("ascii", "replace")
             )
-            head = _new_request_head(RequestHead)
+            head = _new_head(RequestHead)
             head.start, head.target, head.version, head.line = (
                 method,
                 target.decode("latin-1"),
@@ -386,7 +426,7 @@ class Parsed:
             # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
             # connection is not used again.
             self.in_body = False
-            self.events.append((END, []))
+            self.events.append(_ENDED)
             raise _Stop
 
     def on_body(self, body: bytes) -> None:
@@ -397,11 +437,10 @@ class Parsed:
         self.in_body = False
         trailers = self._trailers
         # Most messages have none: no decoding comprehension run for them.
-        self.events.append(
-            (
-                END,
-                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers]
-                if trailers
-                else [],
+        if trailers:
+            self._trailers = []  # the next message's (no reset as it begins)
+            self.events.append(
+                (END, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers])
             )
-        )
+        else:
+            self.events.append(_ENDED)
