@@ -100,7 +100,8 @@ def test_rounds_alternate_the_order_and_the_rows_pool_them(tmp_path: Path) -> No
             cpu = sum(r["relay_cpu_us_per_request"] * r["requests"] for r in rounds)
             assert row["relay_cpu_us_per_request"] == pytest.approx(cpu / row["requests"], abs=0.2)
             ratios = sorted(r["relay_cpu_per_client_cpu"] for r in rounds)
-            assert ratios[0] > 0 and row["relay_cpu_per_client_cpu"] == ratios[1]  # the median
+            # (a relay may read 0: its CPU is in 10 ms ticks, a 0.3 s round holds a few)
+            assert ratios[0] >= 0 and row["relay_cpu_per_client_cpu"] == ratios[1]  # the median
     added = {e["rate"]: e for e in result["added_latency"]}
     assert set(added) == {200, 300}
     assert set(added[200]) == {"rate", "tunnel", "tunnel-connect"}
