@@ -27,7 +27,15 @@ keep-alive connections:
 
 Each relay's CPU per request is the user+system time of its processes (server + agent; sshd
 with its per-connection children + ssh), from ``/proc/PID/stat`` over the row, divided by the
-requests served.
+requests served. ``relay_cpu_per_client_cpu`` divides it by this client's own CPU per request
+in the same row (the client is the same code in every row, so its CPU moves with the machine's
+speed as the relays' does). With the same code on both sides (A/A, 1 000 req/s) the relay CPU
+per request read -4 to +10 % apart (+4 to +16 % in all four rounds of one run), the ratio +1.5 to
++3.0 %. Each round has its own; a row's is the median of its rounds'. ``added_latency`` gives it
+beside the raw CPU, over the ssh row's (``vs_ssh``) and, for ``tunnel``, over ``tunnel-base``'s
+(``vs_base``, also round by round). Its limit: the client's CPU holds its own pacing and its
+reads of the answers, so a relay change that changes how the answers arrive (more or fewer per
+read: batching) moves the yardstick too.
 
 Per rate the rows run ``--rounds`` times (default 2): direct, ssh, tunnel-base, floor, tunnel,
 tunnel-connect in even rounds, the other way round in odd ones, each row after ``--warmup``
@@ -59,6 +67,7 @@ import platform
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -254,7 +263,18 @@ class Row:
                 round(cpu / len(lat) * 1e6, 1) for cpu in self.cpu_by_pid if lat
             ],
             **(self.noise.summary(len(lat), self.elapsed) if self.noise is not None else {}),
+            "relay_cpu_per_client_cpu": self.relay_per_client(),
         }
+
+    def relay_per_client(self) -> float | None:
+        """The relays' CPU over this client's in the same row (both per request, so the
+        requests cancel): the client is the same code in every row, so its CPU is the row's
+        yardstick of the machine's speed (benchmarks/README, latency.py's "Relay CPU over the
+        client's"). None when either is missing (no relay processes, no noise sample, no
+        requests, a client that read no CPU)."""
+        if self.cpu_seconds is None or self.noise is None or self.noise.client <= 0:
+            return None
+        return round(self.cpu_seconds / self.noise.client, 3) if self.latencies else None
 
 
 @dataclass
@@ -276,9 +296,12 @@ class Noise:
         fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         # user nice system idle iowait irq softirq steal (USER_HZ ticks)
         busy = sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / CLK_TCK
-        own = os.times()
+        # This process's CPU to the nanosecond (the scheduler's runtime), not os.times()'s
+        # 10 ms ticks: a 5 s row at 1 000 req/s holds ~50 of the client's ticks, so a tick was
+        # 2 % of relay_cpu_per_client_cpu's yardstick.
+        own = time.process_time()
         mine = {pid: cpu_seconds([pid]) for pid in ours}
-        return cls(own.user + own.system, 0.0, int(fields[7]) / CLK_TCK, busy, mine)
+        return cls(own, 0.0, int(fields[7]) / CLK_TCK, busy, mine)
 
     def since(self, before: Noise) -> Noise:
         """The row's: a process of ours counts only over both samples (one that ended in
@@ -727,14 +750,27 @@ async def measure(
                 )
                 runs[path.name].append((position, row))
                 print(json.dumps({"round": r, **row.summary()}), file=sys.stderr)
-        for path in paths:
-            summary = Row.pooled([row for _, row in runs[path.name]]).summary()
-            summary["rounds"] = [
-                {"round": r, "position": position, **row.summary()}
-                for r, (position, row) in enumerate(runs[path.name])
-            ]
-            rows.append(summary)
+        rows += [pooled_summary(runs[path.name]) for path in paths]
     return rows
+
+
+def pooled_summary(runs: list[tuple[int, Row]]) -> dict[str, Any]:
+    """A path's figures at one rate over its rounds (``(position, row)`` each, in round
+    order): pooled as :meth:`Row.pooled` does, each round's own in ``rounds``, and
+    ``relay_cpu_per_client_cpu`` the median of the rounds' (None if any round has none, as the
+    pooled CPU is): a ratio of two of a row's figures is not pooled, a noisy round's does not
+    pull the rest."""
+    summary = Row.pooled([row for _, row in runs]).summary()
+    rounds = [
+        {"round": r, "position": position, **row.summary()}
+        for r, (position, row) in enumerate(runs)
+    ]
+    summary["rounds"] = rounds
+    ratios = [r["relay_cpu_per_client_cpu"] for r in rounds]
+    summary["relay_cpu_per_client_cpu"] = (
+        None if None in ratios else round(statistics.median(ratios), 3)
+    )
+    return summary
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
@@ -786,27 +822,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         procs.stop()
         shutil.rmtree(base, ignore_errors=True)
-    added = []
-    for rate in args.rates:
-        d = next(r for r in rows if r["path"] == "direct" and r["rate_target"] == rate)
-        entry: dict[str, Any] = {"rate": rate}
-        for r in rows:
-            if r["rate_target"] == rate and r["path"] != "direct":
-                entry[r["path"]] = {
-                    "added_p50_ms": _diff(r["p50_ms"], d["p50_ms"]),
-                    "added_p99_ms": _diff(r["p99_ms"], d["p99_ms"]),
-                    "achieved": round(r["rate_achieved"] / rate, 3),
-                    "relay_cpu_us_per_request": r["relay_cpu_us_per_request"],
-                }
-        ssh = entry.get("ssh")
-        for name in ("tunnel", "tunnel-base", "tunnel-connect", "floor"):
-            t = entry.get(name)
-            if ssh is not None and t is not None:
-                t["vs_ssh"] = {
-                    key: _ratio(t[key], ssh[key])
-                    for key in ("added_p50_ms", "added_p99_ms", "relay_cpu_us_per_request")
-                }
-        added.append(entry)
+    added = compare(rows, args.rates)
     machine["loadavg_at_end"] = list(os.getloadavg())
     return {
         "benchmark": "latency",
@@ -823,14 +839,19 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "reversed in odd ones; each row first warms up at its rate (untimed)",
             "pooling": "a row's figures are over all its rounds together: percentiles of all "
             "the samples, relay CPU per request = total CPU / total requests, rate achieved = "
-            "total requests / total time; rows[].rounds has each round's own (position: its "
-            "place in that round's order)",
+            "total requests / total time, relay_cpu_per_client_cpu = the median of the "
+            "rounds'; rows[].rounds has each round's own (position: its place in that round's "
+            "order)",
             "connections": args.connections,
             "request": request_setting(args.request, "(keep-alive) (the answers: see answer)"),
             "schedule": "open loop; latency measured from each request's due time",
             "relay_cpu": "utime+stime from /proc/PID/stat over the row / requests served: "
             "server+agent (tunnel), sshd with its children+ssh (ssh); by process in that "
             "order (the ssh row's processes by PID)",
+            "relay_cpu_per_client_cpu": "relay CPU per request / client_cpu_us_per_request in "
+            "the same row (the client: the same code in every row, a yardstick of the row's "
+            "machine speed); a path's figure is the median of its rounds'; moves too when a "
+            "relay changes how the answers arrive (the client's reads)",
             "noise": "client_cpu_us_per_request: this client's own CPU; others_cpu_cores: the "
             "machine's busy time less this benchmark's processes', steal_cores: steal, both "
             "in cores over the row (/proc/stat); a row with either up is a noisy row",
@@ -838,6 +859,52 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "added_latency": added,
     }
+
+
+COMPARED = ("added_p50_ms", "added_p99_ms", "relay_cpu_us_per_request", "relay_cpu_per_client_cpu")
+
+
+def compare(rows: list[dict[str, Any]], rates: list[int]) -> list[dict[str, Any]]:
+    """``added_latency``: per rate, each path's added p50/p99 (path - direct), share of the
+    offered rate served, relay CPU per request and relay CPU over the client's; the tunnel-like
+    rows ``vs_ssh`` (over the ``ssh`` row's) and ``tunnel`` ``vs_base`` (over ``tunnel-base``'s,
+    with ``--baseline``), each figure a ratio, the relay CPU's also round by round (rounds run
+    in the same order, so round i of both rows ran a few seconds apart)."""
+    added = []
+    for rate in rates:
+        at = {r["path"]: r for r in rows if r["rate_target"] == rate}
+        d = at["direct"]
+        entry: dict[str, Any] = {"rate": rate}
+        for name, r in at.items():
+            if name != "direct":
+                entry[name] = {
+                    "added_p50_ms": _diff(r["p50_ms"], d["p50_ms"]),
+                    "added_p99_ms": _diff(r["p99_ms"], d["p99_ms"]),
+                    "achieved": round(r["rate_achieved"] / rate, 3),
+                    "relay_cpu_us_per_request": r["relay_cpu_us_per_request"],
+                    "relay_cpu_per_client_cpu": r.get("relay_cpu_per_client_cpu"),
+                }
+        ssh = entry.get("ssh")
+        for name in ("tunnel", "tunnel-base", "tunnel-connect", "floor"):
+            t = entry.get(name)
+            if ssh is not None and t is not None:
+                t["vs_ssh"] = {key: _ratio(t[key], ssh[key]) for key in COMPARED}
+        tunnel, base = entry.get("tunnel"), entry.get("tunnel-base")
+        if tunnel is not None and base is not None:
+            # Three decimals: an A/B of a few % is what --baseline is for.
+            vs_base: dict[str, Any] = {key: _ratio(tunnel[key], base[key], 3) for key in COMPARED}
+            for key in ("relay_cpu_us_per_request", "relay_cpu_per_client_cpu"):
+                vs_base[f"{key}_by_round"] = [
+                    _ratio(a.get(key), b.get(key), 3)
+                    for a, b in zip(
+                        at["tunnel"].get("rounds", []),
+                        at["tunnel-base"].get("rounds", []),
+                        strict=False,
+                    )
+                ]
+            tunnel["vs_base"] = vs_base
+        added.append(entry)
+    return added
 
 
 def _pids(pids: list[int], descendants: bool) -> Callable[[], list[int]]:
@@ -870,8 +937,8 @@ def _interpreter(python: str) -> str:
     ).stdout.strip()
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b <= 0 else round(a / b, 2)
+def _ratio(a: float | None, b: float | None, digits: int = 2) -> float | None:
+    return None if a is None or b is None or b <= 0 else round(a / b, digits)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -99,9 +99,17 @@ def test_rounds_alternate_the_order_and_the_rows_pool_them(tmp_path: Path) -> No
         if row["path"] != "direct":
             cpu = sum(r["relay_cpu_us_per_request"] * r["requests"] for r in rounds)
             assert row["relay_cpu_us_per_request"] == pytest.approx(cpu / row["requests"], abs=0.2)
+            ratios = sorted(r["relay_cpu_per_client_cpu"] for r in rounds)
+            # (a relay may read 0: its CPU is in 10 ms ticks, a 0.3 s round holds a few)
+            assert ratios[0] >= 0 and row["relay_cpu_per_client_cpu"] == ratios[1]  # the median
     added = {e["rate"]: e for e in result["added_latency"]}
     assert set(added) == {200, 300}
     assert set(added[200]) == {"rate", "tunnel", "tunnel-connect"}
+    assert added[200]["tunnel"]["relay_cpu_per_client_cpu"] == next(
+        r["relay_cpu_per_client_cpu"]
+        for r in result["rows"]
+        if (r["path"], r["rate_target"]) == ("tunnel", 200)
+    )
 
 
 def test_summary_names_the_stall_and_keeps_its_samples(latency: ModuleType) -> None:
