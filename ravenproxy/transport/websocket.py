@@ -215,6 +215,12 @@ class TunnelConnectionMixin(_Base):
         # the read size: a large frame then starts at the front of the buffer, and moving the
         # unparsed bytes to make room for the next one copies little.
         rd = self._rd
+        if rd.buf is None and rd.mode == _FRAMES and rd.read_size == MIN_READ:
+            # Idle, the usual read of a quiet tunnel: the scratch, as below, in fewer steps (a
+            # read on both ends). With no buffer, nothing is lent and the parser wants 2 bytes
+            # at most (0 once stopped): the buffer is let go only with every byte parsed.
+            rd.in_scratch = True
+            return rd.scratch_view
         parser = rd.parser
         wanted = parser.wanted if parser is not None and rd.mode == _FRAMES else 0
         room = rd.read_size

@@ -1,19 +1,23 @@
-"""agent3's idle read (issue 15): a read into the shared scratch of a whole number of frames,
-binary messages only, is handed on without the reader taking the scratch as its buffer and
-letting go of it again (``rd.buf`` set and reset, start, end, fed, lent and spares reset to what
-they were). Differential: e115ebc's ``buffer_updated``, kept verbatim below as the oracle, and
-today's are driven side by side (test_review19_reader's generated streams, cut in generated
-pieces; with a receiver and without; a receiver that raises, or pauses the reader's transport)
+"""agent3's idle read (issue 15): an idle reader offers the shared scratch first thing in
+``get_buffer``, and a read into it of a whole number of frames, binary messages only, is handed
+on without the reader taking the scratch as its buffer and letting go of it again (``rd.buf``
+set and reset, start, end, fed, lent and spares reset to what they were). Differential:
+e115ebc's ``get_buffer`` and ``buffer_updated``, kept verbatim below as the oracle, and today's
+are driven side by side (test_review19_reader's generated streams, cut in generated
+pieces; a receiver, one that raises, one that hands over; none: queued, reading paused past
+max_queue; lent messages held all along)
 and must leave the same reader state and hand on the same things after every read.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 
 from ravenproxy.transport import websocket
+from ravenproxy.transport.spares import UNSHARED
 from ravenproxy.transport.websocket import (
     _AWAIT_OPEN,
     _FRAMES,
@@ -36,7 +40,31 @@ from tests.unit.transport.test_review19_reader import Traced
 
 
 class Old(Traced):
-    """The reader with e115ebc's buffer_updated."""
+    """The reader with e115ebc's get_buffer and buffer_updated."""
+
+    def get_buffer(self, sizehint: int) -> memoryview:  # e115ebc's, verbatim
+        # A read stops at the end of the frame being received, unless that leaves less than
+        # the read size: a large frame then starts at the front of the buffer, and moving the
+        # unparsed bytes to make room for the next one copies little.
+        rd = self._rd
+        parser = rd.parser
+        wanted = parser.wanted if parser is not None and rd.mode == _FRAMES else 0
+        room = rd.read_size
+        if rd.lent:
+            rd.lent = False
+            if rd.buf is not None and sys.getrefcount(rd.buf) > UNSHARED:
+                self._swap_lent()
+        buf = rd.buf
+        if buf is None:  # nothing pending (see _release)
+            if rd.mode == _FRAMES and wanted <= room == MIN_READ:  # the read size's floor
+                rd.in_scratch = True
+                return rd.scratch_view  # all of it (MIN_READ bytes): no slice made a read
+            buf = rd.buf = bytearray(max(room, wanted))
+            rd.in_scratch = False  # a read offered the scratch may have got nothing
+        if rd.start + wanted > len(buf) or len(buf) - rd.end < room:
+            buf = self._make_room(wanted)
+        stop = max(rd.start + wanted, rd.end + room)
+        return memoryview(buf)[rd.end : stop]
 
     def buffer_updated(self, nbytes: int) -> None:  # e115ebc's, verbatim
         rd = self._rd
@@ -174,6 +202,7 @@ def _run(cls: type[Traced], wire: bytes, masked: bool, limit: int, how: str, see
     at = 0
     while at < len(wire):
         view = reader.get_buffer(-1)
+        offered = ("scratch" if view.obj is scratch else "own", len(view), reader._rd.in_scratch)
         small = rng.random() < 0.8  # mostly a small read: what the idle path takes
         size = rng.choice([1, 2, 3, 7, 100, 1000, 4095] if small else [MIN_READ, 5000, 70000])
         n = min(len(view), size, len(wire) - at)
@@ -181,7 +210,9 @@ def _run(cls: type[Traced], wire: bytes, masked: bool, limit: int, how: str, see
         del view
         at += n
         reader.buffer_updated(n)
-        states.append((_state(reader), list(reader.trace), [bytes(m) for m in reader.delivered]))
+        states.append(
+            (offered, _state(reader), list(reader.trace), [bytes(m) for m in reader.delivered])
+        )
         scratch[:] = b"\xee" * len(scratch)  # another connection's read
     return states
 
