@@ -174,11 +174,12 @@ class TLSSocketTransport(WriteSide):
         self._read_soon = None
         self._soon.discard(self)
         if not self._reading_paused and not self._closed:
-            self._read()
+            self._read(False)
 
-    def _read(self, ready: bool = False) -> None:
+    def _read(self, ready: bool = True) -> None:
         """Read what the socket has, into the protocol's buffers. ``ready``: by the loop's read
-        readiness (no method that checks and forwards), what else it may be for checked first."""
+        readiness (no method that checks and forwards), what else it may be for checked first;
+        the default, so the loop calls it without arguments (no tuple of them a read)."""
         if ready and (
             self._shutdown or self._write_wants_read or self._reading_paused or self._closing
         ):
@@ -296,11 +297,11 @@ class TLSSocketTransport(WriteSide):
             if self._closed:
                 return
         if not self._reading_paused and not self._closing:
-            self._read()
+            self._read(False)
 
     def _on_writable(self) -> None:
         if self._read_wants_write:
-            self._read()
+            self._read(False)
             if self._closed:
                 return
         if self._queue:
@@ -397,7 +398,7 @@ class TLSSocketTransport(WriteSide):
         if want_read != self._reader:
             self._reader = want_read
             if want_read:
-                loop.add_reader(self._fd, self._read, True)
+                loop.add_reader(self._fd, self._read)
             else:
                 loop.remove_reader(self._fd)
         if want_write != self._writer:
