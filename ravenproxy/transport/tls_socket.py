@@ -242,6 +242,10 @@ class TLSSocketTransport(WriteSide):
                 # found no whole record holds none. So no pending(), which answers 0 here and
                 # releases and takes the GIL (~500 instructions a read, a read a request).
                 break
+            # Any other end, or a next round: none of this round's buffer held on from here (a
+            # protocol counts who holds its buffers: its eof_received or connection_lost may
+            # resize them). A drained round drops them with the call's frame.
+            del view, given, into
             if isinstance(end, BaseException):
                 self._fatal(end, "read")
                 return
@@ -253,10 +257,7 @@ class TLSSocketTransport(WriteSide):
                 break
             if self._reading_paused or self._closing or self._closed:
                 break
-            # A full buffer (the record's rest may be in OpenSSL): the next round reads on,
-            # holding none of this one's buffer (a protocol counts who holds its buffers; a
-            # round that ends drops them with the call's frame, no del a read for it).
-            del view, given, into
+            # A full buffer (the record's rest may be in OpenSSL): the next round reads on.
         else:
             if self._sslpending():  # decrypted bytes make no readiness event
                 self._schedule_read()
