@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import cast
 
 from ravenproxy.errors import RoutingError
 from ravenproxy.server.exchange import Exchange
@@ -140,12 +141,17 @@ class CallbackPath(KeptUpstream):
         self._exit = done
         self._write = sock.transport.write
         self._hook_kept()
+        # _advance as a callback: called without a chunk, what it returns is not looked at.
+        advance = cast("Callable[[], None]", self._advance)
         if self._hooked is not None:
             # In callback mode the stream calls _advance itself, as the socket does (not
             # _on_upstream, a call more per answer): _advance tells the kept stream's news
-            # between requests from a request's end by ``waiting``.
-            self._hooked.on_readable(self._advance)
-        sock.on_data(self._advance)
+            # between requests from a request's end by ``waiting``. An answer's chunk that
+            # finds the stream holding none is handed to it as it comes (``take``): not
+            # queued in the stream for _advance to read back (a call and a queue's round
+            # trip per answer).
+            self._hooked.on_readable(advance, self._advance)
+        sock.on_data(advance)
         try:
             try:
                 async with watch:
@@ -226,17 +232,28 @@ class CallbackPath(KeptUpstream):
             if phase == "head":
                 self._kept_news(self._hooked)
 
-    def _advance(self) -> None:
+    def _advance(self, came: bytes | memoryview | None = None) -> bool:
         """Move the exchange on as far as it goes without waiting: the client socket's callback
         (and the stream's, above). Runs in a callback (the socket's, the session reader's):
         nothing may escape; what fails goes to the task. One function, not a guard calling the
-        loop: it runs twice a request."""
+        loop: it runs twice a request.
+
+        ``came``: an answer's chunk as the stream got it (the stream's ``take``: it holds no
+        other), taken as the forwarding step's read would have read it; returns whether it
+        was (False: not forwarding, or the client cannot take it now: the stream holds it and
+        calls back, which sees why)."""
         done = self._exit
-        if done is None or done.done() or self._busy:
+        if (
+            done is None
+            or done.done()
+            or self._busy
+            or (came is not None and self.ex.phase != "forwarding")
+        ):
             # Out of callback mode, or called back from inside (the loop below sees what
-            # changed).
+            # changed); a chunk between requests is the kept stream's news (read by the call
+            # back that follows).
             self._unread = True
-            return
+            return False
         self._busy = True
         ex, sock, watch = self.ex, self.reader, self._calls
         try:
@@ -254,12 +271,14 @@ class CallbackPath(KeptUpstream):
                         actions = ex.poll()
                         if not actions:
                             if ex.head_begun:  # a head in pieces: the task reads it (its clock)
-                                return self._leave([])
+                                self._leave([])
+                                return True
                     else:
                         actions = []
                     if not actions:
                         if self.ctx.drain.draining:  # no next request on this connection
-                            return self._leave([])
+                            self._leave([])
+                            return True
                         data = sock.read_nowait(READ_LIMIT)
                         if data is None:
                             if self.waiting:
@@ -270,10 +289,10 @@ class CallbackPath(KeptUpstream):
                                 hooked = self._hooked
                                 if hooked is not None and (got := news(hooked.read_nowait)):
                                     self._let_go(got)
-                                return None
+                                return True
                             self.waiting = True  # the drain closes it (Drain.start)
                             watch.retime(KEEPALIVE_TIMEOUT)
-                            return None
+                            return True
                         if not self.waiting and self.upstream is not None:
                             # The bytes were there when the last answer ended (pipelined): no
                             # hook looked for the kept stream's end since.
@@ -286,19 +305,28 @@ class CallbackPath(KeptUpstream):
                     if ex.phase == "forwarding":
                         watch.retime(self.ctx.limits.idle_timeout)
                         if not self._unread:  # no read that would find nothing (once a request)
-                            return None
+                            return True
                 elif phase == "forwarding":
                     stream = self._hooked
                     if stream is None or sock.write_paused or sock.transport.is_closing():
-                        return self._leave([])  # the task waits for the client, or sees it gone
+                        if came is not None:  # not taken: held, and the call back leaves
+                            self._unread = True
+                            return False
+                        self._leave([])  # the task waits for the client, or sees it gone
+                        return True
+                    chunk, came = came, None
+                    taken = chunk is not None
+                    if taken:  # the stream holds no other (its take's rule)
+                        self._unread = False
                     try:
-                        chunk = stream.read_nowait()
+                        if chunk is None:
+                            chunk = stream.read_nowait()
                     except StreamClosedError:
                         actions = ex.upstream_lost()
                     else:
                         if chunk is None:
                             self._unread = False
-                            return None
+                            return True
                         # A view of a tunnel message as bytes (a small one is bytes already).
                         if type(chunk) is not bytes:
                             chunk = bytes(chunk)
@@ -311,10 +339,15 @@ class CallbackPath(KeptUpstream):
                     # idle). Not twice a request: an answer's end is stamped by the retime.
                     if ex.phase == "forwarding":
                         watch.touch()
+                        if taken and not self._unread:
+                            # None came since (one from inside would have marked it): no
+                            # read that would find nothing (a chunk of a long answer).
+                            return True
                 else:
-                    return self._leave([])
+                    self._leave([])
+                    return True
                 if done.done():  # an action was left to the task (not before: checked above)
-                    return None
+                    return True
         except Exception as exc:
             if not done.done():
                 if watch is not None:
@@ -322,7 +355,7 @@ class CallbackPath(KeptUpstream):
                 done.set_exception(exc)
         finally:
             self._busy = False
-        return None
+        return True
 
     def _run(self, actions: list[Action]) -> None:
         """Carry out the actions that need no waiting, in order; from the first that does,
