@@ -22,9 +22,10 @@ socket's drain and reads the rest of that answer itself (the stream keeps its cr
 so the agent stops sending). Client bytes are taken from the socket only while the exchange
 waits for a request head; past a bound buffered, the socket stops reading (TCP pushes back).
 
-The clocks: one :class:`~ravenproxy.transport.relay.IdleWatch`, retimed by turns —
+The clocks: one :class:`~ravenproxy.transport.idle.IdleWatch` with a timeout by turns —
 :data:`KEEPALIVE_TIMEOUT` while waiting for a next request, --idle-timeout while the target's
-answer is awaited (each chunk of it pushes that back).
+answer is awaited (each chunk of it pushes that back): stamped at each turn, its timeout asked
+by the exchange's phase only when its sweep looks.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from ravenproxy.server.exchange_actions import (
     WriteClient,
     WriteUpstream,
 )
-from ravenproxy.server.front import Front, FrontContext
+from ravenproxy.server.front import Front, FrontContext, FrontLimits
 from ravenproxy.server.kept_upstream import KeptUpstream, news
 from ravenproxy.server.router import RouteMemo
 from ravenproxy.transport.bytestream import (
@@ -134,9 +135,7 @@ class CallbackPath(KeptUpstream):
         it, for the task to carry out) or the connection needs its task."""
         sock = self.reader
         assert isinstance(sock, SocketStream)
-        watch = self._calls
-        if watch is None:
-            watch = self._calls = IdleWatch(KEEPALIVE_TIMEOUT)
+        watch = self._calls_watch()
         done: asyncio.Future[list[Action]] = asyncio.get_running_loop().create_future()
         self._exit = done
         self._write = sock.transport.write
@@ -176,6 +175,16 @@ class CallbackPath(KeptUpstream):
             # client take (bounded by --drain-timeout), as it lets any exchange finish.
             await self._drain_client()
         return rest
+
+    def _calls_watch(self) -> IdleWatch:
+        """The callbacks' watch (made once a connection), in the sweep of the shorter of its
+        turns' timeouts (the limits' as they are now)."""
+        limits = self.ctx.limits
+        watch = self._calls
+        if watch is None:
+            watch = self._calls = IdleWatch(KEEPALIVE_TIMEOUT, _turns(self.ex, limits))
+        watch.timeout = min(KEEPALIVE_TIMEOUT, limits.idle_timeout)
+        return watch
 
     async def _drain_client(self) -> None:
         """Wait until the client took what was written, for at most --idle-timeout: a client
@@ -291,7 +300,7 @@ class CallbackPath(KeptUpstream):
                                     self._let_go(got)
                                 return True
                             self.waiting = True  # the drain closes it (Drain.start)
-                            watch.retime(KEEPALIVE_TIMEOUT)
+                            watch.touch()  # the keep-alive turn (_turns) from now
                             return True
                         if not self.waiting and self.upstream is not None:
                             # The bytes were there when the last answer ended (pipelined): no
@@ -303,7 +312,7 @@ class CallbackPath(KeptUpstream):
                             continue  # nothing was carried out: still ours
                     self._run(actions)
                     if ex.phase == "forwarding":
-                        watch.retime(self.ctx.limits.idle_timeout)
+                        watch.touch()  # the answer's turn (_turns) from now
                         if not self._unread:  # no read that would find nothing (once a request)
                             return True
                 elif phase == "forwarding":
@@ -334,9 +343,9 @@ class CallbackPath(KeptUpstream):
                     self._run(actions)
                     # A chunk came: the watch is stamped before this callback returns (no timer
                     # fires before), whichever way it does — here while the answer goes on; by
-                    # the retime that waits for the next request or sends it; by _leave (the
+                    # the stamp that waits for the next request or sends it; by _leave (the
                     # task's, a pipelined request's included: it must not find the connection
-                    # idle). Not twice a request: an answer's end is stamped by the retime.
+                    # idle). Not twice a request: an answer's end is stamped by that stamp.
                     if ex.phase == "forwarding":
                         watch.touch()
                         if taken and not self._unread:
@@ -406,3 +415,14 @@ class CallbackPath(KeptUpstream):
             else:
                 return self._leave(actions[done:])
         return None
+
+
+def _turns(ex: Exchange, limits: FrontLimits) -> Callable[[], float]:
+    """The callbacks' watch's timeout by turns: --idle-timeout while the target's answer is
+    awaited, :data:`KEEPALIVE_TIMEOUT` otherwise (a next request). A closure, not a method of
+    the connection: the connection holds the watch, which would hold it back (a cycle)."""
+
+    def timeout() -> float:
+        return limits.idle_timeout if ex.phase == "forwarding" else KEEPALIVE_TIMEOUT
+
+    return timeout

@@ -41,7 +41,7 @@ async def test_an_answer_taken_as_it_comes_is_written_and_not_read_back() -> Non
     out = cast(_Transport, cast(SocketStream, path.reader).transport).out
     assert out == [_ANSWER] and stream.reads == 0
     assert path.ex.phase == "head" and path.waiting
-    assert watch.timeout == KEEPALIVE_TIMEOUT and _fresh(watch)
+    assert watch.timeout_now() == KEEPALIVE_TIMEOUT and _fresh(watch)
     assert path._exit is not None and not path._exit.done()
 
 
@@ -49,7 +49,7 @@ async def test_an_answer_in_two_chunks_is_taken_twice_and_stamped_between() -> N
     stream = _Stream()
     path, watch = _forwarding(get("/a", "edge-1:9100"), stream, _A)
     assert _feed(path, stream, memoryview(_ANSWER[:-1]))  # a view of a tunnel message
-    assert path.ex.phase == "forwarding" and _fresh(watch) and watch.timeout == IDLE
+    assert path.ex.phase == "forwarding" and _fresh(watch) and watch.timeout_now() == IDLE
     assert _feed(path, stream, _ANSWER[-1:])
     out = cast(_Transport, cast(SocketStream, path.reader).transport).out
     assert b"".join(out) == _ANSWER and stream.reads == 0 and path.waiting
