@@ -288,7 +288,9 @@ class CallbackPath(KeptUpstream):
                         if self.ctx.drain.draining:  # no next request on this connection
                             self._leave([])
                             return True
-                        data = sock.read_nowait(READ_LIMIT)
+                        # Nothing came since a read took all (an answer's end, as a rule):
+                        # no read that would find nothing.
+                        data = sock.read_nowait(READ_LIMIT) if sock.pending else None
                         if data is None:
                             if self.waiting:
                                 # The kept stream called between requests (the socket's calls
