@@ -22,15 +22,17 @@ socket's drain and reads the rest of that answer itself (the stream keeps its cr
 so the agent stops sending). Client bytes are taken from the socket only while the exchange
 waits for a request head; past a bound buffered, the socket stops reading (TCP pushes back).
 
-The clocks: one :class:`~ravenproxy.transport.relay.IdleWatch`, retimed by turns —
+The clocks: one :class:`~ravenproxy.transport.idle.IdleWatch` with a timeout by turns —
 :data:`KEEPALIVE_TIMEOUT` while waiting for a next request, --idle-timeout while the target's
-answer is awaited (each chunk of it pushes that back).
+answer is awaited (each chunk of it pushes that back): stamped at each turn, its timeout asked
+by the exchange's phase only when its sweep looks.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import cast
 
 from ravenproxy.errors import RoutingError
 from ravenproxy.server.exchange import Exchange
@@ -133,19 +135,22 @@ class CallbackPath(KeptUpstream):
         it, for the task to carry out) or the connection needs its task."""
         sock = self.reader
         assert isinstance(sock, SocketStream)
-        watch = self._calls
-        if watch is None:
-            watch = self._calls = IdleWatch(KEEPALIVE_TIMEOUT)
+        watch = self._calls_watch()
         done: asyncio.Future[list[Action]] = asyncio.get_running_loop().create_future()
         self._exit = done
         self._write = sock.transport.write
         self._hook_kept()
+        # _advance as a callback: called without a chunk, what it returns is not looked at.
+        advance = cast("Callable[[], None]", self._advance)
         if self._hooked is not None:
             # In callback mode the stream calls _advance itself, as the socket does (not
             # _on_upstream, a call more per answer): _advance tells the kept stream's news
-            # between requests from a request's end by ``waiting``.
-            self._hooked.on_readable(self._advance)
-        sock.on_data(self._advance)
+            # between requests from a request's end by ``waiting``. An answer's chunk that
+            # finds the stream holding none is handed to it as it comes (``take``): not
+            # queued in the stream for _advance to read back (a call and a queue's round
+            # trip per answer).
+            self._hooked.on_readable(advance, self._advance)
+        sock.on_data(advance)
         try:
             try:
                 async with watch:
@@ -170,6 +175,16 @@ class CallbackPath(KeptUpstream):
             # client take (bounded by --drain-timeout), as it lets any exchange finish.
             await self._drain_client()
         return rest
+
+    def _calls_watch(self) -> IdleWatch:
+        """The callbacks' watch (made once a connection), in the sweep of the shorter of its
+        turns' timeouts (the limits' as they are now)."""
+        limits = self.ctx.limits
+        watch = self._calls
+        if watch is None:
+            watch = self._calls = IdleWatch(KEEPALIVE_TIMEOUT, _turns(self.ex, self.ctx))
+        watch.timeout = min(KEEPALIVE_TIMEOUT, limits.idle_timeout)
+        return watch
 
     async def _drain_client(self) -> None:
         """Wait until the client took what was written, for at most --idle-timeout: a client
@@ -226,17 +241,28 @@ class CallbackPath(KeptUpstream):
             if phase == "head":
                 self._kept_news(self._hooked)
 
-    def _advance(self) -> None:
+    def _advance(self, came: bytes | memoryview | None = None) -> bool:
         """Move the exchange on as far as it goes without waiting: the client socket's callback
         (and the stream's, above). Runs in a callback (the socket's, the session reader's):
         nothing may escape; what fails goes to the task. One function, not a guard calling the
-        loop: it runs twice a request."""
+        loop: it runs twice a request.
+
+        ``came``: an answer's chunk as the stream got it (the stream's ``take``: it holds no
+        other), taken as the forwarding step's read would have read it; returns whether it
+        was (False: not forwarding, or the client cannot take it now: the stream holds it and
+        calls back, which sees why)."""
         done = self._exit
-        if done is None or done.done() or self._busy:
+        if (
+            done is None
+            or done.done()
+            or self._busy
+            or (came is not None and self.ex.phase != "forwarding")
+        ):
             # Out of callback mode, or called back from inside (the loop below sees what
-            # changed).
+            # changed); a chunk between requests is the kept stream's news (read by the call
+            # back that follows).
             self._unread = True
-            return
+            return False
         self._busy = True
         ex, sock, watch = self.ex, self.reader, self._calls
         try:
@@ -254,13 +280,17 @@ class CallbackPath(KeptUpstream):
                         actions = ex.poll()
                         if not actions:
                             if ex.head_begun:  # a head in pieces: the task reads it (its clock)
-                                return self._leave([])
+                                self._leave([])
+                                return True
                     else:
                         actions = []
                     if not actions:
                         if self.ctx.drain.draining:  # no next request on this connection
-                            return self._leave([])
-                        data = sock.read_nowait(READ_LIMIT)
+                            self._leave([])
+                            return True
+                        # Nothing came since a read took all (an answer's end, as a rule):
+                        # no read that would find nothing.
+                        data = sock.read_nowait(READ_LIMIT) if sock.pending else None
                         if data is None:
                             if self.waiting:
                                 # The kept stream called between requests (the socket's calls
@@ -270,10 +300,10 @@ class CallbackPath(KeptUpstream):
                                 hooked = self._hooked
                                 if hooked is not None and (got := news(hooked.read_nowait)):
                                     self._let_go(got)
-                                return None
+                                return True
                             self.waiting = True  # the drain closes it (Drain.start)
-                            watch.retime(KEEPALIVE_TIMEOUT)
-                            return None
+                            watch.touch()  # the keep-alive turn (_turns) from now
+                            return True
                         if not self.waiting and self.upstream is not None:
                             # The bytes were there when the last answer ended (pipelined): no
                             # hook looked for the kept stream's end since.
@@ -284,21 +314,30 @@ class CallbackPath(KeptUpstream):
                             continue  # nothing was carried out: still ours
                     self._run(actions)
                     if ex.phase == "forwarding":
-                        watch.retime(self.ctx.limits.idle_timeout)
+                        watch.touch()  # the answer's turn (_turns) from now
                         if not self._unread:  # no read that would find nothing (once a request)
-                            return None
+                            return True
                 elif phase == "forwarding":
                     stream = self._hooked
                     if stream is None or sock.write_paused or sock.transport.is_closing():
-                        return self._leave([])  # the task waits for the client, or sees it gone
+                        if came is not None:  # not taken: held, and the call back leaves
+                            self._unread = True
+                            return False
+                        self._leave([])  # the task waits for the client, or sees it gone
+                        return True
+                    chunk, came = came, None
+                    taken = chunk is not None
+                    if taken:  # the stream holds no other (its take's rule)
+                        self._unread = False
                     try:
-                        chunk = stream.read_nowait()
+                        if chunk is None:
+                            chunk = stream.read_nowait()
                     except StreamClosedError:
                         actions = ex.upstream_lost()
                     else:
                         if chunk is None:
                             self._unread = False
-                            return None
+                            return True
                         # A view of a tunnel message as bytes (a small one is bytes already).
                         if type(chunk) is not bytes:
                             chunk = bytes(chunk)
@@ -306,15 +345,20 @@ class CallbackPath(KeptUpstream):
                     self._run(actions)
                     # A chunk came: the watch is stamped before this callback returns (no timer
                     # fires before), whichever way it does — here while the answer goes on; by
-                    # the retime that waits for the next request or sends it; by _leave (the
+                    # the stamp that waits for the next request or sends it; by _leave (the
                     # task's, a pipelined request's included: it must not find the connection
-                    # idle). Not twice a request: an answer's end is stamped by the retime.
+                    # idle). Not twice a request: an answer's end is stamped by that stamp.
                     if ex.phase == "forwarding":
                         watch.touch()
+                        if taken and not self._unread:
+                            # None came since (one from inside would have marked it): no
+                            # read that would find nothing (a chunk of a long answer).
+                            return True
                 else:
-                    return self._leave([])
+                    self._leave([])
+                    return True
                 if done.done():  # an action was left to the task (not before: checked above)
-                    return None
+                    return True
         except Exception as exc:
             if not done.done():
                 if watch is not None:
@@ -322,7 +366,7 @@ class CallbackPath(KeptUpstream):
                 done.set_exception(exc)
         finally:
             self._busy = False
-        return None
+        return True
 
     def _run(self, actions: list[Action]) -> None:
         """Carry out the actions that need no waiting, in order; from the first that does,
@@ -373,3 +417,14 @@ class CallbackPath(KeptUpstream):
             else:
                 return self._leave(actions[done:])
         return None
+
+
+def _turns(ex: Exchange, ctx: FrontContext) -> Callable[[], float]:
+    """The callbacks' watch's timeout by turns: --idle-timeout while the target's answer is
+    awaited, :data:`KEEPALIVE_TIMEOUT` otherwise (a next request). A closure, not a method of
+    the connection: the connection holds the watch, which would hold it back (a cycle)."""
+
+    def timeout() -> float:
+        return ctx.limits.idle_timeout if ex.phase == "forwarding" else KEEPALIVE_TIMEOUT
+
+    return timeout

@@ -30,11 +30,10 @@ import select
 import socket
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
-from ravenproxy.errors import RavenProxyError
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
+from ravenproxy.transport.idle import IdleTimeout, IdleWatch
 from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError
 
@@ -43,165 +42,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 __all__ = ["IDLE_ERROR", "READ_LIMIT", "IdleTimeout", "IdleWatch", "RelayResult", "relay"]
-
-
-class IdleTimeout(RavenProxyError):
-    """No byte moved either way on a relayed connection for its idle timeout."""
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(f"no byte either way for {timeout:g}s")
-        self.timeout = timeout
-
-
-class IdleWatch:
-    """An ``asyncio.timeout`` that activity pushes back: the block it guards is cancelled (and
-    leaves with :class:`IdleTimeout`) once no one called :meth:`touch` for ``timeout`` seconds.
-    ``timeout`` None: never. It may guard one block after another (not two at once).
-
-    The copy loops call :meth:`touch` per chunk, which only stamps the loop's clock. The
-    stamps are checked by one timer per event loop and timeout value (:class:`_Sweep`), not one
-    per connection: an idle connection's own timer was a large part of what it held.
-    """
-
-    __slots__ = ("_cancelling", "_expired", "_loop", "_sweep", "_task", "last", "timeout")
-
-    def __init__(self, timeout: float | None) -> None:
-        self.timeout = timeout
-        self._loop = asyncio.get_running_loop()
-        self.last = self._loop.time()
-        self._task: asyncio.Task[Any] | None = None
-        self._expired = False
-        self._cancelling = 0
-        self._sweep: _Sweep | None = None
-
-    def touch(self) -> None:
-        """A byte moved: the connection is not idle."""
-        self.last = self._loop.time()
-
-    def retime(self, timeout: float | None) -> None:
-        """Guard the block being guarded with another ``timeout`` from now on (its clock
-        restarts): one watch for a connection that waits by turns for different things.
-        An expired watch keeps the timeout it expired with."""
-        self.last = self._loop.time()
-        if timeout == self.timeout or self._expired:
-            return
-        self.timeout = timeout
-        sweep = self._sweep
-        if sweep is not None and timeout is not None and sweep.timeout <= timeout:
-            # Longer: it stays where it is, checked early and often enough (a sweep looks at
-            # each watch's own timeout). A keep-alive connection switching between its two
-            # timeouts per request then moves once, not twice a request.
-            return
-        if sweep is not None:
-            sweep.remove(self)
-            self._sweep = None
-        if self._task is not None and timeout is not None:
-            self._sweep = _Sweep.of(self._loop, timeout)
-            self._sweep.add(self)
-
-    # Entered once per read on a keep-alive connection: the guard is the watch itself (the
-    # task it cancels, a flag), not an asyncio.timeout made and torn down each time.
-    async def __aenter__(self) -> IdleWatch:
-        self.last = self._loop.time()
-        self._task = task = asyncio.current_task(self._loop)
-        assert task is not None
-        self._expired = False
-        self._cancelling = task.cancelling()
-        if self.timeout is not None:
-            self._sweep = _Sweep.of(self._loop, self.timeout)
-            self._sweep.add(self)
-        return self
-
-    def _expire(self, now: float) -> None:
-        """Cancel the guarded block at once (its exit turns that into :class:`IdleTimeout`)."""
-        if self._task is not None:
-            self._expired = True
-            self._task.cancel()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._sweep is not None:
-            self._sweep.remove(self)
-            self._sweep = None
-        task, self._task = self._task, None
-        if self._expired:
-            self._expired = False
-            assert task is not None and self.timeout is not None
-            # Ours alone (no other cancellation pending): the block was idle. As
-            # asyncio.timeout does it.
-            if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
-                raise IdleTimeout(self.timeout) from None
-
-
-class _Sweep:
-    """The one timer of every entered :class:`IdleWatch` with the same timeout on one event
-    loop (or a longer one, retimed while in it: each expires by its own). It fires when the
-    oldest stamp is due by the sweep's timeout, expires the watches that are, and re-arms
-    for the oldest remaining stamp, but at most every ``min(timeout / 8, 60 s)``: with
-    thousands of busy connections a check is a scan of all of them, so it must stay rare. A
-    watch therefore expires at its due time, or up to that much later while others are busy.
-    """
-
-    __slots__ = ("loop", "timeout", "timer", "watches")
-
-    _all: ClassVar[dict[tuple[asyncio.AbstractEventLoop, float], _Sweep]] = {}
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
-        self.loop = loop
-        self.timeout = timeout
-        self.watches: dict[IdleWatch, None] = {}
-        self.timer: asyncio.TimerHandle | None = None
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop, timeout: float) -> _Sweep:
-        sweep = cls._all.get((loop, timeout))
-        if sweep is None:
-            # Sweeps of closed loops (whose timers will never fire) are dropped here.
-            for key in [key for key in cls._all if key[0].is_closed()]:
-                del cls._all[key]
-            sweep = cls._all[(loop, timeout)] = cls(loop, timeout)
-        return sweep
-
-    def add(self, watch: IdleWatch) -> None:
-        self.watches[watch] = None
-        # An armed timer is due no later than this watch (its stamp is the newest).
-        if self.timer is None:
-            self.timer = self.loop.call_at(watch.last + self.timeout, self._check)
-
-    def remove(self, watch: IdleWatch) -> None:
-        # Emptied, the sweep stays (its timer armed) until the timer finds it empty: a
-        # keep-alive connection enters and leaves its watch once per request, and a timer made
-        # and cancelled each time was a good part of what a small request cost.
-        self.watches.pop(watch, None)
-
-    def _close(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self._all.get((self.loop, self.timeout)) is self:
-            del self._all[(self.loop, self.timeout)]
-
-    def _check(self) -> None:
-        self.timer = None
-        now = self.loop.time()
-        oldest = now
-        for watch in list(self.watches):
-            # Its own timeout: the sweep's, or longer (see IdleWatch.retime).
-            timeout = self.timeout if watch.timeout is None else watch.timeout
-            if now >= watch.last + timeout - 0.001:  # timers may fire a tick early
-                del self.watches[watch]  # expired once; its block's exit finds it gone
-                watch._expire(now)
-            elif watch.last < oldest:
-                oldest = watch.last
-        if not self.watches:
-            self._close()
-            return
-        gap = min(self.timeout / 8, 60.0)
-        self.timer = self.loop.call_at(max(oldest + self.timeout, now + gap), self._check)
 
 
 @dataclass(slots=True)

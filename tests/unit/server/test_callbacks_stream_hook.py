@@ -33,9 +33,10 @@ class _Hooked(_Stream):
     def __init__(self) -> None:
         super().__init__()
         self.callback: object = None
+        self.take: object = None
 
-    def on_readable(self, callback: object) -> None:
-        self.callback = callback
+    def on_readable(self, callback: object, take: object = None) -> None:
+        self.callback, self.take = callback, take
 
 
 async def test_callback_mode_hooks_the_stream_to_advance_and_unhooks_it() -> None:
@@ -46,10 +47,11 @@ async def test_callback_mode_hooks_the_stream_to_advance_and_unhooks_it() -> Non
     served = asyncio.ensure_future(path._by_callbacks())
     await asyncio.sleep(0)
     assert stream.callback == path._advance  # the answer's chunk: one call, not two
+    assert stream.take == path._advance  # ... or taken as it comes, not read back
     assert path.waiting
     path._leave([])
     assert await served == []
-    assert stream.callback is None
+    assert stream.callback is None and stream.take is None
 
 
 async def test_the_streams_end_between_requests_lets_it_go_at_once() -> None:

@@ -157,7 +157,8 @@ def _forwarding(client: bytes, upstream: _Stream, to: Route) -> tuple[_Connectio
     path._hooked = cast(TunnelStream, upstream)
     path._write = sock.transport.write
     path._exit = asyncio.get_running_loop().create_future()
-    watch = path._calls = IdleWatch(IDLE)
+    watch = path._calls_watch()  # as _by_callbacks makes it
+    assert watch.timeout == IDLE  # the sweep of the shorter turn
     watch.last -= IDLE - 1
     return path, watch
 
@@ -185,7 +186,7 @@ async def test_an_answers_end_waiting_for_a_next_request_stamps_the_watch() -> N
     path, watch = _forwarding(get("/a", "edge-1:9100"), _Stream(_ANSWER), _A)
     path._advance()
     assert path.ex.phase == "head" and path.waiting
-    assert watch.timeout == KEEPALIVE_TIMEOUT and _fresh(watch)
+    assert watch.timeout_now() == KEEPALIVE_TIMEOUT and _fresh(watch)
 
 
 async def test_an_answers_end_with_a_pipelined_request_on_the_kept_stream_stamps() -> None:
@@ -194,7 +195,7 @@ async def test_an_answers_end_with_a_pipelined_request_on_the_kept_stream_stamps
     path, watch = _forwarding(client, stream, _A)
     path._advance()
     assert path.ex.phase == "forwarding" and stream.sent[-1].startswith(b"GET /b ")
-    assert watch.timeout == IDLE and _fresh(watch)
+    assert watch.timeout_now() == IDLE and _fresh(watch)
 
 
 async def test_an_answers_end_with_a_pipelined_request_for_the_task_stamps() -> None:

@@ -64,7 +64,7 @@ def _state(path: CallbackPath, stream: Any, transport: _Transport, stamp: float)
         path.waiting,
         path._unread,
         path.ex.phase,
-        watch.timeout,
+        watch.timeout_now(),
         watch.last != stamp,
         left,
     )

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from ravenproxy.transport.bytestream import SocketByteStream
-from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, _Sweep, relay
+from ravenproxy.transport.idle import _Sweep
+from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, relay
 
 
 async def test_an_untouched_block_is_cancelled_after_the_timeout() -> None:
@@ -189,3 +190,28 @@ async def test_retimed_longer_it_stays_in_its_sweep_and_expires_by_its_own_timeo
             await asyncio.sleep(10)
     assert 0.15 <= loop.time() - started < 0.7
     assert info.value.timeout == 0.2
+
+
+async def test_a_watch_by_turns_expires_by_the_turn_it_is_in() -> None:
+    """``turns``: the timeout is the turn's, asked when the sweep looks (a turn is a stamp, no
+    retime); the watch waits in the sweep of its ``timeout``, the shorter turn's, which is
+    what checks it soon enough for either."""
+    loop = asyncio.get_running_loop()
+    turn = {"now": 0.8}
+    watch = IdleWatch(0.2, lambda: turn["now"])
+    started = loop.time()
+    with pytest.raises(IdleTimeout) as info:
+        async with watch:
+            assert [k[1] for k in _Sweep._all if k[0] is loop] == [0.2]
+            await asyncio.sleep(10)  # the long turn: not expired at the sweep's first look
+    assert 0.75 <= loop.time() - started < 2.5
+    assert info.value.timeout == 0.8
+    started = loop.time()
+    with pytest.raises(IdleTimeout) as info:
+        async with watch:
+            await asyncio.sleep(0.5)
+            turn["now"] = 0.2  # the short turn from a stamp now
+            watch.touch()
+            await asyncio.sleep(10)
+    assert 0.65 <= loop.time() - started < 1.5
+    assert info.value.timeout == 0.2 and watch.timeout_now() == 0.2
