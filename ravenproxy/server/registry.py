@@ -20,14 +20,20 @@ class AgentRegistry:
         """Sessions held (``len``, read at every agent's coming and going: kept, not summed,
         so 1 000 agents returning at once cost no 1 000 x 1 000 walk)."""
         self.generation = 0
-        """Counts the agents' comings and goings: a route decided at the same generation (on
-        the same model) would be decided the same way, while its agent stays :meth:`live`."""
+        """Counts the agents' comings and goings, and every change that ends a registered
+        session's :meth:`live` (a GOAWAY either way, its end: the connection's ``on_draining``,
+        :mod:`ravenproxy.wire.drain`): a route decided at the same generation (on the same
+        model) would be decided the same way, its agent still live, without asking."""
 
     def add(self, node: str, session: Session) -> None:
         self.generation += 1
+        session.conn.on_draining = self._moved
         self._by_node.setdefault(node, []).append(session)
         self._count += 1
         log.info("agent registered", extra=kv(node=node, connections=len(self._by_node[node])))
+
+    def _moved(self) -> None:
+        self.generation += 1
 
     def remove(self, node: str, session: Session) -> None:
         self.generation += 1
@@ -49,9 +55,8 @@ class AgentRegistry:
         return self._count
 
     def live(self, session: Session) -> bool:
-        """The session may carry new streams (open, no GOAWAY either way). A method, not a
-        staticmethod: the router asks it per request, and 3.11 does not specialize the load
-        of a staticmethod called on an instance."""
+        """The session may carry new streams (open, no GOAWAY either way). A registered
+        session stops being live only by a change that moves :attr:`generation`."""
         conn = session.conn
         return not session.closed and conn.goaway_received is None and conn.goaway_sent is None
 

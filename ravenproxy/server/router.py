@@ -197,15 +197,15 @@ class Router:
     def route_again(self, dest: Destination, over_tls: bool, memo: RouteMemo | None) -> RouteMemo:
         """:meth:`route_request`, or ``memo`` (a keep-alive connection's last route) when the
         request names the same node, port, pod and scheme, and neither the model nor the
-        connected agents changed since, and its agent still takes streams: the next request
-        of a connection goes where the last one went without routing it again. Positional
-        (the callbacks call it per request: a call with keywords is not specialized)."""
+        connected agents changed since (nor did any of them stop taking streams: the
+        registry's generation moves then too): the next request of a connection goes where
+        the last one went without routing it again. Positional (the callbacks call it per
+        request: a call with keywords is not specialized)."""
         model, agents = self.store.model, self.registry.generation
         if (
             memo is not None
             and memo.model is model
-            and memo.agents == agents
-            and (memo.route.session is None or self.registry.live(memo.route.session))
+            and memo.agents == agents  # its agent, if any, is still live (AgentRegistry.generation)
             and memo.over_tls is over_tls
         ):
             last = memo.dest

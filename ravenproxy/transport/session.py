@@ -168,6 +168,7 @@ class Session(Outlet):
             await self._reader()
         finally:
             self.closed = True
+            self.conn.ended()  # whoever keeps routes through it hears now, not at unregistering
             self._closed.set()
             self._drain_event.set()
             writer.cancel()

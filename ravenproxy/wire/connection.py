@@ -5,7 +5,7 @@ returns, call its methods to open streams and send data, and write whatever
 :meth:`Connection.data_to_send` returns as WebSocket binary messages. It never does I/O and
 never reads a clock except through the ``clock`` it is given, so tests drive it with bytes
 alone. :meth:`receive_data` (:mod:`ravenproxy.wire.data_path`) takes the common message, one
-DATA frame, for less.
+DATA frame, for less; GOAWAY either way, and who is told of it: :mod:`ravenproxy.wire.drain`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ravenproxy.wire.config import (
     WireConfig,
 )
 from ravenproxy.wire.data_path import DataPath
+from ravenproxy.wire.drain import Drain, clip
 from ravenproxy.wire.errors import (
     GoingAwayError,
     ProtocolError,
@@ -58,7 +59,7 @@ _DATA = int(FrameType.DATA)  # packed as a plain int: no enum code per frame
 _pack_header = HEADER.pack  # bound once, as data_path's _unpack_header (see there)
 
 
-class Connection(DataPath):
+class Connection(DataPath, Drain):
     def __init__(
         self,
         *,
@@ -91,8 +92,9 @@ class Connection(DataPath):
         self.rtt = self.config.initial_rtt
         self._rtt_measured = False
         self._pings: dict[bytes, float] = {}
-        self.goaway_sent: GoAway | None = None
-        self.goaway_received: GoAway | None = None
+        self.goaway_sent = None
+        self.goaway_received = None
+        self.on_draining = None
         self.closed = False
         self.last_received = clock()
         self.peer_server_id: str | None = None
@@ -180,7 +182,7 @@ class Connection(DataPath):
         if code is ErrorCode.OK:
             raise ValueError("reject_stream needs an error code")
         self._local_transition(stream_id, Input.SEND_REJECT)
-        self._emit(OpenResult(stream_id, code, 0, _clip(message)))
+        self._emit(OpenResult(stream_id, code, 0, clip(message)))
 
     def send_window(self, stream_id: int) -> int:
         """How many bytes ``send_data`` accepts now on this stream."""
@@ -265,7 +267,7 @@ class Connection(DataPath):
         self._transition(stream, Input.SEND_RESET)
         # In order with OPEN and DATA: a RESET overtaking its stream's queued OPEN would name
         # a stream the peer has never heard of.
-        self.outbox.ordered(encode(Reset(stream_id, code, _clip(message))))
+        self.outbox.ordered(encode(Reset(stream_id, code, clip(message))))
 
     def ping(self) -> None:
         payload = os.urandom(8)
@@ -273,12 +275,6 @@ class Connection(DataPath):
         if len(self._pings) > 16:  # unanswered pings must not pile up forever
             self._pings.pop(next(iter(self._pings)))
         self._emit(Ping(payload))
-
-    def goaway(self, code: ErrorCode = ErrorCode.OK, reason: str = "") -> None:
-        """Drain: the peer may not open new streams; open ones finish normally."""
-        if self.goaway_sent is None or code is not ErrorCode.OK:
-            self.goaway_sent = GoAway(self._highest_peer_id, code, _clip(reason))
-            self._emit(self.goaway_sent)
 
     def fail(self, code: ErrorCode, reason: str = "") -> None:
         """A connection error found outside this object (a text message, a peer that floods):
@@ -288,8 +284,7 @@ class Connection(DataPath):
             raise ValueError("fail needs an error code")
         self.outbox.clear()
         self.closed = True
-        self.goaway_sent = GoAway(self._highest_peer_id, code, _clip(reason))
-        self._emit(self.goaway_sent)
+        self._send_goaway(code, reason)
 
     @property
     def open_streams(self) -> int:
@@ -309,8 +304,7 @@ class Connection(DataPath):
                 self._receive_frame(frame, out)
         except ProtocolError as exc:
             self.closed = True
-            self.goaway_sent = GoAway(self._highest_peer_id, exc.code, _clip(exc.message))
-            self._emit(self.goaway_sent)
+            self._send_goaway(exc.code, exc.message)
             raise
         return out
 
@@ -417,16 +411,6 @@ class Connection(DataPath):
         self.rtt = sample if first else 0.875 * self.rtt + 0.125 * sample
         out.append(ev.PingAcked(sample))
 
-    def _recv_goaway(self, frame: GoAway, out: list[ev.Event]) -> None:
-        self.goaway_received = frame
-        out.append(ev.GoAwayReceived(frame.last_stream_id, frame.code, frame.reason))
-        # Our opens above last_stream_id were never seen by the peer: fail them so the caller
-        # can retry elsewhere.
-        for stream in [s for s in self.streams.values() if s.local and s.id > frame.last_stream_id]:
-            if stream.state is State.OPENING_LOCAL:
-                self._transition(stream, Input.RECV_REJECT)
-                out.append(ev.StreamRejected(stream.id, ErrorCode.GOING_AWAY, frame.reason))
-
     def _recv_settings(self, frame: Settings, out: list[ev.Event]) -> None:
         if self._settings_received:
             raise ProtocolError("SETTINGS sent twice")
@@ -489,10 +473,3 @@ class Connection(DataPath):
                 self._local_open -= 1
             else:
                 self._peer_open -= 1
-
-
-def _clip(text: str, limit: int = 512) -> str:
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    return raw[:limit].decode("utf-8", errors="ignore")

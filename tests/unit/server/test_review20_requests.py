@@ -60,7 +60,7 @@ from .test_review18_requests import (
     _sent_on,
     _target,
 )
-from .test_routing import fake, model, registry
+from .test_routing import fake, model, registry, stop
 from .test_srvhttp_requests import _OldParsed
 from .test_srvhttp_requests import _view as _srvhttp_view
 
@@ -554,10 +554,7 @@ def test_route_again_decides_as_3466b61s(steps: list[Any]) -> None:
             elif change in ("close", "goaway") and memo is not None:
                 session = memo.route.session
                 if session is not None:
-                    if change == "close":
-                        session.closed = True
-                    else:
-                        session.conn.goaway_received = 0
+                    stop(session, "close" if change == "close" else "goaway-received")
             try:
                 got = rule(router, dest, over_tls, memo)
             except RoutingError as exc:

@@ -60,7 +60,7 @@ from .test_review18_requests import (
     _sent_on,
 )
 from .test_review20_requests import _flip_case, _pods_model
-from .test_routing import fake
+from .test_routing import fake, stop
 
 # -- 812de76's route_again and AgentRegistry.live, verbatim (only made functions) ----------------
 
@@ -282,12 +282,8 @@ class _World:
         elif session is not None:
             if how == "remove":
                 self.registry.remove(session.name, session)
-            elif how == "close":
-                session.closed = True
-            elif how == "goaway-received":
-                session.conn.goaway_received = 0
-            elif how == "goaway-sent":
-                session.conn.goaway_sent = 0
+            elif how in ("close", "goaway-received", "goaway-sent"):
+                stop(session, how)
 
 
 def _routed(world: _World, rule: Any, dest: Destination, over_tls: bool) -> tuple[Any, ...]:

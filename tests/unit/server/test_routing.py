@@ -25,6 +25,8 @@ class FakeConn:
     open_streams: int = 0
     goaway_received: Any = None
     goaway_sent: Any = None
+    on_draining: Any = None
+    """Set by the registry; called by :func:`stop` as the real connection calls it."""
 
 
 @dataclass
@@ -43,6 +45,22 @@ class FakeSession:
 
 def fake(name: str, streams: int = 0) -> Session:
     return cast(Session, FakeSession(name, conn=FakeConn(open_streams=streams)))
+
+
+def stop(session: Session, how: str) -> None:
+    """A fake session stops taking streams (``close``, ``goaway-received`` or
+    ``goaway-sent``) as a real one does: the change, then its connection's ``on_draining``
+    (wire/drain.py, Session.run; test_drain_generation.py checks the real ones call it)."""
+    fake = cast(FakeSession, session)
+    if how == "close":
+        fake.closed = True
+    elif how == "goaway-received":
+        fake.conn.goaway_received = 0
+    else:
+        assert how == "goaway-sent", how
+        fake.conn.goaway_sent = 0
+    if fake.conn.on_draining is not None:
+        fake.conn.on_draining()
 
 
 def node(name: str, ip: str | None, gateway: str | None = None) -> Node:
@@ -269,7 +287,8 @@ def test_route_again_reuses_the_last_route_until_something_it_depends_on_changes
     # Its agent went away without the registry hearing yet: routed anew, to a live one.
     memo = router.route_again(metrics, over_tls=False, memo=None)
     gone = memo.route.session
-    cast(FakeSession, gone).closed = True
+    assert gone is not None
+    stop(gone, "close")
     live = router.route_again(metrics, over_tls=False, memo=memo).route.session
     assert live in (first, second) and live is not gone
 

@@ -1,0 +1,134 @@
+"""A keep-alive client's route is reused while the registry's generation has not moved
+(``Router.route_again`` no longer asks ``AgentRegistry.live`` per request): every change that
+ends a registered agent's liveness must move it, at the moment it happens, before the agent is
+unregistered. One test per place that ends it — a GOAWAY sent (a drain, a connection error
+found outside the wire, a protocol error found by it), a GOAWAY received, the session's end —
+each with the real connection (and the real session for its end): with that place's
+``on_draining`` call taken out, its test fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import cast
+
+import pytest
+
+from ravenproxy.errors import RoutingError
+from ravenproxy.model.store import ModelStore
+from ravenproxy.server.podroutes import Destination
+from ravenproxy.server.registry import AgentRegistry
+from ravenproxy.server.router import RouteMemo, Router
+from ravenproxy.transport.session import Session
+from ravenproxy.wire.codes import ErrorCode
+from ravenproxy.wire.connection import Connection
+from ravenproxy.wire.errors import ProtocolError
+from ravenproxy.wire.frames import Settings, encode
+
+from ..transport.test_session import WAIT, tunnel
+from ..wire.harness import Pair
+from .test_routing import FakeConn, FakeSession, model
+
+METRICS = Destination("host", "a", 9100, target="/metrics")
+
+
+def _routed(session: Session) -> tuple[AgentRegistry, Router, RouteMemo]:
+    """``session`` registered as node a's only agent, and a keep-alive client's route to a."""
+    registry = AgentRegistry()
+    registry.add("a", session)
+    router = Router(ModelStore(model()), registry, None)
+    memo = router.route_again(METRICS, False, None)
+    assert memo.route.session is session
+    assert router.route_again(METRICS, False, memo) is memo  # reused while nothing changed
+    return registry, router, memo
+
+
+def _not_reused(registry: AgentRegistry, router: Router, memo: RouteMemo) -> None:
+    """The agent is still registered, no longer live, and the route is decided anew: no
+    agent left for a (503), not the memo's."""
+    session = memo.route.session
+    assert session is not None
+    assert session in registry.sessions()
+    assert not registry.live(session)
+    with pytest.raises(RoutingError) as info:
+        router.route_again(METRICS, False, memo)
+    assert info.value.status == 503
+
+
+def _wire_session(conn: Connection) -> Session:
+    return cast(Session, FakeSession("a", conn=cast(FakeConn, conn)))
+
+
+def _drain(pair: Pair) -> None:
+    pair.server.goaway(ErrorCode.OK, "draining")
+
+
+def _fail(pair: Pair) -> None:
+    pair.server.fail(ErrorCode.ENHANCE_YOUR_CALM, "flood")
+
+
+def _protocol_error(pair: Pair) -> None:
+    with pytest.raises(ProtocolError):  # found by the wire: SETTINGS twice
+        pair.server.receive_message(encode(Settings(())))
+
+
+def _goaway_received(pair: Pair) -> None:
+    pair.agent.goaway(ErrorCode.OK, "agent draining")
+    pair.transfer(pair.agent)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_drain, _fail, _protocol_error, _goaway_received],
+    ids=["goaway-sent", "fail", "protocol-error", "goaway-received"],
+)
+def test_a_wire_change_that_ends_liveness_moves_the_generation(
+    change: Callable[[Pair], None],
+) -> None:
+    pair = Pair()
+    registry, router, memo = _routed(_wire_session(pair.server))
+    before = registry.generation
+    change(pair)
+    assert registry.generation > before
+    _not_reused(registry, router, memo)
+
+
+def test_each_change_moves_it_again_and_nobody_asking_is_fine() -> None:
+    """Not only the first: a drain after a GOAWAY received moves it too (calls more only cost
+    a memo). A connection nobody registered (the agent's) calls nothing."""
+    pair = Pair()
+    registry, _, _ = _routed(_wire_session(pair.server))
+    _goaway_received(pair)
+    once = registry.generation
+    _drain(pair)
+    assert registry.generation == once + 1
+    pair.agent.goaway(ErrorCode.OK, "again")  # the agent's side: on_draining None
+    pair.agent.ended()
+    assert pair.agent.on_draining is None
+
+
+async def test_the_sessions_end_moves_it_before_it_is_unregistered() -> None:
+    """The session ended (the agent's WebSocket closed): ``closed`` is set in ``run``'s
+    ``finally``, which still awaits its tasks and the closing handshake before the server's
+    tunnel handler unregisters it. Meanwhile its route is not reused."""
+    async with tunnel() as t:
+        registry, router, memo = _routed(t.cloud)
+        await t.edge_ws.close()
+        await asyncio.wait_for(t.cloud_run, WAIT)
+        assert t.cloud.closed
+        _not_reused(registry, router, memo)
+
+
+async def test_a_real_sessions_goaway_either_way_moves_it() -> None:
+    async with tunnel() as t:
+        registry, router, memo = _routed(t.cloud)
+        t.edge.goaway("agent draining")
+        for _ in range(200):
+            if t.cloud.conn.goaway_received is not None:
+                break
+            await asyncio.sleep(0.01)
+        _not_reused(registry, router, memo)
+    async with tunnel() as t:
+        registry, router, memo = _routed(t.cloud)
+        t.cloud.goaway("server shutting down")
+        _not_reused(registry, router, memo)
