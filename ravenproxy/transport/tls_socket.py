@@ -174,20 +174,21 @@ class TLSSocketTransport(WriteSide):
         self._read_soon = None
         self._soon.discard(self)
         if not self._reading_paused and not self._closed:
-            self._read()
+            self._read(False)
 
-    def _read(self, ready: bool = False) -> None:
+    def _read(self, ready: bool = True) -> None:
         """Read what the socket has, into the protocol's buffers. ``ready``: by the loop's read
-        readiness (no method that checks and forwards), what else it may be for checked first."""
+        readiness (no method that checks and forwards), what else it may be for checked first;
+        the default, so the loop calls it without arguments (no tuple of them a read)."""
         if ready and (
             self._shutdown or self._write_wants_read or self._reading_paused or self._closing
         ):
             self._readable()
             return
-        sock, sslread = self._sock, self._sslread
+        sslread = self._sslread
         self._read_wants_write = False
         for _ in _ROUNDS:
-            protocol, get_buffer, updated = self._protocol, self._get_buffer, self._updated
+            get_buffer, updated = self._get_buffer, self._updated
             got = 0
             end: str | BaseException | None = None  # why this round stopped short
             try:
@@ -203,7 +204,7 @@ class TLSSocketTransport(WriteSide):
             try:
                 while got < size:
                     into = view[got:] if got else view
-                    n = sslread(size - got, into) if sslread else sock.recv_into(into)
+                    n = sslread(size - got, into) if sslread else self._sock.recv_into(into)
                     if not n:
                         end = "eof"
                         break
@@ -226,15 +227,14 @@ class TLSSocketTransport(WriteSide):
                 if got:  # what came before an end is delivered first
                     if updated is not None:
                         updated(got)
-                    elif isinstance(protocol, asyncio.Protocol):
-                        protocol.data_received(bytes(view[:got]))
+                    elif isinstance(self._protocol, asyncio.Protocol):
+                        self._protocol.data_received(bytes(view[:got]))
             except Exception as exc:
                 self._fatal(exc, "protocol")
                 return
             finally:
                 if view is not given:
                     view.release()
-                del view, given, into  # none held on: a protocol counts who holds its buffers
             if end == "drained":
                 # The socket has no more now, and OpenSSL holds none decrypted: a read that got
                 # less than it asked for took its record's last byte (SSL_read returns one
@@ -253,7 +253,10 @@ class TLSSocketTransport(WriteSide):
                 break
             if self._reading_paused or self._closing or self._closed:
                 break
-            # A full buffer (the record's rest may be in OpenSSL): the next round reads on.
+            # A full buffer (the record's rest may be in OpenSSL): the next round reads on,
+            # holding none of this one's buffer (a protocol counts who holds its buffers; a
+            # round that ends drops them with the call's frame, no del a read for it).
+            del view, given, into
         else:
             if self._sslpending():  # decrypted bytes make no readiness event
                 self._schedule_read()
@@ -294,11 +297,11 @@ class TLSSocketTransport(WriteSide):
             if self._closed:
                 return
         if not self._reading_paused and not self._closing:
-            self._read()
+            self._read(False)
 
     def _on_writable(self) -> None:
         if self._read_wants_write:
-            self._read()
+            self._read(False)
             if self._closed:
                 return
         if self._queue:
@@ -395,7 +398,7 @@ class TLSSocketTransport(WriteSide):
         if want_read != self._reader:
             self._reader = want_read
             if want_read:
-                loop.add_reader(self._fd, self._read, True)
+                loop.add_reader(self._fd, self._read)
             else:
                 loop.remove_reader(self._fd)
         if want_write != self._writer:

@@ -215,6 +215,12 @@ class TunnelConnectionMixin(_Base):
         # the read size: a large frame then starts at the front of the buffer, and moving the
         # unparsed bytes to make room for the next one copies little.
         rd = self._rd
+        if rd.buf is None and rd.mode == _FRAMES and rd.read_size == MIN_READ:
+            # Idle, the usual read of a quiet tunnel: the scratch, as below, in fewer steps (a
+            # read on both ends). With no buffer, nothing is lent and the parser wants 2 bytes
+            # at most (0 once stopped): the buffer is let go only with every byte parsed.
+            rd.in_scratch = True
+            return rd.scratch_view
         parser = rd.parser
         wanted = parser.wanted if parser is not None and rd.mode == _FRAMES else 0
         room = rd.read_size
@@ -236,36 +242,61 @@ class TunnelConnectionMixin(_Base):
 
     def buffer_updated(self, nbytes: int) -> None:
         rd = self._rd
-        size = rd.read_size
-        if nbytes >= size:
-            rd.read_size = min(MAX_READ, size * 2)
-        elif nbytes * 4 < size and size > MIN_READ:  # no max() per small read at MIN_READ
-            rd.read_size = max(MIN_READ, size // 2)
-        if rd.in_scratch:
-            rd.in_scratch = False
-            rd.buf = rd.scratch
-        rd.end += nbytes
-        if rd.mode != _FRAMES:
-            if rd.mode == _HANDSHAKE:
-                self._read_head()
-            elif rd.mode == _AWAIT_OPEN:
-                self._opened()
-            else:
-                self._to_websockets()
-            return
-        # The frames, read here, not by a method of their own: a call a read on both ends.
         parser = rd.parser
-        assert parser is not None and rd.buf is not None
-        lend = rd.buf is not rd.scratch
-        view = memoryview(rd.buf) if lend else rd.scratch  # lends nothing: no view
-        # The binary messages go straight into the list handed on, not through a list of
-        # events looked at one by one: only a read with anything else sorts it out.
         messages = rd.messages
-        # Positional: a call with keywords is not specialised on 3.11 (a read on both ends).
-        used = parser.parse_into(messages, view, lend, rd.start, rd.end)  # type: ignore[arg-type]
-        if parser.lent:
-            parser.lent, rd.lent = False, True
-        rd.start += used
+        parsed = False  # by the idle read's path, below
+        if rd.in_scratch:  # an idle tunnel's read (see get_buffer): a small message, mostly
+            rd.in_scratch = False
+            receiver = rd.receiver
+            # Less than the scratch: the read size stays (MIN_READ). Nothing was pending (no
+            # buffer of our own: start, end and fed are 0), nothing is lent from the scratch.
+            if nbytes < MIN_READ and receiver is not None:
+                assert parser is not None
+                used = parser.parse_into(messages, rd.scratch, False, 0, nbytes)  # type: ignore[arg-type]
+                if used == nbytes and parser.special < 0:
+                    # Whole frames, binary messages only: handed on, and nothing kept: the
+                    # reader stays idle as it was (no buffer; start, end, fed, lent, spares
+                    # untouched), as the general case leaves it, in fewer steps.
+                    if messages:
+                        rd.messages = []
+                        try:
+                            receiver(messages)
+                        except Exception as exc:  # as below
+                            self.stop_delivery(exc)
+                        if rd.mode != _FRAMES:
+                            self._wake()
+                    return
+                # A frame's beginning left, or other events: on as a read below goes on.
+                rd.start, rd.end = used, nbytes
+                parsed = True
+            rd.buf = rd.scratch
+        if not parsed:
+            size = rd.read_size
+            if nbytes >= size:
+                rd.read_size = min(MAX_READ, size * 2)
+            elif nbytes * 4 < size and size > MIN_READ:  # no max() per small read at MIN_READ
+                rd.read_size = max(MIN_READ, size // 2)
+            rd.end += nbytes
+            if rd.mode != _FRAMES:
+                if rd.mode == _HANDSHAKE:
+                    self._read_head()
+                elif rd.mode == _AWAIT_OPEN:
+                    self._opened()
+                else:
+                    self._to_websockets()
+                return
+            # The frames, read here, not by a method of their own: a call a read on both ends.
+            assert parser is not None and rd.buf is not None
+            lend = rd.buf is not rd.scratch
+            view = memoryview(rd.buf) if lend else rd.scratch  # lends nothing: no view
+            # The binary messages go straight into the list handed on, not through a list of
+            # events looked at one by one: only a read with anything else sorts it out.
+            # Positional: a call with keywords is not specialised on 3.11 (a read on both ends).
+            used = parser.parse_into(messages, view, lend, rd.start, rd.end)  # type: ignore[arg-type]
+            if parser.lent:
+                parser.lent, rd.lent = False, True
+            rd.start += used
+        assert parser is not None and rd.buf is not None
         if parser.special >= 0:
             self._sort_out(messages, parser)
         if parser.stopped and rd.mode == _FRAMES:  # after a CLOSE

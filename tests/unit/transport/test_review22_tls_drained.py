@@ -53,7 +53,7 @@ class _Checked(TLSSocketTransport):
         self.stalls = stalls
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
-    def _read(self, ready: bool = False) -> None:
+    def _read(self, ready: bool = True) -> None:
         super()._read(ready)
         if self._closed or self._closing or self._reading_paused or self._read_soon is not None:
             return

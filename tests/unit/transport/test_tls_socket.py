@@ -510,7 +510,7 @@ async def test_after_the_close_no_read_or_write_reaches_the_next_socket_on_its_n
             theirs.sendall(b"not for the tunnel")
             transport._queue.append(b"for the closed tunnel")
             transport._flush()
-            transport._read()
+            transport._read(False)
             theirs.setblocking(False)
             with pytest.raises(BlockingIOError):
                 theirs.recv(100)  # nothing written to the socket on the old number
