@@ -8,8 +8,10 @@ each with the real connection (and the real session for its end): with that plac
 
 from __future__ import annotations
 
+import ast
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -132,3 +134,35 @@ async def test_a_real_sessions_goaway_either_way_moves_it() -> None:
         registry, router, memo = _routed(t.cloud)
         t.cloud.goaway("server shutting down")
         _not_reused(registry, router, memo)
+
+
+def test_liveness_is_ended_only_where_the_generation_hears_of_it() -> None:
+    """A new place that sets a GOAWAY or ends a session without ``on_draining`` would let a
+    memo outlive its agent: every assignment to ``goaway_sent`` / ``goaway_received`` in the
+    package is in wire/drain.py (or ``None``, the connection's start), and the session's one
+    ``closed = True`` is followed at once by ``conn.ended()``."""
+    package = Path(__file__).resolve().parents[3] / "ravenproxy"
+    found: list[str] = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                if not isinstance(target, ast.Attribute):
+                    continue
+                where = f"{path.relative_to(package)}:{node.lineno}"
+                if target.attr in ("goaway_sent", "goaway_received"):
+                    none = isinstance(node.value, ast.Constant) and node.value.value is None
+                    if not none and path.name != "drain.py":
+                        found.append(where)
+                falsy = isinstance(node.value, ast.Constant) and node.value.value is False
+                if target.attr == "closed" and path.name == "session.py" and not falsy:
+                    found.append(where)
+    session = package / "transport" / "session.py"
+    assert len([f for f in found if f.startswith("transport/session.py")]) == 1, found
+    assert [f for f in found if not f.startswith("transport/session.py")] == [], found
+    line = int(found[0].rpartition(":")[2])
+    lines = session.read_text().splitlines()
+    assert lines[line - 1].strip() == "self.closed = True"
+    assert lines[line].strip().startswith("self.conn.ended()")
