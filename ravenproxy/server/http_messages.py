@@ -107,13 +107,14 @@ class Parsed:
 
     __slots__ = (
         "_again",
+        "_between",
         "_fields",
         "_kind",
         "_last",
         "_line",
         "_replay_head",
         "_response",
-        "_start",
+        "_starts",
         "_trailers",
         "_version",
         "bodiless",
@@ -122,12 +123,30 @@ class Parsed:
         "in_body",
         "in_head",
         "max_tail",
+        "on_message_begin",
+        "on_status",
+        "on_url",
         "parser",
         "tail",
     )
 
     def __init__(self, *, response: bool, max_tail: int = 64 * 1024) -> None:
         self.events: deque[tuple[int, object]] = deque()
+        self._between: list[None] = [None]
+        """Empty from a message's first byte (llhttp's ``on_message_begin``, which empties it)
+        to its head's end (:meth:`on_headers_complete`, which refills it): :attr:`in_head` is
+        read from it after each parse."""
+        self.on_message_begin: Callable[[], None] = self._between.pop
+        """llhttp's callback at a message's first byte: a C method, no Python call (once a
+        message). What a message leaves behind is cleared as it ends (:meth:`on_headers_complete`,
+        :meth:`on_message_complete`), not as the next begins."""
+        self._starts: list[bytes] = []
+        """The request-target's or reason phrase's pieces (one, unless a read ended in it)."""
+        self.on_url: Callable[[bytes], None] = self._starts.append
+        self.on_status: Callable[[bytes], None] = self._starts.append
+        """llhttp's callbacks for the target (a request) or the reason (a response): C methods,
+        no Python call (once a message); taken and emptied by :meth:`on_headers_complete`. Set
+        before the parser is made, as ``on_message_begin``: httptools looks them up then."""
         self.parser: HttpRequestParser | HttpResponseParser
         self._kind: Callable[[], object]
         """The status code's getter (a response) or the method's (a request)."""
@@ -165,7 +184,6 @@ class Parsed:
         self.in_body = False
         self.bodiless = False
         """The response to come has no body whatever its fields say (it answers a HEAD)."""
-        self._start = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._trailers: list[tuple[bytes, bytes]] = []
         self._last: tuple[bytes, list[tuple[bytes, bytes]], object, str, Head] | None = None
@@ -247,6 +265,10 @@ class Parsed:
             if not isinstance(exc.__context__, _Stop):
                 events.append((ERROR, str(exc) or type(exc).__name__))
             return None
+        finally:
+            # A head begun and not ended (the callbacks keep _between, not in_head: one C
+            # call, no Python one, at a message's start).
+            self.in_head = not self._between
         if self.in_body and len(events) == queued:  # inside a body, and nothing of it came
             self.tail += len(data)
             if self.tail > self.max_tail:
@@ -283,27 +305,22 @@ class Parsed:
         return True
 
     # -- llhttp's callbacks ---------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self.in_head = True
-        self._start = b""
-        self._fields = []
-        if self._trailers:
-            self._trailers = []
-
-    def on_url(self, url: bytes) -> None:
-        self._start += url
-
-    def on_status(self, reason: bytes) -> None:
-        self._start += reason
-
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.in_head:
-            self._fields.append((name, value))
-        else:
+        # Trailers come inside a body (in_head is read from _between after the parse only).
+        if self.in_body:
             self._trailers.append((name, value))
+        else:
+            self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.in_head, self.in_body, self.fed, self.tail = False, True, 0, 0
+        self.in_body, self.fed, self.tail = True, 0, 0
+        self._between.append(None)  # no head begun (in_head, after the parse)
+        # The head's start and fields taken, the next message's left empty (no reset as it
+        # begins: on_message_begin is a C call).
+        starts, fields = self._starts, self._fields
+        start = b"".join(starts)  # the one piece itself, most often
+        starts.clear()
+        self._fields = []
         kind: Any = self._kind()  # the status (int) or the method (bytes)
         version = self._version
         raw = None
@@ -318,7 +335,7 @@ class Parsed:
             # llhttp's version. Once: a next request in the same bytes asks llhttp.
             if line is not None:
                 self._line = None
-                end = len(kind) + len(self._start) + 1
+                end = len(kind) + len(start) + 1
                 if line.startswith(_HTTP11_END, end):
                     version = "1.1"
                     raw = line[: end + 11]  # the request line as it came (RequestHead.line)
@@ -327,10 +344,10 @@ class Parsed:
         last = self._last
         if (
             last is not None
-            and last[0] == self._start
+            and last[0] == start
             and last[2] == kind
             and last[3] == version
-            and last[1] == self._fields
+            and last[1] == fields
         ):
             head = last[4]
         elif self._response:
@@ -338,7 +355,7 @@ class Parsed:
             # differs from the last. Its wire is its shape's template with its values
             # (_shaped): a target's answers differ in their values (a Date, a Content-Length),
             # seldom in their status, reason or names.
-            fields, reason = self._fields, self._start
+            reason = start
             # (name, value) pairs: zip's strict= would only add a keyword call (~1 500 instr.)
             names, values = zip(*fields) if fields else _NO_FIELDS  # noqa: B905
             key = (kind, reason, names)
@@ -348,13 +365,13 @@ class Parsed:
             if plain:  # what PlainHead is
                 head = PlainHead(reason, kind, version, fields, len(wire), wire)
             else:
-                start = reason.decode("latin-1")
-                head = Head(start, "", kind, version, fields, len(wire), wire)
+                text = reason.decode("latin-1")
+                head = Head(text, "", kind, version, fields, len(wire), wire)
             self._last = (reason, fields, kind, version, head)
         else:
             # A request's head, here and not in a method of its own (once a request that
             # differs), made without RequestHead.__init__'s call: its stores.
-            fields, target = self._fields, self._start
+            target = start
             # Its fields on their lines as parsed, joined in C: request_head sends them on
             # when it drops none, and their length is the fields' part of the head's size
             # ("name: value" and a line end each: the lines' length and the last line's end).
@@ -397,11 +414,10 @@ class Parsed:
         self.in_body = False
         trailers = self._trailers
         # Most messages have none: no decoding comprehension run for them.
-        self.events.append(
-            (
-                END,
-                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers]
-                if trailers
-                else [],
+        if trailers:
+            self._trailers = []  # the next message's (no reset as it begins)
+            self.events.append(
+                (END, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers])
             )
-        )
+        else:
+            self.events.append((END, []))

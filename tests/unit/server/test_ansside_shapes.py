@@ -68,6 +68,11 @@ class _Recorder(Parsed):
         self.old.append(_old_response_head(self, self._kind(), self.parser.get_http_version()))
         super().on_headers_complete()
 
+    @property
+    def _start(self) -> bytes:
+        """812de76's ``_start`` (the reason phrase): the pieces llhttp gave, joined."""
+        return b"".join(self._starts)
+
 
 def _same_head(new: Head, old: Head) -> None:
     assert type(new) is type(old)

@@ -18,15 +18,16 @@ GET = b"GET /metrics HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: prom\r\n\r\n"
 
 
 class Counted(Parsed):
-    """Counts the messages llhttp began to parse (to see whether it ran)."""
+    """Counts the heads llhttp parsed (to see whether it ran; ``on_message_begin`` is a C
+    method, not one to override)."""
 
     def __init__(self, *, response: bool = False, max_tail: int = 64 * 1024) -> None:
         self.begun = 0
         super().__init__(response=response, max_tail=max_tail)
 
-    def on_message_begin(self) -> None:
+    def on_headers_complete(self) -> None:
         self.begun += 1
-        super().on_message_begin()
+        super().on_headers_complete()
 
 
 def take(parsed: Parsed) -> list[tuple[int, object]]:
