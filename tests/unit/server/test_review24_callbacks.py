@@ -595,13 +595,13 @@ _ANSWERS: list[bytes] = [
     b"xyz",  # bytes nobody asked for (or a broken answer)
 ]
 
-_OTHER = ["eof", "reset", "pause", "resume", "tight", "loose", "gone"]
+_OTHER = ["eof", "reset", "pause", "resume", "tight", "loose", "gone", "drain"]
 
 _Event = tuple[str, object]
 
 
 # A request kept on the stream and the answers that fit it (most turns of a conversation).
-_TURNS: list[tuple[str, list[bytes]]] = [
+_TURNS: list[tuple[str, list[bytes | None]]] = [
     ("get", [_OK]),
     ("get2", [_ANSWERS[1]]),
     ("get", [_ANSWERS[2]]),
@@ -615,6 +615,10 @@ _TURNS: list[tuple[str, list[bytes]]] = [
     ("pipelined_head", [_ANSWERS[6], _OK]),
     ("post", [_OK]),
     ("expect", [_ANSWERS[4]]),
+    ("get", [_ANSWERS[7], None]),  # until-close: the stream's end ends it
+    ("get", [_ANSWERS[8]]),  # Connection: close
+    ("close", [_OK]),
+    ("upgrade", [_ANSWERS[10]]),
 ]
 
 
@@ -635,7 +639,7 @@ def _events(draw: st.DrawFn) -> list[_Event]:
             request, answers = draw(st.sampled_from(_TURNS))
             turn: list[_Event] = [("client", request)]
             for answer in answers:
-                turn += _chunks(draw, answer)
+                turn += [("eof", None)] if answer is None else _chunks(draw, answer)
             if draw(st.integers(0, 4)) == 0:  # its first chunk comes as the request is written
                 turn.insert(0, ("inside", bytes(cast(bytes, turn.pop(1)[1]))))
             # something else meanwhile: the client's next bytes, the target's, a pause...
@@ -700,6 +704,8 @@ class _World:
             self.stream.credit = 5
         elif kind == "loose":
             self.stream.credit = None
+        elif kind == "drain":  # the server drains (Drain.start's close is its own)
+            self.conn.ctx.drain.draining = True
         elif kind == "gone":
             self.transport.closing = True
             self.sock.connection_lost(None)
@@ -777,7 +783,7 @@ async def _both(events: list[_Event]) -> None:
         await world.task
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_events())
 def test_the_callbacks_answer_as_e115ebcs(events: list[_Event]) -> None:
     asyncio.run(_both(events))
