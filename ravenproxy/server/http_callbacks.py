@@ -45,7 +45,7 @@ from ravenproxy.server.exchange_actions import (
     WriteClient,
     WriteUpstream,
 )
-from ravenproxy.server.front import Front, FrontContext, FrontLimits
+from ravenproxy.server.front import Front, FrontContext
 from ravenproxy.server.kept_upstream import KeptUpstream, news
 from ravenproxy.server.router import RouteMemo
 from ravenproxy.transport.bytestream import (
@@ -182,7 +182,7 @@ class CallbackPath(KeptUpstream):
         limits = self.ctx.limits
         watch = self._calls
         if watch is None:
-            watch = self._calls = IdleWatch(KEEPALIVE_TIMEOUT, _turns(self.ex, limits))
+            watch = self._calls = IdleWatch(KEEPALIVE_TIMEOUT, _turns(self.ex, self.ctx))
         watch.timeout = min(KEEPALIVE_TIMEOUT, limits.idle_timeout)
         return watch
 
@@ -288,7 +288,9 @@ class CallbackPath(KeptUpstream):
                         if self.ctx.drain.draining:  # no next request on this connection
                             self._leave([])
                             return True
-                        data = sock.read_nowait(READ_LIMIT)
+                        # Nothing came since a read took all (an answer's end, as a rule):
+                        # no read that would find nothing.
+                        data = sock.read_nowait(READ_LIMIT) if sock.pending else None
                         if data is None:
                             if self.waiting:
                                 # The kept stream called between requests (the socket's calls
@@ -417,12 +419,12 @@ class CallbackPath(KeptUpstream):
         return None
 
 
-def _turns(ex: Exchange, limits: FrontLimits) -> Callable[[], float]:
+def _turns(ex: Exchange, ctx: FrontContext) -> Callable[[], float]:
     """The callbacks' watch's timeout by turns: --idle-timeout while the target's answer is
     awaited, :data:`KEEPALIVE_TIMEOUT` otherwise (a next request). A closure, not a method of
     the connection: the connection holds the watch, which would hold it back (a cycle)."""
 
     def timeout() -> float:
-        return limits.idle_timeout if ex.phase == "forwarding" else KEEPALIVE_TIMEOUT
+        return ctx.limits.idle_timeout if ex.phase == "forwarding" else KEEPALIVE_TIMEOUT
 
     return timeout

@@ -77,6 +77,7 @@ class SocketStream(asyncio.Protocol):
         "_read_paused",
         "_read_waiter",
         "_transport",
+        "pending",
         "transport",
         "write_paused",
     )
@@ -102,6 +103,10 @@ class SocketStream(asyncio.Protocol):
         self._on_writing: asyncio.BaseProtocol | None = None
         self._lend: bool | Lender = False
         """True: may switch to lending at a large read; the lender once it did."""
+        self.pending = False
+        """Bytes, the EOF or the loss arrived that :meth:`read_nowait` did not return yet
+        (False: it would return None). What the HTTP fronts' callbacks look at after an
+        answer, rather than call a read that finds nothing (a call a request)."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -112,6 +117,7 @@ class SocketStream(asyncio.Protocol):
         self._over_ssl = transport.get_extra_info("sslcontext") is not None
 
     def data_received(self, data: bytes) -> None:
+        self.pending = True
         if self._lend is True and len(data) >= LEND_FROM:
             self._start_lending()
         if not self._buffer:
@@ -136,7 +142,7 @@ class SocketStream(asyncio.Protocol):
             callback()
 
     def eof_received(self) -> bool:
-        self._eof = True
+        self._eof = self.pending = True
         quiet(self.transport)  # half-closed: readable for ever, no more input (readiness.py)
         self._wake_reader()
         if self._on_data is not None:
@@ -144,7 +150,7 @@ class SocketStream(asyncio.Protocol):
         return not self._over_ssl  # keep the transport open for our half of the stream
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = True
+        self._lost = self.pending = True
         if exc is not None:
             self._error = exc
         self._eof = True
@@ -256,13 +262,18 @@ class SocketStream(asyncio.Protocol):
                 return bytes(self._take_lent(n))
             if self._error is not None:
                 raise self._error
-            return b"" if self._eof else None
+            if self._eof:
+                return b""
+            self.pending = False
+            return None
         if self._read_paused or 0 <= n < len(buffer):
             return self._take(n)
         # All of it, reading not paused: _take's usual case written out (a call a request on
         # the server's front); one chunk is bytes already (bytes() of it: a type call for
         # the same object).
         self._buffer = b""
+        if not self._eof and type(self._lend) is not Lender:  # nothing else to return
+            self.pending = False
         return buffer if type(buffer) is bytes else bytes(buffer)
 
     def read_chunk_nowait(self, n: int = -1) -> bytes | memoryview | None:
@@ -329,6 +340,7 @@ class SocketStream(asyncio.Protocol):
         assert type(lender) is Lender
         lender.views.append(view)
         lender.pending += len(view)
+        self.pending = True
         if not self._read_paused and lender.pending > 2 * self._limit:
             assert self._transport is not None
             self._transport.pause_reading()

@@ -5,8 +5,12 @@ and calls back, and the call back does what a read of it did before."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import cast
+from unittest import mock
 
+from ravenproxy.server.exchange_actions import Close
 from ravenproxy.server.http_callbacks import KEEPALIVE_TIMEOUT
 from ravenproxy.transport.socket_stream import SocketStream
 from tests.unit.server.test_exchange import get
@@ -95,3 +99,55 @@ async def test_a_chunk_out_of_callback_mode_is_not_taken() -> None:
     path._exit = None
     assert path._advance(_ANSWER) is False
     assert cast(_Transport, cast(SocketStream, path.reader).transport).out == []
+
+
+@contextlib.contextmanager
+def _socket_reads() -> Iterator[list[int | None]]:
+    """Every SocketStream.read_nowait while it lasts: what each returned's length (None)."""
+    reads: list[int | None] = []
+    real = SocketStream.read_nowait
+
+    def counted(self: SocketStream, n: int = -1) -> bytes | None:
+        data = real(self, n)
+        reads.append(None if data is None else len(data))
+        return data
+
+    with mock.patch.object(SocketStream, "read_nowait", counted):
+        yield reads
+
+
+async def test_an_answers_end_reads_the_client_only_if_something_came() -> None:
+    stream = _Stream()
+    path, _ = _forwarding(get("/a", "edge-1:9100"), stream, _A)
+    sock = cast(SocketStream, path.reader)
+    with _socket_reads() as reads:
+        assert _feed(path, stream, _ANSWER)
+        assert reads == [] and path.waiting  # nothing came: no read that finds nothing
+        sock.data_received(get("/b", "edge-1:9100"))
+        path._advance()  # the socket's callback
+        assert len(reads) == 1 and stream.sent[-1].startswith(b"GET /b ")
+        assert _feed(path, stream, _ANSWER)
+        assert len(reads) == 1 and path.waiting
+
+
+async def test_a_request_that_came_during_the_answer_is_read_at_its_end() -> None:
+    stream = _Stream()
+    path, _ = _forwarding(get("/a", "edge-1:9100"), stream, _A)
+    sock = cast(SocketStream, path.reader)
+    with _socket_reads() as reads:
+        sock.data_received(get("/b", "edge-1:9100"))
+        path._advance()  # the socket's callback while forwarding: not read yet
+        assert reads == [] and path.ex.phase == "forwarding"
+        assert _feed(path, stream, _ANSWER)
+        assert len(reads) == 1 and reads[0] and stream.sent[-1].startswith(b"GET /b ")
+        assert path.ex.phase == "forwarding"
+
+
+async def test_a_client_eof_during_the_answer_closes_at_its_end() -> None:
+    stream = _Stream()
+    path, _ = _forwarding(get("/a", "edge-1:9100"), stream, _A)
+    sock = cast(SocketStream, path.reader)
+    sock.eof_received()
+    path._advance()  # the socket's callback while forwarding
+    assert _feed(path, stream, _ANSWER)
+    assert path._exit is not None and [type(a) for a in path._exit.result()] == [Close]

@@ -151,6 +151,50 @@ async def test_read_nowait_hands_on_bytes_no_later_data_changes() -> None:
     assert stream.read_nowait(READ_LIMIT) == b"efgh"
 
 
+async def test_pending_is_false_only_when_read_nowait_would_return_none() -> None:
+    """``pending`` False promises a read_nowait that finds nothing: a whole buffer taken clears
+    it; a part taken, the EOF, the loss, bytes read past a lending switch do not."""
+    stream = SocketStream(1024)
+    stream.connection_made(_Transport())  # type: ignore[arg-type]
+    assert not stream.pending and stream.read_nowait(READ_LIMIT) is None
+    stream.data_received(b"GET / HTTP/1.1\r\n")
+    assert stream.pending
+    assert stream.read_nowait(READ_LIMIT) and not stream.pending  # all of it taken
+    stream.data_received(b"abcd")
+    assert stream.read_nowait(2) == b"ab" and stream.pending  # a part: the rest is there
+    assert stream.read_nowait(READ_LIMIT) == b"cd" and not stream.pending
+    stream.data_received(b"ef")
+    stream.eof_received()
+    assert stream.read_nowait(READ_LIMIT) == b"ef" and stream.pending  # the EOF is still to read
+    assert stream.read_nowait(READ_LIMIT) == b"" and stream.pending
+    lost = SocketStream(1024)
+    lost.connection_made(_Transport())  # type: ignore[arg-type]
+    assert lost.read_nowait(READ_LIMIT) is None and not lost.pending
+    lost.connection_lost(ConnectionResetError())
+    assert lost.pending
+    with pytest.raises(ConnectionResetError):
+        lost.read_nowait(READ_LIMIT)
+
+
+class _LendingTransport(_Transport):
+    def set_protocol(self, protocol: object) -> None:
+        pass
+
+
+async def test_pending_stays_while_lent_views_wait_behind_the_buffer() -> None:
+    """The chunk that switched to lending is in the buffer, what came after in lent views: the
+    buffer taken whole leaves the views to read (``pending`` stays)."""
+    stream = SocketStream(1 << 20)
+    stream.connection_made(_LendingTransport())  # type: ignore[arg-type]
+    assert stream.lend_reads()
+    first = b"x" * LEND_FROM
+    stream.data_received(first)  # switches to lending; this chunk is buffered as ever
+    stream._lent(memoryview(b"more"))  # what the lender read next
+    assert stream.read_nowait() == first and stream.pending
+    assert stream.read_nowait() == b"more"
+    assert stream.read_nowait() is None and not stream.pending
+
+
 # -- lending (the relay's bulk upload) ----------------------------------------------------------
 # On both loops: uvloop picks its read callbacks (into our buffer, or into bytes of its own) when
 # reading starts, asyncio's when the protocol is set.
