@@ -97,12 +97,14 @@ class PlainHead(_DecodedWhenAsked):
     """A plain response's head (:attr:`Head.plain`): it goes on as parsed, so neither its
     fields nor its reason phrase are decoded unless something asks for them."""
 
-    __slots__ = ("_reason",)
+    __slots__ = ("reason",)
 
     plain = True
     target = ""  # a response's (Head's slot left unset)
+    reason: bytes
+    """The reason phrase as parsed (:attr:`start` decoded from it when asked)."""
 
-    def __init__(  # not Head's: nothing decoded, and no call to it (once an answer)
+    def __init__(  # not Head's: nothing decoded (the parse makes its heads without this call)
         self,
         reason: bytes,
         status: int,
@@ -111,12 +113,12 @@ class PlainHead(_DecodedWhenAsked):
         size: int,
         wire: bytes,
     ) -> None:
-        self._reason, self.status, self.version = reason, status, version
+        self.reason, self.status, self.version = reason, status, version
         self.fields, self.size, self.wire = fields, size, wire
 
     @property
     def start(self) -> str:  # type: ignore[override]  # read-only: decoded on demand
-        return self._reason.decode("latin-1")
+        return self.reason.decode("latin-1")
 
     @property
     def routing(self) -> dict[str, str]:  # type: ignore[override]

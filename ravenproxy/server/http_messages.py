@@ -35,10 +35,10 @@ connection holds it (a scrape or a probe is a few hundred bytes; an idle front c
 whole budget is ~8 KiB)."""
 
 _framing_kind = FRAMING_KIND.get
-_new_request_head = object.__new__
-"""``_new_request_head(RequestHead)``: a head made by object's C constructor, its slots stored
-by the parse (:meth:`Parsed.on_headers_complete`): no Python ``__init__`` call, once a request
-that differs."""
+_new_head = object.__new__
+"""``_new_head(RequestHead)``, ``_new_head(PlainHead)``: a head made by object's C constructor,
+its slots stored by the parse (:meth:`Parsed.on_headers_complete`): no Python ``__init__``
+call, once a request or an answer that differs."""
 _name_value = b": ".join
 """A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
@@ -94,6 +94,23 @@ def _shaped(key: _ShapeKey) -> tuple[bytes, bool]:
 
 # Event kinds of :class:`Parsed`.
 HEAD, DATA, END, ERROR, EOF = range(5)
+
+
+class _NoTrailers(list[tuple[str, str]]):
+    """The trailers of a message that had none: one empty list for every such END event (no
+    list and tuple made and freed per message); one that would change it is refused."""
+
+    __slots__ = ()
+
+    def _shared(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("the END event's shared empty trailers cannot change")
+
+    append = extend = insert = remove = clear = pop = sort = reverse = _shared  # type: ignore[assignment]
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _shared  # type: ignore[assignment]
+
+
+_ENDED: tuple[int, list[tuple[str, str]]] = (END, _NoTrailers())
+"""The END event of a message without trailers, shared."""
 
 
 class _Stop(Exception):
@@ -239,7 +256,7 @@ class Parsed:
             # A keep-alive client sending the same request again (a scrape, a probe): the
             # parser is where that request left it, so it would make the same two events.
             events.append((HEAD, head))
-            events.append((END, []))
+            events.append(_ENDED)
             self.fed = 0
             return None
         # The parser leaves that state: what it held is remembered anew (or not at all).
@@ -253,7 +270,8 @@ class Parsed:
             if self.in_head:
                 pass
             elif self._response:
-                self._version = "1.1" if data.startswith(b"HTTP/1.1 ") else None
+                # (A slice compared: startswith parses its arguments by format, ~200 more.)
+                self._version = "1.1" if data[:9] == b"HTTP/1.1 " else None
             else:
                 self._line = data
         queued = len(events)
@@ -300,7 +318,7 @@ class Parsed:
             return False
         if head is not self._replay_head and not self._replayable(head):
             return False
-        self.events.append((END, []))
+        self.events.append(_ENDED)
         self.fed = 0
         return True
 
@@ -336,7 +354,8 @@ class Parsed:
             if line is not None:
                 self._line = None
                 end = len(kind) + len(start) + 1
-                if line.startswith(_HTTP11_END, end):
+                # (A slice compared: startswith with a position parses its arguments by format.)
+                if line[end : end + 11] == _HTTP11_END:
                     version = "1.1"
                     raw = line[: end + 11]  # the request line as it came (RequestHead.line)
             if version is None:
@@ -363,7 +382,11 @@ class Parsed:
             wire, plain = shape[0] % values, shape[1]
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
             if plain:  # what PlainHead is
-                head = PlainHead(reason, kind, version, fields, len(wire), wire)
+                # Made by object's C constructor and its stores: no Python __init__ call.
+                made = _new_head(PlainHead)
+                made.reason, made.status, made.version = reason, kind, version
+                made.fields, made.size, made.wire = fields, len(wire), wire
+                head = made
             else:
                 text = reason.decode("latin-1")
                 head = Head(text, "", kind, version, fields, len(wire), wire)
@@ -385,7 +408,7 @@ class Parsed:
             method = _method_name(kind) or _METHOD_NAMES.setdefault(
                 kind, kind.decode("ascii", "replace")
             )
-            head = _new_request_head(RequestHead)
+            head = _new_head(RequestHead)
             head.start, head.target, head.version, head.line = (
                 method,
                 target.decode("latin-1"),
@@ -403,7 +426,7 @@ class Parsed:
             # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
             # connection is not used again.
             self.in_body = False
-            self.events.append((END, []))
+            self.events.append(_ENDED)
             raise _Stop
 
     def on_body(self, body: bytes) -> None:
@@ -420,4 +443,4 @@ class Parsed:
                 (END, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers])
             )
         else:
-            self.events.append((END, []))
+            self.events.append(_ENDED)

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from httptools import (
     HttpParserError,
     HttpParserUpgrade,
@@ -548,3 +549,23 @@ def test_trailers_are_told_from_fields_inside_the_body() -> None:
     second = events[3][1]
     assert isinstance(second, Head) and second.fields == [(b"Host", b"n")]
     assert events[4] == (END, [])
+
+
+def test_messages_without_trailers_share_one_empty_list_that_cannot_change() -> None:
+    """Their END events are one object (none made per message): its list refuses a change, so
+    no reader can give one message's trailers to the next."""
+    parsed = Parsed(response=True)
+    parsed.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n" * 2)
+    ends = [e for e in parsed.events if e[0] == END]
+    assert len(ends) == 2 and ends[0] is ends[1] and ends[0] == (END, [])
+    trailers = ends[0][1]
+    for change in (
+        lambda: trailers.append(("X", "1")),
+        lambda: trailers.extend([("X", "1")]),
+        lambda: trailers.insert(0, ("X", "1")),
+        lambda: trailers.__iadd__([("X", "1")]),
+        lambda: trailers.__setitem__(slice(0, 0), [("X", "1")]),
+    ):
+        with pytest.raises(TypeError):
+            change()
+    assert trailers == [] and not trailers
