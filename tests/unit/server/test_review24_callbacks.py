@@ -457,9 +457,12 @@ class _TStream:
         if self.closed:  # forgotten by its session
             return
         take = self._on_chunk
-        if take is not None and not self._chunks and take(data):
-            self.bytes_in += len(data)
-            return
+        if take is not None and not self._chunks:
+            if take(data):
+                tally("a chunk taken")
+                self.bytes_in += len(data)
+                return
+            tally("a chunk offered, not taken")
         self._chunks.append(data)
         if self._on_readable is not None:
             self._on_readable()
