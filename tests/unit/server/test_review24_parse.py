@@ -162,6 +162,12 @@ _SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[He
 @example(
     b"GET /u HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: x\r\n\r\nGET / HTTP/1.1\r\n\r\n", [60]
 )
+# A body ended in the read an upgrade came in (in_body read after the upgrade's stop).
+@example(
+    b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"
+    b"GET /u HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: x\r\n\r\nraw",
+    [40],
+)
 def test_requests_parse_as_e115ebcs(data: bytes, cuts: list[int]) -> None:
     _both(_cut(data, cuts), response=False)
     if len(data) <= 120:
@@ -190,3 +196,25 @@ def test_any_bytes_parse_as_e115ebcs(data: bytes, response: bool, cuts: list[int
     prefix = b"HTTP/1.1 200 OK\r\n" if response else b"GET / HTTP/1.1\r\n"
     _both(_cut(prefix + data, cuts), response=response)
     _both(_cut(data, cuts), response=response)
+
+
+_TRAILED = [
+    b"POST /t HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"2\r\nab\r\n0\r\nX-A: 1\r\nX-B: 2\r\nX-C: 3\r\n\r\n"
+    b"GET /n HTTP/1.1\r\nHost: n\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"2\r\nab\r\n0\r\nX-A: 1\r\nX-B: 2\r\n\r\n"
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-Z: 9\r\n\r\n",
+]
+
+
+def test_trailers_across_reads_whose_events_were_taken_meanwhile_are_e115ebcs() -> None:
+    """Trailers flushed in one read (a next field began) whose END comes in a later one, the
+    events queued before them taken meanwhile, as the exchange takes them: cut in two at every
+    byte, and in three around every trailer's line."""
+    for i, data in enumerate(_TRAILED):
+        response = i == 1
+        for cut in range(1, len(data)):
+            _both([data[:cut], data[cut:]], response=response)
+        for cut in range(data.index(b"0\r\nX-A"), len(data) - 1):
+            _both([data[:cut], data[cut : cut + 3], data[cut + 3 :]], response=response)
