@@ -14,9 +14,9 @@ counts references to its buffer (the tunnel's ``swap_lent``, the lender's reuse 
 more than the buffer's own.
 
 The tunnel's protocols do neither in ``eof_received`` today (it goes to ``websockets``), so
-nothing breaks now; pinned as a strict xfail against agent3 (passes on e115ebc's
-tls_socket.py, checked by putting it back), to be fixed by dropping the views before
-``_eof`` (or by a test change the lead accepts as the new contract).
+nothing breaks now. Found by review23 on agent3's 7f8e7cc (as a strict xfail; it passed on
+e115ebc's tls_socket.py, checked by putting it back) and fixed in 2c4aca6: a round that ends
+other than drained drops the views before ``_eof`` and the fatal path.
 """
 
 from __future__ import annotations
@@ -67,11 +67,6 @@ def _say_and_fin(sock: ssl.SSLSocket) -> str:
     return "fin"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent3 7f8e7cc: eof_received is called while the read round still holds a view "
-    "of the protocol's buffer (BufferError on resizing it; e115ebc dropped them first)",
-)
 @pytest.mark.parametrize("peer", [_say_and_close, _say_and_fin], ids=["close_notify", "fin"])
 async def test_at_eof_the_transport_holds_no_view_of_the_protocols_buffer(
     pki: Path, peer: object
