@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from ravenproxy.server.answer_head import AnswerHead
 from ravenproxy.server.exchange_actions import (
     Action,
     Close,
@@ -53,7 +54,6 @@ from ravenproxy.server.http_rewrite import (
     RequestHeads,
     chunk,
     last_chunk,
-    response_framing,
     switch_head,
 )
 from ravenproxy.server.loops import via_received_by
@@ -63,7 +63,7 @@ from ravenproxy.server.router import Route, UpstreamKey
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
-class Exchange:
+class Exchange(AnswerHead):
     """See the module docstring. ``phase``: ``head`` (waiting for a request head), ``routing``,
     ``opening``, ``forwarding`` (request sent, response being read), ``switching``,
     ``closed``."""
@@ -382,35 +382,6 @@ class Exchange:
 
     def _bad_response(self, what: str) -> list[Action]:
         return self._failed(f"bad response from the target: {what}", status=502)
-
-    def _response_head(self, response: Head, bodiless: bool) -> bytes:
-        """The head for the client, and how the body after it is framed. An answer before the
-        request body is through closes the connection after it (:meth:`_finished`): it says so."""
-        client_keep = self._client_keep and self.body_done
-        if response.plain and client_keep and not bodiless and response.status not in (204, 304):
-            # response_framing's plain case kept alive, written out: a target's usual answer
-            # goes on as parsed, without two calls, a Framing and a memo entry per answer
-            # (test_exchange_plain holds it to response_framing's).
-            self._body_out, self._until_close = "length", False
-            self._up_keep = response.version == "1.1" and self._up is not None
-            return response.wire
-        request, rest = self._request, (bodiless, client_keep, self._up is not None)
-        seen = self._answered  # heads by identity: a changed one is not compared field by field
-        if seen is not None and seen[0] is response and seen[1] is request and seen[2] == rest:
-            framing = seen[3]
-        else:
-            assert self._request is not None
-            framing = response_framing(
-                response,
-                bodiless=bodiless,
-                request_version=self._request.version,
-                client_keep=client_keep,
-                upstream=self._up is not None,
-            )
-            self._answered = (response, request, rest, framing)
-        self._body_out, self._until_close = framing.body_out, framing.until_close
-        self._up_keep, self._client_keep = framing.up_keep, framing.client_keep
-        return framing.head
 
     def upstream_lost(self) -> list[Action]:
         """Reading from, or writing to, the target connection failed."""
