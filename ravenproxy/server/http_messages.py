@@ -132,7 +132,6 @@ class Parsed:
         "_replay_head",
         "_response",
         "_starts",
-        "_trailers",
         "_version",
         "bodiless",
         "events",
@@ -202,7 +201,8 @@ class Parsed:
         self.bodiless = False
         """The response to come has no body whatever its fields say (it answers a HEAD)."""
         self._fields: list[tuple[bytes, bytes]] = []
-        self._trailers: list[tuple[bytes, bytes]] = []
+        """The fields llhttp reported since the last head or message ended: the head's (taken
+        by :meth:`on_headers_complete`), then its trailers (by :meth:`on_message_complete`)."""
         self._last: tuple[bytes, list[tuple[bytes, bytes]], object, str, Head] | None = None
         """The last head as parsed (start, fields, method or status, version) and its
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
@@ -329,11 +329,9 @@ class Parsed:
 
     # -- llhttp's callbacks ---------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Trailers come inside a body (in_head is read from _between after the parse only).
-        if self.in_body:
-            self._trailers.append((name, value))
-        else:
-            self._fields.append((name, value))
+        # A field of the head or, once the head has taken its own, a trailer: which one is told
+        # by the list's taker, not asked per field.
+        self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.in_body, self.fed, self.tail = True, 0, 0
@@ -440,10 +438,10 @@ class Parsed:
 
     def on_message_complete(self) -> None:
         self.in_body = False
-        trailers = self._trailers
+        trailers = self._fields  # reported since the head took its own: trailers
         # Most messages have none: no decoding comprehension run for them.
         if trailers:
-            self._trailers = []  # the next message's (no reset as it begins)
+            self._fields = []  # the next message's (no reset as it begins)
             self.events.append(
                 (END, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers])
             )

@@ -1,16 +1,20 @@
 """Branch varreq (issue 15): a request that differs from the last one, its parse and its head.
 
-Two cuts, each held here against ebcf73b's code kept verbatim as the oracle (``_Ebc*``: only
+Three cuts, each held here against ebcf73b's code kept verbatim as the oracle (``_Ebc*``: only
 renamed; nothing is imported from a baseline checkout):
 
 - :meth:`Parsed.feed` asks the replay memo only when one is kept, tells the fresh request by the
   branch that sets its line, and keeps a whole request by its END being the shared one of a
   message without trailers (ebcf73b unpacked both events and asked four conditions). The oracle
-  is ebcf73b's ``feed`` on the same class (every callback is the same code in both), over
+  is ebcf73b's ``feed`` (and callbacks, below) on the same class, over
   test_review24_parse's grammar of llhttp's corners (methods, targets, versions, fields, framings,
   trailers, pipelined messages, upgrades, byte-level mutations), cut at random and a byte at a
   time: the same returns, events, state, and the same request kept for replay (the same bytes,
   the same head), which ``again`` and the next feed read.
+- llhttp's ``on_header`` appends to one list, not asking ``in_body`` per field: the head
+  takes its fields, and what is reported after it (trailers) is taken by
+  ``on_message_complete``. The oracle's ``on_header`` and ``on_message_complete`` are
+  ebcf73b's too (its ``_trailers`` list), on the same grammar.
 - :class:`RequestHeads` keeps what its tail was made for in slots, not a tuple: the oracle is
   ebcf73b's class over test_reqside_requests' generated conversations (fields repeated and
   changed, versions, destinations retargeted or found anew, routes that change or stay, pod,
@@ -44,11 +48,15 @@ from .test_exchange import VIA, route
 from .test_reqside_requests import _field_sets, _request_bytes, _steps
 from .test_review24_parse import _cut, _state, _stream, _view
 
-# -- ebcf73b's Parsed.feed, verbatim (only its class renamed) ------------------------------------
+# -- ebcf73b's Parsed.feed, on_header and on_message_complete, verbatim (their class renamed) --
 
 
 class _EbcParsed(Parsed):
-    __slots__ = ()
+    __slots__ = ("_trailers",)
+
+    def __init__(self, *, response: bool, max_tail: int = 64 * 1024) -> None:
+        self._trailers: list[tuple[bytes, bytes]] = []  # ebcf73b's __init__ made it
+        super().__init__(response=response, max_tail=max_tail)
 
     def feed(self, data: bytes) -> bytes | None:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
@@ -105,6 +113,25 @@ class _EbcParsed(Parsed):
                 assert isinstance(parsed, Head)
                 self._again = (bytes(data), parsed)
         return None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # Trailers come inside a body (in_head is read from _between after the parse only).
+        if self.in_body:
+            self._trailers.append((name, value))
+        else:
+            self._fields.append((name, value))
+
+    def on_message_complete(self) -> None:
+        self.in_body = False
+        trailers = self._trailers
+        # Most messages have none: no decoding comprehension run for them.
+        if trailers:
+            self._trailers = []  # the next message's (no reset as it begins)
+            self.events.append(
+                (END, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers])
+            )
+        else:
+            self.events.append(_ENDED)
 
 
 # -- ebcf73b's RequestHeads, verbatim (only renamed) ---------------------------------------------
