@@ -132,7 +132,6 @@ class Parsed:
         "_replay_head",
         "_response",
         "_starts",
-        "_trailers",
         "_version",
         "bodiless",
         "events",
@@ -202,7 +201,8 @@ class Parsed:
         self.bodiless = False
         """The response to come has no body whatever its fields say (it answers a HEAD)."""
         self._fields: list[tuple[bytes, bytes]] = []
-        self._trailers: list[tuple[bytes, bytes]] = []
+        """The fields llhttp reported since the last head or message ended: the head's (taken
+        by :meth:`on_headers_complete`), then its trailers (by :meth:`on_message_complete`)."""
         self._last: tuple[bytes, list[tuple[bytes, bytes]], object, str, Head] | None = None
         """The last head as parsed (start, fields, method or status, version) and its
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
@@ -251,20 +251,22 @@ class Parsed:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
         ended the HTTP part of the connection. An error is queued after what came before it."""
         events = self.events
-        head = self._repeated(data) if self._again is not None else None
-        if head is not None:
-            # A keep-alive client sending the same request again (a scrape, a probe): the
-            # parser is where that request left it, so it would make the same two events.
-            events.append((HEAD, head))
-            events.append(_ENDED)
-            self.fed = 0
-            return None
-        # The parser leaves that state: what it held is remembered anew (or not at all).
-        self._again = None
+        if self._again is not None:
+            head = self._repeated(data)
+            if head is not None:
+                # A keep-alive client sending the same request again (a scrape, a probe): the
+                # parser is where that request left it, so it would make the same two events.
+                events.append((HEAD, head))
+                events.append(_ENDED)
+                self.fed = 0
+                return None
+            # The parser leaves that state: what it held is remembered anew (or not at all).
+            self._again = None
         if self.tail > self.max_tail:  # refused (below): nothing more goes into the parser
             return None
-        # (A response is never kept: not asked whether it came whole.)
-        fresh = not self._response and not events and not self.in_head and not self.in_body
+        # A request may begin at the start of ``data`` (the parser between messages, no event
+        # waiting): a response is never kept, not asked whether it came whole.
+        fresh = False
         if not self.in_body:
             self.fed += len(data)
             if self.in_head:
@@ -274,6 +276,7 @@ class Parsed:
                 self._version = "1.1" if data[:9] == b"HTTP/1.1 " else None
             else:
                 self._line = data
+                fresh = not events
         queued = len(events)
         try:
             self.parser.feed_data(data)
@@ -291,15 +294,17 @@ class Parsed:
             self.tail += len(data)
             if self.tail > self.max_tail:
                 events.append((ERROR, f"chunk framing or trailers over {self.max_tail} bytes"))
-        if fresh and len(events) == 2 and len(data) <= REPLAY_MAX:
+        elif fresh and len(events) == 2 and events[1] is _ENDED and not self.in_head:
             # One whole request that left the parser as it found it (no body event, nothing of
-            # a next message) is kept: the same bytes again are that request again. (Whether
-            # it may be replayed is asked then: _replayable.) Here, not in a method of its own:
-            # once a request that differs.
-            (kind, parsed), (end, trailers) = events
-            done = not self.in_head and not self.in_body
-            if kind == HEAD and end == END and not trailers and done:
-                assert isinstance(parsed, Head)
+            # a next message begun) is kept: the same bytes again are that request again.
+            # (Whether it may be replayed is asked then: _replayable.) Its events are its HEAD
+            # and the shared END of a message without trailers: what a fresh parse queues
+            # first is a HEAD (no body is begun before one; an error returned above), and after
+            # that END the parser is in no body (a next message's body follows its HEAD: a
+            # third event). Here, not in a method of its own: once a request that differs.
+            parsed = events[0][1]
+            assert isinstance(parsed, Head)
+            if len(data) <= REPLAY_MAX:
                 self._again = (bytes(data), parsed)
         return None
 
@@ -324,11 +329,9 @@ class Parsed:
 
     # -- llhttp's callbacks ---------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Trailers come inside a body (in_head is read from _between after the parse only).
-        if self.in_body:
-            self._trailers.append((name, value))
-        else:
-            self._fields.append((name, value))
+        # A field of the head or, once the head has taken its own, a trailer: which one is told
+        # by the list's taker, not asked per field.
+        self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.in_body, self.fed, self.tail = True, 0, 0
@@ -435,10 +438,10 @@ class Parsed:
 
     def on_message_complete(self) -> None:
         self.in_body = False
-        trailers = self._trailers
+        trailers = self._fields  # reported since the head took its own: trailers
         # Most messages have none: no decoding comprehension run for them.
         if trailers:
-            self._trailers = []  # the next message's (no reset as it begins)
+            self._fields = []  # the next message's (no reset as it begins)
             self.events.append(
                 (END, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers])
             )

@@ -98,38 +98,45 @@ class RequestHeads:
     :meth:`head` answers (head, upgrade, chunked) as a plain tuple (an :class:`Outbound` is
     made by a subtype's constructor: three objects)."""
 
-    __slots__ = ("_last", "_tail", "via")
+    __slots__ = ("_chunked", "_dest", "_route", "_tail", "_upgrade", "_version", "_wire", "via")
 
     def __init__(self, via: str) -> None:
         self.via = via
-        self._last: tuple[bytes, Destination, Route, str] | None = None
-        """What the kept tail was made for: the fields' lines, destination, route (by
-        identity) and version. The same lines are the same fields (a name holds no colon, a
-        value no line end), hence the same routing fields and decoded forms."""
-        self._tail: tuple[bytes, bool, bool] = (b"", False, False)
-        """The head past its request line, its upgrade and chunking."""
+        # What the kept tail was made for, each in a slot of its own (compared one by one: no
+        # tuple indexed per request): the fields' lines, destination, route (by identity) and
+        # version. The same lines are the same fields (a name holds no colon, a value no line
+        # end), hence the same routing fields and decoded forms. None: nothing kept yet.
+        self._wire: bytes | None = None
+        self._dest: Destination | None = None
+        self._route: Route | None = None
+        self._version = ""
+        self._tail = b""
+        """The head past its request line."""
+        self._upgrade, self._chunked = False, False
 
     def head(self, request: Head, dest: Destination, route: Route) -> tuple[bytes, bool, bool]:
-        last = self._last
         if (
-            last is not None
-            and last[0] is request.wire
-            and last[1] is dest
-            and last[2] is route
-            and last[3] == request.version
+            request.wire is self._wire
+            and dest is self._dest
+            and route is self._route
+            and request.version == self._version
         ):
-            tail, upgrade, chunked = self._tail
             # The request line as it came when the target goes on unchanged (the same object:
             # not rewritten by the destination): no format, no encode.
             line = request.line if dest.target is request.target else None
             if line is None:
                 line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-            return line + tail, upgrade, chunked
+            return line + self._tail, self._upgrade, self._chunked
         out = request_head(request, dest, route, self.via)
         head = out.head
         # The request line ends at the head's first CRLF (a target holds none).
-        self._tail = (head[head.index(b"\r\n") + 2 :], out.upgrade, out.chunked)
-        self._last = (request.wire, dest, route, request.version)
+        self._tail, self._upgrade, self._chunked = (
+            head[head.index(b"\r\n") + 2 :],
+            out.upgrade,
+            out.chunked,
+        )
+        self._wire, self._dest, self._route = request.wire, dest, route
+        self._version = request.version
         return head, out.upgrade, out.chunked
 
 

@@ -239,8 +239,7 @@ def test_request_heads_are_812de76s_request_head_over_a_conversation(
         if new_route or key not in routes:  # another route (its node's port moved)
             routes[key] = route(key[0], key[1] + len(routes))
         r = routes[key]
-        memo = heads._last
-        reused = memo is not None and memo[0] is request.wire
+        reused = heads._wire is request.wire
         got = heads.head(request, dest, r)
         want = _old_request_head(request, fresh, r, VIA)
         assert got == tuple(want), (request.start, request.target, flds)
