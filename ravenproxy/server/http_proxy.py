@@ -49,10 +49,10 @@ from ravenproxy.server.http_messages import ERROR, HEAD
 from ravenproxy.server.limits import StreamLease
 from ravenproxy.server.router import Route
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
+from ravenproxy.transport.front_splice import splice_or_relay
 from ravenproxy.transport.linger import lingering_close
 from ravenproxy.transport.relay import IdleTimeout, IdleWatch
 from ravenproxy.transport.socket_stream import SocketReader, SocketWriter
-from ravenproxy.transport.splice import splice_or_relay
 from ravenproxy.transport.tunnel_stream import StreamClosedError
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from ravenproxy.server.accept import FrontListener, streams
 from ravenproxy.server.front import FrontContext
 from ravenproxy.server.http_proxy import HttpProxy
 from ravenproxy.transport.bytestream import READ_LIMIT
-from ravenproxy.transport.splice import splice_or_relay
+from ravenproxy.transport.front_splice import splice_or_relay
 
 log = logging.getLogger(__name__)
 

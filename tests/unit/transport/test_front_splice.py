@@ -1,5 +1,5 @@
 """The server front's splice of a client socket to a tunnel stream by callbacks
-(:class:`~ravenproxy.transport.splice.FrontSplice`, what :func:`splice_or_relay` runs for a
+(:class:`~ravenproxy.transport.front_splice.FrontSplice`, what :func:`splice_or_relay` runs for a
 front's :class:`SocketStream` and a tunnel stream): the relay's rules kept — bytes both ways
 past the window, what was read before on either side, half-close both ways, --idle-timeout, a
 half-closed client that resets, a reset stream, cancellation. (The client reset while its upload
@@ -22,13 +22,13 @@ import pytest
 
 from ravenproxy.pki.authority import generate_ca, issue_server_cert
 from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_key
-from ravenproxy.transport import splice as splice_module
+from ravenproxy.transport import front_splice as splice_module
 from ravenproxy.transport.bytestream import READ_LIMIT, TunnelByteStream
+from ravenproxy.transport.front_splice import splice_or_relay
 from ravenproxy.transport.lender import LEND_IDLE
 from ravenproxy.transport.relay import CREDIT_PROBE, IDLE_ERROR, RelayResult
 from ravenproxy.transport.session import StreamClosedError, TunnelStream
 from ravenproxy.transport.socket_stream import SocketStream
-from ravenproxy.transport.splice import splice_or_relay
 from tests.unit.transport.test_relay import accepting
 from tests.unit.transport.test_session import TARGET, WAIT, StreamHandler, echo, tunnel
 

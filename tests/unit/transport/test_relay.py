@@ -15,18 +15,18 @@ from typing import Any
 
 import pytest
 
+from ravenproxy.transport import front_splice as splice_module
 from ravenproxy.transport import relay as relay_module
-from ravenproxy.transport import splice as splice_module
 from ravenproxy.transport.bytestream import (
     READ_LIMIT,
     SocketByteStream,
     TunnelByteStream,
     open_connection,
 )
+from ravenproxy.transport.front_splice import splice_or_relay
 from ravenproxy.transport.relay import RelayResult, relay
 from ravenproxy.transport.session import SessionConfig, StreamClosedError, TunnelStream
 from ravenproxy.transport.socket_stream import SocketStream
-from ravenproxy.transport.splice import splice_or_relay
 from ravenproxy.wire.config import WireConfig
 from tests.unit.transport.test_session import TARGET, WAIT, tunnel
 
