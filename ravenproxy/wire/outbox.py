@@ -88,6 +88,19 @@ class Outbox:
             self.pending_bytes = self.control_bytes = 0
             return [[head, payload] if payload else [head]]
         limit = self.max_message_size
+        if not self._control and self.pending_bytes < OWN_MESSAGE and self.pending_bytes <= limit:
+            # The usual batch under load: a few small frames (several streams' requests or
+            # answers queued in one loop turn), one message. Under OWN_MESSAGE in all, no
+            # payload is bulk and no frame starts a message: the loop below would make this
+            # one, asking each frame's size three times.
+            one: list[bytes | memoryview] = []
+            for head, payload in ordered:
+                one.append(head)
+                if payload:
+                    one.append(payload)
+            ordered.clear()
+            self.pending_bytes = self.control_bytes = 0
+            return [one]
         messages: list[list[bytes | memoryview]] = []
         batch: list[bytes | memoryview] = []
         size = 0
