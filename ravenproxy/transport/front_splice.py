@@ -73,7 +73,10 @@ class FrontSplice(Splice):
         """The socket's callback (bytes, its EOF, its loss), and the sender's end: take what it
         holds while nothing waits to go up. Runs in a callback: nothing may escape."""
         sock, stream = self._sock, self.stream
-        if stream is None or self._done.done():
+        # _over, not _done.done() (a method call a request: a client's read): the same here,
+        # where only _finish completes _done (_until_done never awaits it, so its cancelling
+        # does not cancel _done).
+        if stream is None or self._over:
             return
         if sock.lost:
             self._lost = True
