@@ -44,7 +44,9 @@ class CloseUpstream:
 
 # The two made per request (the others are made once, or per refusal): slotted, not frozen —
 # a frozen dataclass's __init__ sets its field through object.__setattr__, twice the cost. No
-# one changes or hashes an action.
+# one changes or hashes an action. Where the exchange makes one per request or answer it
+# builds it by ``object.__new__`` and stores EVERY field (no __init__ runs: a field left unset
+# would raise AttributeError when read; status's default is not applied either).
 @dataclass(slots=True)
 class WriteUpstream:
     data: bytes
