@@ -70,13 +70,13 @@ class SocketStream(asyncio.Protocol):
         "_lend",
         "_limit",
         "_loop",
-        "_lost",
         "_on_data",
         "_on_writing",
         "_over_ssl",
         "_read_paused",
         "_read_waiter",
         "_transport",
+        "lost",
         "pending",
         "transport",
         "write_paused",
@@ -90,7 +90,9 @@ class SocketStream(asyncio.Protocol):
         property: read a few times a request)."""
         self._buffer: bytes | bytearray = b""
         self._eof = False
-        self._lost = False
+        self.lost = False
+        """The connection is gone (``connection_lost`` ran): a plain attribute, not a property
+        (a 3.11 property read is a Python call: the front's splice asks it a client read)."""
         self._error: BaseException | None = None
         self._read_paused = False
         self.write_paused = False
@@ -150,7 +152,7 @@ class SocketStream(asyncio.Protocol):
         return not self._over_ssl  # keep the transport open for our half of the stream
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = self.pending = True
+        self.lost = self.pending = True
         if exc is not None:
             self._error = exc
         self._eof = True
@@ -249,11 +251,6 @@ class SocketStream(asyncio.Protocol):
         """``pause_writing`` and ``resume_writing`` go on to ``protocol`` too. None: stop."""
         self._on_writing = protocol
 
-    @property
-    def lost(self) -> bool:
-        """The connection is gone (``connection_lost`` ran)."""
-        return self._lost
-
     def read_nowait(self, n: int = -1) -> bytes | None:
         """:meth:`read` without waiting: None while nothing is buffered."""
         buffer = self._buffer
@@ -312,7 +309,7 @@ class SocketStream(asyncio.Protocol):
         """Allow the switch to reading into buffers of our own at the first large read (the
         relay's upload: :meth:`read_chunk` then returns views). Plain TCP only (not over TLS,
         whose transport reads for us). Whether it is allowed."""
-        if self._over_ssl or self._transport is None or self._lost:
+        if self._over_ssl or self._transport is None or self.lost:
             return False
         if self._lend is False:
             self._lend = True
@@ -376,7 +373,7 @@ class SocketStream(asyncio.Protocol):
         while True:
             if self._error is not None:
                 raise self._error
-            if self._lost:
+            if self.lost:
                 raise ConnectionResetError("Connection lost")
             if not self.write_paused:
                 return
@@ -387,7 +384,7 @@ class SocketStream(asyncio.Protocol):
 
     async def wait_closed(self) -> None:
         """Until the connection is gone (after :meth:`close`)."""
-        while not self._lost:
+        while not self.lost:
             waiter = self._drain_waiter  # connection_lost wakes the drainer
             if waiter is None or waiter.done():
                 waiter = self._drain_waiter = self._loop.create_future()
