@@ -154,15 +154,23 @@ _SIZES = st.one_of(
     st.integers(300, 20_000),
     st.sampled_from([16_384, 16_396, 65_535, 65_536, 65_537, 70_000, 200_000]),
 )
+_SEND = st.tuples(
+    st.just("send"),
+    st.booleans(),  # from the agent
+    st.integers(0, 4),
+    _SIZES,
+    st.sampled_from(["upto", "data", "view", "fin", "limit"]),
+)
+_SMALL_SEND = st.tuples(
+    st.just("send"), st.booleans(), st.integers(0, 4), st.integers(1, 9_000), st.just("upto")
+)
 _OPS = st.one_of(
     st.tuples(st.just("open")),
-    st.tuples(
-        st.just("send"),
-        st.booleans(),  # from the agent
-        st.integers(0, 4),
-        _SIZES,
-        st.sampled_from(["upto", "data", "view", "fin", "limit"]),
-    ),
+    _SEND,
+    _SMALL_SEND,
+    # a burst: the side's queue flushed, then a few small frames, then flushed (no control
+    # queued between: splice3's one message, or past a small limit the general loop's)
+    st.tuples(st.just("burst"), st.booleans(), st.integers(2, 6), st.integers(1, 12_000)),
     st.tuples(st.just("reset"), st.booleans(), st.integers(0, 4)),
     st.tuples(st.just("ping"), st.booleans()),
     st.tuples(st.just("flush"), st.booleans()),
@@ -213,6 +221,13 @@ class _Run:
             self.flush(op[1])
             return
         if not self.sids:
+            return
+        if kind == "burst":
+            agent, count, size = op[1], op[2], op[3]
+            self.flush(agent)
+            for i in range(count):
+                self.apply(("send", agent, i, size - i, "upto"))
+            self.flush(agent)
             return
         agent, sid = op[1], self.sids[op[2] % len(self.sids)]
         conn = self.side(agent)
