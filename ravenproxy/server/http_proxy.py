@@ -445,7 +445,9 @@ class _Connection(CallbackPath):
         body = f"{node}: {reason}" if node else reason
         with contextlib.suppress(*_IO_ERRORS):
             self.writer.write(error_response(status, body))
-            await self.writer.drain()
+            # At most --idle-timeout for a client that takes nothing (as an answer's writes):
+            # a bare drain held the task and its buffers for as long as the client lived.
+            await self._drain_client()
             # The rest of the request, or more, may be on its way (a CONNECT's tunnel bytes,
             # say); not waited for from a client that was too slow to send a head (408).
             self.linger = 0 if status == 408 else self._lingers(tcp=True)
@@ -459,7 +461,7 @@ class _Connection(CallbackPath):
             await pump
         head, client_rest, target_rest = self.ex.switch()
         self.writer.write(head)
-        await self.writer.drain()
+        await self._drain_client()  # at most --idle-timeout, as in _refuse
         self.proxy.count(101)
         upstream, lease = self.upstream, self.lease
         assert upstream is not None and lease is not None and self.ex.route is not None

@@ -23,7 +23,9 @@ class AgentRegistry:
         """Counts the agents' comings and goings, and every change that ends a registered
         session's :meth:`live` (a GOAWAY either way, its end: the connection's ``on_draining``,
         :mod:`ravenproxy.wire.drain`): a route decided at the same generation (on the same
-        model) would be decided the same way, its agent still live, without asking."""
+        model) would be decided the same way, its agent still live, without asking; once it
+        moved, the router asks once whether the route's agent is still a candidate
+        (``Router.route_again``: another agent's drain leaves a client where it is)."""
 
     def add(self, node: str, session: Session) -> None:
         self.generation += 1

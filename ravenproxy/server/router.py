@@ -196,18 +196,15 @@ class Router:
 
     def route_again(self, dest: Destination, over_tls: bool, memo: RouteMemo | None) -> RouteMemo:
         """:meth:`route_request`, or ``memo`` (a keep-alive connection's last route) when the
-        request names the same node, port, pod and scheme, and neither the model nor the
-        connected agents changed since (nor did any of them stop taking streams: the
-        registry's generation moves then too): the next request of a connection goes where
-        the last one went without routing it again. Positional (the callbacks call it per
-        request: a call with keywords is not specialized)."""
+        request names the same node, port, pod and scheme on the same model, and its agent is
+        one routing would choose from now: the next request of a connection goes where the last
+        one went (its kept target connection with it) without routing it again. While the
+        registry's generation has not moved that holds without asking; when it has (any
+        agent's coming, GOAWAY or end: :meth:`_still`), the memo is checked once and
+        re-stamped. Positional (the callbacks call it per request: a call with keywords is not
+        specialized)."""
         model, agents = self.store.model, self.registry.generation
-        if (
-            memo is not None
-            and memo.model is model
-            and memo.agents == agents  # its agent, if any, is still live (AgentRegistry.generation)
-            and memo.over_tls is over_tls
-        ):
+        if memo is not None and memo.model is model and memo.over_tls is over_tls:
             last = memo.dest
             # What routing read of a destination, compared field by field with the one the
             # memo was made for (no key tuple made per request that differs).
@@ -217,6 +214,22 @@ class Router:
                 and last.pod == dest.pod
                 and last.scheme == dest.scheme
             ):
-                return memo
+                if memo.agents == agents:  # its agent, if any, still live: nothing moved
+                    return memo
+                if self._still(memo):
+                    return RouteMemo(over_tls, model, agents, memo.route, memo.dest)
         route = self.route_request(dest, over_tls=over_tls)
         return RouteMemo(over_tls, model, agents, route, dest)
+
+    def _still(self, memo: RouteMemo) -> bool:
+        """The memo's route stands although the registry's generation moved (on the same
+        model): a direct route depends on the model only; an agent's stands while that agent
+        is among those routing would choose from now (:meth:`AgentRegistry.candidates`: live,
+        and no better one came, the node's own agent say). Another agent's drain or end leaves
+        it be: rerouting would move the client, and its kept target connection, to another
+        agent of the same node (least loaded) for nothing."""
+        session = memo.route.session
+        if session is None:
+            return True
+        candidates = self.registry.candidates(memo.model, memo.route.node.name)
+        return any(s is session for s in candidates)

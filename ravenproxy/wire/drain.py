@@ -3,11 +3,12 @@ streams — and who is told when that happens: a base of the connection, which o
 attribute named here.
 
 Whoever keeps decisions that hold only while a connection takes new streams (the server's
-agent registry: a keep-alive client's route is reused while its agent's generation has not
-moved) hands down :attr:`Drain.on_draining` and is called at each change that ends that: a
-GOAWAY sent (:meth:`Drain.goaway`, a connection error's included), one received, and
-:meth:`Drain.ended` (the session over the connection ended). Each of them, not only the first:
-a call more costs a memo; one missed would route a request to an agent that refuses it.
+agent registry: a keep-alive client's route is reused without asking while the registry's
+generation has not moved, its agent checked once when it has) hands down
+:attr:`Drain.on_draining` and is called at each change that ends that: a GOAWAY sent
+(:meth:`Drain.goaway`, a connection error's included), one received, and :meth:`Drain.ended`
+(the session over the connection ended). Each of them, not only the first: a call more costs a
+check; one missed would route a request to an agent that refuses it.
 """
 
 from __future__ import annotations
