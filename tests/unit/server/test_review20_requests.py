@@ -529,7 +529,7 @@ def test_route_again_decides_as_3466b61s(steps: list[Any]) -> None:
     object again, an equal one, one differing in one field routing reads; TLS from the client
     or not; the model changed, an agent came, the memo's session closed or told to go away):
     each time the same route, or the same refusal, and the memo reused exactly when 3466b61
-    reused it."""
+    reused it (a memo whose agent is still a candidate re-stamped: gendrain)."""
     # Two like worlds, one routed by each rule: routing picks among candidates by their state
     # (one router asked twice would see its own first pick).
     worlds = [_world(), _world()]
@@ -580,7 +580,25 @@ def _new_route_again(router: Router, dest: Destination, over_tls: bool, memo: An
 def _old_route_again_positional(
     router: Router, dest: Destination, over_tls: bool, memo: Any
 ) -> Any:
-    return _old_route_again(router, dest, over_tls=over_tls, memo=memo)
+    return _old_route_again(router, dest, over_tls=over_tls, memo=gendrain_restamp(router, memo))
+
+
+def gendrain_restamp(router: Router, memo: Any) -> Any:
+    """Before an old rule (3466b61's, 812de76's) is asked, gendrain's one change: a memo whose
+    registry generation moved while its agent is still one routing would choose (another
+    agent came, not a better one; another agent drained or ended) is re-stamped at the new
+    generation rather than routed anew: another agent's coming or drain leaves a client, and
+    its kept connection, where it is (test_drain_others.py)."""
+    if memo is None or memo.agents == router.registry.generation:
+        return memo
+    session, model = memo.route.session, router.store.model
+    if memo.model is not model:
+        return memo
+    if session is not None:
+        candidates = router.registry.candidates(model, memo.route.node.name)
+        if not any(s is session for s in candidates):
+            return memo
+    return dataclasses.replace(memo, agents=router.registry.generation)
 
 
 def test_route_again_takes_its_arguments_by_position_and_by_name() -> None:
