@@ -2,8 +2,8 @@
 stream, a dialled socket, TLS on either), with backpressure both ways and half-close carried
 through. The server's fronts relay their clients (CONNECT, upgrades, SNI passthrough) to a
 route's directly dialled target (or re-originated TLS) with it; a tunnel stream is spliced to
-the client's socket by callbacks under the same rules (:mod:`ravenproxy.transport.splice`), as
-the agent splices its streams to their dialled targets.
+the client's socket by callbacks under the same rules (:mod:`ravenproxy.transport.front_splice`),
+as the agent splices its streams to their dialled targets (:mod:`ravenproxy.transport.splice`).
 
 Socket → stream: read only as much as the stream accepts now (:meth:`ByteStream.writable`, a
 tunnel stream's credit), so a slow tunnel stops reading the socket (TCP pushes back on the
