@@ -156,6 +156,8 @@ class Exchange(AnswerHead):
             self.phase = "closed"
             return [Close("the client closed the connection")]
         if self.phase in ("forwarding", "switching") and not self.body_done:
+            if self._up is None:  # the body went bad, its target dropped: the 400 comes then
+                return []
             return self._body(first=False)
         return []  # bytes of a next request wait until this exchange is done
 

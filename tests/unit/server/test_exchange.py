@@ -219,6 +219,21 @@ def test_a_malformed_chunk_later_is_a_400_unless_the_response_began() -> None:
     assert isinstance(refusal, Refuse) and refusal.status == 400
 
 
+@pytest.mark.parametrize("then", [b"more body\r\n", b""], ids=["bytes", "close"])
+def test_client_bytes_after_a_bad_body_wait_for_the_400(then: bytes) -> None:
+    """The body went bad after the head went up (its target connection closed): the client's
+    next bytes, or its close, are not body to forward (review26: they hit an assertion that
+    killed the front's pump); the 400 still comes when the target connection's end is seen."""
+    ex = Exchange(via=VIA, max_head=4096)
+    ex.receive_client(b"POST / HTTP/1.1\r\nHost: edge-1:9100\r\nTransfer-Encoding: chunked\r\n\r\n")
+    ex.routed(route("edge-1"))
+    ex.upstream_opened()
+    assert ex.receive_client(b"zz\r\n") == [CloseUpstream()]
+    assert ex.receive_client(then) == []
+    refusal = only(ex.upstream_lost(), Refuse)
+    assert isinstance(refusal, Refuse) and refusal.status == 400
+
+
 def test_via_loop_is_a_508() -> None:
     ex = Exchange(via=VIA, max_head=4096)
     actions = ex.receive_client(
