@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from httptools import HttpParserError, HttpParserUpgrade
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -50,150 +49,16 @@ from ravenproxy.server.exchange_actions import (
 )
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import (
-    _ENDED,
-    END,
-    ERROR,
-    HEAD,
-    REPLAY_MAX,
     Parsed,
-    _Stop,
 )
-from ravenproxy.server.http_rewrite import request_head
 from ravenproxy.server.podroutes import Destination
 from ravenproxy.server.router import Route
 
 from .test_exchange import VIA, route
+from .test_varreq_requests import _EbcParsed, _EbcRequestHeads
 
-# -- ebcf73b's Parsed.feed, on_header, on_message_complete and RequestHeads, verbatim ----------
-
-
-class _EbcParsed(Parsed):
-    """ebcf73b's methods over the class as it is (the rest of it unchanged since)."""
-
-    __slots__ = ("_trailers",)
-
-    def __init__(self, *, response: bool, max_tail: int = 64 * 1024) -> None:
-        self._trailers: list[tuple[bytes, bytes]] = []  # as ebcf73b's __init__ made it
-        super().__init__(response=response, max_tail=max_tail)
-
-    def feed(self, data: bytes) -> bytes | None:
-        """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
-        ended the HTTP part of the connection. An error is queued after what came before it."""
-        events = self.events
-        head = self._repeated(data) if self._again is not None else None
-        if head is not None:
-            # A keep-alive client sending the same request again (a scrape, a probe): the
-            # parser is where that request left it, so it would make the same two events.
-            events.append((HEAD, head))
-            events.append(_ENDED)
-            self.fed = 0
-            return None
-        # The parser leaves that state: what it held is remembered anew (or not at all).
-        self._again = None
-        if self.tail > self.max_tail:  # refused (below): nothing more goes into the parser
-            return None
-        # (A response is never kept: not asked whether it came whole.)
-        fresh = not self._response and not events and not self.in_head and not self.in_body
-        if not self.in_body:
-            self.fed += len(data)
-            if self.in_head:
-                pass
-            elif self._response:
-                # (A slice compared: startswith parses its arguments by format, ~200 more.)
-                self._version = "1.1" if data[:9] == b"HTTP/1.1 " else None
-            else:
-                self._line = data
-        queued = len(events)
-        try:
-            self.parser.feed_data(data)
-        except HttpParserUpgrade as exc:
-            return data[exc.args[0] :]
-        except HttpParserError as exc:
-            if not isinstance(exc.__context__, _Stop):
-                events.append((ERROR, str(exc) or type(exc).__name__))
-            return None
-        finally:
-            # A head begun and not ended (the callbacks keep _between, not in_head: one C
-            # call, no Python one, at a message's start).
-            self.in_head = not self._between
-        if self.in_body and len(events) == queued:  # inside a body, and nothing of it came
-            self.tail += len(data)
-            if self.tail > self.max_tail:
-                events.append((ERROR, f"chunk framing or trailers over {self.max_tail} bytes"))
-        if fresh and len(events) == 2 and len(data) <= REPLAY_MAX:
-            # One whole request that left the parser as it found it (no body event, nothing of
-            # a next message) is kept: the same bytes again are that request again. (Whether
-            # it may be replayed is asked then: _replayable.) Here, not in a method of its own:
-            # once a request that differs.
-            (kind, parsed), (end, trailers) = events
-            done = not self.in_head and not self.in_body
-            if kind == HEAD and end == END and not trailers and done:
-                assert isinstance(parsed, Head)
-                self._again = (bytes(data), parsed)
-        return None
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        # Trailers come inside a body (in_head is read from _between after the parse only).
-        if self.in_body:
-            self._trailers.append((name, value))
-        else:
-            self._fields.append((name, value))
-
-    def on_message_complete(self) -> None:
-        self.in_body = False
-        trailers = self._trailers
-        # Most messages have none: no decoding comprehension run for them.
-        if trailers:
-            self._trailers = []  # the next message's (no reset as it begins)
-            self.events.append(
-                (END, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers])
-            )
-        else:
-            self.events.append(_ENDED)
-
-
-class _EbcRequestHeads:
-    """:func:`request_head` for one client connection's requests (``via``: the server's
-    token), the part after the request line kept: a request with the last one's fields (the
-    parse's same :attr:`Head.wire` object) and version, its destination and route the same
-    objects (a keep-alive client's next URL: the exchange retargets the destination), gets
-    the same fields, Via, upgrade and chunking, so only its request line is made.
-    :meth:`head` answers (head, upgrade, chunked) as a plain tuple (an :class:`Outbound` is
-    made by a subtype's constructor: three objects)."""
-
-    __slots__ = ("_last", "_tail", "via")
-
-    def __init__(self, via: str) -> None:
-        self.via = via
-        self._last: tuple[bytes, Destination, Route, str] | None = None
-        """What the kept tail was made for: the fields' lines, destination, route (by
-        identity) and version. The same lines are the same fields (a name holds no colon, a
-        value no line end), hence the same routing fields and decoded forms."""
-        self._tail: tuple[bytes, bool, bool] = (b"", False, False)
-        """The head past its request line, its upgrade and chunking."""
-
-    def head(self, request: Head, dest: Destination, route: Route) -> tuple[bytes, bool, bool]:
-        last = self._last
-        if (
-            last is not None
-            and last[0] is request.wire
-            and last[1] is dest
-            and last[2] is route
-            and last[3] == request.version
-        ):
-            tail, upgrade, chunked = self._tail
-            # The request line as it came when the target goes on unchanged (the same object:
-            # not rewritten by the destination): no format, no encode.
-            line = request.line if dest.target is request.target else None
-            if line is None:
-                line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-            return line + tail, upgrade, chunked
-        out = request_head(request, dest, route, self.via)
-        head = out.head
-        # The request line ends at the head's first CRLF (a target holds none).
-        self._tail = (head[head.index(b"\r\n") + 2 :], out.upgrade, out.chunked)
-        self._last = (request.wire, dest, route, request.version)
-        return head, out.upgrade, out.chunked
+# ebcf73b's Parsed.feed, on_header, on_message_complete and RequestHeads, verbatim, are kept in
+# test_varreq_requests.py (_EbcParsed, _EbcRequestHeads).
 
 
 class _EbcExchange(Exchange):

@@ -3,12 +3,12 @@
 Two :class:`Connection` pairs take the same generated traffic (streams opened, small, large,
 memoryview and window-cut DATA, FINs, resets, pings, both directions, the receiver returning
 credit as it consumes): one as the branch queues it, one whose two outboxes are ebcf73b's
-(``_Ebcf73bOutbox`` below, verbatim but for its name). Every message is the same bytes, every
-event on the other side the same. And of the branch's: no message over ``max_message_size``,
-no DATA frame over the peer's frame size, a bulk DATA frame (``OWN_MESSAGE``) alone in its
-message, frames of a stream in the order sent (after control frames), each byte's credit
-counted once: a window is what it was granted, less what was sent, plus the WINDOW_UPDATEs
-received.
+(``_Ebcf73bOutbox``, verbatim but for its name, kept in test_splice3_outbox.py). Every message
+is the same bytes, every event on the other side the same. And of the branch's: no message over
+``max_message_size``, no DATA frame over the peer's frame size, a bulk DATA frame
+(``OWN_MESSAGE``) alone in its message, frames of a stream in the order sent (after control
+frames), each byte's credit counted once: a window is what it was granted, less what was sent,
+plus the WINDOW_UPDATEs received.
 
 Breaks this catches (each tried by hand on splice3's fast path): without
 ``pending_bytes <= limit`` (a 48 048-byte message where the limit is 40 000), without
@@ -31,97 +31,10 @@ from ravenproxy.wire.config import WireConfig
 from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.frames import Data, WindowUpdate, decode_message
 from tests.unit.wire.harness import TARGET, Pair
+from tests.unit.wire.test_splice3_outbox import _Ebcf73bOutbox  # ebcf73b's, verbatim
 
 OWN_MESSAGE = 64 * 1024
-"""ebcf73b's (its outbox's bound, as its class below reads it)."""
-
-
-class _Ebcf73bOutbox:
-    def __init__(self, max_message_size: int) -> None:
-        self.max_message_size = max_message_size
-        self._control: list[bytearray] = []
-        self._ordered: list[tuple[bytes, bytes | memoryview]] = []
-        self.pending_bytes = 0
-        """Every byte queued."""
-        self.control_bytes = 0
-        """Queued bytes that are not DATA (control frames, OPEN and RESET)."""
-
-    def control(self, raw: bytes) -> None:
-        """Queue an encoded control frame (sent before anything in the ordered queue)."""
-        if self._control and len(self._control[-1]) + len(raw) <= self.max_message_size:
-            self._control[-1] += raw
-        else:
-            self._control.append(bytearray(raw))
-        self.pending_bytes += len(raw)
-        self.control_bytes += len(raw)
-
-    def ordered(self, raw: bytes) -> None:
-        """Queue an encoded OPEN or RESET, in order with DATA."""
-        self._ordered.append((raw, b""))
-        self.pending_bytes += len(raw)
-        self.control_bytes += len(raw)
-
-    def data(self, header: bytes, payload: bytes | memoryview) -> None:
-        """Queue one DATA frame as its header and (referenced, not copied) payload: a frame
-        never spans two messages."""
-        self._ordered.append((header, payload))
-        self.pending_bytes += len(header) + len(payload)
-
-    def clear(self) -> None:
-        self._control.clear()
-        self._ordered.clear()
-        self.pending_bytes = 0
-        self.control_bytes = 0
-
-    def take_one(self) -> tuple[bytes, bytes | memoryview] | None:
-        """The usual output at request rates, one frame queued (a GET, its answer) and nothing
-        else: its header and payload (``b""`` for an OPEN or a RESET), what :meth:`take_pieces`
-        would return as its one message, without the lists; the outbox is empty afterwards.
-        None, having taken nothing, for any other output."""
-        ordered = self._ordered
-        if len(ordered) != 1 or self._control:
-            return None
-        self.pending_bytes = self.control_bytes = 0
-        return ordered.pop()
-
-    def take_pieces(self) -> list[list[bytes | memoryview]]:
-        """Everything queued, as messages of at most ``max_message_size`` bytes, each still in
-        pieces (frame headers and payloads), a bulk DATA frame alone in its message; the
-        outbox is empty afterwards."""
-        if not self.pending_bytes:
-            return []
-        ordered = self._ordered
-        if len(ordered) == 1 and not self._control:
-            # The usual batch at request rates: one frame (a GET, its answer), one message.
-            head, payload = ordered.pop()
-            self.pending_bytes = self.control_bytes = 0
-            return [[head, payload] if payload else [head]]
-        limit = self.max_message_size
-        messages: list[list[bytes | memoryview]] = []
-        batch: list[bytes | memoryview] = []
-        size = 0
-        for chunk in self._control:
-            if size and size + len(chunk) > limit:
-                messages.append(batch)
-                batch, size = [], 0
-            batch.append(bytes(chunk))
-            size += len(chunk)
-        alone = False  # the batch is one bulk frame: nothing joins it
-        for head, payload in self._ordered:
-            n = len(head) + len(payload)
-            bulk = len(payload) >= OWN_MESSAGE
-            if size and (alone or bulk or size + n > limit):
-                messages.append(batch)
-                batch, size = [], 0
-            batch.append(head)
-            if payload:
-                batch.append(payload)
-            size += n
-            alone = bulk
-        if batch:
-            messages.append(batch)
-        self.clear()
-        return messages
+"""ebcf73b's outbox's bound."""
 
 
 def _old_pair(config: WireConfig) -> Pair:
