@@ -122,7 +122,8 @@ async def measure(
 ) -> list[dict[str, Any]]:
     started = time.monotonic()
     for _, http, host in pairs:
-        await _wait_routable(http, host)
+        # Under valgrind a start takes ~10 s here and once took over 20 (2026-12-05 16:36).
+        await _wait_routable(http, host, seconds=120.0)
     print(f"routable after {time.monotonic() - started:.0f} s", file=sys.stderr)
     rounds = []
     for r in range(args.rounds):

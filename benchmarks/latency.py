@@ -524,9 +524,12 @@ def _wait_port_file(path: Path, proc: subprocess.Popen[bytes]) -> int:
     raise RuntimeError(f"{path.stem} did not start")
 
 
-async def _wait_routable(http: int, host: str) -> None:
+async def _wait_routable(http: int, host: str, seconds: float = 20.0) -> None:
+    """Until a GET through the front at ``http`` for ``host`` answers 200: the server listens
+    and the agent's tunnel is up (``seconds``: how long a start may take)."""
     last = ""
-    for _ in range(200):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", http)
             writer.write(f"GET /ping HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
@@ -538,7 +541,7 @@ async def _wait_routable(http: int, host: str) -> None:
         except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
             last = repr(exc)
         await asyncio.sleep(0.1)
-    raise RuntimeError(f"tunnel not routable: {last}")
+    raise RuntimeError(f"tunnel not routable within {seconds:g} s: {last}")
 
 
 def _machine() -> dict[str, Any]:
