@@ -80,7 +80,6 @@ class FrontSplice(Splice):
             return
         if sock.lost:
             self._lost = True
-            self._sink = None
             error = sock.exception()
             if error is not None:
                 if self._sender is not None:  # as the relay says it of an upload that waits

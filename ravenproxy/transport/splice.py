@@ -48,7 +48,6 @@ class Splice(asyncio.Protocol):
         "_over",
         "_pending",
         "_sender",
-        "_sink",
         "_up_done",
         "_up_eof",
         "_wake",
@@ -82,12 +81,6 @@ class Splice(asyncio.Protocol):
         self._lost = False
         self._eof_sent = False
         """The socket got our EOF."""
-        self._sink: asyncio.Transport | None = None
-        """The socket's transport while a chunk may be written to it as it arrives
-        (:meth:`_take`): the socket takes bytes (not paused), the stream's end was not passed on,
-        the socket is not lost and the splice not over; else None. Kept where those change
-        (:meth:`_resink`), so a chunk asks one ``is`` where it asked four flags and the
-        transport (a chunk a request on the agent, an answer's chunk on the server's front)."""
         self._watch: IdleWatch | None = None
         """The idle clock (the front's; the agent has none): each byte moved touches it."""
         self._wake: asyncio.Future[None] | None = None
@@ -98,7 +91,6 @@ class Splice(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         tune(self.transport)
         watch(self.transport)  # a target's answer queues tunnel output: readiness.py
-        self._resink()
 
     def data_received(self, data: bytes) -> None:
         stream = self.stream
@@ -131,7 +123,6 @@ class Splice(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-        self._sink = None
         if exc is not None:
             self._fail_socket(exc)
             return
@@ -141,26 +132,15 @@ class Splice(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
-        self._sink = None
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        self._resink()
         self._readable(drain=True)
-
-    def _resink(self) -> None:
-        """:attr:`_sink` from the flags it stands for (where one of them went back, or the
-        transport came)."""
-        if self._write_paused or self._down_done or self._lost or self._over:
-            self._sink = None
-        else:
-            self._sink = self.transport
 
     # -- the stream ----------------------------------------------------------------------------
     def start(self, stream: TunnelStream) -> None:
         """Splice ``stream`` (accepted) to the socket: what the socket sent meanwhile goes up."""
         self.stream = stream
-        self._resink()  # (a transport given by hand, not by connection_made: as before)
         stream.on_readable(self._readable, self._take)
         if self._pending and self._sender is None and not self._done.done():
             self._send_pending()
@@ -169,8 +149,8 @@ class Splice(asyncio.Protocol):
 
     def _take(self, chunk: bytes | memoryview) -> bool:
         """A chunk as it arrives, to the socket as :meth:`_readable` would (False: it would not)."""
-        transport = self._sink  # None: not paused, ended, lost or over (see there)
-        if transport is None:
+        transport = self.transport
+        if self._write_paused or self._down_done or self._lost or self._over or transport is None:
             return False
         try:  # as in _readable: in the session's reader, nothing may escape
             transport.write(chunk)
@@ -206,7 +186,6 @@ class Splice(asyncio.Protocol):
                     return
                 if not chunk:
                     self._down_done = True
-                    self._sink = None
                     if not self._lost and transport.can_write_eof() and not transport.is_closing():
                         transport.write_eof()
                         self._eof_sent = True
@@ -307,7 +286,6 @@ class Splice(asyncio.Protocol):
             return
         self.result.error = error
         self._over = True
-        self._sink = None
         self._done.set_result(None)
         self._nudge()
 
@@ -327,7 +305,6 @@ class Splice(asyncio.Protocol):
                 self.stream.reset(ErrorCode.CANCEL, IDLE_ERROR)
         except asyncio.CancelledError:
             self._over = self._done.done()  # cancelled with the wait (Splice's)
-            self._resink()
             if self.stream is not None:
                 self.stream.reset(ErrorCode.CANCEL, "relay cancelled")
             self.result.error = self.result.error or "cancelled"

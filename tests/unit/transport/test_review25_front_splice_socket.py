@@ -1,5 +1,5 @@
 """Review of splice3 on the server's side: :class:`FrontSplice` (moved to front_splice.py, its
-``_pull`` asking ``_over`` and the socket's ``lost`` attribute, its chunks by ``_sink``) on a
+``_pull`` asking ``_over`` and the socket's ``lost`` attribute, its chunks by ``_take``) on a
 real front socket (:class:`SocketStream`, as the fronts accept) whose client stops reading.
 
 The cloud's target floods the stream; the client reads nothing, so the front's transport
@@ -15,7 +15,7 @@ ended. Then:
 - ``tunnel``: the tunnel's WebSocket is aborted while paused: the splice ends.
 
 Holds on ebcf73b too (run there by hand). Break this catches (tried by hand on splice3's
-code): ``pause_writing`` not clearing ``_sink`` (chunks written while the front is paused).
+code): ``pause_writing`` not stopping ``_take`` (chunks written while the front is paused).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Review of splice3's :attr:`Splice._sink` (one state where :meth:`Splice._take` asked four
-flags and the transport), on a real loopback socket to a target that stops reading.
+"""The agent's :class:`Splice` writing chunks as they arrive (:meth:`Splice._take`) on a real
+loopback socket to a target that stops reading (written by review25 for splice3's ``_sink``,
+one derived state for the four flags and the transport, since taken out again).
 
 The agent's splice is dialled to a real TCP target (``loop.create_connection``, as the agent's
 ``dial_protocol``) over a real in-process tunnel session; its transport is the loop's own,
@@ -19,10 +20,7 @@ In each: no chunk written while the socket is paused (by its transport's word), 
 EOF was written, after the socket was lost or after the splice ended.
 
 Holds on ebcf73b too (run there by hand). Break this catches (tried by hand on splice3's
-code): ``pause_writing`` not clearing ``_sink`` (chunks written while paused: 4 of 4 fail).
-Not caught, as no chunk arrives after them here: ``_finish``, the stream's end or
-``connection_lost`` not clearing it (test_splice3_sink's fakes hold those); ``resume_writing``
-not re-setting it only sends each chunk by the stream's callback (the same bytes).
+code): ``pause_writing`` not stopping ``_take`` (chunks written while paused: 4 of 4 fail).
 """
 
 from __future__ import annotations
