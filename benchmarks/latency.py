@@ -37,16 +37,41 @@ beside the raw CPU, over the ssh row's (``vs_ssh``) and, for ``tunnel``, over ``
 reads of the answers, so a relay change that changes how the answers arrive (more or fewer per
 read: batching) moves the yardstick too.
 
-Per rate the rows run ``--rounds`` times (default 2): direct, ssh, tunnel-base, floor, tunnel,
+Per rate the rows run ``--rounds`` times (default 2; ``N,N,...`` gives each rate of ``--rates``
+its own count, e.g. more at 4 000 req/s): direct, ssh, tunnel-base, floor, tunnel,
 tunnel-connect in even rounds, the other way round in odd ones, each row after ``--warmup``
 seconds (default 1) at its rate, untimed. Run once in a fixed order, the rows carried a
 row-order effect (of two tunnel rows, the one run second won). A row's figures pool its rounds
 (percentiles of all the samples, CPU total / requests total); each
 round's own are in ``rows[].rounds``.
 
+**Paired ratios** (``paired`` in the result; benchmarks/paired.py): rows of the same round ran
+seconds apart, so each round's figure of a tunnel-like path (``tunnel``, ``tunnel-base``,
+``tunnel-connect``, ``floor``) is divided by the ``ssh`` row's of that round (``vs_ssh``), and
+``tunnel``'s by ``tunnel-base``'s (``vs_base``): added p50 and p99 (each less that round's
+``direct`` p50/p99), relay CPU per request, and relay CPU over the client's. Per rate, path,
+comparison and figure: ``by_round`` (None where a round has no ratio: a figure missing, or the
+bottom one not above 0), ``n``, ``missing``, ``median``, ``min``, ``max``, and the median's
+``interval`` [low, high] with its ``coverage``: the order statistics' distribution-free
+interval, coverage >= 0.95 (none under 6 rounds; 12 rounds give the 3rd to the 10th). Against
+issue 15's goals (``vs_ssh``: added p50 <= 1.5x, added p99 <= 2x, relay CPU <= 2x) each also
+carries ``goal`` and ``verdict``: ``met`` (the interval's upper end at or below the goal),
+``not met`` (its lower end above it) or ``not resolvable``. Each figure's ``quiet`` is the
+same over the rounds in which the pair's rows and ``direct``'s saw under 0.1 core of other
+processes' CPU and steal (``quiet_rounds``: which): other load slows the Python relays more
+than ssh, so a loaded round measures the load. The pooled ratios (``added_latency``) stay.
+The paired summary (per rate, path, comparison and figure, a line over all rounds and one over
+the quiet ones) goes to stdout (to stderr with ``--output -``), and the plot's last panel shows
+the tunnel's over ssh (median, interval, min-max; all rounds and quiet ones; the goals).
+``--pool A.json B.json ...`` measures nothing: it pairs the rounds of
+several results (each path's and rate's rounds one file after the other) and prints the same
+summary (``--output FILE``: the JSON, with ``sources`` and ``rounds_by_rate``).
+
     .venv/bin/python benchmarks/latency.py              # 1 000, 2 000 and 4 000 req/s, 2 rounds
     .venv/bin/python benchmarks/latency.py --baseline /work/other-checkout
     .venv/bin/python benchmarks/latency.py --rates 500 --seconds 2 --rounds 1 --output -  # a look
+    .venv/bin/python benchmarks/latency.py --floor --rates 1000,4000 --rounds 2,12  # 4 000's goals
+    .venv/bin/python benchmarks/latency.py --pool run1.json run2.json  # their rounds, paired
 
 Results (p50/p90/p99/max and CPU µs/request per row, and the added p50/p99 = path - direct) go
 to ``benchmarks/results/latency.json``, the plot to ``latency.png`` beside it. Loopback numbers
@@ -83,6 +108,9 @@ from ravenproxy.client import open_tunnel
 from ravenproxy.pki import init_pki
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paired import GOALS as PAIRED_GOALS
+from paired import SETTING as PAIRED
+from paired import paired, pool, print_paired
 from sshrow import describe, forward_argv, ssh_files, sshd_attempts
 
 SCRIPT = Path(__file__).resolve()
@@ -743,9 +771,9 @@ async def measure(
         if path.name.startswith("tunnel") and path.connect is None:
             await _wait_routable(path.port, path.host)
     rows = []
-    for rate in args.rates:
+    for rate, rounds in zip(args.rates, rounds_by_rate(args.rounds, args.rates), strict=True):
         runs: dict[str, list[tuple[int, Row]]] = {path.name: [] for path in paths}
-        for r in range(args.rounds):
+        for r in range(rounds):
             # Every other round the other way round: no row is always the one after another
             # path's busy row, the tunnel and tunnel-base rows swap places.
             order = paths if r % 2 == 0 else paths[::-1]
@@ -767,6 +795,24 @@ async def measure(
                 print(json.dumps({"round": r, **row.summary()}), file=sys.stderr)
         rows += [pooled_summary(runs[path.name]) for path in paths]
     return rows
+
+
+def rounds_by_rate(rounds: int | list[int], rates: list[int]) -> list[int]:
+    """``--rounds`` per rate: one count for every rate, or one per rate in ``--rates``' order."""
+    if isinstance(rounds, int):
+        return [rounds] * len(rates)
+    if len(rounds) == 1:
+        return rounds * len(rates)
+    if len(rounds) != len(rates):
+        raise ValueError(f"--rounds gives {len(rounds)} counts for {len(rates)} rates")
+    return rounds
+
+
+def _rounds_argument(text: str) -> int | list[int]:
+    counts = [int(x) for x in text.split(",")]
+    if any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError("every round count must be at least 1")
+    return counts[0] if len(counts) == 1 else counts
 
 
 def pooled_summary(runs: list[tuple[int, Row]]) -> dict[str, Any]:
@@ -839,6 +885,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(base, ignore_errors=True)
     added = compare(rows, args.rates)
     machine["loadavg_at_end"] = list(os.getloadavg())
+    rounds = rounds_by_rate(args.rounds, args.rates)
     return {
         "benchmark": "latency",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -848,7 +895,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "rates": args.rates,
             "answer": args.answer,
             "seconds_per_row": args.seconds,
-            "rounds": args.rounds,
+            "rounds": rounds[0] if len(set(rounds)) == 1 else rounds,
             "warmup_seconds_per_row": args.warmup,
             "order": "per rate, the rows in the order of `rows` in even rounds (from 0), "
             "reversed in odd ones; each row first warms up at its rate (untimed)",
@@ -870,9 +917,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "noise": "client_cpu_us_per_request: this client's own CPU; others_cpu_cores: the "
             "machine's busy time less this benchmark's processes', steal_cores: steal, both "
             "in cores over the row (/proc/stat); a row with either up is a noisy row",
+            "paired": PAIRED,
         },
         "rows": rows,
         "added_latency": added,
+        "paired": [{"rate": rate, **paired(rows, rate)} for rate in args.rates],
     }
 
 
@@ -967,7 +1016,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     rows = result["rows"]
     names = list(dict.fromkeys(r["path"] for r in rows))
     rates = result["settings"]["rates"]
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    fig, axes = plt.subplots(1, 5, figsize=(22.5, 4.2))
     added = {e["rate"]: e for e in result["added_latency"]}
     colors = {name: f"C{i}" for i, name in enumerate(names)}
     for name in names:
@@ -992,27 +1041,70 @@ def plot(result: dict[str, Any], path: Path) -> None:
         axes[3].plot(
             rates, [r["relay_cpu_us_per_request"] for r in served], "o-", color=c, label=name
         )
+    plot_paired(axes[4], result.get("paired", []), rates)
     titles = (
         "added p50 (ms)",
         "added p99 (ms)",
         "served / offered",
         "relay CPU per request (µs)",
+        "tunnel / ssh, paired by round",
     )
     for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title)
         ax.set_xlabel("offered req/s")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     for ax in axes[:2]:
         ax.set_yscale("symlog", linthresh=0.1)  # an added latency can be below 0
     fig.suptitle(
         f"small keep-alive GETs, {result['settings']['connections']} connections, "
-        f"{result['settings'].get('rounds', 1)} rounds of "
+        f"{_rounds_text(result['settings'].get('rounds', 1))} rounds of "
         f"{result['settings']['seconds_per_row']:g} s per row ({result['date']})"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def plot_paired(ax: Any, paired_by_rate: list[dict[str, Any]], rates: list[int]) -> None:
+    """The tunnel's paired ratios over ssh by rate: for each goal, over all rounds (filled
+    marker) and over the quiet ones (hollow, to its right), the median of the rounds' ratios,
+    its interval (thick) and the rounds' min-max (thin); the goals as dotted lines."""
+    from matplotlib.ticker import FormatStrFormatter
+
+    entries = {e["rate"]: e.get("tunnel", {}).get("vs_ssh") for e in paired_by_rate}
+    step = (max(rates) - min(rates)) / 40 if len(rates) > 1 else rates[0] / 40
+    for i, (key, goal) in enumerate(PAIRED_GOALS.items()):
+        c = f"C{i}"
+        for which, dx, face in ((None, 0.0, c), ("quiet", step / 3, "none")):
+            shown = []
+            for rate in rates:
+                entry = entries.get(rate)
+                st = None if entry is None else entry[key]
+                st = st if which is None or st is None else st.get(which)
+                if st is not None and st["median"] is not None:
+                    shown.append((rate + (i - 1) * step + dx, st))
+            for x, st in shown:
+                ax.plot([x, x], [st["min"], st["max"]], color=c, linewidth=1)
+                if st["interval"] is not None:
+                    ax.plot([x, x], st["interval"], color=c, linewidth=4, alpha=0.6)
+            ax.plot(
+                [x for x, _ in shown],
+                [st["median"] for _, st in shown],
+                "o",
+                color=c,
+                markerfacecolor=face,
+                label=f"{key} (goal ≤ {goal:g})" if which is None else f"{key}, quiet rounds",
+            )
+        ax.axhline(goal, color=c, linestyle=":", linewidth=1)
+    ax.set_yscale("log")  # a round whose ssh row added little reads 10x: keep the rest legible
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+
+
+def _rounds_text(rounds: int | list[int]) -> str:
+    return str(rounds) if isinstance(rounds, int) else "/".join(map(str, rounds))
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
@@ -1029,10 +1121,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per row and round (5)")
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=_rounds_argument,
         default=2,
         help="every rate's rows run this many times, the order reversed every other round; "
-        "a row's figures pool its rounds (2)",
+        "a row's figures pool its rounds; N, or N,N,... one per rate in --rates' order "
+        "(e.g. --rates 1000,4000 --rounds 2,12) (2)",
     )
     parser.add_argument(
         "--warmup",
@@ -1041,7 +1134,18 @@ def main() -> None:
         help="seconds each row first runs at its rate, untimed, before its timed part (1)",
     )
     parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
+    parser.add_argument(
+        "--output",
+        help=f"file, or - for stdout ({RESULTS.relative_to(HERE.parent)}; with --pool: none)",
+    )
+    parser.add_argument(
+        "--pool",
+        nargs="+",
+        type=Path,
+        metavar="RESULT",
+        help="measure nothing: read these latency.py results and give the paired ratios over "
+        "all their rounds (each path's and rate's rounds in the order of the files)",
+    )
     parser.add_argument(
         "--baseline",
         type=Path,
@@ -1067,6 +1171,14 @@ def main() -> None:
     add_request_argument(parser)
     parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if isinstance(args.rounds, list) and len(args.rounds) != len(args.rates):
+        parser.error(f"--rounds gives {len(args.rounds)} counts for {len(args.rates)} rates")
+    if args.pool is not None:
+        pooled = pool([json.loads(path.read_text()) for path in args.pool], args.pool)
+        if args.output is not None:
+            write_result(pooled, args.output)
+        print_paired(pooled["paired"], args.output)
+        return
     if args.target is not None:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_target_main(args.target, args.answer))
@@ -1074,7 +1186,10 @@ def main() -> None:
     # SIGTERM (a `timeout`, a CI stop) must still run run_benchmark's cleanup: the server,
     # agent and target are in sessions of their own and would outlive us otherwise.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    write_result(run_benchmark(args), args.output, plot)
+    output = str(RESULTS) if args.output is None else args.output
+    result = run_benchmark(args)
+    write_result(result, output, plot)
+    print_paired(result["paired"], output)
 
 
 def add_request_argument(parser: argparse.ArgumentParser) -> None:
