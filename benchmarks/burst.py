@@ -18,7 +18,8 @@ turn-end write and of the edge's read included::
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python benchmarks/burst.py --bursts 300
 
 ``--measure`` does both for the current directory and for each ``--baseline DIR`` and prints
-the instructions per write.
+the instructions per write. ``--alone``: no marker, so the probe finds nothing waiting and each
+write goes through at once (the idle path; use ``--streams 1``).
 """
 
 from __future__ import annotations
