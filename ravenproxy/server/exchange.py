@@ -120,12 +120,21 @@ class Exchange(AnswerHead):
         if self.phase == "closed":
             return []
         seen = self._seen
-        if seen is not None and self.phase == "head" and self.client.again(data, seen[0]):
-            # The last request again (no HEAD event queued): it goes on as it went (the head
-            # of _on_request, inline: once a request).
-            self._client_keep, self._request = seen[1], seen[0]
-            self.phase = "routing"
-            return [seen[2]]
+        if seen is not None and self.phase == "head":
+            client = self.client
+            if client.again(data, seen[0]):  # the last request again: it goes on as it went
+                self._client_keep, self._request, self.phase = seen[1], seen[0], "routing"
+                return [seen[2]]
+            request = client.near(data, seen[0])  # or that but for its target (END queued)
+            if request is not None:
+                # _on_request's case of the last fields, inline (method, version, routing alike)
+                dest, target = seen[2].dest, request.target
+                if request.size <= self.max_head and same_node(dest, target):
+                    dest.target, self._request = target, request
+                    self._client_keep, self.phase = seen[1], "routing"
+                    self._seen = (request, seen[1], seen[2])
+                    return [seen[2]]
+                return self._on_request(request)
         if not data:
             self.client.events.append((EOF, None))
         elif self.client_raw is not None:

@@ -9,6 +9,7 @@ answered): what they parse is queued as events and taken when the exchange is re
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,11 @@ _name_value = b": ".join
 
 _HTTP11_END = b" HTTP/1.1\r\n"
 """The end of an HTTP/1.1 request line."""
+
+_near_line = re.compile(rb"/[!-~]* HTTP/1\.1\r\n").fullmatch
+"""A request line past its method's space that llhttp reads as this does: an origin-form
+target of visible ASCII (each taken anywhere in a path, query or fragment; a control byte,
+DEL, a byte over 0x7F refused) and HTTP/1.1. Any other goes to llhttp (:meth:`Parsed._near`)."""
 
 _STATUS_LINES: dict[int, bytes] = {}
 """``HTTP/1.1 200 `` by status: a response's :attr:`Head.wire` begins with it."""
@@ -232,6 +238,49 @@ class Parsed:
                 return head
         return None
 
+    def near(self, data: bytes, head: Head) -> Head | None:
+        """:meth:`_near`'s head, its END queued, when ``head`` is the last and no event waits."""
+        again = self._again
+        if again is None or again[1] is not head or self.events:
+            return None
+        near = self._near(data, again)
+        if near is None:
+            self._again = None  # feed would ask the same (a call, once a request that differs)
+            return None
+        self.events.append(_ENDED)
+        return near
+
+    def _near(self, data: bytes, again: tuple[bytes, Head]) -> Head | None:
+        """llhttp's head of ``data``, the kept request's bytes but for an origin-form target
+        (:data:`_near_line`; the parser where that request left it, which is replayable), made
+        without llhttp (whose state it would leave as it is), sharing the last one's fields."""
+        last = again[1]
+        line = last.line  # the last request line as it came (None: not known whole)
+        kept = self._last
+        if line is None or kept is None or kept[4] is not last or type(data) is not bytes:
+            return None
+        whole, cut = again[0], len(data) - len(again[0]) + len(line)  # the new line's end
+        method = len(last.start) + 1  # the method and its space (ASCII: as many bytes)
+        if (
+            cut <= method
+            or data[cut:] != whole[len(line) :]
+            or data[:method] != line[:method]
+            or _near_line(data, method, cut) is None
+            or self.in_head
+            or self.in_body
+            or not (last is self._replay_head or self._replayable(last))  # asked last
+        ):
+            return None
+        target = data[method : cut - 11]
+        head = _new_head(RequestHead)
+        head.start, head.target, head.version = last.start, target.decode("latin-1"), last.version
+        head.line, head.fields, head.wire = data[:cut], last.fields, last.wire
+        head.routing, head.size = last.routing, last.size + cut - len(line)
+        self._last = (target, kept[1], kept[2], kept[3], head)
+        self._again = (data, head) if len(data) <= REPLAY_MAX else None
+        self._replay_head = head  # _replayable's answer: its method, version, routing are these
+        return head
+
     def _replayable(self, head: Head) -> bool:
         """A remembered request may be answered from memory when its bytes come again: kept
         alive (after a "close" llhttp takes no more), no body, no upgrade, no CONNECT."""
@@ -251,11 +300,12 @@ class Parsed:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
         ended the HTTP part of the connection. An error is queued after what came before it."""
         events = self.events
-        if self._again is not None:
-            head = self._repeated(data)
+        again = self._again
+        if again is not None:
+            # The last request again (a scrape, a probe) or but for its target (a next URL):
+            # the parser would make the same two events (the head but for its target).
+            head = self._repeated(data) if data == again[0] else self._near(data, again)
             if head is not None:
-                # A keep-alive client sending the same request again (a scrape, a probe): the
-                # parser is where that request left it, so it would make the same two events.
                 events.append((HEAD, head))
                 events.append(_ENDED)
                 self.fed = 0
@@ -317,9 +367,7 @@ class Parsed:
         again = self._again
         if again is None or again[1] is not head or self.events or self.in_head or self.in_body:
             return False
-        if data != again[0]:
-            # feed would compare the same bytes to miss (a call, once a request that differs)
-            self._again = None
+        if data != again[0]:  # feed asks whether it is that request but for its target
             return False
         if head is not self._replay_head and not self._replayable(head):
             return False

@@ -51,12 +51,19 @@ def test_the_same_request_again_makes_the_same_events_without_parsing() -> None:
 def test_other_bytes_are_parsed_and_then_remembered() -> None:
     parsed = Counted()
     take_after(parsed, GET)
-    other = GET.replace(b"/metrics", b"/healthz")
+    other = GET.replace(b"User-Agent: prom", b"User-Agent: curl")  # another field
     events = take_after(parsed, other)
     head = events[0][1]
-    assert isinstance(head, Head) and head.target == "/healthz"
+    assert isinstance(head, Head) and head.fields[-1] == (b"User-Agent", b"curl")
     assert take_after(parsed, other) == events
     assert [e[0] for e in take_after(parsed, GET)] == [HEAD, END]
+    assert parsed.begun == 3
+    # The same but for the target (varhead's near replay): made without llhttp, then kept.
+    near = GET.replace(b"/metrics", b"/healthz")
+    events = take_after(parsed, near)
+    head = events[0][1]
+    assert isinstance(head, Head) and head.target == "/healthz" and head.fields is not None
+    assert take_after(parsed, near) == events
     assert parsed.begun == 3
 
 
@@ -283,12 +290,16 @@ class Asked(Parsed):
 
 
 def test_whether_a_request_may_be_replayed_is_asked_when_it_comes_again_once() -> None:
-    """Requests that differ from the last are parsed and never asked about (the rule runs when
-    the same bytes come again, once for a connection's repeated request)."""
+    """Requests that differ from the last in a field are parsed and never asked about (the
+    rule runs when the same bytes come again, or the same but for the target: varhead's near
+    replay; once for a connection's repeated or near request: its head is replayable too)."""
     parsed = Asked()
     for n in range(5):
-        take_after(parsed, GET.replace(b"/metrics", b"/metrics?n=%d" % n))
+        take_after(parsed, GET.replace(b"prom", b"prom/%d" % n))
     assert parsed.asked == 0
+    for n in range(5):
+        take_after(parsed, GET.replace(b"/metrics", b"/metrics?n=%d" % n))
+    assert parsed.asked == 1  # the first near request's (the next near ones' last is replayable)
     first = take_after(parsed, GET)
     head = first[0][1]
     assert isinstance(head, Head)
