@@ -63,7 +63,7 @@ class FrontSplice(Splice):
             sock.transport.write(initial_down)
             self.result.bytes_down += len(initial_down)
         sock.lend_reads()
-        sock.on_data(self._pull)
+        sock.on_data(self._pull, self._offer)
         self.start(stream)
         if initial_up:
             self.data_received(initial_up)
@@ -107,6 +107,35 @@ class FrontSplice(Splice):
                     self._queue(data)
         except Exception as exc:
             self._fail_socket(exc)
+
+    def _offer(self, data: bytes) -> bool:
+        """The socket's bytes as they come, while it buffers none (its ``take``): up at once
+        as :meth:`_pull` would send them, not buffered and read back (two reads a request,
+        the second finding nothing). False where :meth:`_pull` would not send them now
+        (nothing started, the end, bytes or a sender waiting to go up) or would queue them
+        (bulk): they are buffered and :meth:`_pull` is called, as without it. Runs in a
+        callback: nothing may escape."""
+        stream = self.stream
+        if (
+            stream is None
+            or self._over
+            or self._pending
+            or self._sender is not None
+            or self._up_eof
+            or len(data) >= LEND_FROM
+        ):
+            return False
+        try:  # _give, written out
+            sent = stream.try_write(data)
+            self.result.bytes_up += sent
+            watch = self._watch
+            if watch is not None:
+                watch.last = watch.clock()  # touch(), written out: a read a request
+            if sent < len(data):
+                self._queue(memoryview(data)[sent:])
+        except Exception as exc:
+            self._fail_socket(exc)
+        return True
 
     def _hold(self) -> None:
         # Nothing is taken from the socket meanwhile (see _pull): its stream buffers, and stops
