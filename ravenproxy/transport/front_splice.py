@@ -6,8 +6,9 @@ The server splices its front's client to a tunnel stream as the agent splices it
 :class:`FrontSplice`. There the front's
 :class:`~ravenproxy.transport.socket_stream.SocketStream` stays the socket's protocol (it holds
 what was read before, and lends a bulk upload's reads without a copy) and calls back; the splice
-takes its bytes from it while nothing waits to go up (the rest waits in the stream's buffer,
-which stops reading the socket past its bound, as under :func:`relay`). It keeps the relay's
+takes its bytes from it while nothing waits to go up (a small read as it comes, unbuffered:
+``on_data``'s ``take``; the rest waits in the stream's buffer, which stops reading the socket
+past its bound, as under :func:`relay`). It keeps the relay's
 clocks too: ``--idle-timeout`` (:class:`~ravenproxy.transport.relay.IdleWatch`), and a client
 gone while its upload waits for credit, or after its half-close while the target has not
 answered, noticed within :data:`~ravenproxy.transport.relay.CREDIT_PROBE` seconds
