@@ -16,7 +16,8 @@ keep-alive connections:
 - ``tunnel``: client → server HTTP front (``Host: edge-1:PORT``) → mTLS WebSocket tunnel →
   agent → target;
 - ``tunnel-base`` (with ``--baseline DIR``): the same through another checkout's server and
-  agent (``DIR/.venv/bin/python``), for a before/after in one run;
+  agent (``DIR/.venv/bin/python``), for a before/after in one run; ``tunnel-connect-base``
+  likewise for ``tunnel-connect`` (unless ``--no-connect``);
 - ``tunnel-connect``: each client connection first sends ``CONNECT edge-1:PORT`` to the same
   front, then its GETs go through that one tunnel stream as bytes (the way an egress dialer such
   as kube-apiserver's uses the proxy, and the way ``ssh -R`` forwards: nothing parsed per
@@ -38,17 +39,18 @@ reads of the answers, so a relay change that changes how the answers arrive (mor
 read: batching) moves the yardstick too.
 
 Per rate the rows run ``--rounds`` times (default 2; ``N,N,...`` gives each rate of ``--rates``
-its own count, e.g. more at 4 000 req/s): direct, ssh, tunnel-base, floor, tunnel,
-tunnel-connect in even rounds, the other way round in odd ones, each row after ``--warmup``
-seconds (default 1) at its rate, untimed. Run once in a fixed order, the rows carried a
-row-order effect (of two tunnel rows, the one run second won). A row's figures pool its rounds
-(percentiles of all the samples, CPU total / requests total); each
+its own count, e.g. more at 4 000 req/s): direct, ssh, tunnel-base, tunnel-connect-base, floor,
+tunnel, tunnel-connect in even rounds, the other way round in odd ones, each row after
+``--warmup`` seconds (default 1) at its rate, untimed. Run once in a fixed order, the rows
+carried a row-order effect (of two tunnel rows, the one run second won). A row's figures pool
+its rounds (percentiles of all the samples, CPU total / requests total); each
 round's own are in ``rows[].rounds``.
 
 **Paired ratios** (``paired`` in the result; benchmarks/paired.py): rows of the same round ran
 seconds apart, so each round's figure of a tunnel-like path (``tunnel``, ``tunnel-base``,
-``tunnel-connect``, ``floor``) is divided by the ``ssh`` row's of that round (``vs_ssh``), and
-``tunnel``'s by ``tunnel-base``'s (``vs_base``): added p50 and p99 (each less that round's
+``tunnel-connect``, ``tunnel-connect-base``, ``floor``) is divided by the ``ssh`` row's of
+that round (``vs_ssh``), and ``tunnel``'s by ``tunnel-base``'s, ``tunnel-connect``'s by
+``tunnel-connect-base``'s (``vs_base``): added p50 and p99 (each less that round's
 ``direct`` p50/p99), relay CPU per request, and relay CPU over the client's. Per rate, path,
 comparison and figure: ``by_round`` (None where a round has no ratio: a figure missing, or the
 bottom one not above 0), ``n``, ``missing``, ``median``, ``min``, ``max``, and the median's
@@ -865,6 +867,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             python = str(args.baseline / ".venv" / "bin" / "python")
             old = start_tunnel(base, procs, target_port, "base", python, args.baseline)
             paths.append(Way("tunnel-base", old.http, host, _pids(old.pids, False)))
+            if not args.no_connect:
+                direct = f"127.0.0.1:{target_port}"
+                paths.append(
+                    Way("tunnel-connect-base", old.http, direct, _pids(old.pids, False), host)
+                )
             machine["baseline"] = str(args.baseline)
             machine["baseline_commit"] = _commit(args.baseline)
             machine["baseline_python"] = _interpreter(python)
@@ -949,20 +956,22 @@ def compare(rows: list[dict[str, Any]], rates: list[int]) -> list[dict[str, Any]
                     "relay_cpu_per_client_cpu": r.get("relay_cpu_per_client_cpu"),
                 }
         ssh = entry.get("ssh")
-        for name in ("tunnel", "tunnel-base", "tunnel-connect", "floor"):
+        for name in ("tunnel", "tunnel-base", "tunnel-connect", "tunnel-connect-base", "floor"):
             t = entry.get(name)
             if ssh is not None and t is not None:
                 t["vs_ssh"] = {key: _ratio(t[key], ssh[key]) for key in COMPARED}
-        tunnel, base = entry.get("tunnel"), entry.get("tunnel-base")
-        if tunnel is not None and base is not None:
+        for name in ("tunnel", "tunnel-connect"):
+            tunnel, base = entry.get(name), entry.get(f"{name}-base")
+            if tunnel is None or base is None:
+                continue
             # Three decimals: an A/B of a few % is what --baseline is for.
             vs_base: dict[str, Any] = {key: _ratio(tunnel[key], base[key], 3) for key in COMPARED}
             for key in ("relay_cpu_us_per_request", "relay_cpu_per_client_cpu"):
                 vs_base[f"{key}_by_round"] = [
                     _ratio(a.get(key), b.get(key), 3)
                     for a, b in zip(
-                        at["tunnel"].get("rounds", []),
-                        at["tunnel-base"].get("rounds", []),
+                        at[name].get("rounds", []),
+                        at[f"{name}-base"].get("rounds", []),
                         strict=False,
                     )
                 ]

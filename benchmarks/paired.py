@@ -41,7 +41,9 @@ ADDED = ("added_p50_ms", "added_p99_ms")
 KEYS = (*ADDED, "relay_cpu_us_per_request", "relay_cpu_per_client_cpu")
 # Issue 15's goals at every rate, each the most a path's figure may be over ssh -R's.
 GOALS = {"added_p50_ms": 1.5, "added_p99_ms": 2.0, "relay_cpu_us_per_request": 2.0}
-OVER_SSH = ("tunnel", "tunnel-base", "tunnel-connect", "floor")
+OVER_SSH = ("tunnel", "tunnel-base", "tunnel-connect", "tunnel-connect-base", "floor")
+BASE_OF = {"tunnel": "tunnel-base", "tunnel-connect": "tunnel-connect-base"}
+"""A path's row through the ``--baseline`` checkout (``vs_base``)."""
 # A round of a pair is quiet when neither row nor the round's direct row saw this much of other
 # processes' CPU and steal (cores over the row): under ~1 core of other load on 2 cores the
 # Python relays lose more than ssh does, so such a round measures the load, not the code
@@ -158,7 +160,8 @@ def compared(
 
 def paired(rows: Sequence[dict[str, Any]], rate: int) -> dict[str, Any]:
     """Per path at ``rate``: ``vs_ssh`` (the tunnel-like paths over the ``ssh`` row) and, for
-    ``tunnel``, ``vs_base`` (over ``tunnel-base``), each key's :func:`compared` over the
+    ``tunnel`` and ``tunnel-connect``, ``vs_base`` (over the ``--baseline`` checkout's row:
+    :data:`BASE_OF`), each key's :func:`compared` over the
     rounds; ``vs_ssh`` also gives each goal's ``goal`` and ``verdict``."""
     figures = round_figures(rows, rate)
     out: dict[str, Any] = {}
@@ -170,8 +173,8 @@ def paired(rows: Sequence[dict[str, Any]], rate: int) -> dict[str, Any]:
         entry: dict[str, Any] = {}
         if ssh is not None:
             entry["vs_ssh"] = {key: compared(mine, ssh, key, GOALS.get(key)) for key in KEYS}
-        base = figures.get("tunnel-base")
-        if name == "tunnel" and base is not None:
+        base = figures.get(BASE_OF.get(name, ""))
+        if base is not None:
             entry["vs_base"] = {key: compared(mine, base, key) for key in KEYS}
         if entry:
             out[name] = entry

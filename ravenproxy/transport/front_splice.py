@@ -6,8 +6,9 @@ The server splices its front's client to a tunnel stream as the agent splices it
 :class:`FrontSplice`. There the front's
 :class:`~ravenproxy.transport.socket_stream.SocketStream` stays the socket's protocol (it holds
 what was read before, and lends a bulk upload's reads without a copy) and calls back; the splice
-takes its bytes from it while nothing waits to go up (the rest waits in the stream's buffer,
-which stops reading the socket past its bound, as under :func:`relay`). It keeps the relay's
+takes its bytes from it while nothing waits to go up (a small read as it comes, unbuffered:
+``on_data``'s ``take``; the rest waits in the stream's buffer, which stops reading the socket
+past its bound, as under :func:`relay`). It keeps the relay's
 clocks too: ``--idle-timeout`` (:class:`~ravenproxy.transport.relay.IdleWatch`), and a client
 gone while its upload waits for credit, or after its half-close while the target has not
 answered, noticed within :data:`~ravenproxy.transport.relay.CREDIT_PROBE` seconds
@@ -63,7 +64,7 @@ class FrontSplice(Splice):
             sock.transport.write(initial_down)
             self.result.bytes_down += len(initial_down)
         sock.lend_reads()
-        sock.on_data(self._pull)
+        sock.on_data(self._pull, self._offer)
         self.start(stream)
         if initial_up:
             self.data_received(initial_up)
@@ -107,6 +108,35 @@ class FrontSplice(Splice):
                     self._queue(data)
         except Exception as exc:
             self._fail_socket(exc)
+
+    def _offer(self, data: bytes) -> bool:
+        """The socket's bytes as they come, while it buffers none (its ``take``): up at once
+        as :meth:`_pull` would send them, not buffered and read back (two reads a request,
+        the second finding nothing). False where :meth:`_pull` would not send them now
+        (nothing started, the end, bytes or a sender waiting to go up) or would queue them
+        (bulk): they are buffered and :meth:`_pull` is called, as without it. Runs in a
+        callback: nothing may escape."""
+        stream = self.stream
+        if (
+            stream is None
+            or self._over
+            or self._pending
+            or self._sender is not None
+            or self._up_eof
+            or len(data) >= LEND_FROM
+        ):
+            return False
+        try:  # _give, written out
+            sent = stream.try_write(data)
+            self.result.bytes_up += sent
+            watch = self._watch
+            if watch is not None:
+                watch.last = watch.clock()  # touch(), written out: a read a request
+            if sent < len(data):
+                self._queue(memoryview(data)[sent:])
+        except Exception as exc:
+            self._fail_socket(exc)
+        return True
 
     def _hold(self) -> None:
         # Nothing is taken from the socket meanwhile (see _pull): its stream buffers, and stops

@@ -37,12 +37,26 @@ class IdleWatch:
     then the sweep it waits in: no longer than any ``turns`` answers.
     """
 
-    __slots__ = ("_cancelling", "_expired", "_loop", "_sweep", "_task", "last", "timeout", "turns")
+    __slots__ = (
+        "_cancelling",
+        "_expired",
+        "_loop",
+        "_sweep",
+        "_task",
+        "clock",
+        "last",
+        "timeout",
+        "turns",
+    )
 
     def __init__(self, timeout: float | None, turns: Callable[[], float] | None = None) -> None:
         self.timeout = timeout
         self.turns = turns
         self._loop = asyncio.get_running_loop()
+        self.clock = self._loop.time
+        """The loop's clock, for :meth:`touch` written out where a chunk a request stamps
+        (``watch.last = watch.clock()``: the front's splice): the call to :meth:`touch` was
+        half of what a stamp cost (~380 of ~780 instructions)."""
         self.last = self._loop.time()
         self._task: asyncio.Task[Any] | None = None
         self._expired = False
@@ -50,8 +64,9 @@ class IdleWatch:
         self._sweep: _Sweep | None = None
 
     def touch(self) -> None:
-        """A byte moved: the connection is not idle."""
-        self.last = self._loop.time()
+        """A byte moved: the connection is not idle. (Written out as ``watch.last =
+        watch.clock()`` where it is per request.)"""
+        self.last = self.clock()
 
     def timeout_now(self) -> float | None:
         """The timeout the guarded block has now (its turn's, with ``turns``)."""

@@ -71,6 +71,7 @@ class SocketStream(asyncio.Protocol):
         "_limit",
         "_loop",
         "_on_data",
+        "_on_take",
         "_on_writing",
         "_over_ssl",
         "_read_paused",
@@ -102,6 +103,7 @@ class SocketStream(asyncio.Protocol):
         self._read_waiter: asyncio.Future[None] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
         self._on_data: Callable[[], None] | None = None
+        self._on_take: Callable[[bytes], bool] | None = None
         self._on_writing: asyncio.BaseProtocol | None = None
         self._lend: bool | Lender = False
         """True: may switch to lending at a large read; the lender once it did."""
@@ -119,6 +121,9 @@ class SocketStream(asyncio.Protocol):
         self._over_ssl = transport.get_extra_info("sslcontext") is not None
 
     def data_received(self, data: bytes) -> None:
+        take = self._on_take
+        if take is not None and not self._buffer and take(data):
+            return  # taken as it came (on_data's take): nothing buffered, no callback
         self.pending = True
         if self._lend is True and len(data) >= LEND_FROM:
             self._start_lending()
@@ -241,11 +246,20 @@ class SocketStream(asyncio.Protocol):
     def exception(self) -> BaseException | None:
         return self._error
 
-    def on_data(self, callback: Callable[[], None] | None) -> None:
+    def on_data(
+        self, callback: Callable[[], None] | None, take: Callable[[bytes], bool] | None = None
+    ) -> None:
         """Serve the reading side by callbacks: ``callback`` runs when bytes, the EOF or the
         loss of the connection arrive (after they are buffered); it takes them with
-        :meth:`read_nowait`. None: stop."""
+        :meth:`read_nowait`. None: stop.
+
+        ``take``: bytes that arrive while nothing is buffered are offered to it first, as
+        they come; True: it took them (they are not buffered, ``callback`` is not called);
+        False: they are buffered and ``callback`` runs, as without it. The front's splice
+        takes a client's small read so: not buffered, called back and read back (two reads,
+        the second finding nothing) per request."""
         self._on_data = callback
+        self._on_take = take
 
     def on_writing(self, protocol: asyncio.BaseProtocol | None) -> None:
         """``pause_writing`` and ``resume_writing`` go on to ``protocol`` too. None: stop."""

@@ -155,8 +155,9 @@ class Splice(asyncio.Protocol):
         try:  # as in _readable: in the session's reader, nothing may escape
             transport.write(chunk)
             self.result.bytes_down += len(chunk)
-            if self._watch is not None:
-                self._watch.touch()
+            watch = self._watch
+            if watch is not None:
+                watch.last = watch.clock()  # touch(), written out: a chunk a request (front)
         except Exception as exc:
             log.exception("splice failed", extra=kv(stream=self.stream and self.stream.id))
             self._fail_socket(exc)

@@ -191,6 +191,29 @@ def test_a_rounds_ratio_divides_out_what_the_machine_did_in_that_round(paired: M
     assert set(out) == {"tunnel", "tunnel-base"}
 
 
+def test_the_connect_row_is_paired_with_its_baselines_connect_row(paired: ModuleType) -> None:
+    """With ``--baseline``, ``tunnel-connect`` has its own base row (``tunnel-connect-base``):
+    paired with it as ``tunnel`` is with ``tunnel-base``, and both over ssh."""
+    rows = six_rounds()
+    by_path = {r["path"]: r["rounds"] for r in rows}
+    connect = [
+        {**r, "relay_cpu_us_per_request": r["relay_cpu_us_per_request"] * 0.5}
+        for r in by_path["tunnel"]
+    ]
+    connect_base = [
+        {**r, "relay_cpu_us_per_request": r["relay_cpu_us_per_request"] * 0.6}
+        for r in by_path["tunnel"]
+    ]
+    rows += rows_at(4000, tunnel_connect=connect, tunnel_connect_base=connect_base)
+    out = paired.paired(rows, 4000)
+    cpu = out["tunnel-connect"]["vs_base"]["relay_cpu_us_per_request"]
+    assert cpu["by_round"] == pytest.approx([0.5 / 0.6] * 6, abs=0.002)
+    assert out["tunnel-connect-base"]["vs_ssh"]["relay_cpu_us_per_request"]["median"] == (
+        pytest.approx(1.6 * 0.6, abs=0.002)
+    )
+    assert "vs_base" not in out["tunnel-connect-base"]
+
+
 def test_the_pooled_ratio_and_the_paired_one_differ_when_the_ssh_row_moves(
     paired: ModuleType,
 ) -> None:
