@@ -16,6 +16,9 @@ executed while they were served by the requests served.
 - With ``--baseline DIR`` another checkout's pair (run by ``DIR/.venv/bin/python``) is measured
   in the same run, round by round in alternating order: before/after in one run.
 - ``PYTHONHASHSEED=0`` for every process it starts (set iteration orders then repeat).
+- With ``--floor`` latency.py's ``floor`` row is counted too (``floor_relay.py``: two bare
+  uvloop relays with mTLS between them), relay A as the server, relay B as the agent: the same
+  requests, so ``tunnel-floor`` is what the tunnel executes above a minimal TLS relay.
 
     .venv/bin/python benchmarks/instructions.py --baseline ../base
     .venv/bin/python benchmarks/instructions.py --requests 200 --rounds 2 --output -   # quick
@@ -60,6 +63,7 @@ from latency import (
     add_request_argument,
     request_setting,
     run_row,
+    start_floor,
     start_target,
     start_tunnel,
     write_result,
@@ -179,6 +183,11 @@ def summarize(rounds: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
                 "median": round(med),
                 "spread_pct": round((max(values) - min(values)) / med * 100, 2) if med else None,
             }
+    if "tunnel" in out and "floor" in out:  # what the tunnel does above two bare relays
+        out["tunnel-floor"] = {
+            key: out["tunnel"][key]["median"] - out["floor"][key]["median"]
+            for key in (*ROLES, "sum")
+        }
     if "tunnel" in out and "base" in out:
         out["tunnel/base"] = {
             key: round(out["tunnel"][key]["median"] / out["base"][key]["median"], 4)
@@ -211,6 +220,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tunnel = start_tunnel(base, procs, target_port, name, python, cwd, wrap=counted.wrap)
             counted.pids = dict(zip(ROLES, tunnel.pids, strict=True))
             pairs.append((counted, tunnel.http, host))
+        if args.floor:  # relay A counted as the server, relay B as the agent
+            counted = Counted("floor", base)
+            port, pids = start_floor(base, procs, target_port, wrap=counted.wrap, seconds=120.0)
+            counted.pids = dict(zip(ROLES, pids, strict=True))
+            pairs.append((counted, port, host))
+            checkouts.append(("floor", sys.executable, None))
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             rounds = runner.run(measure(args, pairs))
     finally:
@@ -234,6 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "connections": args.connections,
             "answer": args.answer,
             "rounds": args.rounds,
+            "floor": "relay A as server, relay B as agent (floor_relay.py)" if args.floor else None,
             "request": request_setting(
                 args.request, "(keep-alive), Host: edge-1:PORT (the answers: see answer)"
             ),
@@ -264,12 +280,20 @@ def main() -> None:
         "bytes (nothing parsed per request); without it, the tunnel path (Host: routing)",
     )
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="count latency.py's floor row too: two floor_relay.py processes over mTLS, relay "
+        "A as the server, relay B as the agent (not with --connect: the relays parse nothing)",
+    )
+    parser.add_argument(
         "--dumps", type=Path, help="keep the dumps here: callgrind-NAME-ROLE.out.ROUND"
     )
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
     add_answer_argument(parser)
     add_request_argument(parser)
     args = parser.parse_args()
+    if args.floor and args.connect:
+        parser.error("--floor counts the tunnel path's requests: not with --connect")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run()'s cleanup still runs
     write_result(run(args), args.output)
 

@@ -514,14 +514,16 @@ class Procs:
                 os.killpg(proc.pid, signal.SIGKILL)  # the session we started; empty → ESRCH
 
 
-def _wait_port_file(path: Path, proc: subprocess.Popen[bytes]) -> int:
-    for _ in range(200):
+def _wait_port_file(path: Path, proc: subprocess.Popen[bytes], seconds: float = 10.0) -> int:
+    deadline = time.monotonic() + seconds
+    while True:
         if path.exists() and path.read_text():
             return int(path.read_text())
         if proc.poll() is not None:
             raise RuntimeError(f"{path.stem} exited")
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"{path.stem} did not start within {seconds:g} s")
         time.sleep(0.05)
-    raise RuntimeError(f"{path.stem} did not start")
 
 
 async def _wait_routable(http: int, host: str, seconds: float = 20.0) -> None:
@@ -642,23 +644,33 @@ def start_tunnel(
     return Tunnel(name, http, [server.pid, agent.pid])
 
 
-def start_floor(base: Path, procs: Procs, target_port: int) -> tuple[int, list[int]]:
-    """Two ``floor_relay.py`` processes: client → A → (mTLS) → B → target."""
+def start_floor(
+    base: Path,
+    procs: Procs,
+    target_port: int,
+    wrap: Callable[[str], list[str]] | None = None,
+    seconds: float = 10.0,
+) -> tuple[int, list[int]]:
+    """Two ``floor_relay.py`` processes: client → A → (mTLS) → B → target. A stands where the
+    server stands, B where the agent does: ``wrap(role)`` (``"server"`` for A, ``"agent"`` for
+    B) is put before each command line, as :func:`start_tunnel`'s; ``seconds``: how long each
+    may take to listen (under valgrind, on a busy host, over 10 s)."""
+    prefix = wrap if wrap is not None else (lambda role: [])
     certs = base / "certs-floor"
     init_pki(certs, ("localhost", "127.0.0.1"), ("edge-1",))
     relay = [sys.executable, str(HERE / "floor_relay.py")]
     b = procs.start(
         "floor-b",
-        [*relay, str(base / "floor-b.port"), str(target_port), "--tls-in",
+        [*prefix("agent"), *relay, str(base / "floor-b.port"), str(target_port), "--tls-in",
          str(certs / "ca.crt"), str(certs / "server.crt"), str(certs / "server.key")],
     )  # fmt: skip
-    b_port = _wait_port_file(base / "floor-b.port", b)
+    b_port = _wait_port_file(base / "floor-b.port", b, seconds)
     a = procs.start(
         "floor-a",
-        [*relay, str(base / "floor-a.port"), str(b_port), "--tls-out",
+        [*prefix("server"), *relay, str(base / "floor-a.port"), str(b_port), "--tls-out",
          str(certs / "ca.crt"), str(certs / "edge-1.crt"), str(certs / "edge-1.key")],
     )  # fmt: skip
-    return _wait_port_file(base / "floor-a.port", a), [a.pid, b.pid]
+    return _wait_port_file(base / "floor-a.port", a, seconds), [a.pid, b.pid]
 
 
 def _profiled(profile: Path | None, role: str) -> list[str]:
