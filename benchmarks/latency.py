@@ -16,7 +16,8 @@ keep-alive connections:
 - ``tunnel``: client → server HTTP front (``Host: edge-1:PORT``) → mTLS WebSocket tunnel →
   agent → target;
 - ``tunnel-base`` (with ``--baseline DIR``): the same through another checkout's server and
-  agent (``DIR/.venv/bin/python``), for a before/after in one run;
+  agent (``DIR/.venv/bin/python``), for a before/after in one run; ``tunnel-connect-base``
+  likewise for ``tunnel-connect`` (unless ``--no-connect``);
 - ``tunnel-connect``: each client connection first sends ``CONNECT edge-1:PORT`` to the same
   front, then its GETs go through that one tunnel stream as bytes (the way an egress dialer such
   as kube-apiserver's uses the proxy, and the way ``ssh -R`` forwards: nothing parsed per
@@ -37,11 +38,11 @@ beside the raw CPU, over the ssh row's (``vs_ssh``) and, for ``tunnel``, over ``
 reads of the answers, so a relay change that changes how the answers arrive (more or fewer per
 read: batching) moves the yardstick too.
 
-Per rate the rows run ``--rounds`` times (default 2): direct, ssh, tunnel-base, floor, tunnel,
-tunnel-connect in even rounds, the other way round in odd ones, each row after ``--warmup``
-seconds (default 1) at its rate, untimed. Run once in a fixed order, the rows carried a
-row-order effect (of two tunnel rows, the one run second won). A row's figures pool its rounds
-(percentiles of all the samples, CPU total / requests total); each
+Per rate the rows run ``--rounds`` times (default 2): direct, ssh, tunnel-base,
+tunnel-connect-base, floor, tunnel, tunnel-connect in even rounds, the other way round in odd
+ones, each row after ``--warmup`` seconds (default 1) at its rate, untimed. Run once in a fixed
+order, the rows carried a row-order effect (of two tunnel rows, the one run second won). A
+row's figures pool its rounds (percentiles of all the samples, CPU total / requests total); each
 round's own are in ``rows[].rounds``.
 
     .venv/bin/python benchmarks/latency.py              # 1 000, 2 000 and 4 000 req/s, 2 rounds
@@ -819,6 +820,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             python = str(args.baseline / ".venv" / "bin" / "python")
             old = start_tunnel(base, procs, target_port, "base", python, args.baseline)
             paths.append(Way("tunnel-base", old.http, host, _pids(old.pids, False)))
+            if not args.no_connect:
+                direct = f"127.0.0.1:{target_port}"
+                paths.append(
+                    Way("tunnel-connect-base", old.http, direct, _pids(old.pids, False), host)
+                )
             machine["baseline"] = str(args.baseline)
             machine["baseline_commit"] = _commit(args.baseline)
             machine["baseline_python"] = _interpreter(python)
@@ -900,20 +906,22 @@ def compare(rows: list[dict[str, Any]], rates: list[int]) -> list[dict[str, Any]
                     "relay_cpu_per_client_cpu": r.get("relay_cpu_per_client_cpu"),
                 }
         ssh = entry.get("ssh")
-        for name in ("tunnel", "tunnel-base", "tunnel-connect", "floor"):
+        for name in ("tunnel", "tunnel-base", "tunnel-connect", "tunnel-connect-base", "floor"):
             t = entry.get(name)
             if ssh is not None and t is not None:
                 t["vs_ssh"] = {key: _ratio(t[key], ssh[key]) for key in COMPARED}
-        tunnel, base = entry.get("tunnel"), entry.get("tunnel-base")
-        if tunnel is not None and base is not None:
+        for name in ("tunnel", "tunnel-connect"):
+            tunnel, base = entry.get(name), entry.get(f"{name}-base")
+            if tunnel is None or base is None:
+                continue
             # Three decimals: an A/B of a few % is what --baseline is for.
             vs_base: dict[str, Any] = {key: _ratio(tunnel[key], base[key], 3) for key in COMPARED}
             for key in ("relay_cpu_us_per_request", "relay_cpu_per_client_cpu"):
                 vs_base[f"{key}_by_round"] = [
                     _ratio(a.get(key), b.get(key), 3)
                     for a, b in zip(
-                        at["tunnel"].get("rounds", []),
-                        at["tunnel-base"].get("rounds", []),
+                        at[name].get("rounds", []),
+                        at[f"{name}-base"].get("rounds", []),
                         strict=False,
                     )
                 ]

@@ -110,7 +110,29 @@ def test_compare_puts_the_ratio_beside_the_raw_cpu_vs_ssh_and_vs_base(
     assert tunnel["vs_ssh"]["relay_cpu_us_per_request"] == 2.42
     assert tunnel["vs_ssh"]["relay_cpu_per_client_cpu"] == 2.2
     assert entry["tunnel-connect"]["vs_ssh"]["relay_cpu_per_client_cpu"] == 1.5
+    # No tunnel-connect-base row: no vs_base for tunnel-connect.
     assert "vs_base" not in entry["tunnel-connect"] and "vs_base" not in base
+
+
+def test_compare_gives_tunnel_connect_its_vs_base_over_tunnel_connect_base(
+    latency: ModuleType,
+) -> None:
+    rows = paths(
+        latency,
+        {
+            "direct": [(None, 0.010), (None, 0.010)],
+            "tunnel-base": [(0.020, 0.010), (0.020, 0.010)],
+            "tunnel-connect-base": [(0.016, 0.010), (0.016, 0.010)],
+            "tunnel": [(0.020, 0.010), (0.020, 0.010)],
+            "tunnel-connect": [(0.012, 0.010), (0.016, 0.010)],
+        },
+    )
+    (entry,) = latency.compare(rows, [1000])
+    connect = entry["tunnel-connect"]
+    assert connect["vs_base"]["relay_cpu_us_per_request_by_round"] == [0.75, 1.0]
+    assert connect["vs_base"]["relay_cpu_us_per_request"] == 0.875
+    assert entry["tunnel"]["vs_base"]["relay_cpu_us_per_request"] == 1.0
+    assert "vs_base" not in entry["tunnel-connect-base"]
 
 
 def test_compare_without_a_baseline_or_ssh_row_keeps_the_old_shape(latency: ModuleType) -> None:
