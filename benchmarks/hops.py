@@ -79,6 +79,29 @@ class Call:
         return KINDS.get(self.nr, "")
 
 
+def probe_answers(cs: Sequence[Call], n: int) -> dict[str, float]:
+    """Per request: the probes that said "more input" (``probes_more``) and "none"
+    (``probes_empty``), and of these the ones that followed a "none" in the same loop turn
+    (``probes_empty_again``: what keeping a "none" until the turn's end would save)."""
+    more = empty = again = 0
+    said_empty = False
+    for c in cs:
+        if c.nr == TURN:
+            said_empty = False
+        elif c.nr == PROBE:
+            if c.ret > 0:
+                more += 1
+            else:
+                empty += 1
+                again += said_empty
+                said_empty = True
+    return {
+        "probes_more": round(more / n, 2),
+        "probes_empty": round(empty / n, 2),
+        "probes_empty_again": round(again / n, 2),
+    }
+
+
 def parse_script(text: str) -> dict[int, list[Call]]:
     """``perf script -F pid,tid,time,event,trace`` of raw_syscalls sys_enter/sys_exit: each
     thread's enter paired with its exit, by process, in order of their exits."""
@@ -292,6 +315,7 @@ def analyse(
             "writes": round(count["w"] / n, 2),
             "loop_turns": round(count[TURN] / n, 2),
             "probes": round(count[PROBE] / n, 2),
+            **probe_answers(cs, n),
             "awake_share": round(awake / span, 3) if span else None,
         }
     out["per_request"] = procs

@@ -133,21 +133,26 @@ class Outlet(Intake):
 
     def _write_through(self, stream: Stream | None, data: bytes | memoryview) -> bool:
         """A stream's small write (:meth:`TunnelStream.try_write`) as ``send_upto`` then
-        :meth:`_flush` would send it when ``_flush`` writes it through at once, without
-        queueing it and taking it back (~3 900 instructions a message): only where nothing is
-        queued (nothing it could overtake, control frames included), ``_flush``'s conditions
-        hold and the wire takes it as one frame (:meth:`Connection.send_through_on`; ``stream``:
-        the writer's wire stream, which it holds). Returns whether it took ``data`` (all of
-        it); False, having done nothing: the queued path."""
+        :meth:`_flush` would send it, where ``_flush``'s conditions hold and the wire takes it
+        as one frame (:meth:`Connection.send_small_on`; ``stream``: the writer's wire stream,
+        which it holds). Where nothing is queued (nothing it could overtake, control frames
+        included) and ``_flush`` would write it through at once, it is written without
+        queueing it and taking it back (~3 900 instructions a message); behind queued output
+        (a burst's earlier writes, left for the turn's end) the wire queues it and one
+        ``_flush`` follows, as after ``send_upto``, with one set of checks. Returns whether it
+        took ``data`` (all of it); False, having done nothing: the queued path."""
         if self._wake or self._deferred or self._wake_writer is None:
             return False
         ws = self.ws
         if ws.paused or self._held is not None or self._gate.data_closed:
             return False
         conn = self.conn
-        head = conn.send_through_on(stream, data, THROUGH)  # None where anything is queued
-        if head is None:
-            return False
+        head = conn.send_small_on(stream, data, THROUGH)
+        if not head:  # b"": queued behind what is queued, for _flush to send as it decides
+            if head is None:
+                return False
+            self._flush()
+            return True
         probe = self._probe
         poll = probe.poll
         more: object

@@ -101,7 +101,7 @@ class TunnelStream:
         self.target = target
         self._wire = session.conn.streams.get(stream_id)
         """The wire's stream, whose credit a chunk read returns (``conn.consumed_on``) and on
-        which a small write goes through (``send_through_on``): not looked up by id again per
+        which a small write goes through (``send_small_on``): not looked up by id again per
         chunk and write. None if it already ended (as the id would find nothing)."""
         self._chunks: collections.deque[bytes | memoryview] | None = None
         """Received, not yet read; created with the first chunk."""
@@ -263,7 +263,7 @@ class TunnelStream:
         if self._error is not None:
             return 0
         session = self.session
-        if session._write_through(self._wire, data):  # an idle tunnel's small write: not queued
+        if session._write_through(self._wire, data):  # a small write: through, or queued once
             n = len(data)
             self.bytes_out += n
             return n
@@ -279,8 +279,9 @@ class TunnelStream:
         """Send all of ``data``, waiting for credit as needed."""
         session = self.session
         if self._error is None and session._write_through(self._wire, data):
-            # An idle tunnel's small write, as try_write sends it: not queued (the drain below
-            # would not wait: what it may queue is one frame within the message size).
+            # A small write, as try_write sends it: written through, or queued behind a
+            # burst's output (the drain below would not wait: the queue stays within one
+            # message).
             self.bytes_out += len(data)
             return
         if self._error is None and 0 < len(data) <= session.conn.send_window(self.id):

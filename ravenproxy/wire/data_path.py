@@ -173,6 +173,20 @@ class DataPath:
         ``streams`` is closed, not one this side sends on, as one not there)."""
         if self.outbox.pending_bytes:
             return None
+        return self.send_small_on(stream, data, limit)
+
+    def send_small_on(
+        self, stream: Stream | None, data: bytes | memoryview, limit: int
+    ) -> bytes | None:
+        """A tunnel stream's small write (:meth:`send_through_on`'s frame), also behind
+        queued output: the header of the DATA frame of all of ``data`` to write with it right
+        away where nothing is queued (:meth:`send_through_on`); ``b""`` where output is queued,
+        the frame then queued after it as :meth:`send_upto` queues it with ``limit`` and our
+        message size less what is queued (the queue stays within one message: the caller
+        need not wait for it to drain); None, having changed nothing, for anything else (the
+        caller calls ``send_upto``). One set of checks where a write behind a burst's queued
+        frames was refused here, then checked again by ``send_upto``, its stream looked up
+        by id (tests/unit/wire/test_small_send.py)."""
         if stream is None or stream.state not in SENDING:
             return None
         send, conn_send = stream.send, self._conn_send
@@ -182,12 +196,19 @@ class DataPath:
             and n <= conn_send.available
             and n <= limit
             and n <= self.peer_max_frame_size
-            and n <= self.config.max_message_size - HEADER_SIZE
             and type(data) is bytes
         ):
+            outbox = self.outbox
+            queued = outbox.pending_bytes
+            if queued + HEADER_SIZE + n > self.config.max_message_size:
+                return None
             send.available -= n  # as send_upto counts it
             conn_send.available -= n
-            return _pack_words(_DATA_WORD, stream.id, n)
+            head = _pack_words(_DATA_WORD, stream.id, n)
+            if not queued:
+                return head
+            outbox.data(head, data)
+            return b""
         return None
 
     def consumed(self, stream_id: int, n: int) -> bool:

@@ -108,3 +108,45 @@ async def test_a_write_while_the_writer_is_busy_is_queued_behind_its_batch(
             assert queued == [6]
         stream.write_eof()
         assert await asyncio.wait_for(read_all(stream), WAIT) == b"firstsecond"
+
+
+@pytest.mark.parametrize("how", ["try_write", "write"])
+async def test_a_bursts_later_writes_are_queued_once_and_go_out_together(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load: the probe says more input waits in this turn, so the burst's first write is
+    queued for the turn's end; the later ones (other streams) are queued behind it by the
+    write-through path itself (no ``send_upto``, one set of checks), in order, and the whole
+    burst goes out in one write at the turn's end."""
+    async with tunnel() as t:
+        streams = [await asyncio.wait_for(t.cloud.open_stream(TARGET), WAIT) for _ in range(3)]
+        await settle(t.cloud)
+        queued = spy_queue(t.cloud, monkeypatch)
+        upto: list[int] = []
+        send_upto = t.cloud.conn.send_upto
+        monkeypatch.setattr(
+            t.cloud.conn, "send_upto", lambda *a: upto.append(a[0]) or send_upto(*a)
+        )
+        writes = record(t.cloud)
+        probe = t.cloud._probe
+        more = object()
+        probe.soon.add(more)  # a burst's first event: more input waits in this turn
+        try:
+            for i, stream in enumerate(streams):
+                if how == "try_write":
+                    assert stream.try_write(b"request %d" % i) == 9
+                else:
+                    await stream.write(b"request %d" % i)  # returns at once: nothing awaited
+        finally:
+            probe.soon.discard(more)
+        assert queued == [9, 9, 9] and upto == []
+        assert writes.writes == []  # left for the turn's end
+        await asyncio.sleep(0)
+        assert len(writes.writes) == 1
+        sent = writes.writes[0]
+        assert [sent.index(b"request %d" % i) for i in range(3)] == sorted(
+            sent.index(b"request %d" % i) for i in range(3)
+        )
+        for i, stream in enumerate(streams):
+            stream.write_eof()
+            assert await asyncio.wait_for(read_all(stream), WAIT) == b"request %d" % i
