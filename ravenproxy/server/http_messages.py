@@ -264,6 +264,7 @@ class Parsed:
         if (
             cut <= method
             or data[cut:] != whole[len(line) :]
+            or whole[: len(line)] != line  # kept after CRLFs llhttp skipped: bytes shifted
             or data[:method] != line[:method]
             or _near_line(data, method, cut) is None
             or self.in_head
