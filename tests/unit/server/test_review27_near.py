@@ -41,135 +41,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from httptools import HttpParserError, HttpParserUpgrade
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.server.exchange import Exchange
-from ravenproxy.server.exchange_actions import Action
-from ravenproxy.server.http_heads import Head
-from ravenproxy.server.http_messages import _ENDED, EOF, ERROR, HEAD, REPLAY_MAX, Parsed, _Stop
+from ravenproxy.server.http_messages import ERROR, HEAD, Parsed
 
 from .test_exchange import VIA
 from .test_review24_parse import _state
 from .test_review24_parse import _view as _event_view
 from .test_review26_exchange import _drive
 
-# -- f667209's code, verbatim (classes renamed) --------------------------------------------------
-
-
-class _F66Parsed(Parsed):
-    """:class:`Parsed` with f667209's ``feed`` and ``again``."""
-
-    __slots__ = ()
-
-    def feed(self, data: bytes) -> bytes | None:
-        """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
-        ended the HTTP part of the connection. An error is queued after what came before it."""
-        events = self.events
-        if self._again is not None:
-            head = self._repeated(data)
-            if head is not None:
-                # A keep-alive client sending the same request again (a scrape, a probe): the
-                # parser is where that request left it, so it would make the same two events.
-                events.append((HEAD, head))
-                events.append(_ENDED)
-                self.fed = 0
-                return None
-            # The parser leaves that state: what it held is remembered anew (or not at all).
-            self._again = None
-        if self.tail > self.max_tail:  # refused (below): nothing more goes into the parser
-            return None
-        # A request may begin at the start of ``data`` (the parser between messages, no event
-        # waiting): a response is never kept, not asked whether it came whole.
-        fresh = False
-        if not self.in_body:
-            self.fed += len(data)
-            if self.in_head:
-                pass
-            elif self._response:
-                # (A slice compared: startswith parses its arguments by format, ~200 more.)
-                self._version = "1.1" if data[:9] == b"HTTP/1.1 " else None
-            else:
-                self._line = data
-                fresh = not events
-        queued = len(events)
-        try:
-            self.parser.feed_data(data)
-        except HttpParserUpgrade as exc:
-            return data[exc.args[0] :]
-        except HttpParserError as exc:
-            if not isinstance(exc.__context__, _Stop):
-                events.append((ERROR, str(exc) or type(exc).__name__))
-            return None
-        finally:
-            # A head begun and not ended (the callbacks keep _between, not in_head: one C
-            # call, no Python one, at a message's start).
-            self.in_head = not self._between
-        if self.in_body and len(events) == queued:  # inside a body, and nothing of it came
-            self.tail += len(data)
-            if self.tail > self.max_tail:
-                events.append((ERROR, f"chunk framing or trailers over {self.max_tail} bytes"))
-        elif fresh and len(events) == 2 and events[1] is _ENDED and not self.in_head:
-            # One whole request that left the parser as it found it (no body event, nothing of
-            # a next message begun) is kept: the same bytes again are that request again.
-            # (Whether it may be replayed is asked then: _replayable.) Its events are its HEAD
-            # and the shared END of a message without trailers: what a fresh parse queues
-            # first is a HEAD (no body is begun before one; an error returned above), and after
-            # that END the parser is in no body (a next message's body follows its HEAD: a
-            # third event). Here, not in a method of its own: once a request that differs.
-            parsed = events[0][1]
-            assert isinstance(parsed, Head)
-            if len(data) <= REPLAY_MAX:
-                self._again = (bytes(data), parsed)
-        return None
-
-    def again(self, data: bytes, head: Head) -> bool:
-        """:meth:`feed` with ``head`` taken at once: True when ``data`` is the last request
-        again (``_again``), whole and bodiless, that request's head is ``head`` and no event
-        waits — its END is queued; else False, and nothing was fed."""
-        # :meth:`_repeated`'s rule asked without its call (once a request), the head's
-        # identity first: no bytes compared for another request's head.
-        again = self._again
-        if again is None or again[1] is not head or self.events or self.in_head or self.in_body:
-            return False
-        if data != again[0]:
-            # feed would compare the same bytes to miss (a call, once a request that differs)
-            self._again = None
-            return False
-        if head is not self._replay_head and not self._replayable(head):
-            return False
-        self.events.append(_ENDED)
-        self.fed = 0
-        return True
-
-
-class _F66Exchange(Exchange):
-    """:class:`Exchange` with f667209's ``receive_client`` and client parser."""
-
-    def __init__(self, *, via: str, max_head: int) -> None:
-        super().__init__(via=via, max_head=max_head)
-        self.client = _F66Parsed(response=False, max_tail=max_head)
-
-    def receive_client(self, data: bytes) -> list[Action]:
-        """Bytes from the client; ``b""``: it closed its side."""
-        if self.phase == "closed":
-            return []
-        seen = self._seen
-        if seen is not None and self.phase == "head" and self.client.again(data, seen[0]):
-            # The last request again (no HEAD event queued): it goes on as it went (the head
-            # of _on_request, inline: once a request).
-            self._client_keep, self._request = seen[1], seen[0]
-            self.phase = "routing"
-            return [seen[2]]
-        if not data:
-            self.client.events.append((EOF, None))
-        elif self.client_raw is not None:
-            self.client_raw += data
-        else:
-            self.client_raw = self.client.feed(data)
-        return self._client_events()
-
+# The oracle: f667209's ``Parsed.feed``/``again`` and ``Exchange.receive_client``, verbatim, as
+# varhead's own test keeps them.
+from .test_varhead_near import _F66Exchange, _F66Parsed
 
 # -- conversations ----------------------------------------------------------------------------
 

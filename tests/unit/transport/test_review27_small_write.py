@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import struct
 from collections.abc import Generator
 from types import MethodType
 from typing import Any
@@ -44,48 +43,21 @@ from hypothesis import strategies as st
 
 from ravenproxy.transport.frame_batch import COALESCE, WRITE_THROUGH, one_frame, writes
 from ravenproxy.transport.session import Session, SessionConfig, StreamClosedError, TunnelStream
-from ravenproxy.wire.codes import FrameType
 from ravenproxy.wire.config import WireConfig
-from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.frames import HEADER_SIZE, MIN_FRAME_SIZE, Ping, decode_message
-from ravenproxy.wire.streams import SENDING, Stream
+from ravenproxy.wire.streams import Stream
 from tests.unit.transport.test_session import TARGET, WAIT, tunnel
 from tests.unit.transport.test_session_writes import record, settle
 from tests.unit.transport.test_write_through_async import ws_messages
+from tests.unit.wire.test_small_send import f667209_send_through_on
 
 Op = tuple[Any, ...]
 
 # -- f667209's code, verbatim (functions named for it) --------------------------------------------
 
 _F66_THROUGH = min(WRITE_THROUGH, COALESCE - 16) - HEADER_SIZE - 1
-_f66_pack_words = struct.Struct("!III").pack
-_F66_DATA_WORD = int(FrameType.DATA) << 24
-
-
-def _f66_send_through_on(
-    self: Connection, stream: Stream | None, data: bytes | memoryview, limit: int
-) -> bytes | None:
-    """:meth:`send_through` of the stream itself, not its id (as :meth:`consumed_on`:
-    a tunnel stream's write does not look its stream up again; a stream that left
-    ``streams`` is closed, not one this side sends on, as one not there)."""
-    if self.outbox.pending_bytes:
-        return None
-    if stream is None or stream.state not in SENDING:
-        return None
-    send, conn_send = stream.send, self._conn_send
-    n = len(data)
-    if (
-        0 < n <= send.available
-        and n <= conn_send.available
-        and n <= limit
-        and n <= self.peer_max_frame_size
-        and n <= self.config.max_message_size - HEADER_SIZE
-        and type(data) is bytes
-    ):
-        send.available -= n  # as send_upto counts it
-        conn_send.available -= n
-        return _f66_pack_words(_F66_DATA_WORD, stream.id, n)
-    return None
+# f667209's ``DataPath.send_through_on``, verbatim, as through's own test keeps it.
+_f66_send_through_on = f667209_send_through_on
 
 
 def _f66_flush(self: Any, late: bool = False) -> None:
