@@ -21,6 +21,9 @@ client gone, and a client that reads slower than the answer comes: the task wait
 socket's drain and reads the rest of that answer itself (the stream keeps its credit meanwhile,
 so the agent stops sending). Client bytes are taken from the socket only while the exchange
 waits for a request head; past a bound buffered, the socket stops reading (TCP pushes back).
+A next request's bytes that find the socket holding none, while the exchange waits for its head
+with nothing of it at hand, go to the exchange as they come (the socket's ``take``); any others
+are buffered and called back.
 
 The clocks: one :class:`~ravenproxy.transport.idle.IdleWatch` with a timeout by turns —
 :data:`KEEPALIVE_TIMEOUT` while waiting for a next request, --idle-timeout while the target's
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import cast
 
 from ravenproxy.errors import RoutingError
@@ -150,7 +154,11 @@ class CallbackPath(KeptUpstream):
             # queued in the stream for _advance to read back (a call and a queue's round
             # trip per answer).
             self._hooked.on_readable(advance, self._advance)
-        sock.on_data(advance)
+        # A next request's bytes that find the socket holding none are handed to _advance as
+        # they come (``take``, the read its call back would make at once): not buffered,
+        # called back and read back (a round a request). A partial, not a method calling
+        # _advance: no Python frame between the socket and _advance.
+        sock.on_data(advance, partial(self._advance, None))
         try:
             try:
                 async with watch:
@@ -241,7 +249,7 @@ class CallbackPath(KeptUpstream):
             if phase == "head":
                 self._kept_news(self._hooked)
 
-    def _advance(self, came: bytes | memoryview | None = None) -> bool:
+    def _advance(self, came: bytes | memoryview | None = None, took: bytes | None = None) -> bool:
         """Move the exchange on as far as it goes without waiting: the client socket's callback
         (and the stream's, above). Runs in a callback (the socket's, the session reader's):
         nothing may escape; what fails goes to the task. One function, not a guard calling the
@@ -250,18 +258,28 @@ class CallbackPath(KeptUpstream):
         ``came``: an answer's chunk as the stream got it (the stream's ``take``: it holds no
         other), taken as the forwarding step's read would have read it; returns whether it
         was (False: not forwarding, or the client cannot take it now: the stream holds it and
-        calls back, which sees why)."""
+        calls back, which sees why).
+
+        ``took``: the client's bytes as the socket got them, while it buffers none (its
+        ``take``): taken as this call's read would take them if they were buffered, and only
+        where that read is the first thing it does — the exchange waits for a next request's
+        head, nothing of one parsed or begun, no drain, in callback mode, not from inside one,
+        no more than a read takes. Whether they were (False: not touched, they are buffered and
+        the call back does as before: a pipelined request during an answer, a head in pieces,
+        a body, the drain's end of the connection)."""
         done = self._exit
         if (
             done is None
             or done.done()
             or self._busy
             or (came is not None and self.ex.phase != "forwarding")
+            or (took is not None and (self.ex.phase != "head" or len(took) > READ_LIMIT))
         ):
             # Out of callback mode, or called back from inside (the loop below sees what
             # changed); a chunk between requests is the kept stream's news (read by the call
-            # back that follows).
-            self._unread = True
+            # back that follows). The client's bytes: buffered, and called back.
+            if took is None:
+                self._unread = True
             return False
         self._busy = True
         ex, sock, watch = self.ex, self.reader, self._calls
@@ -275,6 +293,8 @@ class CallbackPath(KeptUpstream):
                     # a next request parsed or begun (a call each, twice a request): poll
                     # would answer [] (or a 431 past the head bound), head_begun False.
                     if client.events or client.in_head or client.fed > ex.max_head:
+                        if took is not None:  # not the first thing: buffered, called back
+                            return False
                         if self.upstream is not None:  # a pipelined request (no wait before it)
                             self._let_go_ended()
                         actions = ex.poll()
@@ -286,11 +306,19 @@ class CallbackPath(KeptUpstream):
                         actions = []
                     if not actions:
                         if self.ctx.drain.draining:  # no next request on this connection
+                            if took is not None:  # buffered for the task, called back
+                                return False
                             self._leave([])
                             return True
                         # Nothing came since a read took all (an answer's end, as a rule):
                         # no read that would find nothing.
-                        data = sock.read_nowait(READ_LIMIT) if sock.pending else None
+                        if took is not None:  # the socket's take: this read's bytes
+                            data: bytes | None = took
+                            took = None
+                        elif sock.pending:
+                            data = sock.read_nowait(READ_LIMIT)
+                        else:
+                            data = None
                         if data is None:
                             if self.waiting:
                                 # The kept stream called between requests (the socket's calls
