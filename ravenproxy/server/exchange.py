@@ -126,14 +126,9 @@ class Exchange(AnswerHead):
                 self._client_keep, self._request, self.phase = seen[1], seen[0], "routing"
                 return [seen[2]]
             request = client.near(data, seen[0])  # or that but for its target (END queued)
-            if request is not None:
-                # _on_request's case of the last fields, inline (method, version, routing alike)
-                dest, target = seen[2].dest, request.target
-                if request.size <= self.max_head and same_node(dest, target):
-                    dest.target, self._request = target, request
-                    self._client_keep, self.phase = seen[1], "routing"
-                    self._seen = (request, seen[1], seen[2])
-                    return [seen[2]]
+            if request is not None:  # _on_request's case of the last fields (see there)
+                if request.size <= self.max_head and same_node(seen[2].dest, request.target):
+                    return self._retarget(request, seen)
                 return self._on_request(request)
         if not data:
             self.client.events.append((EOF, None))
@@ -173,6 +168,15 @@ class Exchange(AnswerHead):
     poll = _client_events
     """Act on client bytes already buffered (after a finished exchange); the same method."""
 
+    def _retarget(self, request: Head, seen: tuple[Head, bool, RouteRequest]) -> list[Action]:
+        """The last request's route for ``request``, which differs only in a target naming the
+        same node: the last destination (the router memo's) and action go on, retargeted."""
+        dest = seen[2].dest
+        dest.target, self._request = request.target, request
+        self._client_keep, self.phase = seen[1], "routing"
+        self._seen = (request, seen[1], seen[2])
+        return [seen[2]]
+
     def _on_request(self, request: Head) -> list[Action]:
         seen = self._seen
         if seen is not None and seen[0] is request:  # as the last one: it went on
@@ -186,14 +190,10 @@ class Exchange(AnswerHead):
         if seen is not None and routing is (last := seen[0]).routing:
             # The last request's fields (the parse shares their routing fields then: a
             # keep-alive client's next URL): what they decided stands (Host, keep-alive, Via);
-            # only its target may name another node. When it names none, the last destination
-            # (the router memo's) and action go on, retargeted: neither is made anew.
-            dest, target, same = seen[2].dest, request.target, request.start == last.start
-            if same and request.version == last.version and same_node(dest, target):
-                dest.target, self._request = target, request
-                self._client_keep, self.phase = seen[1], "routing"
-                self._seen = (request, seen[1], seen[2])
-                return [seen[2]]
+            # only its target may name another node. When it names none: _retarget.
+            same = request.start == last.start and request.version == last.version
+            if same and same_node(seen[2].dest, request.target):
+                return self._retarget(request, seen)
         host = routing.get("host")
         if (host is None and request.version == "1.1") or (host is not None and "," in host):
             why = "bad request: an HTTP/1.1 request needs one Host field"

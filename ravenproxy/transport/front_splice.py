@@ -126,14 +126,8 @@ class FrontSplice(Splice):
             or len(data) >= LEND_FROM
         ):
             return False
-        try:  # _give, written out
-            sent = stream.try_write(data)
-            self.result.bytes_up += sent
-            watch = self._watch
-            if watch is not None:
-                watch.last = watch.clock()  # touch(), written out: a read a request
-            if sent < len(data):
-                self._queue(memoryview(data)[sent:])
+        try:
+            self._give(stream, data)
         except Exception as exc:
             self._fail_socket(exc)
         return True

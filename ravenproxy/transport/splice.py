@@ -109,8 +109,9 @@ class Splice(asyncio.Protocol):
         """Up with ``data``: what has credit at hand goes now, the rest to the sender."""
         sent = stream.try_write(data)
         self.result.bytes_up += sent
-        if self._watch is not None:
-            self._watch.touch()
+        watch = self._watch
+        if watch is not None:
+            watch.last = watch.clock()  # touch(), written out: a read a request (front)
         if sent < len(data):
             self._queue(memoryview(data)[sent:])
 
