@@ -153,34 +153,14 @@ class DataPath:
             streams[sid].recv.available += n
         return None
 
-    def send_through(self, stream_id: int, data: bytes | memoryview, limit: int) -> bytes | None:
-        """:meth:`send_upto` of all of ``data`` as one DATA frame, not queued: when nothing is
-        queued (the frame may go before nothing) and the frame is one ``send_upto`` would
-        queue whole (within both windows, ``limit``, the peer's frame size and our message
-        size, ``data`` bytes), the windows are counted as it counts them and the frame's
-        header is returned, for the caller to write with ``data`` right away. None, having
-        changed nothing, for anything else: the caller then calls ``send_upto``. The write
-        through of an idle tunnel's small message (a request, its answer) without queueing
-        it and taking it back (tests/unit/wire/test_direct_send.py: the same accounting and
-        bytes as ``send_upto`` over many inputs)."""
-        return self.send_through_on(self.streams.get(stream_id), data, limit)
-
-    def send_through_on(
-        self, stream: Stream | None, data: bytes | memoryview, limit: int
-    ) -> bytes | None:
-        """:meth:`send_through` of the stream itself, not its id (as :meth:`consumed_on`:
-        a tunnel stream's write does not look its stream up again; a stream that left
-        ``streams`` is closed, not one this side sends on, as one not there)."""
-        if self.outbox.pending_bytes:
-            return None
-        return self.send_small_on(stream, data, limit)
-
     def send_small_on(
         self, stream: Stream | None, data: bytes | memoryview, limit: int
     ) -> bytes | None:
-        """A tunnel stream's small write (:meth:`send_through_on`'s frame), also behind
-        queued output: the header of the DATA frame of all of ``data`` to write with it right
-        away where nothing is queued (:meth:`send_through_on`); ``b""`` where output is queued,
+        """A tunnel stream's small write as :meth:`send_upto` would send all of ``data`` in one
+        DATA frame (within both windows, ``limit``, the peer's frame size and our message size,
+        ``data`` bytes; the windows counted as it counts them), given the stream itself, not
+        its id (as :meth:`consumed_on`): the frame's header, to write with ``data`` right away,
+        where nothing is queued (the frame may go before nothing); ``b""`` where output is queued,
         the frame then queued after it as :meth:`send_upto` queues it with ``limit`` and our
         message size less what is queued (the queue stays within one message: the caller
         need not wait for it to drain); None, having changed nothing, for anything else (the

@@ -1,5 +1,6 @@
-""":meth:`Connection.send_through` (the write through of an idle tunnel's small message,
-:meth:`~ravenproxy.transport.outlet.Outlet._write_through`) against :meth:`Connection.send_upto`
+""":func:`send_through` (``Connection.send_small_on`` where nothing is queued: the write
+through of an idle tunnel's small message, :meth:`~ravenproxy.transport.outlet.Outlet.
+_write_through`) against :meth:`Connection.send_upto`
 then the outbox taken, over many inputs (hypothesis): two connections in the same state given
 the same writes, one through ``send_through`` first (``send_upto`` when it steps aside), the
 other through ``send_upto`` alone, must count the same windows, give the same errors and put
@@ -20,6 +21,22 @@ from ravenproxy.wire.errors import WireError
 from .test_data_path import CONFIG, STREAM_IDS, make
 
 Op = tuple[Any, ...]
+
+
+def send_through(conn: Connection, stream_id: int, data: Any, limit: int) -> bytes | None:
+    """What the outlet's write-through asks of the wire when nothing is queued (this was
+    ``Connection.send_through``): ``send_small_on`` of the stream, None while anything is
+    queued (the frame may go before nothing)."""
+    if conn.outbox.pending_bytes:
+        return None
+    return conn.send_small_on(conn.streams.get(stream_id), data, limit)
+
+
+def send_through_on(conn: Connection, stream: Any, data: Any, limit: int) -> bytes | None:
+    """:func:`send_through` of a held stream (this was ``Connection.send_through_on``)."""
+    if conn.outbox.pending_bytes:
+        return None
+    return conn.send_small_on(stream, data, limit)
 
 
 def state(conn: Connection) -> Any:
@@ -56,7 +73,7 @@ def apply(direct: Connection, queued: Connection, op: Op) -> tuple[list[bytes], 
         case ("write", sid, kind, n, limit):
             data = payload(kind, n)
             before = state(direct)
-            head = direct.send_through(sid, data, limit)
+            head = send_through(direct, sid, data, limit)
             if head is None:
                 assert state(direct) == before  # stepped aside, changing nothing
                 sent = direct.send_upto(sid, data, limit)
@@ -124,7 +141,7 @@ def test_send_through_counts_and_sends_what_send_upto_queues(ops: list[Op]) -> N
 def test_the_idle_small_write_is_taken_and_counted() -> None:
     _, conn = make()
     before = conn._conn_send.available, conn.streams[1].send.available
-    head = conn.send_through(1, b"GET / HTTP/1.1\r\n\r\n", 1 << 30)
+    head = send_through(conn, 1, b"GET / HTTP/1.1\r\n\r\n", 1 << 30)
     assert head is not None
     assert not conn.outbox.pending_bytes  # not queued: the caller writes it
     assert (conn._conn_send.available, conn.streams[1].send.available) == (
@@ -136,19 +153,19 @@ def test_the_idle_small_write_is_taken_and_counted() -> None:
 def test_it_never_goes_before_queued_output() -> None:
     _, conn = make()
     conn.goaway(ErrorCode.OK, "")  # a control frame queued
-    assert conn.send_through(1, b"ping", 1 << 30) is None
+    assert send_through(conn, 1, b"ping", 1 << 30) is None
     _, conn = make()
     assert conn.send_upto(1, b"first", 1 << 30) == 5
-    assert conn.send_through(1, b"second", 1 << 30) is None
+    assert send_through(conn, 1, b"second", 1 << 30) is None
 
 
 def test_it_steps_aside_for_what_it_cannot_send_whole() -> None:
     _, conn = make()
     window = conn.streams[1].send.available
-    assert conn.send_through(1, bytes(window + 1), 1 << 30) is None  # past the window
-    assert conn.send_through(1, b"x" * 11, 10) is None  # past the limit
-    assert conn.send_through(1, b"", 1 << 30) is None  # nothing
-    assert conn.send_through(1, bytearray(b"reused"), 1 << 30) is None  # copied by send_data
-    assert conn.send_through(9, b"x", 1 << 30) is None  # never opened
-    assert conn.send_through(3, b"x", 1 << 30) is None  # we ended it
+    assert send_through(conn, 1, bytes(window + 1), 1 << 30) is None  # past the window
+    assert send_through(conn, 1, b"x" * 11, 10) is None  # past the limit
+    assert send_through(conn, 1, b"", 1 << 30) is None  # nothing
+    assert send_through(conn, 1, bytearray(b"reused"), 1 << 30) is None  # copied by send_data
+    assert send_through(conn, 9, b"x", 1 << 30) is None  # never opened
+    assert send_through(conn, 3, b"x", 1 << 30) is None  # we ended it
     assert CONFIG.max_frame_size < 1 << 30

@@ -1,10 +1,10 @@
-"""``Connection.consumed_on`` and ``send_through_on`` (a chunk read's credit, a small write's
-frame, given the wire stream a tunnel stream holds, not its id) against ``consumed`` and
-``send_through`` as they were at c0d4bc7, kept verbatim below as the oracles: two connections
-in the same state, given the same messages (DATA, FIN, RESET: the streams held leave
-``streams`` on the way), ends, resets and calls, one through the ``_on`` method of the stream
-taken when it opened, the other through the oracle of its id, must return the same, queue the
-same frames and end in the same state."""
+"""``Connection.consumed_on`` and ``send_small_on`` where nothing is queued (a chunk read's
+credit, a small write's frame, given the wire stream a tunnel stream holds, not its id)
+against ``consumed`` and ``send_through`` as they were at c0d4bc7, kept verbatim below as the
+oracles: two connections in the same state, given the same messages (DATA, FIN, RESET: the
+streams held leave ``streams`` on the way), ends, resets and calls, one through the ``_on``
+method of the stream taken when it opened, the other through the oracle of its id, must return
+the same, queue the same frames and end in the same state."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ravenproxy.wire.data_path import _DATA_WORD, _pack_words
 from ravenproxy.wire.errors import WireError
 from ravenproxy.wire.frames import HEADER_SIZE, Data, Reset, WindowUpdate, encode
 from ravenproxy.wire.streams import RECEIVING, SENDING, State, Stream
+from tests.unit.wire.test_direct_send import send_through_on
 
 from .harness import Pair
 from .test_data_path import (
@@ -228,7 +229,7 @@ def test_send_through_on_a_held_stream_agrees_with_c0d4bc7s_send_through(
             case ("write", sid, kind, n, limit):
                 raw = bytes(range(256)) * (n // 256 + 1)
                 data = raw[:n] if kind == "bytes" else memoryview(raw)[:n]
-                got_a = a.send_through_on(held[sid], data, limit)
+                got_a = send_through_on(a, held[sid], data, limit)
                 got_b = c0d4bc7_send_through(b, sid, data, limit)
                 assert got_a == got_b, step
                 if got_a is None:  # both take the queued path, so that the states move on
