@@ -1,6 +1,7 @@
 """The head an answer goes to the client with, and how its body is framed after it: a base of
-:class:`~ravenproxy.server.exchange.Exchange` (its own module: the exchange's is at the size
-bound), reading and setting the exchange's state it declares."""
+:class:`~ravenproxy.server.exchange.Exchange` (through
+:class:`~ravenproxy.server.exchange_answer.AnswerSide`), reading and setting the exchange's
+state it declares."""
 
 from __future__ import annotations
 
