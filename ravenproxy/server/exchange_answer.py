@@ -92,7 +92,21 @@ class AnswerSide(AnswerHead):
                     out.append(value.wire)  # an interim answer goes on whole
                 else:
                     counted = status
-                    out.append(self._response_head(value, up.bodiless))  # no keyword: a faster call
+                    if (
+                        value.plain
+                        and self._client_keep
+                        and self.body_done
+                        and not up.bodiless
+                        and status not in (204, 304)
+                    ):
+                        # _response_head's plain case written out (a call an answer): a
+                        # target's usual answer goes on as parsed to a kept client (``up`` is
+                        # the target connection: held).
+                        self._body_out, self._until_close = "length", False
+                        self._up_keep = value.version == "1.1"
+                        out.append(value.wire)
+                    else:
+                        out.append(self._response_head(value, up.bodiless))  # no keyword: faster
             elif kind == END:
                 if self._info:
                     self._info = False

@@ -330,7 +330,9 @@ class CallbackPath(KeptUpstream):
                                     self._let_go(got)
                                 return True
                             self.waiting = True  # the drain closes it (Drain.start)
-                            watch.touch()  # the keep-alive turn (_turns) from now
+                            # The keep-alive turn (_turns) from now: touch() written out (a
+                            # call a request; IdleWatch.clock is the loop's time).
+                            watch.last = watch.clock()
                             return True
                         if not self.waiting and self.upstream is not None:
                             # The bytes were there when the last answer ended (pipelined): no
@@ -342,7 +344,7 @@ class CallbackPath(KeptUpstream):
                             continue  # nothing was carried out: still ours
                     self._run(actions)
                     if ex.phase == "forwarding":
-                        watch.touch()  # the answer's turn (_turns) from now
+                        watch.last = watch.clock()  # the answer's turn (_turns) from now
                         if not self._unread:  # no read that would find nothing (once a request)
                             return True
                 elif phase == "forwarding":
@@ -370,7 +372,25 @@ class CallbackPath(KeptUpstream):
                         if type(chunk) is not bytes:
                             chunk = bytes(chunk)
                         actions = ex.receive_upstream(chunk)
-                    self._run(actions)
+                    write = self._write
+                    if (
+                        len(actions) == 1
+                        and type(action := actions[0]) is WriteClient
+                        and write is not None
+                    ):
+                        # _run's case of an answer's one write, written out (a call an answer):
+                        # counted (by its head's status), written.
+                        status = action.status
+                        if status:
+                            counters = self.proxy.counters.get(status)
+                            if counters is None:
+                                self.proxy.count(status)
+                            else:
+                                for counter in counters:
+                                    counter.n += 1
+                        write(action.data)
+                    else:
+                        self._run(actions)
                     # A chunk came: the watch is stamped before this callback returns (no timer
                     # fires before), whichever way it does — here while the answer goes on; by
                     # the stamp that waits for the next request or sends it; by _leave (the
