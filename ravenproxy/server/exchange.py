@@ -210,7 +210,7 @@ class Exchange(AnswerSide):
         """The request's route: keep the target connection when it fits, else open one."""
         seen = self._seen  # the request's RouteRequest: its destination
         assert self.phase == "routing" and self._request is not None and seen is not None
-        up, same = self._up, route is self.route  # the driver reused the route (up kept)
+        same = route is self.route and self._up is not None  # the driver reused the route
         self.route = route
         self.body_done, self._body_error, self.started = False, None, False
         # The head for the target, reused while the request head and the route are the same
@@ -223,18 +223,7 @@ class Exchange(AnswerSide):
             built = self._built = (request, route, out, send)
         head, self._upgrade, self._chunked_up = built[2]
         self._outbound = [head]
-        if same and up is not None:
-            # _send's usual case written out (a call a request): a whole request without a
-            # body (its END next, nothing chunked) on the kept connection, its head's action
-            # the one made with the head. Anything else (a body, a HEAD's retry...) is _send's.
-            events = self.client.events
-            if events and events[0][0] == END and not self._chunked_up:
-                self._reused, self._up_used = self._up_used, True
-                up.bodiless = request.start == "HEAD"
-                self.phase = "forwarding"
-                events.popleft()
-                self.body_done = True
-                return [built[3]]
+        if same:
             return self._send()
         key = UpstreamKey.of(route)
         actions: list[Action] = []

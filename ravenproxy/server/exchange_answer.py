@@ -99,9 +99,11 @@ class AnswerSide(AnswerHead):
                         and not up.bodiless
                         and status not in (204, 304)
                     ):
-                        # _response_head's plain case written out (a call an answer): a
-                        # target's usual answer goes on as parsed to a kept client (``up`` is
-                        # the target connection: held).
+                        # response_framing's plain case kept alive, written out (not in
+                        # _response_head: a call an answer): a target's usual answer goes on as
+                        # parsed, without two calls, a Framing and a memo entry per answer
+                        # (test_exchange_plain and test_server90_inline hold it to
+                        # response_framing's and 8a65720's). ``up`` is held.
                         self._body_out, self._until_close = "length", False
                         self._up_keep = value.version == "1.1"
                         out.append(value.wire)

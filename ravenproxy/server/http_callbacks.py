@@ -372,25 +372,7 @@ class CallbackPath(KeptUpstream):
                         if type(chunk) is not bytes:
                             chunk = bytes(chunk)
                         actions = ex.receive_upstream(chunk)
-                    write = self._write
-                    if (
-                        len(actions) == 1
-                        and type(action := actions[0]) is WriteClient
-                        and write is not None
-                    ):
-                        # _run's case of an answer's one write, written out (a call an answer):
-                        # counted (by its head's status), written.
-                        status = action.status
-                        if status:
-                            counters = self.proxy.counters.get(status)
-                            if counters is None:
-                                self.proxy.count(status)
-                            else:
-                                for counter in counters:
-                                    counter.n += 1
-                        write(action.data)
-                    else:
-                        self._run(actions)
+                    self._run(actions)
                     # A chunk came: the watch is stamped before this callback returns (no timer
                     # fires before), whichever way it does — here while the answer goes on; by
                     # the stamp that waits for the next request or sends it; by _leave (the
