@@ -1,6 +1,7 @@
 """The head an answer goes to the client with, and how its body is framed after it: a base of
-:class:`~ravenproxy.server.exchange.Exchange` (its own module: the exchange's is at the size
-bound), reading and setting the exchange's state it declares."""
+:class:`~ravenproxy.server.exchange.Exchange` (through
+:class:`~ravenproxy.server.exchange_answer.AnswerSide`), reading and setting the exchange's
+state it declares."""
 
 from __future__ import annotations
 
@@ -26,15 +27,10 @@ class AnswerHead:
     def _response_head(self, response: Head, bodiless: bool) -> bytes:
         """The head for the client, and how the body after it is framed. An answer before the
         request body is through closes the connection after it (``Exchange._finished``): it
-        says so."""
+        says so. (A plain answer to a kept client, a target's usual one, does not come here:
+        ``AnswerSide.receive_upstream`` sends it on as parsed, response_framing's plain case
+        written out there.)"""
         client_keep = self._client_keep and self.body_done
-        if response.plain and client_keep and not bodiless and response.status not in (204, 304):
-            # response_framing's plain case kept alive, written out: a target's usual answer
-            # goes on as parsed, without two calls, a Framing and a memo entry per answer
-            # (test_exchange_plain holds it to response_framing's).
-            self._body_out, self._until_close = "length", False
-            self._up_keep = response.version == "1.1" and self._up is not None
-            return response.wire
         request, rest = self._request, (bodiless, client_keep, self._up is not None)
         seen = self._answered  # heads by identity: a changed one is not compared field by field
         if seen is not None and seen[0] is response and seen[1] is request and seen[2] == rest:

@@ -23,39 +23,29 @@ turns out closed before answering an idempotent request is retried once on a new
 (RFC 9110 §9.2.2).
 
 The parsers run ahead of the exchange (:class:`~ravenproxy.server.http_messages.Parsed`); the
-client's bytes are read only when the exchange wants them, which bounds their queue.
+client's bytes are read only when the exchange wants them, which bounds their queue. This module
+is the request's side; the answer's, and how an exchange ends, are its base's
+(:mod:`ravenproxy.server.exchange_answer`).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any
-
-from ravenproxy.server.answer_head import AnswerHead
 from ravenproxy.server.exchange_actions import (
     Action,
     Close,
-    CloseUpstream,
     Looped,
     OpenUpstream,
     ReadBody,
     Refuse,
     RouteRequest,
-    SwitchProtocols,
     Tunnel,
-    WriteClient,
     WriteUpstream,
 )
+from ravenproxy.server.exchange_answer import AnswerSide
 from ravenproxy.server.http1 import BadRequest
 from ravenproxy.server.http_heads import Head, keeps_alive
 from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD, Parsed
-from ravenproxy.server.http_rewrite import (
-    Framing,
-    RequestHeads,
-    chunk,
-    last_chunk,
-    switch_head,
-)
+from ravenproxy.server.http_rewrite import Framing, RequestHeads, chunk, last_chunk
 from ravenproxy.server.loops import via_received_by
 from ravenproxy.server.podroutes import find_destination, same_node
 from ravenproxy.server.router import Route, UpstreamKey
@@ -64,10 +54,8 @@ _new = object.__new__
 """A hot action made by this and its fields' stores, not by its class (a dataclass's
 ``__init__`` is a Python call: ~1 660 instructions against ~1 120; exchange_actions' note)."""
 
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
-
-class Exchange(AnswerHead):
+class Exchange(AnswerSide):
     """See the module docstring. ``phase``: ``head`` (waiting for a request head), ``routing``,
     ``opening``, ``forwarding`` (request sent, response being read), ``switching``,
     ``closed``."""
@@ -258,12 +246,6 @@ class Exchange(AnswerHead):
         self._up_used = False
         return self._send()
 
-    def _drop_upstream(self, stray: bool = False) -> list[Action]:
-        if self._up is None:
-            return []
-        self._up = self._up_key = None
-        return [CloseUpstream(stray)]
-
     def _send(self) -> list[Action]:
         """The request (and the body bytes at hand) to the target connection."""
         assert self._up is not None and self._outbound is not None and self._request is not None
@@ -330,171 +312,3 @@ class Exchange(AnswerHead):
         send = _new(WriteUpstream)  # (a body's chunk: no __init__ called)
         send.data = data
         return [send]
-
-    # -- the target side ----------------------------------------------------------------------
-    def receive_upstream(self, data: bytes) -> list[Action]:
-        """Bytes from the target connection; ``b""``: it closed."""
-        up = self._up
-        if self.phase != "forwarding" or up is None:
-            return []
-        if not data:
-            up.events.append((EOF, None))
-        else:
-            rest = up.feed(data)
-            if rest is not None:
-                self._up_rest = rest
-        # Bytes for the client are gathered while events come without waiting (head, body,
-        # end of a small response: one write) and flushed before the driver waits again.
-        out: list[bytes] = []
-        counted = 0  # the final answer's status once its head is in out (WriteClient.status)
-        events: deque[tuple[int, Any]] = up.events  # a kind says its value's type: no isinstance
-        while events:
-            kind, value = events.popleft()
-            if kind == DATA:
-                out.append(chunk(value) if self._body_out == "chunked" else value)
-            elif kind == HEAD:
-                status = value.status
-                if value.size > self.max_head:
-                    return self._flushed(out, counted, self._bad_response("head too large"))
-                if status == 101:
-                    if not self._upgrade:
-                        failure = self._failed("101 without an upgrade request", status=502)
-                        return self._flushed(out, counted, failure)
-                    self.started = True
-                    self.phase = "switching"
-                    self._switched = value
-                    return self._flushed(out, counted, [SwitchProtocols()])
-                self.started = True
-                if status < 200:
-                    self._info = True
-                    out.append(value.wire)  # an interim answer goes on whole
-                else:
-                    counted = status
-                    out.append(self._response_head(value, up.bodiless))  # no keyword: a faster call
-            elif kind == END:
-                if self._info:
-                    self._info = False
-                    continue
-                if self._body_out == "chunked":
-                    out.append(last_chunk(value))
-                if out:  # the action made without its __init__ (a Python call an answer)
-                    write = _new(WriteClient)
-                    write.data, write.status = b"".join(out), counted
-                    actions: list[Action] = [write]
-                else:
-                    actions = []
-                if self._up_keep and self._client_keep and self.body_done and not events:
-                    if self.client_raw is None and not up.in_head:  # _finished's common case
-                        self.phase = "head"
-                        return actions
-                return actions + self._finished()
-            elif kind == ERROR:
-                return self._flushed(out, counted, self._bad_response(str(value)))
-            elif self._until_close and self.started:  # EOF ends a body framed by the close
-                if self._body_out == "chunked":
-                    out.append(last_chunk([]))
-                self._up_keep = False
-                return self._flushed(out, counted, self._finished())
-            else:
-                what = "the connection was closed" if self.started else _CLOSED_UNANSWERED
-                return self._flushed(out, counted, self._bad_response(what))
-        if up.in_head and up.fed > self.max_head:
-            return self._flushed(out, counted, self._bad_response("head too large"))
-        return self._flushed(out, counted, [])
-
-    @staticmethod
-    def _flushed(out: list[bytes], counted: int, then: list[Action]) -> list[Action]:
-        if not out:
-            return then
-        write = _new(WriteClient)  # (each chunk of a long answer: no __init__ called)
-        write.data, write.status = b"".join(out), counted
-        return [write, *then]
-
-    def _bad_response(self, what: str) -> list[Action]:
-        return self._failed(f"bad response from the target: {what}", status=502)
-
-    def upstream_lost(self) -> list[Action]:
-        """Reading from, or writing to, the target connection failed."""
-        if self.phase != "forwarding":
-            return []
-        return self._failed("the connection to the target was lost")
-
-    def upstream_ended(self, stray: bool = False) -> list[Action]:
-        """The kept target connection ended (``stray``: sent bytes) between requests: let it go."""
-        return self._drop_upstream(stray) if self.phase == "head" else []
-
-    def upstream_idle(self, timeout: float) -> list[Action]:
-        """No byte either way for ``timeout`` seconds (--idle-timeout)."""
-        if self.started:
-            return self._close("idle")
-        assert self.route is not None
-        return self._refuse(
-            504, self.route.node.name, f"no byte either way for {timeout:g}s (--idle-timeout)"
-        )
-
-    def switch(self) -> tuple[bytes, bytes, bytes]:
-        """After :class:`SwitchProtocols`: the 101 for the client, the client's bytes read past
-        its request, the target's bytes read past its 101."""
-        event = self._switched
-        assert self._up is not None and self.phase == "switching" and event is not None
-        self.phase = "closed"
-        return switch_head(event), self.client_raw or b"", self._up_rest
-
-    def _failed(self, what: str, *, status: int | None = None) -> list[Action]:
-        """The target connection failed before the response ended (``what`` "": it closed)."""
-        assert self.route is not None
-        node = self.route.node.name
-        if self._body_error is not None and not self.started:
-            return [*self._drop_upstream(), *self._refuse_with(self._body_error)]
-        request = self._request
-        if (
-            self._reused
-            and self._outbound is not None
-            and self.body_done
-            and request is not None
-            and request.start in IDEMPOTENT
-            and not self.started
-        ):
-            # A kept connection the target closed while idle fails before any answer: the
-            # request goes again, whole, on a new one (that one is not retried).
-            actions = self._drop_upstream()
-            self.phase = "opening"
-            self._up_key = UpstreamKey.of(self.route)
-            return [*actions, OpenUpstream(self.route)]
-        if not self.started:
-            return [
-                *self._drop_upstream(),
-                *self._refuse(status or 502, node, what or _CLOSED_UNANSWERED),
-            ]
-        return self._close(what or "the target closed the connection mid-response")
-
-    def _finished(self) -> list[Action]:
-        """The response ended: keep both connections for more when both sides are done."""
-        if not self.body_done:
-            # The target answered before the client finished its body: the rest of it would
-            # be read as a new request.
-            return [*self._drop_upstream(), *self._close("answered before the request body ended")]
-        up, keep = self._up, self._up_keep
-        # Bytes past the answer's end (a body longer than its Content-Length, say) would begin
-        # the next request's answer: the connection is not used again (Envoy's, HAProxy's rule).
-        stray = keep and up is not None and bool(up.events or up.in_head)
-        actions = [] if keep and not stray else self._drop_upstream(stray)
-        if self._client_keep and self.client_raw is None:
-            self.phase = "head"
-            return actions
-        return [*actions, *self._close("the client connection cannot carry more")]
-
-    # -- endings ------------------------------------------------------------------------------
-    def _refuse(self, status: int, node: str, reason: str) -> list[Action]:
-        return self._refuse_with(Refuse(status, node, reason))
-
-    def _refuse_with(self, refusal: Refuse) -> list[Action]:
-        self.phase = "closed"
-        return [*self._drop_upstream(), refusal]
-
-    def _close(self, reason: str) -> list[Action]:
-        self.phase = "closed"
-        return [*self._drop_upstream(), Close(reason)]
-
-
-_CLOSED_UNANSWERED = "the target closed the connection without answering"

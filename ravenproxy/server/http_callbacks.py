@@ -330,7 +330,9 @@ class CallbackPath(KeptUpstream):
                                     self._let_go(got)
                                 return True
                             self.waiting = True  # the drain closes it (Drain.start)
-                            watch.touch()  # the keep-alive turn (_turns) from now
+                            # The keep-alive turn (_turns) from now: touch() written out (a
+                            # call a request; IdleWatch.clock is the loop's time).
+                            watch.last = watch.clock()
                             return True
                         if not self.waiting and self.upstream is not None:
                             # The bytes were there when the last answer ended (pipelined): no
@@ -342,7 +344,7 @@ class CallbackPath(KeptUpstream):
                             continue  # nothing was carried out: still ours
                     self._run(actions)
                     if ex.phase == "forwarding":
-                        watch.touch()  # the answer's turn (_turns) from now
+                        watch.last = watch.clock()  # the answer's turn (_turns) from now
                         if not self._unread:  # no read that would find nothing (once a request)
                             return True
                 elif phase == "forwarding":

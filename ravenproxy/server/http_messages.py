@@ -1,7 +1,8 @@
 """HTTP/1.1 messages as :class:`~ravenproxy.server.exchange.Exchange` sees them: parsed by
 llhttp (through ``httptools``) into queued events (:class:`Parsed`, :class:`Head`). What is
 written back for the other side (the heads sent on, chunks) is
-:mod:`ravenproxy.server.http_rewrite`'s.
+:mod:`ravenproxy.server.http_rewrite`'s; a response head's wire is made from its shape's template
+(:mod:`ravenproxy.server.answer_shapes`).
 
 The parsers run ahead of the exchange (a pipelined request is parsed while the one before it is
 answered): what they parse is queued as events and taken when the exchange is ready for it.
@@ -21,21 +22,16 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.http_heads import (
-    FRAMING_KIND,
-    Head,
-    PlainHead,
-    RequestHead,
-    keeps_alive,
-    routing_of,
-)
+from ravenproxy.server.answer_shapes import NO_FIELDS as _NO_FIELDS
+from ravenproxy.server.answer_shapes import shape_of as _shape_of
+from ravenproxy.server.answer_shapes import shaped as _shaped
+from ravenproxy.server.http_heads import Head, PlainHead, RequestHead, keeps_alive, routing_of
 
 REPLAY_MAX = 2 * 1024
 """A request this long at most is kept to be recognised when it comes again: an idle kept-alive
 connection holds it (a scrape or a probe is a few hundred bytes; an idle front connection's
 whole budget is ~8 KiB)."""
 
-_framing_kind = FRAMING_KIND.get
 _new_head = object.__new__
 """``_new_head(RequestHead)``, ``_new_head(PlainHead)``: a head made by object's C constructor,
 its slots stored by the parse (:meth:`Parsed.on_headers_complete`): no Python ``__init__``
@@ -51,51 +47,10 @@ _near_line = re.compile(rb"/[!-~]* HTTP/1\.1\r\n").fullmatch
 target of visible ASCII (each taken anywhere in a path, query or fragment; a control byte,
 DEL, a byte over 0x7F refused) and HTTP/1.1. Any other goes to llhttp (:meth:`Parsed._near`)."""
 
-_STATUS_LINES: dict[int, bytes] = {}
-"""``HTTP/1.1 200 `` by status: a response's :attr:`Head.wire` begins with it."""
-_status_line = _STATUS_LINES.get
-
 _METHOD_NAMES: dict[bytes, str] = {}
 """A request's method by llhttp's name for it (llhttp names the methods it knows: a few dozen
 at most are kept), decoded once."""
 _method_name = _METHOD_NAMES.get
-
-_ShapeKey = tuple[int, bytes, tuple[bytes, ...]]
-_SHAPES: dict[_ShapeKey, tuple[bytes, bool]] = {}
-"""A response head's template and plainness by its shape — status, reason phrase, field names in
-order (:func:`_shaped`): shared by every target connection (the targets are alike: kubelets,
-exporters)."""
-_shape_of = _SHAPES.get
-SHAPES_MAX = 512
-"""Shapes kept at most (a target whose names change per answer makes a shape per answer)."""
-SHAPE_MAX = 1024
-"""A longer template is not kept (``SHAPES_MAX * SHAPE_MAX`` bounds what they hold)."""
-_NO_FIELDS: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ())
-
-
-def _shaped(key: _ShapeKey) -> tuple[bytes, bool]:
-    """A response head's template — its wire with ``%b`` for each field's value — and whether
-    it is plain (one Content-Length and no hop-by-hop field: each name looked up lower-cased,
-    not decoded; a regular expression over the head cost more), by ``(status, reason, names)``.
-    The wire is the bytes fields(headers) makes after the status line: latin-1 round-trips."""
-    status, reason, names = key
-    # The status line's start made once per status, as a format parses its template per call:
-    # llhttp takes 3 digits, so at most 1 000 are kept.
-    line = _status_line(status) or _STATUS_LINES.setdefault(status, b"HTTP/1.1 %d " % status)
-    lines = b": %b\r\n".join(names) + b": %b\r\n\r\n" if names else b"\r\n"
-    if b"%" in reason or lines.count(b"%") != len(names):  # a % of theirs (in a token): escaped
-        reason = reason.replace(b"%", b"%%")
-        lines = b"".join(n.replace(b"%", b"%%") + b": %b\r\n" for n in names) + b"\r\n"
-    template = b"".join((line, reason, b"\r\n", lines))
-    framing = 0
-    for name in names:
-        part = _framing_kind(name.lower())
-        if part is not None:
-            framing += part
-    shape = (template, framing == 1)
-    if len(_SHAPES) < SHAPES_MAX and len(template) <= SHAPE_MAX:
-        _SHAPES[key] = shape
-    return shape
 
 
 # Event kinds of :class:`Parsed`.

@@ -1,5 +1,5 @@
 """A response head's wire and plainness by its shape (branch ansside, issue 15): the template
-kept per (status, reason, names) in :data:`~ravenproxy.server.http_messages._SHAPES`, its values
+kept per (status, reason, names) in :data:`~ravenproxy.server.answer_shapes.SHAPES`, its values
 put in, against 812de76's build of the same head kept verbatim below (the field joins and the
 framing loop), over generated answers parsed one after another on one connection (shapes
 repeated, changed, shared between connections; names and reasons with ``%``; no fields;
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ravenproxy.server import http_messages
+from ravenproxy.server import answer_shapes, http_messages
 from ravenproxy.server.http_heads import FRAMING_KIND, Head, PlainHead
 from ravenproxy.server.http_messages import END, HEAD, Parsed
 
@@ -106,7 +106,7 @@ _odd_heads = st.sampled_from(
 @given(st.lists(st.one_of(answer_heads(), _odd_heads), min_size=1, max_size=8), st.booleans())
 def test_each_head_of_a_connection_is_812de76s(heads: list[bytes], fresh: bool) -> None:
     if fresh:
-        http_messages._SHAPES.clear()  # else: the shapes of earlier examples are shared
+        answer_shapes.SHAPES.clear()  # else: the shapes of earlier examples are shared
     for data in heads:
         parsed = _Recorder()  # one head each: a head without a length is read to the close
         parsed.feed(data)
@@ -149,10 +149,10 @@ def test_answers_on_one_connection_varied_and_repeated_are_812de76s(
 def test_a_template_is_kept_per_shape_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Shared by connections, looked up by status, reason and names; none past SHAPES_MAX, none
     longer than SHAPE_MAX — and a head not kept is built all the same."""
-    monkeypatch.setattr(http_messages, "_SHAPES", {})
-    monkeypatch.setattr(http_messages, "_shape_of", http_messages._SHAPES.get)
-    monkeypatch.setattr(http_messages, "SHAPES_MAX", 2)
-    shapes = http_messages._SHAPES
+    monkeypatch.setattr(answer_shapes, "SHAPES", {})
+    monkeypatch.setattr(http_messages, "_shape_of", answer_shapes.SHAPES.get)
+    monkeypatch.setattr(answer_shapes, "SHAPES_MAX", 2)
+    shapes = answer_shapes.SHAPES
 
     def head(data: bytes) -> Head:
         parsed = Parsed(response=True)

@@ -13,7 +13,7 @@ from collections import deque
 
 import pytest
 
-from ravenproxy.server.exchange import _CLOSED_UNANSWERED, Exchange
+from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
     Close,
@@ -26,6 +26,7 @@ from ravenproxy.server.exchange_actions import (
     WriteClient,
     WriteUpstream,
 )
+from ravenproxy.server.exchange_answer import _CLOSED_UNANSWERED
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD
 from ravenproxy.server.http_rewrite import chunk, fields, last_chunk

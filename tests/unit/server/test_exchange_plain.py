@@ -1,7 +1,10 @@
 """The exchange's own copy of response_framing's plain case (a plain answer to a client that keeps
-its connection goes on as parsed, without response_framing): for any head, whatever the request,
-the target connection, the client's wish and the request body's state, the head it writes and
-the decisions it keeps are response_framing's."""
+its connection goes on as parsed, without response_framing: written out in
+``AnswerSide.receive_upstream`` since server90, before it in ``_response_head``): for any head,
+whatever the request, the target connection, the client's wish and the request body's state, the
+head it writes and the decisions it keeps are response_framing's. Held through
+``receive_upstream`` (the head's bytes parsed there) where a target connection is held, through
+``_response_head`` where none is."""
 
 from __future__ import annotations
 
@@ -9,11 +12,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.server.exchange import Exchange
+from ravenproxy.server.exchange_actions import WriteClient
 from ravenproxy.server.http_heads import Head, PlainHead
 from ravenproxy.server.http_messages import HEAD, Parsed
 from ravenproxy.server.http_rewrite import response_framing
 
-from .test_exchange import OK, VIA
+from .test_exchange import OK, VIA, route
 from .test_response_framing import SCRAPE, answer_heads
 
 
@@ -30,12 +34,28 @@ def _request(version: str) -> Head:
 
 
 def _decided(
-    head: Head, *, bodiless: bool, version: str, keep: bool, body_done: bool, upstream: bool
+    head: Head,
+    *,
+    bodiless: bool,
+    version: str,
+    keep: bool,
+    body_done: bool,
+    upstream: bool,
+    data: bytes,
 ) -> tuple[bytes, str, bool, bool, bool]:
     ex = Exchange(via=VIA, max_head=4096)
     ex._request, ex._client_keep, ex.body_done = _request(version), keep, body_done
-    ex._up = Parsed(response=True) if upstream else None
-    wire = ex._response_head(head, bodiless=bodiless)
+    if not upstream:
+        wire = ex._response_head(head, bodiless=bodiless)
+        return wire, ex._body_out, ex._until_close, ex._up_keep, ex._client_keep
+    # As the exchange meets an answer: forwarding, the target connection held, its bytes
+    # parsed by the exchange's own parser (its head equal to ``head``).
+    ex.phase, ex.route = "forwarding", route("edge-1")
+    ex._up = Parsed(response=True)
+    ex._up.bodiless = bodiless
+    head_only = data[: data.index(b"\r\n\r\n") + 4]  # the body (if any) not written after it
+    writes = [a for a in ex.receive_upstream(head_only) if isinstance(a, WriteClient)]
+    wire = writes[0].data
     return wire, ex._body_out, ex._until_close, ex._up_keep, ex._client_keep
 
 
@@ -58,7 +78,13 @@ def test_the_exchange_frames_every_answer_as_response_framing_does(
     assume(head is not None)
     assert head is not None
     decided = _decided(
-        head, bodiless=bodiless, version=version, keep=keep, body_done=body_done, upstream=upstream
+        head,
+        bodiless=bodiless,
+        version=version,
+        keep=keep,
+        body_done=body_done,
+        upstream=upstream,
+        data=data,
     )
     framing = response_framing(
         head,
@@ -75,9 +101,9 @@ def test_a_plain_answer_to_a_kept_client_is_its_wire() -> None:
     head = _head(SCRAPE)
     assert head is not None
     wire, body_out, until_close, up_keep, client_keep = _decided(
-        head, bodiless=False, version="1.1", keep=True, body_done=True, upstream=True
+        head, bodiless=False, version="1.1", keep=True, body_done=True, upstream=True, data=SCRAPE
     )
-    assert wire is head.wire and wire == SCRAPE
+    assert wire == head.wire == SCRAPE
     assert (body_out, until_close, up_keep, client_keep) == ("length", False, True, True)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ravenproxy.server.exchange import _CLOSED_UNANSWERED, Exchange
+from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
     Close,
@@ -27,6 +27,7 @@ from ravenproxy.server.exchange_actions import (
     WriteClient,
     WriteUpstream,
 )
+from ravenproxy.server.exchange_answer import _CLOSED_UNANSWERED
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD
 from ravenproxy.server.http_rewrite import chunk, last_chunk, response_framing

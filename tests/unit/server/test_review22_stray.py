@@ -25,7 +25,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ravenproxy.server.exchange import _CLOSED_UNANSWERED, Exchange
+from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
     Close,
@@ -38,6 +38,7 @@ from ravenproxy.server.exchange_actions import (
     WriteClient,
     WriteUpstream,
 )
+from ravenproxy.server.exchange_answer import _CLOSED_UNANSWERED
 from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD
 from ravenproxy.server.http_rewrite import chunk, last_chunk
 

@@ -16,15 +16,17 @@ import ast
 import dataclasses
 import inspect
 
-from ravenproxy.server import exchange, exchange_actions
+from ravenproxy.server import exchange, exchange_actions, exchange_answer
 
 
 def _sites() -> list[tuple[str, str, set[str]]]:
     """(function, class, fields stored on the made object before the function's next
-    statement that does not store on it): each ``x = _new(Cls)`` in exchange.py."""
-    tree = ast.parse(inspect.getsource(exchange))
+    statement that does not store on it): each ``x = _new(Cls)`` in exchange.py and
+    exchange_answer.py (the exchange's request and answer sides)."""
     found: list[tuple[str, str, set[str]]] = []
-    for func in ast.walk(tree):
+    trees = [ast.parse(inspect.getsource(module)) for module in (exchange, exchange_answer)]
+    funcs = (func for tree in trees for func in ast.walk(tree))
+    for func in funcs:
         if not isinstance(func, ast.FunctionDef):
             continue
         for block in ast.walk(func):
@@ -80,6 +82,7 @@ def _stores(stmt: ast.stmt, name: str) -> set[str]:
 def test_each_action_made_without_init_has_every_field_stored() -> None:
     sites = _sites()
     assert exchange._new is object.__new__
+    assert exchange_answer._new is object.__new__
     made = {cls for _, cls, _ in sites}
     assert {"WriteClient", "WriteUpstream"} <= made, sites  # (the four sites outlet3 added)
     assert len(sites) >= 4
