@@ -114,10 +114,21 @@ class Intake:
                 if got is not None:  # its one chunk fed as is: no tuple of it to loop over
                     sid, data = got
                     stream = streams.get(sid)
-                    if stream is not None:
-                        stream._feed(data)
-                    else:  # as _dispatch: a stream this side already let go of
+                    if stream is None:  # as _dispatch: a stream this side already let go of
                         conn.consumed(sid, len(data))
+                        continue
+                    # TunnelStream._feed's usual case, written out (a chunk a request, on both
+                    # ends: a call less): taken as it came by the stream's consumer, then read
+                    # as read_nowait counts it. Its credit's flush is this round's, at its end
+                    # (deferred: the flush _feed would ask for does nothing here).
+                    take = stream._on_chunk
+                    if take is not None and not stream._chunks and take(data):
+                        n = len(data)
+                        stream.bytes_in += n
+                        if not conn.closed:
+                            conn.consumed_on(stream._wire, n)
+                    else:
+                        stream._feed(data)
                     continue
                 taken = conn.receive_batch(message)
                 if taken is None:
