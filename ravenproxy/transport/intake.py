@@ -135,12 +135,19 @@ class Intake:
                     for event in conn.receive_message(message):
                         self._dispatch(event)
                     continue
-                for sid, data in taken:
+                for sid, data in taken:  # (under load: several streams' chunks a message)
                     stream = streams.get(sid)
-                    if stream is not None:
-                        stream._feed(data)
-                    else:  # as _dispatch: a stream this side already let go of
+                    if stream is None:  # as _dispatch: a stream this side already let go of
                         conn.consumed(sid, len(data))
+                        continue
+                    take = stream._on_chunk  # TunnelStream._feed's usual case, as above
+                    if take is not None and not stream._chunks and take(data):
+                        n = len(data)
+                        stream.bytes_in += n
+                        if not conn.closed:
+                            conn.consumed_on(stream._wire, n)
+                    else:
+                        stream._feed(data)
         finally:
             self._deferred = False
         # Answers the messages asked for (PING acks above all) go out now, not with whatever

@@ -116,7 +116,11 @@ _OPS = st.one_of(
     st.tuples(st.just("down"), st.binary(min_size=1, max_size=40)),
     st.tuples(st.just("up"), st.binary(min_size=1, max_size=40)),
     st.tuples(st.just("up"), st.binary(min_size=1, max_size=20_000)),
-    st.tuples(st.sampled_from(["read", "drain", "fail", "eof", "reset", "lost", "upeof", "burst"])),
+    st.tuples(
+        st.sampled_from(
+            ["read", "drain", "fail", "eof", "reset", "lost", "upeof", "burst", "downburst"]
+        )
+    ),
 )
 
 
@@ -187,6 +191,13 @@ async def _run(ops: list[Op], high: int, tls: tuple[Any, Any] | None) -> list[An
             elif kind == "burst" and not splice._lost and not splice._up_eof:
                 for piece in (b"a" * 30, b"b" * 7, b"c" * 900):  # one loop turn's reads
                     splice.data_received(piece)
+            elif kind == "downburst" and not ended:
+                # Queued in one loop turn (as a poll that said "more input" leaves them): one
+                # message of several DATA frames (the wire's receive_batch on the edge).
+                t.cloud._probe.seen = True
+                with contextlib.suppress(StreamClosedError):
+                    for piece in (b"d" * 20, b"e" * 300, b"f"):
+                        cloud.try_write(piece)
             elif kind == "read":
                 with contextlib.suppress(StreamClosedError):
                     while chunk := cloud.read_nowait():
@@ -235,6 +246,8 @@ async def _run(ops: list[Op], high: int, tls: tuple[Any, Any] | None) -> list[An
 @example([("burst",), ("up", b"q"), ("read",), ("reset",)], 1 << 20)
 @example([("up", b"z" * 20_000), ("read",), ("up", b"y"), ("read",)], 1 << 20)
 @example([("lost",), ("down", b"a"), ("up", b"b")], 1 << 20)
+@example([("downburst",), ("drain",), ("downburst",), ("down", b"g")], 10)
+@example([("downburst",), ("read",), ("downburst",)], 1 << 20)
 @example([("upeof",), ("down", b"a"), ("read",), ("eof",)], 1 << 20)
 def test_take_and_small_write_as_8a65720s(
     pki: Path,  # noqa: F811 (the fixture)
