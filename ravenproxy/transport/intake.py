@@ -122,13 +122,15 @@ class Intake:
                     # as read_nowait counts it. Its credit's flush is this round's, at its end
                     # (deferred: the flush _feed would ask for does nothing here).
                     take = stream._on_chunk
-                    if take is not None and not stream._chunks and take(data):
+                    if take is None or stream._chunks:  # (nothing offered: _feed offers none)
+                        stream._feed(data)
+                    elif take(data):
                         n = len(data)
                         stream.bytes_in += n
                         if not conn.closed:
                             conn.consumed_on(stream._wire, n)
-                    else:
-                        stream._feed(data)
+                    else:  # refused (offered once): held
+                        stream._hold(data)
                     continue
                 taken = conn.receive_batch(message)
                 if taken is None:
@@ -141,13 +143,15 @@ class Intake:
                         conn.consumed(sid, len(data))
                         continue
                     take = stream._on_chunk  # TunnelStream._feed's usual case, as above
-                    if take is not None and not stream._chunks and take(data):
+                    if take is None or stream._chunks:
+                        stream._feed(data)
+                    elif take(data):
                         n = len(data)
                         stream.bytes_in += n
                         if not conn.closed:
                             conn.consumed_on(stream._wire, n)
                     else:
-                        stream._feed(data)
+                        stream._hold(data)
         finally:
             self._deferred = False
         # Answers the messages asked for (PING acks above all) go out now, not with whatever
