@@ -211,9 +211,3 @@ _HEADS = [binary_frame_header(size) for size in range(_TABLED)]
 """The header of a binary frame of each payload size under :data:`_TABLED`, unmasked and
 masked (~90 KB for both)."""
 _MASKED_HEADS = [binary_frame_header(size, masked=True) for size in range(_TABLED)]
-
-# What :func:`one_frame` makes a frame of, for the session's write-through of a small DATA frame
-# (:meth:`~ravenproxy.transport.outlet.Outlet._write_through`), which makes the one frame it
-# writes inline: a call less a request, on both ends.
-TABLED, HEADS, MASKED_HEADS = _TABLED, _HEADS, _MASKED_HEADS
-pop_key, more_keys, pack16 = _pop_key, _more_keys, _pack16

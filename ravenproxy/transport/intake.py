@@ -114,44 +114,22 @@ class Intake:
                 if got is not None:  # its one chunk fed as is: no tuple of it to loop over
                     sid, data = got
                     stream = streams.get(sid)
-                    if stream is None:  # as _dispatch: a stream this side already let go of
-                        conn.consumed(sid, len(data))
-                        continue
-                    # TunnelStream._feed's usual case, written out (a chunk a request, on both
-                    # ends: a call less): taken as it came by the stream's consumer, then read
-                    # as read_nowait counts it. Its credit's flush is this round's, at its end
-                    # (deferred: the flush _feed would ask for does nothing here).
-                    take = stream._on_chunk
-                    if take is None or stream._chunks:  # (nothing offered: _feed offers none)
+                    if stream is not None:
                         stream._feed(data)
-                    elif take(data):
-                        n = len(data)
-                        stream.bytes_in += n
-                        if not conn.closed:
-                            conn.consumed_on(stream._wire, n)
-                    else:  # refused (offered once): held
-                        stream._hold(data)
+                    else:  # as _dispatch: a stream this side already let go of
+                        conn.consumed(sid, len(data))
                     continue
                 taken = conn.receive_batch(message)
                 if taken is None:
                     for event in conn.receive_message(message):
                         self._dispatch(event)
                     continue
-                for sid, data in taken:  # (under load: several streams' chunks a message)
+                for sid, data in taken:
                     stream = streams.get(sid)
-                    if stream is None:  # as _dispatch: a stream this side already let go of
-                        conn.consumed(sid, len(data))
-                        continue
-                    take = stream._on_chunk  # TunnelStream._feed's usual case, as above
-                    if take is None or stream._chunks:
+                    if stream is not None:
                         stream._feed(data)
-                    elif take(data):
-                        n = len(data)
-                        stream.bytes_in += n
-                        if not conn.closed:
-                            conn.consumed_on(stream._wire, n)
-                    else:
-                        stream._hold(data)
+                    else:  # as _dispatch: a stream this side already let go of
+                        conn.consumed(sid, len(data))
         finally:
             self._deferred = False
         # Answers the messages asked for (PING acks above all) go out now, not with whatever

@@ -24,21 +24,9 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State as WsState
-from websockets.speedups import apply_mask
 
 from ravenproxy.transport.flag import Flag
-from ravenproxy.transport.frame_batch import (
-    COALESCE,
-    HEADS,
-    MASKED_HEADS,
-    TABLED,
-    WRITE_THROUGH,
-    more_keys,
-    one_frame,
-    pack16,
-    pop_key,
-    writes,
-)
+from ravenproxy.transport.frame_batch import COALESCE, WRITE_THROUGH, one_frame, writes
 from ravenproxy.transport.intake import Intake
 from ravenproxy.transport.readiness import of as readiness_of
 from ravenproxy.transport.tls_socket import TLSSocketTransport
@@ -181,21 +169,8 @@ class Outlet(Intake):
             return True
         if self._taken.waiter is not None:
             self._taken.set()
-        # one_frame(head, data, mask), written out for the one frame it makes here (a call less
-        # a request, on both ends): under THROUGH, one run (never None); a small one's header
-        # from the table (tests/unit/transport/test_agentread_through_frame.py: the same bytes).
-        size = HEADER_SIZE + len(data)
-        if conn.server_side:
-            frame = b"".join(
-                (HEADS[size] if size < TABLED else pack16(0x82, 126, size), head, data)
-            )
-        else:
-            try:  # as one_frame draws its key
-                key = pop_key()
-            except IndexError:
-                key = more_keys()
-            ws_head = MASKED_HEADS[size] if size < TABLED else pack16(0x82, 0xFE, size)
-            frame = b"".join((ws_head, key, apply_mask(head + data, key)))
+        frame = one_frame(head, data, not conn.server_side)
+        assert frame is not None  # (THROUGH)
         ws.transport.write(frame)
         if self._drain_event.waiter is not None:
             self._drain_event.set()

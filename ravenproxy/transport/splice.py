@@ -97,14 +97,8 @@ class Splice(asyncio.Protocol):
         if stream is None or self._pending or self._sender is not None:
             self._queue(data)
             return
-        # _give, written out: a read a request on the agent. And try_write's usual case (a
-        # small write through, or queued once, by the session: all of it taken), written out:
-        # a call less a request.
-        if stream._error is None and stream.session._write_through(stream._wire, data):
-            sent = len(data)
-            stream.bytes_out += sent
-        else:
-            sent = stream.try_write(data)
+        # _give, written out: a read a request on the agent.
+        sent = stream.try_write(data)
         self.result.bytes_up += sent
         if self._watch is not None:
             self._watch.touch()

@@ -142,12 +142,6 @@ class TunnelStream:
             if not conn.closed and conn.consumed_on(self._wire, n):
                 session._flush()
             return
-        self._hold(data)
-
-    def _hold(self, data: bytes | memoryview) -> None:
-        """A chunk not taken as it came (:meth:`_feed`'s rest): held for a read, readers woken.
-        The session's reader calls it itself for a chunk the consumer refused (already offered:
-        not offered again)."""
         if self._chunks is None:
             self._chunks = collections.deque()
         self._chunks.append(data)
