@@ -118,8 +118,9 @@ typecheck: venv
 	$(VENV)/bin/mypy
 
 # pytest exits 5 when it collected no test: that must fail, never pass as success.
+# --durations=25: CI logs name the slowest tests (the suite's budget: 20 minutes on 2 cores).
 test: system-packages venv tools lint typecheck
-	$(VENV)/bin/python -m pytest -p no:cacheprovider tests; rc=$$?; \
+	$(VENV)/bin/python -m pytest -p no:cacheprovider --durations=25 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 unit: venv tools

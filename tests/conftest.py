@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
 
 from tests.hang_guard import pytest_runtest_call, pytest_runtest_setup
+from tests.helpers import THOROUGH
 from tests.leak_guard import _async_leak_guard, leak_guard, pytest_runtest_makereport
 
 __all__ = [
@@ -19,6 +21,10 @@ __all__ = [
     "pytest_runtest_makereport",
     "pytest_runtest_setup",
 ]
+
+# ``pytest --hypothesis-profile=thorough``: the tests that ask for many examples run all of them
+# (tests/helpers.py ``examples``); the default profile is the ordinary run's (make test, CI).
+settings.register_profile(THOROUGH)
 
 IS_ROOT = os.geteuid() == 0
 _skipped_root: list[str] = []

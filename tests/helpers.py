@@ -1,6 +1,7 @@
 """Helpers shared by the test suite: waiting for a condition, free and taken ports, child
 processes that are stopped by PID, one raw HTTP exchange, a process's Prometheus metrics, and a
-generated test file run by a real pytest (for the suite's own guards).
+generated test file run by a real pytest (for the suite's own guards), and the example count of a
+hypothesis test that asks for many.
 
 Look here before writing a helper in a test file; the harnesses (``tests/integration/cluster.py``,
 ``tests/integration/l7/env.py``) are built on these.
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 
 # -- waiting ----------------------------------------------------------------------------------
@@ -237,6 +239,26 @@ async def scrape(port: int) -> dict[str, float]:
     """The /metrics of the process serving them on 127.0.0.1:``port``."""
     _, body = await http_get(port, "/metrics")
     return parse_metrics(body)
+
+
+# -- hypothesis -------------------------------------------------------------------------------
+THOROUGH = "thorough"
+"""The hypothesis profile (``pytest --hypothesis-profile=thorough``, registered in
+tests/conftest.py) under which :func:`examples` gives every test its full count."""
+MANY = 300
+"""Above this many examples a test's count is cut in the ordinary run: three times hypothesis's
+default, the most any test here asked for outside a review's differential (oracle) tests."""
+
+
+def examples(full: int) -> int:
+    """``max_examples`` for a test written with ``full`` examples (a review's differential test,
+    old code against new over generated inputs, asked for 400 to 3 000 to pin a change once).
+    The ordinary run (``make test``, CI) takes a quarter of it and never under :data:`MANY`, to
+    keep the suite inside its 20-minute budget; ``--hypothesis-profile=thorough`` runs ``full``
+    (run it when you change what such a test pins)."""
+    if settings.get_current_profile_name() == THOROUGH:
+        return full
+    return max(MANY, full // 4)
 
 
 # -- the suite's own guards -------------------------------------------------------------------

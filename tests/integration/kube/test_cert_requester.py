@@ -352,9 +352,9 @@ async def test_rotation_at_70_to_90_percent_of_a_60s_lifetime(
 ) -> None:
     caplog.set_level(logging.INFO, "ravenproxy.kube.certificates")
     cert_dir = tmp_path / "certs"
-    # 30 s of the 60 already gone, so the deadline (42-54 s) is 12-24 s away.
+    # 40 s of the 60 already gone, so the deadline (42-54 s) is 2-14 s away.
     signer = Signer(
-        apiserver, ca, lifetime=dt.timedelta(seconds=60), backdate=dt.timedelta(seconds=30)
+        apiserver, ca, lifetime=dt.timedelta(seconds=60), backdate=dt.timedelta(seconds=40)
     )
     async with running(signer), requester(config, cert_dir, run=True) as req:
         first = load_cert(cert_dir / "tls.crt")

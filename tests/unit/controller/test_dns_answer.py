@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.controller.dnsanswer import Answerer
+from tests.helpers import examples
 
 RECORDS = {"edge-1": ["10.0.0.1", "fd00::1"], "Edge-2.": ["10.0.0.2"], "v6only": ["fd00::6"]}
 
@@ -148,7 +149,7 @@ def test_edns_clients_get_an_edns_reply() -> None:
     assert addresses(reply) == ["10.0.0.1"]
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.binary(max_size=600))
 def test_arbitrary_bytes_never_raise(wire: bytes) -> None:
     reply = Answerer(RECORDS, suffix="x").respond(wire)

@@ -4,6 +4,8 @@ flags, and grant what the code calls. tests/unit/k8s/test_chart.py renders the c
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,11 +58,18 @@ FIELD_VALUES = {
 }
 
 
+@functools.cache
+def _parsed(path: Path) -> tuple[dict[str, Any], ...]:
+    """Each file parsed once per run: the RBAC checks ask for every document hundreds of times
+    (``allowed`` -> ``grants`` -> ``by_kind``), and parsing was most of their time."""
+    return tuple(doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None)
+
+
 def documents() -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Fresh copies, as a parse gave them: no test sees what another changed."""
     for path in MANIFESTS:
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc is not None:
-                yield path, doc
+        for doc in _parsed(path):
+            yield path, copy.deepcopy(doc)
 
 
 def by_kind(kind: str) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from ravenproxy.server.exchange_actions import WriteClient
 from ravenproxy.server.http_heads import Head, PlainHead
 from ravenproxy.server.http_messages import HEAD, Parsed
 from ravenproxy.server.http_rewrite import response_framing
+from tests.helpers import examples
 
 from .test_exchange import OK, VIA, route
 from .test_response_framing import SCRAPE, answer_heads
@@ -59,7 +60,7 @@ def _decided(
     return wire, ex._body_out, ex._until_close, ex._up_keep, ex._client_keep
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.one_of(
         answer_heads(),

@@ -22,6 +22,7 @@ from ravenproxy.pki import init_pki
 from ravenproxy.server.app import ProxyServer
 from ravenproxy.server.http_proxy import HttpProxy
 from ravenproxy.server.settings import ServerSettings
+from tests.helpers import examples
 
 pytestmark = pytest.mark.timeout(120)  # 400 examples take a few seconds; a hang fails here
 
@@ -166,7 +167,7 @@ async def _exchange(proxy: HttpProxy, data: bytes) -> bytes:
 
 
 @settings(
-    max_examples=400,
+    max_examples=examples(400),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -51,6 +51,7 @@ from ravenproxy.transport.bytestream import (
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult
 from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
+from tests.helpers import examples
 from tests.unit.server.test_callbacks_take import _socket_reads
 from tests.unit.server.test_exchange import VIA
 from tests.unit.server.test_review24_callbacks import (
@@ -533,7 +534,7 @@ async def _both(events: list[_Event]) -> None:
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_traffic())
 @example([("bytes", _get("/c")), ("chunk", _OK), ("bytes", _get("/d")), ("chunk", _OK)])
 @example([("bytes", _get("/c")[:7]), ("bytes", _get("/c")[7:]), ("chunk", _OK)])

@@ -18,6 +18,7 @@ from ravenproxy.server.podroutes import (
     pod_of_path,
     wants_upgrade,
 )
+from tests.helpers import examples
 
 
 @pytest.mark.parametrize(
@@ -187,7 +188,7 @@ _QUERY_PARTS = st.sampled_from(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(parts=st.lists(_QUERY_PARTS | st.text(max_size=3), max_size=8))
 def test_node_name_is_what_parsing_every_query_finds(parts: list[str]) -> None:
     """A query is parsed only where a key could decode to ``nodeName``: for any query (the
@@ -212,7 +213,7 @@ _SEGMENTS = st.sampled_from(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(parts=st.lists(_SEGMENTS | st.text(max_size=2), max_size=7))
 def test_a_pod_path_is_found_only_where_it_begins_as_one(parts: list[str]) -> None:
     """find_destination asks pod_of_path only of a target that begins ``/<prefix>/``: for any
@@ -232,7 +233,7 @@ def test_a_pod_path_is_found_only_where_it_begins_as_one(parts: list[str]) -> No
 _AUTHORITY_PARTS = st.sampled_from(["edge-1", "EDGE-2", ":", "[", "]", "fd00::1", "10250", " "])
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     parts=st.lists(_AUTHORITY_PARTS | st.text(max_size=3), min_size=1, max_size=5),
     header=st.sampled_from(["Host", "X-Tunnel-Proxy-Host"]),

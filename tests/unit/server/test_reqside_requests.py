@@ -38,6 +38,7 @@ from ravenproxy.server.podroutes import (
 )
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import Route, Router
+from tests.helpers import examples
 
 from .test_exchange import VIA, route
 from .test_routing import fake
@@ -150,7 +151,7 @@ def _request_bytes(
     return f"{method} {target} HTTP/{version}\r\n".encode() + lines + b"\r\n"
 
 
-@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(1500), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(_field_sets, _steps)
 @example(
     [[(b"Host", b"edge-1:9100"), (b"User-Agent", b"latency")]],

@@ -13,6 +13,7 @@ from ravenproxy.server.http_messages import HEAD, Parsed
 from ravenproxy.server.http_rewrite import Outbound, fields, request_head
 from ravenproxy.server.podroutes import Destination, find_destination, forwardable, wants_upgrade
 from ravenproxy.server.router import Route
+from tests.helpers import examples
 
 from .test_exchange import VIA, route
 
@@ -57,7 +58,7 @@ _VALUES = st.sampled_from(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     fields_=st.lists(st.tuples(_NAMES, _VALUES), max_size=6),
     target=st.sampled_from(

@@ -13,6 +13,7 @@ from ravenproxy.server.http_heads import Head, PlainHead, keeps_alive
 from ravenproxy.server.http_messages import ERROR, HEAD, Parsed
 from ravenproxy.server.http_rewrite import Framing, fields, response_framing
 from ravenproxy.server.podroutes import HOP_BY_HOP, forwardable
+from tests.helpers import examples
 
 SCRAPE = (
     b"HTTP/1.1 200 OK\r\nDate: Fri, 04 Dec 2026 18:50:19 GMT\r\n"
@@ -218,7 +219,7 @@ def answer_heads(draw: st.DrawFn) -> bytes:
     return b"HTTP/%b %d %b\r\n%b\r\n" % (version, status, reason, b"".join(lines))
 
 
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), suppress_health_check=[HealthCheck.too_slow])
 @given(answer_heads(), st.booleans(), st.booleans(), st.booleans())
 def test_plain_and_the_framing_agree_with_the_decoded_rule_on_any_head(
     data: bytes, bodiless: bool, client_keep: bool, upstream: bool
@@ -274,7 +275,7 @@ def repeated_framing_heads(draw: st.DrawFn) -> bytes:
     return b"HTTP/1.1 200 %b\r\n%b\r\n" % (reason, b"".join(lines))
 
 
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), suppress_health_check=[HealthCheck.too_slow])
 @given(repeated_framing_heads())
 def test_plain_counts_framing_names_as_the_decoded_rule_does_for_any_accepted_head(
     data: bytes,

@@ -30,6 +30,7 @@ from ravenproxy.server.exchange_actions import (
 from ravenproxy.server.http_heads import Head, PlainHead
 from ravenproxy.server.http_messages import HEAD, Parsed
 from ravenproxy.server.http_rewrite import response_framing
+from tests.helpers import examples
 
 from .test_exchange import VIA, route
 
@@ -223,7 +224,7 @@ def _conversations(draw: st.DrawFn) -> list[tuple[bytes, bool, bool, bytes]]:
     return steps
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_conversations())
 def test_a_conversation_goes_as_it_did_through_response_framing(
     steps: list[tuple[bytes, bool, bool, bytes]],

@@ -51,6 +51,7 @@ from ravenproxy.server.podroutes import (
     find_destination,
 )
 from ravenproxy.server.router import Route
+from tests.helpers import examples
 
 from .test_exchange import VIA, route
 from .test_request_head import _general
@@ -468,7 +469,7 @@ def _route_for(dest: Destination) -> Route:
 # -- one head: each rule against its old self ------------------------------------------------------
 
 
-@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(1500), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(_request())
 def test_a_request_head_is_read_routed_and_sent_on_as_db4c494_did(data: bytes) -> None:
     old, _, old_error = _parse(data)
@@ -499,7 +500,7 @@ def test_a_request_head_is_read_routed_and_sent_on_as_db4c494_did(data: bytes) -
         assert tuple(request_head(new, dest, r, VIA)) == _old_request_head(old, dest, r, VIA)
 
 
-@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(600), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(_request(), st.integers(-3, 3))
 @example(f"GET /exec/ns/pod/c HTTP/1.1\r\nHost: edge-1\r\nVia: 1.1 {VIA}\r\n\r\n".encode(), 0)
 @example(b"GET /run/ns/pod HTTP/1.1\r\nHost: edge-1\r\nProxy-Connection: close\r\n\r\n", 0)
@@ -553,7 +554,7 @@ _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 _OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
 
 
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(500), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
     st.lists(_request(), min_size=1, max_size=4),
     st.lists(
@@ -617,7 +618,7 @@ def test_a_conversation_answers_each_request_as_db4c494_did_alone(
             return
 
 
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(500), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
     st.lists(_request(), min_size=1, max_size=3),
     st.lists(

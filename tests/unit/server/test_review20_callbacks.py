@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from ravenproxy.server.http_callbacks import CallbackPath
 from ravenproxy.transport.socket_stream import SocketStream
+from tests.helpers import examples
 
 from .test_exchange import get
 from .test_http_callbacks import _ANSWER, _answered_twice, _Transport
@@ -70,7 +71,7 @@ def _state(path: CallbackPath, stream: Any, transport: _Transport, stamp: float)
     )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(_EVENTS)
 def test_the_stream_calling_advance_is_3466b61s_on_upstream(events: list[str]) -> None:
     asyncio.run(_both(events))

@@ -40,6 +40,7 @@ from ravenproxy.server.http_rewrite import response_framing
 from ravenproxy.server.podroutes import Destination, find_destination
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import Router
+from tests.helpers import examples
 
 from .test_exchange import VIA
 from .test_review18_requests import (
@@ -290,7 +291,7 @@ def _run_conversation(
             return
 
 
-@settings(max_examples=1200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(1200), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(_CONVERSATION)
 @example(
     (
@@ -367,7 +368,7 @@ def test_a_conversation_sharing_fields_is_answered_as_3466b61_did(conv: Any) -> 
 # -- a head's version, size, wire and routing over reads: its own, not the last one's ------------
 
 
-@settings(max_examples=800, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(800), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
     _conversation(),
     st.lists(st.sampled_from(["", "\r\n", "\r\n\r\n", "\n"]), min_size=6, max_size=6),
@@ -413,7 +414,7 @@ def test_each_head_is_its_own_whatever_the_last_one_was(
 _PREFIXES = ["/containerLogs/", "/exec/", "/attach/", "/portForward/", "/run/"]
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(
     st.one_of(
         st.sampled_from(_MORE_PATHS),
@@ -512,7 +513,7 @@ _DESTS = st.one_of(
 )
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(
     st.lists(
         st.tuples(
@@ -734,7 +735,7 @@ def _answer_view(event: tuple[int, object], bodiless: bool) -> object:
     return (_srvhttp_view(event), value.plain, framing)
 
 
-@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(600), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(_answers(), st.booleans(), st.data())
 def test_answers_parse_and_go_on_as_3466b61s(
     answers: list[bytes], bodiless: bool, data: Any

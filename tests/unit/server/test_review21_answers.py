@@ -69,6 +69,7 @@ from ravenproxy.server.podroutes import (
     forwardable,
 )
 from ravenproxy.server.router import Route, UpstreamKey
+from tests.helpers import examples
 
 from .test_exchange import VIA, route
 from .test_reqside_requests import _old_request_head
@@ -772,7 +773,7 @@ def _converse(steps: list[tuple[bytes, bytes, str, bytes, list[int], str]], data
             twins.settle(twins.call("poll"))
 
 
-@settings(max_examples=2500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(2500), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(_steps(), st.data())
 def test_a_conversation_goes_both_ways_as_812de76s(steps: Any, data: Any) -> None:
     """Keep-alive conversations (GET, HEAD, POST/PUT with a body sent before or after the
@@ -859,7 +860,7 @@ def test_an_answer_cut_at_every_byte_goes_on_as_812de76s(request_: bytes, answer
 # -- the answer parse: many target connections at once, odd reasons, names and values --------------
 
 
-@settings(max_examples=800, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(800), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 2), _answer(False), st.booleans()), min_size=1, max_size=8),
     st.data(),

@@ -48,6 +48,7 @@ from ravenproxy.server.podroutes import Destination, same_node
 from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import RouteMemo, Router, UpstreamKey
 from ravenproxy.transport.session import Session
+from tests.helpers import examples
 
 from .test_exchange import VIA
 from .test_review18_requests import (
@@ -401,7 +402,7 @@ _A = ("Host: a:9100", "Accept: */*")
 _KA = ("Connection: keep-alive",)
 
 
-@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(1500), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(_conversation(), st.booleans(), st.data())
 @example(  # a node named by the next target: never the last destination
     [
@@ -502,7 +503,7 @@ def test_a_conversation_routed_with_its_memo_goes_as_812de76s(
 _NEAR = st.text(alphabet="/?=&%#+nodeNamxcutip2F6E", max_size=14)
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(
     st.sampled_from(["GET", "HEAD", "POST", "OPTIONS"]),
     st.one_of(st.sampled_from(_PATHS), st.builds(lambda t: "/" + t, _NEAR)),

@@ -41,6 +41,7 @@ from ravenproxy.server.exchange_actions import (
 from ravenproxy.server.exchange_answer import _CLOSED_UNANSWERED
 from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD
 from ravenproxy.server.http_rewrite import chunk, last_chunk
+from tests.helpers import examples
 
 from .test_exchange import VIA, route
 
@@ -333,7 +334,7 @@ def _stray_free(old: _Driver, new: _Driver) -> None:
 _OK0 = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_conversation())
 @example([Turn(_request("GET", n, None, False), _OK0 + b"\r\n", []) for n in range(2)])
 @example(
@@ -371,7 +372,7 @@ def _unclosed(actions: list[Action]) -> list[Action]:
     return [a for a in actions if not isinstance(a, CloseUpstream)]
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_conversation(), st.integers(0, 4), _STRAY, st.booleans())
 def test_bytes_past_a_kept_answer_let_its_connection_go_after_the_same_bytes(
     turns: list[Turn], at: int, stray: bytes, own_read: bool

@@ -47,6 +47,7 @@ from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import ProtocolError
 from ravenproxy.wire.frames import Settings, Target, encode
+from tests.helpers import examples
 
 from ..transport.test_session import WAIT, tunnel
 from ..wire.harness import Pair
@@ -239,7 +240,7 @@ _steps = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.sampled_from(NODES[:4]), min_size=1, max_size=5),
     st.lists(st.tuples(st.sampled_from(NODES[:4]), st.booleans()), min_size=2, max_size=2),

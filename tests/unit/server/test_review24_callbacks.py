@@ -67,6 +67,7 @@ from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, Relay
 from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
 from ravenproxy.wire.codes import ErrorCode
+from tests.helpers import examples
 
 from .test_exchange import VIA, route
 
@@ -792,7 +793,7 @@ async def _both(events: list[_Event]) -> None:
         await world.task
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_events())
 def test_the_callbacks_answer_as_e115ebcs(events: list[_Event]) -> None:
     asyncio.run(_both(events))

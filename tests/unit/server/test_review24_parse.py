@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from ravenproxy.server.http_heads import Head, keeps_alive
 from ravenproxy.server.http_messages import HEAD, Parsed
+from tests.helpers import examples
 
 from .test_reqparse_callbacks import _OldParsed
 
@@ -152,7 +153,9 @@ def _cut(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True) if data[a:b]]
 
 
-_SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(
+    max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @_SETTINGS

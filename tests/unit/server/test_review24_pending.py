@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ravenproxy.transport.bytestream import READ_LIMIT
 from ravenproxy.transport.lender import LEND_FROM
 from ravenproxy.transport.socket_stream import SocketStream
+from tests.helpers import examples
 
 
 class _Transport:
@@ -116,7 +117,7 @@ async def _run(ops: list[tuple[str, int]], limit: int, lend: bool) -> None:
     assert bytes(got) == bytes(fed)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(_OPS, st.sampled_from([16, 1024, 1 << 20]), st.booleans())
 # The buffer taken whole while lent views wait behind it; a view lent after a read found none.
 @example([("data", LEND_FROM), ("lent", 1), ("read", -1)], 1 << 20, True)

@@ -53,6 +53,7 @@ from ravenproxy.server.http_messages import (
 )
 from ravenproxy.server.podroutes import Destination
 from ravenproxy.server.router import Route
+from tests.helpers import examples
 
 from .test_exchange import VIA, route
 from .test_varreq_requests import _EbcParsed, _EbcRequestHeads
@@ -332,7 +333,7 @@ _POD = b"GET /exec/ns/pod/c HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
 _VARIED = b"GET /ping?n=%d HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: latency\r\n\r\n"
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_conversation())
 # A chunked request with trailers, the same again (its END is not the shared one: no replay).
 @example(([_CHUNKED_POST, _CHUNKED_POST, _VARIED % 1], [[_OK]], [False]))

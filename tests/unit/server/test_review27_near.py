@@ -46,6 +46,7 @@ from hypothesis import strategies as st
 
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.http_messages import ERROR, HEAD, Parsed
+from tests.helpers import examples
 
 from .test_exchange import VIA
 from .test_review24_parse import _state
@@ -199,7 +200,7 @@ def _both(reads: list[bytes], max_head: int = 4096) -> list[tuple[object, ...]]:
     return new
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_conversation())
 @example([_FIRST, b"\r\n" + _FIRST, b"GET /xyz HTTP/1.1\r\n\r\nHost: edge-1:9100\r\n\r\n"])
 @example([_FIRST, b"\n" + _FIRST, b"GET /xyz HTTP/1.1\r\n\nHost: edge-1:9100\r\n\r\n"])
@@ -302,7 +303,7 @@ def _parse_both(reads: list[bytes], exchange_way: bool = True) -> None:
 _CRLF_CASE = [_FIRST, b"\r\n" + _FIRST, b"GET /xyz HTTP/1.1\r\n\r\nHost: edge-1:9100\r\n\r\n"]
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_conversation(), st.booleans())
 @example(_CRLF_CASE, True)
 @example(_CRLF_CASE, False)

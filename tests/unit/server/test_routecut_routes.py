@@ -44,6 +44,7 @@ from ravenproxy.server.podroutes import (
     find_destination,
     same_node,
 )
+from tests.helpers import examples
 
 from .test_exchange import VIA, route
 from .test_review18_requests import _old_pod_of_path  # db4c494's, unchanged to f56f100
@@ -286,7 +287,7 @@ def _outcome(fn: Any, *args: Any) -> tuple[Any, ...]:
 # -- find_destination alone ---------------------------------------------------------------------
 
 
-@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(1500), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
     st.sampled_from(["GET", "GET", "HEAD", "POST", "OPTIONS", "CONNECT"]),
     _target(),
@@ -306,7 +307,7 @@ def test_find_destination_names_what_f56f100s_named(
     assert alone == _outcome(_old_find_destination, method, target, flds)
 
 
-@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(1000), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(st.sampled_from(["GET", "OPTIONS"]), _target(), _target(), _fields())
 @example("GET", "/ping?n=1", "/exec/ns/pod/c", [("Host", "edge-1")])
 @example("GET", "/ping?n=1", "/m?nodeName=edge-2", [("Host", "edge-1")])
@@ -335,7 +336,7 @@ def test_same_node_keeps_only_what_find_destination_would_find(
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
-@settings(max_examples=800, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(800), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
     st.lists(st.sampled_from(["GET", "GET", "GET", "HEAD", "OPTIONS"]), min_size=2, max_size=6),
     st.lists(_target(), min_size=2, max_size=6),

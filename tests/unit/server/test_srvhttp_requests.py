@@ -31,6 +31,7 @@ from ravenproxy.server.http_heads import (
     keeps_alive,
 )
 from ravenproxy.server.http_messages import Parsed
+from tests.helpers import examples
 
 # -- 3466b61's Parsed, verbatim (only renamed) ----------------------------------------------------
 
@@ -413,7 +414,7 @@ def _view(event: tuple[int, object]) -> object:
     )
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(_conversations())
 def test_a_request_parse_is_3466b61s(reads: list[bytes]) -> None:
     assert (HEAD, DATA, END, ERROR, EOF) == (
@@ -505,7 +506,7 @@ def _answers(draw: st.DrawFn) -> bytes:
     return head + (b"ok" if b"content-length: 2" in fields else b"")
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(_answers(), min_size=1, max_size=4), st.booleans(), st.data())
 def test_an_answer_parse_is_3466b61s(answers: list[bytes], bodiless: bool, data: Any) -> None:
     new, old = Parsed(response=True, max_tail=8192), _OldParsed(response=True, max_tail=8192)

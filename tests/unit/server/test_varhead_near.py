@@ -28,6 +28,7 @@ from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import Action, WriteUpstream
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import _ENDED, EOF, ERROR, HEAD, REPLAY_MAX, Parsed, _Stop
+from tests.helpers import examples
 
 from .test_exchange import VIA
 from .test_review24_parse import _state, _view
@@ -299,7 +300,9 @@ def _reads(draw: st.DrawFn) -> list[bytes]:
     return reads
 
 
-_SETTINGS = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(
+    max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 _NEAR = b"GET /ping?n=%d HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: latency\r\n\r\n"
 
 
@@ -356,7 +359,7 @@ def _exchanges(reads: list[bytes], fresh: list[bool]) -> list[tuple[object, ...]
     return new
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_reads(), st.lists(st.booleans(), min_size=1, max_size=3))
 @example(
     [

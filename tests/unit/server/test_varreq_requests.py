@@ -43,6 +43,7 @@ from ravenproxy.server.http_messages import (
 from ravenproxy.server.http_rewrite import RequestHeads, request_head
 from ravenproxy.server.podroutes import Destination, find_destination, same_node
 from ravenproxy.server.router import Route
+from tests.helpers import examples
 
 from .test_exchange import VIA, route
 from .test_reqside_requests import _field_sets, _request_bytes, _steps
@@ -216,7 +217,9 @@ def _both(reads: list[bytes], *, response: bool, bodiless: list[bool] | None = N
     assert reused[0] == reused[1]
 
 
-_SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(
+    max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 _VARIED = b"GET /ping?n=%d HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: latency\r\n\r\n"
 
@@ -287,7 +290,7 @@ def test_a_varied_request_is_kept_and_its_repeat_replayed() -> None:
     assert parsed._again is None and parsed.in_head
 
 
-@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(1500), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(_field_sets, _steps)
 @example(
     [[(b"Host", b"edge-1:9100"), (b"User-Agent", b"latency")]],

@@ -20,11 +20,15 @@ import asyncio
 import contextlib
 import socket
 import struct
+import sys
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from ravenproxy.transport import front_splice as front_splice_module
+from ravenproxy.transport import relay as relay_module
 from ravenproxy.transport.bytestream import READ_LIMIT
 from ravenproxy.transport.front_splice import FrontSplice
 from ravenproxy.transport.idle import IdleWatch
@@ -231,6 +235,9 @@ class _F667209FrontSplice(_Ebcf73bSplice):
         await super()._close()
 
 
+PROBE = 0.2
+"""The splices' CREDIT_PROBE in the generated test (patched in both, old and new)."""
+
 WINDOW = 64 * 1024
 """The target's stream window: a stalled target stops the client's upload soon."""
 
@@ -354,7 +361,12 @@ def test_the_fronts_splice_passes_on_as_f667209s_did(ops: list[Op]) -> None:
     async def both() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         return await _front(_F667209FrontSplice, ops), await _front(FrontSplice, ops)
 
-    old, new = asyncio.run(both())
+    # Both splices look at the client's socket every PROBE seconds, not CREDIT_PROBE's 2, and a
+    # "wait" op is 1.5 probes: the same interleavings, each "wait" 0.3 s instead of 3 s.
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (relay_module, front_splice_module, sys.modules[__name__]):
+            patch.setattr(module, "CREDIT_PROBE", PROBE)
+        old, new = asyncio.run(both())
     assert new == old
     assert new[0] is True
 

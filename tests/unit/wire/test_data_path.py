@@ -22,6 +22,7 @@ from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import FlowControlError, FrameSizeError, ProtocolError
 from ravenproxy.wire.frames import COPY_BELOW, HEADER, MIN_FRAME_SIZE, GoAway, WindowUpdate, encode
 from ravenproxy.wire.streams import State
+from tests.helpers import examples
 
 from .harness import TARGET, Pair
 
@@ -207,7 +208,7 @@ ops = st.lists(
 
 
 @settings(
-    max_examples=400,
+    max_examples=examples(400),
     deadline=timedelta(seconds=2),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ravenproxy.wire.codes import ErrorCode
 from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import WireError
+from tests.helpers import examples
 
 from .test_data_path import CONFIG, STREAM_IDS, make
 
@@ -121,7 +122,7 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops)
 @example(ops=[("write", 1, "bytes", 18, 1 << 30), ("write", 1, "bytes", 5, 1 << 30)])
 @example(ops=[("goaway",), ("write", 1, "bytes", 18, 1 << 30), ("flush",)])

@@ -30,6 +30,7 @@ from ravenproxy.wire.frames import (
     encode,
     encode_data_header,
 )
+from tests.helpers import examples
 
 LIMIT = MAX_FRAME_SIZE_LIMIT
 U32 = 2**32 - 1
@@ -287,7 +288,7 @@ def test_ping_payload_must_be_eight_bytes_to_encode() -> None:
 # -- fuzzing ----------------------------------------------------------------------------------
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.binary(max_size=200), st.sampled_from([MIN_FRAME_SIZE, LIMIT]))
 def test_random_bytes_only_raise_protocol_errors(raw: bytes, max_frame_size: int) -> None:
     try:
@@ -296,7 +297,7 @@ def test_random_bytes_only_raise_protocol_errors(raw: bytes, max_frame_size: int
         pass
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.lists(any_frame, min_size=1, max_size=4), st.data())
 def test_mutated_frames_only_raise_protocol_errors(
     frames: list[Frame], data: st.DataObject

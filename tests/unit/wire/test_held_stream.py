@@ -20,6 +20,7 @@ from ravenproxy.wire.data_path import _DATA_WORD, _pack_words
 from ravenproxy.wire.errors import WireError
 from ravenproxy.wire.frames import HEADER_SIZE, Data, Reset, WindowUpdate, encode
 from ravenproxy.wire.streams import RECEIVING, SENDING, State, Stream
+from tests.helpers import examples
 from tests.unit.wire.test_direct_send import send_through_on
 
 from .harness import Pair
@@ -125,7 +126,7 @@ ops = st.lists(
 
 
 @settings(
-    max_examples=400,
+    max_examples=examples(400),
     deadline=timedelta(seconds=2),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -217,7 +218,7 @@ write_ops = st.lists(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(write_ops)
 def test_send_through_on_a_held_stream_agrees_with_c0d4bc7s_send_through(
     steps: list[tuple[Any, ...]],

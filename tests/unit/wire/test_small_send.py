@@ -20,6 +20,7 @@ from ravenproxy.wire.codes import ErrorCode, FrameType
 from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.frames import HEADER_SIZE
 from ravenproxy.wire.streams import SENDING, Stream
+from tests.helpers import examples
 
 from .test_data_path import CONFIG, STREAM_IDS, make
 from .test_direct_send import outcome, payload, state
@@ -130,7 +131,7 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, tight=st.booleans())
 @example(ops=[("write", 1, "bytes", 18, 1 << 30), ("write", 1, "bytes", 5, 1 << 30)], tight=False)
 @example(ops=[("control", 20), ("write", 1, "bytes", 18, 1 << 30), ("flush",)], tight=False)

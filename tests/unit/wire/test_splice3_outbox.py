@@ -11,6 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.wire.outbox import OWN_MESSAGE, Outbox
+from tests.helpers import examples
 
 
 class _Ebcf73bOutbox:
@@ -110,7 +111,7 @@ _ITEMS = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     st.lists(_ITEMS, max_size=20),
     st.sampled_from([30, 200, 4000, OWN_MESSAGE - 1, OWN_MESSAGE + 40, 1 << 20]),
