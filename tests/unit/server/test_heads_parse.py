@@ -78,16 +78,21 @@ def _message(draw: st.DrawFn, response: bool) -> tuple[bytes, bool]:
 
 @st.composite
 def _conversation(draw: st.DrawFn, response: bool) -> list[bytes]:
-    """Messages on one connection (the last repeated whole, or with its first field's value
-    changed, often), cut into reads."""
+    """Messages on one connection (the last repeated whole, with a value changed or with its
+    first field's name in another case, often), cut into reads."""
     messages: list[bytes] = []
     for _ in range(draw(st.integers(1, 6))):
         if messages and draw(st.integers(0, 2)) == 0:
             last = messages[-1]
-            if draw(st.booleans()):
+            way = draw(st.integers(0, 2))
+            first = last.find(b"\r\n") + 2  # the first field's name: from here to its colon
+            colon = last.find(b":", first)
+            if way == 0:  # whole again
                 messages.append(last)
-            else:
-                messages.append(last.replace(b": a", b": b", 1).replace(b": 2\r", b": 2\r", 1))
+            elif way == 1:  # a value changed
+                messages.append(last.replace(b": a", b": b", 1))
+            elif first < colon < last.find(b"\r\n\r\n"):  # a name's case changed
+                messages.append(last[:first] + last[first:colon].swapcase() + last[colon:])
             continue
         data, followed = draw(_message(response))
         messages.append(data)
