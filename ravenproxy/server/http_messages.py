@@ -22,7 +22,6 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.answer_shapes import NO_FIELDS as _NO_FIELDS
 from ravenproxy.server.answer_shapes import shape_of as _shape_of
 from ravenproxy.server.answer_shapes import shaped as _shaped
 from ravenproxy.server.http_heads import Head, PlainHead, RequestHead, keeps_alive, routing_of
@@ -51,6 +50,28 @@ _METHOD_NAMES: dict[bytes, str] = {}
 """A request's method by llhttp's name for it (llhttp names the methods it knows: a few dozen
 at most are kept), decoded once."""
 _method_name = _METHOD_NAMES.get
+
+
+def _paired(
+    names: list[bytes] | tuple[bytes, ...], values: list[bytes]
+) -> list[tuple[bytes, bytes]]:
+    """The fields as a head holds them (:attr:`Head.fields`) from the parse's names and values."""
+    return list(zip(names, values))  # noqa: B905 (as many: on_header appends both)
+
+
+class ParsedPlainHead(PlainHead):
+    """A :class:`PlainHead` as the parse makes it (object's C constructor and its stores): the
+    names and values as llhttp gave them, paired into :attr:`Head.fields` only when asked (the
+    head goes on as its wire: most are never asked)."""
+
+    __slots__ = ("names", "values")
+
+    names: tuple[bytes, ...]
+    values: list[bytes]
+
+    @property
+    def fields(self) -> list[tuple[bytes, bytes]]:  # type: ignore[override]  # made when asked
+        return _paired(self.names, self.values)
 
 
 # Event kinds of :class:`Parsed`.
@@ -86,13 +107,14 @@ class Parsed:
     __slots__ = (
         "_again",
         "_between",
-        "_fields",
         "_kind",
         "_last",
         "_line",
+        "_names",
         "_replay_head",
         "_response",
         "_starts",
+        "_values",
         "_version",
         "bodiless",
         "events",
@@ -161,11 +183,14 @@ class Parsed:
         self.in_body = False
         self.bodiless = False
         """The response to come has no body whatever its fields say (it answers a HEAD)."""
-        self._fields: list[tuple[bytes, bytes]] = []
-        """The fields llhttp reported since the last head or message ended: the head's (taken
-        by :meth:`on_headers_complete`), then its trailers (by :meth:`on_message_complete`)."""
-        self._last: tuple[bytes, list[tuple[bytes, bytes]], object, str, Head] | None = None
-        """The last head as parsed (start, fields, method or status, version) and its
+        self._names: list[bytes] = []
+        self._values: list[bytes] = []
+        """The names and values of the fields llhttp reported since the last head or message
+        ended, in order (two appends a field, no pair made: a response's names are its shape's
+        key and its values its template's arguments): the head's (taken by
+        :meth:`on_headers_complete`), then its trailers (by :meth:`on_message_complete`)."""
+        self._last: tuple[bytes, list[bytes], list[bytes], object, str, Head] | None = None
+        """The last head as parsed (start, names, values, method or status, version) and its
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
         same answer) is the same object, and what was derived from it can be reused."""
         self._again: tuple[bytes, Head] | None = None
@@ -212,7 +237,7 @@ class Parsed:
         last = again[1]
         line = last.line  # the last request line as it came (None: not known whole)
         kept = self._last
-        if line is None or kept is None or kept[4] is not last or type(data) is not bytes:
+        if line is None or kept is None or kept[5] is not last or type(data) is not bytes:
             return None
         whole, cut = again[0], len(data) - len(again[0]) + len(line)  # the new line's end
         method = len(last.start) + 1  # the method and its space (ASCII: as many bytes)
@@ -232,7 +257,7 @@ class Parsed:
         head.start, head.target, head.version = last.start, target.decode("latin-1"), last.version
         head.line, head.fields, head.wire = data[:cut], last.fields, last.wire
         head.routing, head.size = last.routing, last.size + cut - len(line)
-        self._last = (target, kept[1], kept[2], kept[3], head)
+        self._last = (target, kept[1], kept[2], kept[3], kept[4], head)
         self._again = (data, head) if len(data) <= REPLAY_MAX else None
         self._replay_head = head  # _replayable's answer: its method, version, routing are these
         return head
@@ -335,17 +360,18 @@ class Parsed:
     def on_header(self, name: bytes, value: bytes) -> None:
         # A field of the head or, once the head has taken its own, a trailer: which one is told
         # by the list's taker, not asked per field.
-        self._fields.append((name, value))
+        self._names.append(name)
+        self._values.append(value)
 
     def on_headers_complete(self) -> None:
         self.in_body, self.fed, self.tail = True, 0, 0
         self._between.append(None)  # no head begun (in_head, after the parse)
         # The head's start and fields taken, the next message's left empty (no reset as it
         # begins: on_message_begin is a C call).
-        starts, fields = self._starts, self._fields
+        starts, names, values = self._starts, self._names, self._values
         start = b"".join(starts)  # the one piece itself, most often
         starts.clear()
-        self._fields = []
+        self._names, self._values = [], []
         kind: Any = self._kind()  # the status (int) or the method (bytes)
         version = self._version
         raw = None
@@ -371,33 +397,33 @@ class Parsed:
         if (
             last is not None
             and last[0] == start
-            and last[2] == kind
-            and last[3] == version
-            and last[1] == fields
+            and last[3] == kind
+            and last[4] == version
+            and last[2] == values  # an answer's differ first (a Date, a Content-Length)
+            and last[1] == names
         ):
-            head = last[4]
+            head = last[5]
         elif self._response:
             # A response's head, here and not in a method of its own: once an answer that
             # differs from the last. Its wire is its shape's template with its values
             # (_shaped): a target's answers differ in their values (a Date, a Content-Length),
             # seldom in their status, reason or names.
-            reason = start
-            # (name, value) pairs: zip's strict= would only add a keyword call (~1 500 instr.)
-            names, values = zip(*fields) if fields else _NO_FIELDS  # noqa: B905
-            key = (kind, reason, names)
+            reason, shown = start, tuple(names)
+            key = (kind, reason, shown)
             shape = _shape_of(key) or _shaped(key)
-            wire, plain = shape[0] % values, shape[1]
+            wire, plain = shape[0] % tuple(values), shape[1]
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
             if plain:  # what PlainHead is
-                # Made by object's C constructor and its stores: no Python __init__ call.
-                made = _new_head(PlainHead)
+                # Made by object's C constructor and its stores: no Python __init__ call; its
+                # fields are paired when asked (PlainHead.fields).
+                made = _new_head(ParsedPlainHead)
                 made.reason, made.status, made.version = reason, kind, version
-                made.fields, made.size, made.wire = fields, len(wire), wire
+                made.names, made.values, made.size, made.wire = shown, values, len(wire), wire
                 head = made
             else:
                 text = reason.decode("latin-1")
-                head = Head(text, "", kind, version, fields, len(wire), wire)
-            self._last = (reason, fields, kind, version, head)
+                head = Head(text, "", kind, version, _paired(names, values), len(wire), wire)
+            self._last = (reason, names, values, kind, version, head)
         else:
             # A request's head, here and not in a method of its own (once a request that
             # differs), made without RequestHead.__init__'s call: its stores.
@@ -405,11 +431,14 @@ class Parsed:
             # Its fields on their lines as parsed, joined in C: request_head sends them on
             # when it drops none, and their length is the fields' part of the head's size
             # ("name: value" and a line end each: the lines' length and the last line's end).
-            if last is not None and fields and last[1] == fields:
+            if last is not None and names and last[2] == values and last[1] == names:
                 # The last request's fields again (a keep-alive client's requests differ in
-                # their target, seldom in their fields): its lines and routing fields are these.
-                lines, routing = last[4].wire, last[4].routing
+                # their target, seldom in their fields): its fields, lines and routing fields
+                # are these.
+                kept = last[5]
+                fields, lines, routing = kept.fields, kept.wire, kept.routing
             else:
+                fields = _paired(names, values)
                 lines = b"\r\n".join(map(_name_value, fields)) if fields else b""
                 routing = routing_of(fields)
             method = _method_name(kind) or _METHOD_NAMES.setdefault(
@@ -427,7 +456,7 @@ class Parsed:
             size = len(lines) + 2 if fields else 0
             head.fields, head.size, head.wire = fields, size + len(method) + len(target) + 14, lines
             head.routing = routing
-            self._last = (target, fields, kind, version, head)
+            self._last = (target, names, values, kind, version, head)
         self.events.append((HEAD, head))
         if self.bodiless and head.status >= 200:
             # llhttp cannot be told a response answers a HEAD: the parse ends here, and the
@@ -442,12 +471,19 @@ class Parsed:
 
     def on_message_complete(self) -> None:
         self.in_body = False
-        trailers = self._fields  # reported since the head took its own: trailers
+        names = self._names  # reported since the head took its own: trailers
         # Most messages have none: no decoding comprehension run for them.
-        if trailers:
-            self._fields = []  # the next message's (no reset as it begins)
+        if names:
+            values = self._values
+            self._names, self._values = [], []  # the next message's (no reset as it begins)
             self.events.append(
-                (END, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers])
+                (
+                    END,
+                    [
+                        (k.decode("latin-1"), v.decode("latin-1"))
+                        for k, v in zip(names, values)  # noqa: B905 (as many: on_header's)
+                    ],
+                )
             )
         else:
             self.events.append(_ENDED)

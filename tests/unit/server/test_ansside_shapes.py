@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ravenproxy.server import answer_shapes, http_messages
 from ravenproxy.server.http_heads import FRAMING_KIND, Head, PlainHead
-from ravenproxy.server.http_messages import END, HEAD, Parsed
+from ravenproxy.server.http_messages import END, HEAD, Parsed, ParsedPlainHead
 
 from .test_response_framing import answer_heads
 
@@ -69,13 +69,19 @@ class _Recorder(Parsed):
         super().on_headers_complete()
 
     @property
+    def _fields(self) -> list[tuple[bytes, bytes]]:
+        """812de76's ``_fields``: the pairs llhttp gave (heads: gathered as names and values)."""
+        return list(zip(self._names, self._values, strict=True))
+
+    @property
     def _start(self) -> bytes:
         """812de76's ``_start`` (the reason phrase): the pieces llhttp gave, joined."""
         return b"".join(self._starts)
 
 
 def _same_head(new: Head, old: Head) -> None:
-    assert type(new) is type(old)
+    # heads: the parse makes a PlainHead as its ParsedPlainHead (fields paired when asked)
+    assert type(new) is (ParsedPlainHead if type(old) is PlainHead else type(old))
     assert (new.wire, new.size, new.plain, new.status, new.version, new.fields) == (
         old.wire,
         old.size,

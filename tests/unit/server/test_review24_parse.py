@@ -103,7 +103,7 @@ def _view(event: tuple[int, object]) -> object:
     assert isinstance(value, Head)
     return (
         kind,
-        type(value).__name__,
+        "PlainHead" if value.plain else type(value).__name__,  # heads: ParsedPlainHead too
         value.start,
         value.target,
         value.status,

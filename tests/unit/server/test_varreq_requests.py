@@ -52,8 +52,26 @@ from .test_review24_parse import _cut, _state, _stream, _view
 # -- ebcf73b's Parsed.feed, on_header and on_message_complete, verbatim (their class renamed) --
 
 
+class _Pairs:
+    """heads: the parse gathers a head's names and values (two lists), where ebcf73b's
+    ``on_header`` appends a pair to ``_fields``: its pair goes in as both."""
+
+    __slots__ = ("_parsed",)
+
+    def __init__(self, parsed: Parsed) -> None:
+        self._parsed = parsed
+
+    def append(self, pair: tuple[bytes, bytes]) -> None:
+        self._parsed._names.append(pair[0])
+        self._parsed._values.append(pair[1])
+
+
 class _EbcParsed(Parsed):
     __slots__ = ("_trailers",)
+
+    @property
+    def _fields(self) -> _Pairs:
+        return _Pairs(self)
 
     def __init__(self, *, response: bool, max_tail: int = 64 * 1024) -> None:
         self._trailers: list[tuple[bytes, bytes]] = []  # ebcf73b's __init__ made it
