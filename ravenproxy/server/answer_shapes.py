@@ -25,8 +25,6 @@ SHAPES_MAX = 512
 """Shapes kept at most (a target whose names change per answer makes a shape per answer)."""
 SHAPE_MAX = 1024
 """A longer template is not kept (``SHAPES_MAX * SHAPE_MAX`` bounds what they hold)."""
-NO_FIELDS: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ())
-"""The names and values of a head without fields (what ``zip(*fields)`` gives for none)."""
 
 
 def shaped(key: ShapeKey) -> tuple[bytes, bool]:

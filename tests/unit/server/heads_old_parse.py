@@ -17,10 +17,14 @@ from httptools import (
     HttpResponseParser,
 )
 
-from ravenproxy.server.answer_shapes import NO_FIELDS as _NO_FIELDS
 from ravenproxy.server.answer_shapes import shape_of as _shape_of
 from ravenproxy.server.answer_shapes import shaped as _shaped
 from ravenproxy.server.http_heads import Head, PlainHead, RequestHead, keeps_alive, routing_of
+
+_NO_FIELDS: tuple[tuple[bytes, ...], tuple[bytes, ...]] = (
+    (),
+    (),
+)  # answer_shapes.NO_FIELDS at 66ac451
 
 REPLAY_MAX = 2 * 1024
 """A request this long at most is kept to be recognised when it comes again: an idle kept-alive

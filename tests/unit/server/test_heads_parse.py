@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ravenproxy.server.http_heads import Head, PlainHead, keeps_alive
 from ravenproxy.server.http_messages import HEAD, Parsed, ParsedPlainHead
+from tests.helpers import examples
 
 from . import heads_old_parse as old_parse
 
@@ -156,7 +157,9 @@ def _both_fed(reads: list[bytes], *, response: bool, bodiless: bool) -> None:
         old.events.clear()
 
 
-_SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(
+    max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @_SETTINGS
