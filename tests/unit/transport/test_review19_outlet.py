@@ -95,14 +95,19 @@ async def _burst() -> None:
             assert 0 <= writes_one.writes[0].find(b"ask 0") < writes_one.writes[0].find(b"ask 1")
             assert 0 <= writes_two.writes[0].find(b"ask 2") < writes_two.writes[0].find(b"ask 3")
             assert not probe.seen
+            # The echoes back first (arriving, they are input of this loop: a write beside them
+            # waits for the turn's end); taken, nothing is on its way.
+            for i, stream in enumerate([*first, *second]):
+                assert await _take(stream, 5) == b"ask %d" % i
             await quiet(probe)
             assert second[1].try_write(b"lone") == 4
             assert len(writes_two.writes) == 2  # in this turn, no await since
             # (Its bytes make tunnel two's agent end, in this loop, readable: more input.)
+            assert await _take(second[1], 4) == b"lone"
             await quiet(probe)
             assert first[0].try_write(b"lone") == 4
             assert len(writes_one.writes) == 2
-        await _echoed([*first, *second], [b"ask 0lone", b"ask 1", b"ask 2", b"ask 3lone"])
+        await _echoed([*first, *second], [b"lone", b"", b"", b""])
 
 
 @pytest.mark.parametrize("end", ["abort", "eof"])
@@ -115,6 +120,7 @@ async def test_seen_ends_with_its_turn_when_the_session_that_set_it_dies_first(e
         await settle(one.cloud)
         await settle(two.cloud)
         probe = one.cloud._probe
+        ends = (one.cloud_ws, one.edge_ws)
         writes_one, writes_two = record(one.cloud), record(two.cloud)
         poll = probe.poll
         probe.poll = lambda *_: [(0, 1)]  # "more input"
@@ -131,6 +137,10 @@ async def test_seen_ends_with_its_turn_when_the_session_that_set_it_dies_first(e
             await asyncio.sleep(0)
         assert not probe.seen
         # (Tunnel one's ends, in this loop, readable until they have seen the end: more input.)
+        # Until both are closed (out of the probe: nothing of tunnel one on its way any more).
+        async with asyncio.timeout(WAIT):
+            while any(ws.transport.get_extra_info("socket").fileno() >= 0 for ws in ends):
+                await asyncio.sleep(0.001)
         await quiet(probe)
         assert not probe.seen
         assert alive.try_write(b"lone") == 4
