@@ -221,6 +221,7 @@ _ANSWERS = [
     b"HTTP/1.1 200 OK\r\nDate: 2\r\nContent-Length: 2\r\n\r\nok",
     b"HTTP/1.1 200 OK\r\ndate: 2\r\nContent-Length: 2\r\n\r\nok",
     b"HTTP/1.1 200 OK\r\nDate: 2\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok",
+    b"HTTP/1.1 404 OK\r\nDate: 2\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok",  # status
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nT: 1\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nDate: 2\r\nContent-Length: 2\r\n\r\nok",
     b"HTTP/1.1 204 No Content\r\nX-E:\r\n\r\n",
