@@ -1,8 +1,10 @@
 """The wire of a response head as it goes on to the client, made from a template per *shape* —
 status, reason phrase, field names in order — and the head's values: a target's answers differ
 in their values (a Date, a Content-Length), seldom in their shape.
-:meth:`~ravenproxy.server.http_messages.Parsed.on_headers_complete` asks :func:`shape_of` (a
-dict's C ``get``: no Python call when the shape is known), then :func:`shaped`.
+:meth:`~ravenproxy.server.http_messages.Parsed.on_headers_complete` takes the last answer's
+template when the status, reason and names are the last one's (a parser keeps it); else it asks
+:func:`shape_of` (a dict's C ``get``: no Python call when the shape is known), then
+:func:`shaped`.
 """
 
 from __future__ import annotations

@@ -113,6 +113,7 @@ class Parsed:
         "_names",
         "_replay_head",
         "_response",
+        "_shape",
         "_starts",
         "_values",
         "_version",
@@ -193,6 +194,9 @@ class Parsed:
         """The last head as parsed (start, names, values, method or status, version) and its
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
         same answer) is the same object, and what was derived from it can be reused."""
+        self._shape: tuple[bytes, bool, tuple[bytes, ...]] = (b"", False, ())
+        """The last answer's template, plainness and names (:mod:`.answer_shapes`), set with
+        :attr:`_last` (a response's), taken when the next has its status, reason and names."""
         self._again: tuple[bytes, Head] | None = None
         """The last bytes fed, when they were one whole request that left the parser as it
         found it, and its head: the same bytes again are that request again (:meth:`feed`),
@@ -394,24 +398,29 @@ class Parsed:
             if version is None:
                 version = self.parser.get_http_version()
         last = self._last
-        if (
-            last is not None
-            and last[0] == start
-            and last[3] == kind
-            and last[4] == version
-            and last[2] == values  # an answer's differ first (a Date, a Content-Length)
-            and last[1] == names
-        ):
-            head = last[5]
+        # The last head's start, kind and names again (an answer: its shape), asked once for
+        # the whole head's reuse and the template's.
+        like = (
+            last
+            if last is not None and last[0] == start and last[3] == kind and last[1] == names
+            else None
+        )
+        if like is not None and like[4] == version and like[2] == values:
+            head = like[5]
         elif self._response:
             # A response's head, here and not in a method of its own: once an answer that
             # differs from the last. Its wire is its shape's template with its values
             # (_shaped): a target's answers differ in their values (a Date, a Content-Length),
-            # seldom in their status, reason or names.
-            reason, shown = start, tuple(names)
-            key = (kind, reason, shown)
-            shape = _shape_of(key) or _shaped(key)
-            wire, plain = shape[0] % tuple(values), shape[1]
+            # seldom in their status, reason or names (the last one's: no key made and hashed).
+            reason = start
+            if like is not None:
+                template, plain, shown = self._shape
+            else:
+                shown = tuple(names)
+                key = (kind, reason, shown)
+                template, plain = _shape_of(key) or _shaped(key)
+                self._shape = (template, plain, shown)
+            wire = template % tuple(values)
             # llhttp's status is 3 digits: the head's size on the wire is that of ``wire``.
             if plain:  # what PlainHead is
                 # Made by object's C constructor and its stores: no Python __init__ call; its
