@@ -255,7 +255,8 @@ class ServerMetrics:
         self.upstream_stray = Counter(
             f"{NS}_server_upstream_stray",
             "Kept target connections let go because the target sent bytes past its answer's end "
-            "or while no request was outstanding (the next request went on a fresh connection)",
+            "or while no request was outstanding (the next request went on a fresh connection; "
+            "a 408 before the target closes an idle connection is its end, not counted)",
             ["front"],
             registry=r,
         )
