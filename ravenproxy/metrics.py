@@ -248,7 +248,7 @@ class ServerMetrics:
         self.idle_timeouts = Counter(
             f"{NS}_server_idle_timeouts",
             "Relayed connections closed after --idle-timeout without a byte either way, by relay "
-            "(connect, upgrade, passthrough, request)",
+            "(connect, upgrade, passthrough, request; not a refusal its client does not take)",
             ["front", "relay"],
             registry=r,
         )
