@@ -248,14 +248,15 @@ class ServerMetrics:
         self.idle_timeouts = Counter(
             f"{NS}_server_idle_timeouts",
             "Relayed connections closed after --idle-timeout without a byte either way, by relay "
-            "(connect, upgrade, passthrough, request)",
+            "(connect, upgrade, passthrough, request; not a refusal its client does not take)",
             ["front", "relay"],
             registry=r,
         )
         self.upstream_stray = Counter(
             f"{NS}_server_upstream_stray",
             "Kept target connections let go because the target sent bytes past its answer's end "
-            "or while no request was outstanding (the next request went on a fresh connection)",
+            "or while no request was outstanding (the next request went on a fresh connection; "
+            "a 408 before the target closes an idle connection is its end, not counted)",
             ["front"],
             registry=r,
         )

@@ -34,11 +34,13 @@ by the exchange's phase only when its sweep looks.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from functools import partial
 from typing import cast
 
 from ravenproxy.errors import RoutingError
+from ravenproxy.log import kv
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import (
     Action,
@@ -57,9 +59,12 @@ from ravenproxy.transport.bytestream import (
     ByteStream,
     TunnelByteStream,
 )
+from ravenproxy.transport.idle import drain_taken
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult
 from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
+
+log = logging.getLogger(__name__)
 
 KEEPALIVE_TIMEOUT = 300.0
 """A kept-alive client connection with no byte of a next request for this long is closed (once
@@ -194,20 +199,30 @@ class CallbackPath(KeptUpstream):
         watch.timeout = min(KEEPALIVE_TIMEOUT, limits.idle_timeout)
         return watch
 
-    async def _drain_client(self) -> None:
-        """Wait until the client took what was written, for at most --idle-timeout: a client
-        that takes nothing for that long (its answer held back, the target waiting for credit)
-        is idle as a silent target is — no byte moves either way — and is aborted (its answer
-        cannot end whole), as a relay's client is; the task path and the callbacks alike."""
+    async def _drain_client(self, *, relayed: bool = True) -> None:
+        """Wait until the client took what was written. Idle means no progress (HAProxy's
+        ``timeout client``, Envoy's ``idle_timeout``): bytes the client took restart
+        --idle-timeout (:func:`~ravenproxy.transport.idle.drain_taken`), so a
+        client that reads steadily, however slowly, gets its answer whole; one that takes
+        nothing for that long is idle as a silent target is and is aborted (its answer cannot
+        end whole), as a relay's client is; the task path and the callbacks alike.
+
+        ``relayed``: the bytes are the target's answer (or a 101's head): the request ends as
+        an idle ``request`` relay (counted, logged). Not a refusal's: the server's own answer,
+        counted by its status when made; its client is reset, logged at debug, routed or not
+        (so a 504's idle, counted once, is not counted again)."""
         writer = self.writer
         if type(writer) is SocketStream and not writer.write_paused:
             await writer.drain()  # nothing to wait for (its loss raised): the watch not entered
             return
         try:
             async with self.watch:
-                await writer.drain()
+                await drain_taken(writer, self.watch)
         except IdleTimeout as exc:
-            if self.ex.route is not None:
+            if not relayed:
+                why = "the client took none of its refusal"
+                log.debug(f"{self.proxy.front} front: {why}", extra=kv(peer=self.peer))
+            elif self.ex.route is not None:
                 self._count_idle(self.peer)
             writer.transport.abort()
             raise ConnectionAbortedError(f"the client took nothing for {exc.timeout:g}s") from None

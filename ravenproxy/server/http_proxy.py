@@ -446,8 +446,9 @@ class _Connection(CallbackPath):
         with contextlib.suppress(*_IO_ERRORS):
             self.writer.write(error_response(status, body))
             # At most --idle-timeout for a client that takes nothing (as an answer's writes):
-            # a bare drain held the task and its buffers for as long as the client lived.
-            await self._drain_client()
+            # a bare drain held the task and its buffers for as long as the client lived. Not
+            # an idle relay (counted by its status above: once; _drain_client says why).
+            await self._drain_client(relayed=False)
             # The rest of the request, or more, may be on its way (a CONNECT's tunnel bytes,
             # say); not waited for from a client that was too slow to send a head (408).
             self.linger = 0 if status == 408 else self._lingers(tcp=True)

@@ -8,7 +8,10 @@ or any byte but empty lines. A target that sends while nothing was asked, or mor
 answer's framing said, answers nothing: those bytes would begin the next request's answer (a
 response desync, another client's bytes). As Envoy and HAProxy do, that connection is not used
 again — logged, counted (``ravenproxy_server_upstream_stray_total``) — and the next request goes
-on a fresh one. Under re-originated TLS the bytes are records, taken into TLS at once: a
+on a fresh one. A ``408 Request Timeout`` is the exception: a target that closes an idle
+kept connection may say so first (nginx and Apache do), and that is the connection's normal end,
+as Go's net/http transport takes it — let go, logged at debug, not counted as stray.
+Under re-originated TLS the bytes are records, taken into TLS at once: a
 close_notify is the end, application data the stray case (a session ticket is neither). What
 came past an answer's end in the read that ended it is
 :class:`~ravenproxy.server.exchange.Exchange`'s to see (``CloseUpstream(stray=True)``); what
@@ -37,8 +40,17 @@ from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
 
 log = logging.getLogger(__name__)
 
-QUIET, ENDED, STRAY = 0, 1, 2
-"""What a kept connection got between requests (:func:`news`): nothing, its end, bytes."""
+QUIET, ENDED, STRAY, TIMED_OUT = 0, 1, 2, 3
+"""What a kept connection got between requests (:func:`news`): nothing, its end, bytes, a
+``408 Request Timeout`` (:func:`closes_idle`)."""
+
+
+def closes_idle(data: bytes) -> bool:
+    """``data`` begins a ``408 Request Timeout`` answer: the target's notice that it closes an
+    idle kept connection (nginx, Apache and others send one), not an answer nobody asked for —
+    the connection's normal end, as Go's net/http transport takes it (its ``is408Message``:
+    the same test, on the bytes that came first)."""
+    return len(data) >= 12 and data[:7] == b"HTTP/1." and data[8:12] == b" 408"
 
 
 def news(read: Callable[[], bytes | memoryview | None]) -> int:
@@ -52,9 +64,12 @@ def news(read: Callable[[], bytes | memoryview | None]) -> int:
         return QUIET
     if not data:
         return ENDED
+    data = bytes(data)
+    if closes_idle(data):
+        return TIMED_OUT
     # Empty lines answer nothing and begin no answer (llhttp skips them before a message, as in
     # the answer's own read: the exchange keeps the connection for them there): dropped.
-    return STRAY if bytes(data).strip(b"\r\n") else QUIET
+    return STRAY if data.strip(b"\r\n") else QUIET
 
 
 class KeptUpstream:
@@ -168,11 +183,15 @@ class KeptUpstream:
     def _tls_news(self, read: Callable[[], bytes | memoryview | None]) -> int:
         """:func:`news` of a kept TLS connection: what its carrier holds (``read``) taken into
         TLS (:meth:`_tls_ended`); application data in it, or in what TLS held already (it
-        came with the last answer), is stray, unless it is empty lines (``held``)."""
+        came with the last answer), is stray, unless it is empty lines (``held``) or a 408
+        (:func:`closes_idle`)."""
         upstream = self.upstream
         assert type(upstream) is TlsByteStream
         ended = self._tls_ended(read)
-        return STRAY if upstream.held else ENDED if ended else QUIET
+        held = upstream.held
+        if held:
+            return TIMED_OUT if closes_idle(held) else STRAY
+        return ENDED if ended else QUIET
 
     def _tls_ended(self, read: Callable[[], bytes | memoryview | None]) -> bool:
         """What a kept TLS connection's carrier holds (``read``) taken into TLS; whether the
@@ -190,7 +209,15 @@ class KeptUpstream:
         return upstream.absorb(b"")
 
     def _let_go(self, got: int) -> None:
-        """Let the kept connection go for what it got (:data:`ENDED`, :data:`STRAY`)."""
+        """Let the kept connection go for what it got (:data:`ENDED`, :data:`STRAY`,
+        :data:`TIMED_OUT`: its end, logged at debug only — targets close idle connections all
+        the time)."""
+        if got == TIMED_OUT:
+            route = self.ex.route
+            log.debug(
+                f"{self.proxy.front} front: the target closed its idle connection (408)",
+                extra=kv(peer=self.peer, node=route.node.name if route is not None else ""),
+            )
         self._run(self.ex.upstream_ended(stray=got == STRAY))
 
     def _count_stray(self) -> None:

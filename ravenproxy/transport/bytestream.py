@@ -202,10 +202,11 @@ class TlsByteStream:
             return data
 
     @property
-    def held(self) -> bool:
-        """Plaintext :meth:`absorb` took in, other than empty lines, waits for the next
-        :meth:`read` (empty lines alone begin no message: the next answer's parse skips them)."""
-        return bool(self._held.strip(b"\r\n"))
+    def held(self) -> bytes:
+        """The plaintext :meth:`absorb` took in that waits for the next :meth:`read`; ``b""``
+        when it is empty lines alone (they begin no message: the next answer's parse skips
+        them)."""
+        return self._held if self._held.strip(b"\r\n") else b""
 
     def absorb(self, data: bytes | memoryview) -> bool:
         """Bytes the inner stream got while no answer is awaited (a kept connection between

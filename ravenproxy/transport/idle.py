@@ -6,11 +6,16 @@ loops and callbacks only stamp, checked by one timer per event loop and timeout 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import sys
+import termios
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ClassVar
 
 from ravenproxy.errors import RavenProxyError
+from ravenproxy.transport.socket_stream import SocketWriter
 
 
 class IdleTimeout(RavenProxyError):
@@ -198,3 +203,39 @@ class _Sweep:
             return
         gap = min(self.timeout / 8, 60.0)
         self.timer = self.loop.call_at(max(oldest + self.timeout, now + gap), self._check)
+
+
+async def drain_taken(writer: SocketWriter, watch: IdleWatch) -> None:
+    """``writer.drain()`` inside ``watch`` (entered), the bytes its peer takes touching it:
+    idle is no progress (HAProxy's ``timeout client``, Envoy's ``idle_timeout``), and a peer
+    that reads steadily but slowly — one drain from the high mark down taking longer than the
+    timeout — is not idle. Looked at every eighth of the watch's timeout (as late as its
+    sweep may be), at most every minute: a peer that stops reading is cut one to 1.25
+    timeouts after the last byte it took."""
+    timeout = watch.timeout_now()
+    probe = 60.0 if timeout is None else min(timeout / 8, 60.0)
+    transport = writer.transport
+    left = untaken(transport)
+    while True:
+        try:
+            async with asyncio.timeout(probe) as probing:
+                return await writer.drain()
+        except TimeoutError:
+            if not probing.expired():
+                raise  # the socket's own (ETIMEDOUT)
+        if (size := untaken(transport)) < left:
+            watch.touch()
+        left = size
+
+
+def untaken(transport: asyncio.WriteTransport) -> int:
+    """Bytes written to a peer that it has not acknowledged: the transport's buffer and the
+    kernel's send queue (``SIOCOUTQ``: the kernel tells a socket writable only once much of
+    its queue is free, so the buffer alone may stand still for long while the peer reads)."""
+    size = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, ValueError):  # closed meanwhile: the buffer tells
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+            size += int.from_bytes(queued, sys.byteorder, signed=True)
+    return size

@@ -73,6 +73,9 @@ class _Transport:
     def get_extra_info(self, name: str, default: object = None) -> object:
         return default
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # (a slow client's drain looks whether it took bytes)
+
 
 class _Stream:
     """The target's tunnel stream: chunks to read (an exception: raised), writes all taken."""

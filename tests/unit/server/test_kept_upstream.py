@@ -6,9 +6,13 @@ hook looks at them. 812de76 left such bytes buffered: they began the next reques
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import cast
 
+import pytest
+
 from ravenproxy.server.exchange_actions import OpenUpstream
+from ravenproxy.server.kept_upstream import QUIET, STRAY, TIMED_OUT, closes_idle, news
 from ravenproxy.transport.bytestream import ByteStream, SocketByteStream
 from ravenproxy.transport.socket_stream import SocketStream
 from tests.unit.server.test_exchange import get
@@ -76,3 +80,52 @@ async def test_a_pipelined_request_does_not_go_out_on_it() -> None:
     path.waiting = False  # the next request is at hand
     path._let_go_ended()
     assert path.upstream is None and stray_count(path) == 1
+
+
+TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+async def test_a_408_on_a_kept_direct_connection_is_its_end_uncounted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A target that closes its idle connection with a 408 first: let go as its end is (the
+    next request on a fresh one), not stray, a debug line, no info line."""
+    path, target = _kept_direct()
+    path._hook_kept()
+    with caplog.at_level(logging.DEBUG, logger="ravenproxy.server.kept_upstream"):
+        target.data_received(TIMEOUT_408)
+    assert path.upstream is None and stray_count(path) == 0
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+    assert "closed its idle connection (408)" in caplog.records[0].getMessage()
+    _next_opens_a_fresh_one(path)
+
+
+@pytest.mark.parametrize(
+    "got",
+    [TIMEOUT_408, b"HTTP/1.0 408 Request Time-out\r\n\r\n", b"HTTP/1.1 408", b"HTTP/1.1 408 "],
+)
+def test_a_408_head_is_the_idle_close(got: bytes) -> None:
+    """Go's ``is408Message``: ``HTTP/1.`` any minor version, `` 408``, 12 bytes at least."""
+    assert closes_idle(got)
+    assert news(lambda: got) == TIMED_OUT
+    assert news(lambda: memoryview(got)) == TIMED_OUT
+
+
+@pytest.mark.parametrize(
+    "got",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 40",
+        b"\r\nHTTP/1.1 408 Request Timeout\r\n\r\n",
+        b"HTTP/2.0 408 x",
+        b"HTTP/1.1 508 Loop Detected\r\n\r\n",
+        b"xyz\r\n",
+    ],
+)
+def test_other_bytes_are_stray(got: bytes) -> None:
+    assert not closes_idle(got)
+    assert news(lambda: got) == STRAY
+
+
+def test_empty_lines_stay_quiet() -> None:
+    assert news(lambda: b"\r\n\r\n") == QUIET

@@ -422,6 +422,9 @@ class _Transport:
     def get_extra_info(self, name: str, default: object = None) -> object:
         return default
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # (a slow client's drain looks whether it took bytes)
+
 
 def _tally(what: str) -> None:
     if currently_in_test_context():  # (the clocks' tests are not hypothesis's)
