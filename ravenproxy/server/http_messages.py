@@ -188,11 +188,13 @@ class Parsed:
         """The last head as parsed (start, names, values, method or status, version) and its
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
         same answer) is the same object, and what was derived from it can be reused."""
-        self._again: tuple[bytes, Head] | None = None
+        self._again: tuple[bytes, Head, bytes | None, bytes] | None = None
         """The last bytes fed, when they were one whole request that left the parser as it
         found it, and its head: the same bytes again are that request again (:meth:`feed`),
         when its head passes :meth:`_replayable` (asked then, not when remembered: most
-        requests that differ from the last are not followed by themselves)."""
+        requests that differ from the last are not followed by themselves). Then the bytes'
+        lead and tail around their target, once lined up with the head's line (:meth:`near`;
+        None: not yet)."""
         self._replay_head: Head | None = None
         """The last head :meth:`_replayable` said yes to (a connection's repeated request asks
         once)."""
@@ -224,29 +226,26 @@ class Parsed:
         if again is None or again[1] is not head or self.events:
             return None
         self._again = None  # kept anew below, when near
-        last = head
+        last, kept, lead, tail = head, self._last, again[2], again[3]
         line = last.line  # the last request line as it came (None: not known whole)
-        kept = self._last
         if line is None or kept is None or kept[5] is not last or type(data) is not bytes:
             return None
-        whole, size = again[0], len(line) - 11  # the last line but its " HTTP/1.1" CRLF
-        end = len(data) - len(whole) + size  # the new target's end
-        method = len(last.start) + 1  # the method and its space (ASCII: as many bytes)
-        if (
-            end <= method
-            # From the target's end on, the last request's bytes (its line ends with
-            # " HTTP/1.1" CRLF: the parse keeps no other line, nor does this make one).
-            or data[end:] != whole[size:]
-            or whole[: len(line)] != line  # kept after CRLFs llhttp skipped: bytes shifted
-            or data[:method] != line[:method]
-            or self.in_head
-            or self.in_body
-        ):
+        if lead is None:  # the kept bytes lined up with their head's line, once a parse:
+            whole = again[0]  # not when kept after CRLFs llhttp skipped (bytes shifted)
+            if whole[: len(line)] != line:
+                return None
+            # The method and its space (ASCII), and the bytes from the target's end on (the
+            # line ends with " HTTP/1.1" CRLF): the same in every near request that follows.
+            lead, tail = line[: len(last.start) + 1], whole[len(line) - 11 :]
+        method, end = len(lead), len(data) - len(tail)  # the new target's start and end
+        if end <= method or data[end:] != tail or data[:method] != lead:
+            return None
+        if self.in_head or self.in_body:
             return None
         target = data[method:end]
-        # The target as llhttp reads it as this does: origin-form, visible ASCII (each taken
+        # The target as llhttp reads it as this does: origin-form, visible ASCII (taken
         # anywhere in a path, query or fragment); a control byte, a space, DEL, a byte over
-        # 0x7F go to llhttp. Three C calls, no regular expression (~1 900 instructions).
+        # 0x7F go to llhttp (three C calls: a regular expression is ~1 900 instructions).
         try:
             text = target.decode("ascii")
         except UnicodeDecodeError:
@@ -264,7 +263,7 @@ class Parsed:
         made.line, made.fields, made.wire = data[:cut], last.fields, last.wire
         made.routing, made.size = last.routing, last.size + cut - len(line)
         self._last = (target, kept[1], kept[2], kept[3], kept[4], made)
-        self._again = (data, made) if len(data) <= REPLAY_MAX else None
+        self._again = (data, made, lead, tail) if len(data) <= REPLAY_MAX else None
         self._replay_head = made  # _replayable's answer: its method, version, routing are these
         self.events.append(_ENDED)
         return made
@@ -348,7 +347,7 @@ class Parsed:
             parsed = events[0][1]
             assert isinstance(parsed, Head)
             if len(data) <= REPLAY_MAX:
-                self._again = (bytes(data), parsed)
+                self._again = (bytes(data), parsed, None, b"")
         return None
 
     def again(self, data: bytes, head: Head) -> bool:
