@@ -251,7 +251,7 @@ class Parsed:
         except UnicodeDecodeError:
             return None
         if (
-            text[:1] != "/"
+            target[0] != 47  # "/" (an index, not a slice: ~300 fewer)
             or " " in text
             or not text.isprintable()  # (ASCII: 0x20-0x7E)
             or not (last is self._replay_head or self._replayable(last))  # asked last
