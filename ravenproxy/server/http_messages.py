@@ -189,12 +189,10 @@ class Parsed:
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
         same answer) is the same object, and what was derived from it can be reused."""
         self._again: tuple[bytes, Head, bytes | None, bytes] | None = None
-        """The last bytes fed, when they were one whole request that left the parser as it
-        found it, and its head: the same bytes again are that request again (:meth:`feed`),
-        when its head passes :meth:`_replayable` (asked then, not when remembered: most
-        requests that differ from the last are not followed by themselves). Then the bytes'
-        lead and tail around their target, once lined up with the head's line (:meth:`near`;
-        None: not yet)."""
+        """The last bytes fed, when one whole request that left the parser as it found it, and
+        its head: the same bytes again are that request again (:meth:`feed`) when its head passes
+        :meth:`_replayable` (asked then: most requests that differ are not followed by
+        themselves); and their lead and tail around the target (:meth:`near`; None: not yet)."""
         self._replay_head: Head | None = None
         """The last head :meth:`_replayable` said yes to (a connection's repeated request asks
         once)."""
@@ -217,11 +215,10 @@ class Parsed:
 
     def near(self, data: bytes, head: Head) -> Head | None:
         """llhttp's head of ``data``, its END queued, when ``head`` is the kept request's
-        (:attr:`_again`), no event waits and ``data`` is that request's bytes but for an
-        origin-form target (visible ASCII; the parser where that request left it, which is
-        replayable): made without llhttp (whose state it would leave as it is), sharing the
-        last one's fields. Else None, and the kept request is dropped (:meth:`feed` would ask
-        the same: once a request that differs)."""
+        (:attr:`_again`), no event waits and ``data`` is its bytes but for an origin-form target
+        (visible ASCII; the parser where it left it, replayable): made without llhttp (whose
+        state it would leave as it is), sharing the last one's fields. Else None, and the kept
+        request is dropped (:meth:`feed` would ask the same: once a request that differs)."""
         again = self._again
         if again is None or again[1] is not head or self.events:
             return None
