@@ -189,10 +189,9 @@ class Parsed:
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
         same answer) is the same object, and what was derived from it can be reused."""
         self._again: tuple[bytes, Head, bytes | None, bytes] | None = None
-        """The last bytes fed, when one whole request that left the parser as it found it, and
-        its head: the same bytes again are that request again (:meth:`feed`) when its head passes
-        :meth:`_replayable` (asked then: most requests that differ are not followed by
-        themselves); and their lead and tail around the target (:meth:`near`; None: not yet)."""
+        """The last bytes fed, when one whole request that left the parser as it found it, its
+        head (the same bytes again are it again, if :meth:`_replayable` says so when asked), and
+        the bytes' lead and tail around its target (:meth:`near`'s; None: not yet)."""
         self._replay_head: Head | None = None
         """The last head :meth:`_replayable` said yes to (a connection's repeated request asks
         once)."""
@@ -214,11 +213,9 @@ class Parsed:
         return None
 
     def near(self, data: bytes, head: Head) -> Head | None:
-        """llhttp's head of ``data``, its END queued, when ``head`` is the kept request's
-        (:attr:`_again`), no event waits and ``data`` is its bytes but for an origin-form target
-        (visible ASCII; the parser where it left it, replayable): made without llhttp (whose
-        state it would leave as it is), sharing the last one's fields. Else None, and the kept
-        request is dropped (:meth:`feed` would ask the same: once a request that differs)."""
+        """llhttp's head of ``data`` made without it (END queued; the last one's fields), when
+        ``head`` is the kept request's (:attr:`_again`, replayable), no event waits and ``data`` is
+        its bytes but for an origin-form target; else None, the kept request dropped (feed's)."""
         again = self._again
         if again is None or again[1] is not head or self.events:
             return None
@@ -231,8 +228,7 @@ class Parsed:
             whole = again[0]  # not when kept after CRLFs llhttp skipped (bytes shifted)
             if whole[: len(line)] != line:
                 return None
-            # The method and its space (ASCII), and the bytes from the target's end on (the
-            # line ends with " HTTP/1.1" CRLF): the same in every near request that follows.
+            # The method and space; from the target's end on (the line ends " HTTP/1.1" CRLF).
             lead, tail = line[: len(last.start) + 1], whole[len(line) - 11 :]
         method, end = len(lead), len(data) - len(tail)  # the new target's start and end
         if end <= method or data[end:] != tail or data[:method] != lead:
@@ -240,9 +236,8 @@ class Parsed:
         if self.in_head or self.in_body:
             return None
         target = data[method:end]
-        # The target as llhttp reads it as this does: origin-form, visible ASCII (taken
-        # anywhere in a path, query or fragment); a control byte, a space, DEL, a byte over
-        # 0x7F go to llhttp (three C calls: a regular expression is ~1 900 instructions).
+        # As llhttp reads it: origin-form, visible ASCII (anywhere in a path, query, fragment);
+        # any other byte goes to llhttp (three C calls: a regular expression is ~1 900 more).
         try:
             text = target.decode("ascii")
         except UnicodeDecodeError:
@@ -254,11 +249,10 @@ class Parsed:
             or not (last is self._replay_head or self._replayable(last))  # asked last
         ):
             return None
-        cut = end + 11  # the new line's end
-        made = _new_head(RequestHead)
+        made = _new_head(RequestHead)  # its line ends 11 bytes past its target
         made.start, made.target, made.version = last.start, text, last.version
-        made.line, made.fields, made.wire = data[:cut], last.fields, last.wire
-        made.routing, made.size = last.routing, last.size + cut - len(line)
+        made.line, made.fields, made.wire = data[: end + 11], last.fields, last.wire
+        made.routing, made.size = last.routing, last.size + end + 11 - len(line)
         self._last = (target, kept[1], kept[2], kept[3], kept[4], made)
         self._again = (data, made, lead, tail) if len(data) <= REPLAY_MAX else None
         self._replay_head = made  # _replayable's answer: its method, version, routing are these
