@@ -10,7 +10,6 @@ answered): what they parse is queued as events and taken when the exchange is re
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -41,10 +40,6 @@ _name_value = b": ".join
 _HTTP11_END = b" HTTP/1.1\r\n"
 """The end of an HTTP/1.1 request line."""
 
-_near_line = re.compile(rb"/[!-~]* HTTP/1\.1\r\n").fullmatch
-"""A request line past its method's space that llhttp reads as this does: an origin-form
-target of visible ASCII (each taken anywhere in a path, query or fragment; a control byte,
-DEL, a byte over 0x7F refused) and HTTP/1.1. Any other goes to llhttp (:meth:`Parsed._near`)."""
 
 _METHOD_NAMES: dict[bytes, str] = {}
 """A request's method by llhttp's name for it (llhttp names the methods it knows: a few dozen
@@ -197,11 +192,10 @@ class Parsed:
         self._shape: tuple[bytes, bool, tuple[bytes, ...]] = (b"", False, ())
         """The last answer's template, plainness and names (:mod:`.answer_shapes`), set with
         :attr:`_last` (a response's), taken when the next has its status, reason and names."""
-        self._again: tuple[bytes, Head] | None = None
-        """The last bytes fed, when they were one whole request that left the parser as it
-        found it, and its head: the same bytes again are that request again (:meth:`feed`),
-        when its head passes :meth:`_replayable` (asked then, not when remembered: most
-        requests that differ from the last are not followed by themselves)."""
+        self._again: tuple[bytes, Head, bytes | None, bytes] | None = None
+        """The last bytes fed, when one whole request that left the parser as it found it, its
+        head (the same bytes again are it again, if :meth:`_replayable` says so when asked), and
+        the bytes' lead and tail around its target (:meth:`near`'s; None: not yet)."""
         self._replay_head: Head | None = None
         """The last head :meth:`_replayable` said yes to (a connection's repeated request asks
         once)."""
@@ -223,48 +217,51 @@ class Parsed:
         return None
 
     def near(self, data: bytes, head: Head) -> Head | None:
-        """:meth:`_near`'s head, its END queued, when ``head`` is the last and no event waits."""
+        """llhttp's head of ``data`` made without it (END queued; the last one's fields), when
+        ``head`` is the kept request's (:attr:`_again`, replayable), no event waits and ``data`` is
+        its bytes but for an origin-form target; else None, the kept request dropped (feed's)."""
         again = self._again
         if again is None or again[1] is not head or self.events:
             return None
-        near = self._near(data, again)
-        if near is None:
-            self._again = None  # feed would ask the same (a call, once a request that differs)
-            return None
-        self.events.append(_ENDED)
-        return near
-
-    def _near(self, data: bytes, again: tuple[bytes, Head]) -> Head | None:
-        """llhttp's head of ``data``, the kept request's bytes but for an origin-form target
-        (:data:`_near_line`; the parser where that request left it, which is replayable), made
-        without llhttp (whose state it would leave as it is), sharing the last one's fields."""
-        last = again[1]
+        self._again = None  # kept anew below, when near
+        last, kept, lead, tail = head, self._last, again[2], again[3]
         line = last.line  # the last request line as it came (None: not known whole)
-        kept = self._last
         if line is None or kept is None or kept[5] is not last or type(data) is not bytes:
             return None
-        whole, cut = again[0], len(data) - len(again[0]) + len(line)  # the new line's end
-        method = len(last.start) + 1  # the method and its space (ASCII: as many bytes)
+        if lead is None:  # the kept bytes lined up with their head's line, once a parse:
+            whole = again[0]  # not when kept after CRLFs llhttp skipped (bytes shifted)
+            if whole[: len(line)] != line:
+                return None
+            # The method and space; from the target's end on (the line ends " HTTP/1.1" CRLF).
+            lead, tail = line[: len(last.start) + 1], whole[len(line) - 11 :]
+        method, end = len(lead), len(data) - len(tail)  # the new target's start and end
+        if end <= method or data[end:] != tail or data[:method] != lead:
+            return None
+        if self.in_head or self.in_body:
+            return None
+        target = data[method:end]
+        # As llhttp reads it: origin-form, visible ASCII (anywhere in a path, query, fragment);
+        # any other byte goes to llhttp (three C calls: a regular expression is ~1 900 more).
+        try:
+            text = target.decode("ascii")
+        except UnicodeDecodeError:
+            return None
         if (
-            cut <= method
-            or data[cut:] != whole[len(line) :]
-            or whole[: len(line)] != line  # kept after CRLFs llhttp skipped: bytes shifted
-            or data[:method] != line[:method]
-            or _near_line(data, method, cut) is None
-            or self.in_head
-            or self.in_body
+            target[0] != 47  # "/" (an index, not a slice: ~300 fewer)
+            or " " in text
+            or not text.isprintable()  # (ASCII: 0x20-0x7E)
             or not (last is self._replay_head or self._replayable(last))  # asked last
         ):
             return None
-        target = data[method : cut - 11]
-        head = _new_head(RequestHead)
-        head.start, head.target, head.version = last.start, target.decode("latin-1"), last.version
-        head.line, head.fields, head.wire = data[:cut], last.fields, last.wire
-        head.routing, head.size = last.routing, last.size + cut - len(line)
-        self._last = (target, kept[1], kept[2], kept[3], kept[4], head)
-        self._again = (data, head) if len(data) <= REPLAY_MAX else None
-        self._replay_head = head  # _replayable's answer: its method, version, routing are these
-        return head
+        made = _new_head(RequestHead)  # its line ends 11 bytes past its target
+        made.start, made.target, made.version = last.start, text, last.version
+        made.line, made.fields, made.wire = data[: end + 11], last.fields, last.wire
+        made.routing, made.size = last.routing, last.size + end + 11 - len(line)
+        self._last = (target, kept[1], kept[2], kept[3], kept[4], made)
+        self._again = (data, made, lead, tail) if len(data) <= REPLAY_MAX else None
+        self._replay_head = made  # _replayable's answer: its method, version, routing are these
+        self.events.append(_ENDED)
+        return made
 
     def _replayable(self, head: Head) -> bool:
         """A remembered request may be answered from memory when its bytes come again: kept
@@ -289,10 +286,15 @@ class Parsed:
         if again is not None:
             # The last request again (a scrape, a probe) or but for its target (a next URL):
             # the parser would make the same two events (the head but for its target).
-            head = self._repeated(data) if data == again[0] else self._near(data, again)
-            if head is not None:
-                events.append((HEAD, head))
-                events.append(_ENDED)
+            if data == again[0]:
+                head = self._repeated(data)
+                if head is not None:
+                    events.append((HEAD, head))
+                    events.append(_ENDED)
+                    self.fed = 0
+                    return None
+            elif (head := self.near(data, again[1])) is not None:  # its END queued
+                events.appendleft((HEAD, head))  # (no event waited)
                 self.fed = 0
                 return None
             # The parser leaves that state: what it held is remembered anew (or not at all).
@@ -340,7 +342,7 @@ class Parsed:
             parsed = events[0][1]
             assert isinstance(parsed, Head)
             if len(data) <= REPLAY_MAX:
-                self._again = (bytes(data), parsed)
+                self._again = (bytes(data), parsed, None, b"")
         return None
 
     def again(self, data: bytes, head: Head) -> bool:

@@ -77,6 +77,11 @@ class _EbcParsed(Parsed):
         self._trailers: list[tuple[bytes, bytes]] = []  # ebcf73b's __init__ made it
         super().__init__(response=response, max_tail=max_tail)
 
+    def near(self, data: bytes, head: Head) -> Head | None:  # not ebcf73b's: it had none
+        """ebcf73b parsed every request that was not the last one's bytes again (an exchange
+        with this parser feeds it a near request; its ``_again`` is ebcf73b's pair)."""
+        return None
+
     def feed(self, data: bytes) -> bytes | None:
         """Parse ``data``; returns the bytes past an upgrade's (or CONNECT's) head, if one
         ended the HTTP part of the connection. An error is queued after what came before it."""
@@ -295,12 +300,14 @@ def test_a_varied_request_is_kept_and_its_repeat_replayed() -> None:
     parsed = Parsed(response=False)
     assert parsed.feed(_VARIED % 1) is None
     (_, first), end = parsed.events
-    assert end is _ENDED and parsed._again == (_VARIED % 1, first)
+    # (_again's lead and tail around the target follow the bytes and head: Parsed.near's.)
+    assert end is _ENDED and parsed._again is not None
+    assert parsed._again[:2] == (_VARIED % 1, first)
     parsed.events.clear()
     parsed.feed(_VARIED % 2)
     (_, second), _ = parsed.events
     parsed.events.clear()
-    assert parsed._again == (_VARIED % 2, second)
+    assert parsed._again is not None and parsed._again[:2] == (_VARIED % 2, second)
     assert isinstance(second, Head) and parsed.again(_VARIED % 2, second)
     assert list(parsed.events) == [_ENDED]
     parsed.events.clear()
