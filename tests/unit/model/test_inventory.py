@@ -350,7 +350,7 @@ async def test_watcher_run_takes_a_renamed_in_file_of_equal_size_and_mtime(tmp_p
         os.replace(staged, path)
         new = path.stat()
         assert (new.st_size, new.st_mtime_ns) == (old.st_size, old.st_mtime_ns)
-        model = await asyncio.wait_for(store.wait_changed(since), 3)
+        model = await asyncio.wait_for(store.wait_changed(since), 5)
         assert set(model.nodes) == {"b"}
     finally:
         task.cancel()
