@@ -68,6 +68,22 @@ SETTLE = 2.0
 """Seconds to wait after the last stream opened before reading RSS."""
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU time so far, user and system, all its threads: the scheduler's own
+    count in nanoseconds (``/proc/PID/task/*/schedstat``); ``/proc/PID/stat``'s utime + stime
+    count 10 ms ticks, too coarse for an idle process (a few ms a minute)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread gone meanwhile
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def mib(kib: int | None) -> float | None:
+    """KiB as MiB (2**20 bytes), two decimals: the unit of the issue's goal, stated."""
+    return None if kib is None else round(kib / 1024, 2)
+
+
 def rss_kib(pid: int) -> int:
     """The process's resident set (VmRSS), KiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -107,12 +123,16 @@ class Procs:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(
-        self, name: str, args: list[str], env: dict[str, str] | None = None
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> subprocess.Popen[bytes]:
         with (self.base / f"{name}.log").open("wb") as out:
             proc = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=env,
+                start_new_session=True, env=env, cwd=cwd,
             )  # fmt: skip
         self.procs.append(proc)
         return proc
@@ -196,9 +216,12 @@ def start_agent(
     target_port: int,
     model: list[str] | None = None,
     env: dict[str, str] | None = None,
+    checkout: Path | None = None,
 ) -> int:
     """``ravenproxy agent`` for edge-1; ``model``: its model and credential flags (default: the
-    inventory and the certificate files); ``env``: its environment (default: this one's)."""
+    inventory and the certificate files); ``env``: its environment (default: this one's);
+    ``checkout``: the checkout whose code it runs (``python -m ravenproxy`` from there; default
+    the working directory's)."""
     certs = base / "certs"
     if model is None:
         model = [
@@ -218,6 +241,7 @@ def start_agent(
             "--log-level", "WARNING",
         ],
         env,
+        checkout,
     )  # fmt: skip
     return agent.pid
 
@@ -426,11 +450,22 @@ def bytecode_env(mode: str, base: Path) -> dict[str, str] | None:
     return env
 
 
-async def agent_process(bytecode: str = "cached", ssh_n: bool = False) -> dict[str, Any]:
+async def agent_process(
+    bytecode: str = "cached",
+    ssh_n: bool = False,
+    *,
+    checkout: Path | None = None,
+    ssh: bool = True,
+    cpu: float = 0.0,
+) -> dict[str, Any]:
     """VmRSS of an idle ``ravenproxy agent`` process started with the flags an edge node needs
     (server address, certificates, inventory, ``--allow``; no metrics, no Kubernetes, no L3),
     its tunnel up and one stream opened and closed; beside it, an idle ``ssh -R`` client (and
-    with ``ssh_n`` an idle ``ssh -N -R`` one). ``bytecode``: see :func:`bytecode_env`."""
+    with ``ssh_n`` an idle ``ssh -N -R`` one; none without ``ssh``). ``bytecode``: see
+    :func:`bytecode_env`; ``checkout``: whose code the agent runs (see :func:`start_agent`).
+    ``cpu`` seconds: each agent's CPU while idle that long after its RSS is read, as seconds
+    an hour (its two 1 Hz file pollers, its tunnel's keepalive). RSS is in KiB (``*_kib``,
+    1 024 bytes) and MiB (``*_mib``, 2**20 bytes)."""
     base = Path(tempfile.mkdtemp(prefix="ravenproxy-idle-agent-"))
     env = bytecode_env(bytecode, base)
     procs = Procs(base)
@@ -441,26 +476,32 @@ async def agent_process(bytecode: str = "cached", ssh_n: bool = False) -> dict[s
         _, http, tunnel = start_server(base, procs, ["edge-1"])
         dest = f"edge-1:{target_port}"
 
-        async def idle_rss(model: list[str] | None) -> int:
+        async def idle_rss(model: list[str] | None, name: str) -> None:
             if env is not None:  # a first run writes the bytecode of what it imports
-                agent = start_agent(base, procs, tunnel, target_port, model, env)
+                agent = start_agent(base, procs, tunnel, target_port, model, env, checkout)
                 await _wait_routable(http, dest)
                 procs.stop_one(next(p for p in procs.procs if p.pid == agent))
-            agent = start_agent(base, procs, tunnel, target_port, model, env)
+            agent = start_agent(base, procs, tunnel, target_port, model, env, checkout)
             await _wait_routable(http, dest)
             for s in await open_idle_streams(http, dest, 1):
                 s.close()
             await asyncio.sleep(SETTLE)
-            rss = rss_kib(agent)
+            row[f"{name}_rss_kib"] = rss_kib(agent)
+            row[f"{name}_rss_mib"] = mib(row[f"{name}_rss_kib"])
+            if cpu:
+                before = cpu_seconds(agent)
+                await asyncio.sleep(cpu)
+                row[f"{name}_cpu_s_per_hour"] = round((cpu_seconds(agent) - before) * 3600 / cpu, 3)
             procs.stop_one(next(p for p in procs.procs if p.pid == agent))
-            return rss
 
-        row: dict[str, Any] = {"bytecode": bytecode, "agent_rss_kib": await idle_rss(None)}
+        row: dict[str, Any] = {"bytecode": bytecode, "processes_commit": _commit(checkout)}
+        await idle_rss(None, "agent")
         # As shipped (k8s/agent.yaml): the model from the API, credentials from --cert-dir.
         with _api_emulator() as (api, call):
             flags = kube_agent_flags(base, api, call)
-            row["agent_kube_cert_dir_rss_kib"] = await idle_rss(flags)
-        row.update(await _ssh_client_rss(base, target_port, ssh_n))
+            await idle_rss(flags, "agent_kube_cert_dir")
+        if ssh:
+            row.update(await _ssh_client_rss(base, target_port, ssh_n))
         if row.get("ssh_client_rss_kib"):
             row["ratio"] = round(row["agent_rss_kib"] / row["ssh_client_rss_kib"], 1)
             row["ratio_kube_cert_dir"] = round(
@@ -562,9 +603,9 @@ async def agent_cost(k: int, parallel: int = 50) -> dict[str, Any]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _commit(where: Path = HERE) -> str:
+def _commit(where: Path | None = HERE) -> str:
     return subprocess.run(
-        ["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
+        ["git", "-C", str(where or Path.cwd()), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=False,
     ).stdout.strip()  # fmt: skip
 
@@ -575,8 +616,15 @@ async def run(
     process: bool = True,
     bytecode: str = "cached",
     ssh_n: bool = False,
+    baseline: Path | None = None,
+    rounds: int = 1,
+    cpu: float = 0.0,
 ) -> dict[str, Any]:
     fd_limit = raise_fd_limit()
+    alternated = None
+    if process and baseline is not None:
+        alternated = await agent_process_alternated(baseline, rounds, bytecode, cpu)
+        process = False
     return {
         "benchmark": "idle_cost",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -591,7 +639,31 @@ async def run(
         },
         "streams": await stream_cost(streams) if streams else [],
         "agents": await agent_cost(agents) if agents else None,
-        "agent_process": await agent_process(bytecode, ssh_n) if process else None,
+        "agent_process": await agent_process(bytecode, ssh_n, cpu=cpu) if process else None,
+        "agent_process_alternated": alternated,
+    }
+
+
+async def agent_process_alternated(
+    baseline: Path, rounds: int, bytecode: str, cpu: float
+) -> dict[str, Any]:
+    """:func:`agent_process` for ``baseline``'s code and the working directory's, alternated
+    (baseline, this, baseline, this, ...) ``rounds`` times; the ssh client once, in the first
+    round of this checkout. Each figure's values by checkout, in round order."""
+    rows: list[dict[str, Any]] = []
+    for r in range(rounds):
+        for name, checkout in (("baseline", baseline), ("this", None)):
+            row = await agent_process(
+                bytecode, checkout=checkout, ssh=r == 0 and name == "this", cpu=cpu
+            )
+            rows.append({"checkout": name, "round": r, **row})
+    figures = [k for k in rows[0] if k.endswith(("_kib", "_mib", "_per_hour"))]
+    return {
+        "rows": rows,
+        "by_checkout": {
+            name: {k: [row[k] for row in rows if row["checkout"] == name] for k in figures}
+            for name in ("baseline", "this")
+        },
     }
 
 
@@ -635,6 +707,21 @@ def main() -> None:
         help="beside the idle ssh -R client (a session, as the other benchmarks' ssh rows), an "
         "idle ssh -N -R client too (no session)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout: the idle agent process is measured for its code and this "
+        "directory's, alternated (baseline, this, ...) --rounds times",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of --baseline (default 2)")
+    parser.add_argument(
+        "--cpu",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also each idle agent's CPU over SECONDS after its RSS, as seconds an hour "
+        "(/proc/PID/task/*/schedstat)",
+    )
     parser.add_argument("--label", default="", help="key to store the run under in --output")
     parser.add_argument("--output", default=str(RESULTS), help="file, or - for stdout")
     parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
@@ -653,6 +740,9 @@ def main() -> None:
                 not args.no_agent_process,
                 args.agent_bytecode,
                 args.ssh_n,
+                args.baseline,
+                args.rounds,
+                args.cpu,
             )
         )
     result["machine"]["loadavg_at_end"] = list(os.getloadavg())

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ravenproxy import __version__, flags
 from ravenproxy import config as cfg
 from ravenproxy import log as logsetup
-from ravenproxy.cli_parser import Parser
 from ravenproxy.errors import ConfigError
 from ravenproxy.lifecycle import (
     check_listen,
@@ -53,6 +52,8 @@ def starting(
 
 
 if TYPE_CHECKING:
+    import argparse
+
     from ravenproxy.server.settings import ServerSettings
 
 
@@ -248,15 +249,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # -- parser ---------------------------------------------------------------------------------
+COMMON: dict[str, tuple[str, str | None]] = {
+    "--config": ("config", None),
+    "--log-level": ("log_level", "INFO"),
+}
+"""The flags most commands take besides their settings': each one's dest and default."""
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML file of settings (flags win)")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument(
+        "--log-level", default=COMMON["--log-level"][1], help="DEBUG, INFO, WARNING (default INFO)"
+    )
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser. With ``command`` (a command's name) only that command is built: a
     process imports the settings of the command it runs and no other (``ravenproxy agent``
     loads neither the server's, the controller's nor the lab's)."""
+    from ravenproxy.cli_parser import Parser  # not for an agent's plain command line
+
     parser = Parser(
         prog="ravenproxy",
         description="Cloud-edge networking for Kubernetes clusters whose edge nodes sit "
@@ -426,6 +438,16 @@ COMMANDS: dict[str, Callable[[Any], None]] = {
 """Each command and what adds its parser, in the order ``--help`` lists them."""
 
 
+def _plain_agent_args(argv: Sequence[str]) -> Any:
+    """``ravenproxy agent`` written plainly (:func:`ravenproxy.flags.plain_values`): the
+    arguments argparse would give, read without argparse, which an agent then never imports
+    (issue 15: an idle agent's memory). None: argparse reads them (help, errors)."""
+    from ravenproxy.agent.settings import AgentSettings
+
+    values = flags.plain_values(argv[1:], AgentSettings, COMMON)
+    return None if values is None else SimpleNamespace(command="agent", func=cmd_agent, **values)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # `ravenproxy COMMAND ...` builds that command's parser only; anything else (no command,
@@ -439,7 +461,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         defer_unused()
     # The parser is let go once it has read the arguments (the command runs for the process's
     # life, this frame with it).
-    args = build_parser(command).parse_args(argv)
+    args = _plain_agent_args(argv) if command == "agent" else None
+    if args is None:
+        args = build_parser(command).parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         logsetup.setup(getattr(args, "log_level", "INFO"))

@@ -6,7 +6,8 @@ here) names its flag, help text and metavar. From that one declaration come:
 
 - the argparse flag, its help ending in ``(default X)`` with the real default (:func:`add_flags`);
 - the ``--config`` keys, the flag names in ``snake_case`` (:func:`gather`);
-- the checks of a value from either source, errors naming the flag (:func:`read`).
+- the checks of a value from either source, errors naming the flag (:func:`read`);
+- the usual command line read without argparse (:func:`plain_values`).
 
 A field holding a nested settings object (the tunnel's ``SessionConfig``, the L3 driver's
 ``L3Settings``) lends some or all of that object's declared settings to the command with
@@ -21,16 +22,18 @@ file), ``choice`` and ``text``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ravenproxy import config as cfg
 from ravenproxy.errors import ConfigError
+
+if TYPE_CHECKING:
+    import argparse
 
 _MISSING: Any = dataclasses.MISSING
 
@@ -166,6 +169,48 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             if o.choices:
                 kwargs["choices"] = o.choices
         parser.add_argument(o.flag, **kwargs)
+
+
+def plain_values(
+    argv: Sequence[str], cls: type, common: Mapping[str, tuple[str, str | None]]
+) -> dict[str, Any] | None:
+    """What argparse reads from ``argv`` for the flags :func:`add_flags` gives ``cls`` and the
+    plain flags ``common`` (flag: its dest and default), when ``argv`` is written plainly: each
+    word a flag written out whole, a switch alone, any other flag with its value (``--flag
+    value``, ``--flag=value``) not starting with ``-`` and one of its choices, if it has any.
+    Anything else is None (``--help``, an abbreviated, unknown or misplaced word, a value
+    argparse refuses or reads otherwise): argparse reads it, with its messages. A process that
+    runs a command for its life need not import argparse for the usual case (issue 15: with
+    gettext ~0.3 MB of an idle agent's heap)."""
+    by_flag = {o.flag: o for o in options(cls)}
+    values: dict[str, Any] = {o.key: None for o in by_flag.values()}
+    values.update(dict(common.values()))
+    words = iter(argv)
+    for word in words:
+        flag, eq, value = word.partition("=")
+        o = by_flag.get(flag)
+        plain = common.get(flag)
+        if o is None and plain is None:
+            return None
+        if o is not None and o.kind == "switch":
+            if eq:
+                return None  # argparse: "ignored explicit argument"
+            values[o.key] = True
+            continue
+        if not eq:
+            value = next(words, "-")  # none left: as a flag-like word, argparse's to refuse
+        if value.startswith("-"):
+            return None
+        if o is None:
+            assert plain is not None
+            values[plain[0]] = value
+        elif o.choices and value not in o.choices:
+            return None
+        elif o.kind in ("list", "ports"):
+            values[o.key] = [*(values[o.key] or ()), value]
+        else:
+            values[o.key] = value
+    return values
 
 
 def gather(args: object, cls: type) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from ravenproxy.model.quote import brief, one_line
 from ravenproxy.model.safeyaml import MAX_INVENTORY_BYTES
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
+from ravenproxy.ticks import look_every
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,8 @@ class InventoryWatcher:
 
     def __init__(self, path: str | os.PathLike[str], store: ModelStore, interval: float = 1.0):
         self.path = Path(path)
+        # Encoded once: a Path costs two Python calls a stat, a str an encoding (once a second).
+        self._name = os.fsencode(self.path)
         self.store = store
         self.interval = interval
         self.refused = 0  # edits refused since start (tests and diagnostics read it)
@@ -158,7 +161,7 @@ class InventoryWatcher:
 
     def _read_stamp(self) -> tuple[int, int, int] | None:
         try:
-            st = self.path.stat()
+            st = os.stat(self._name)
         except OSError:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -200,6 +203,9 @@ class InventoryWatcher:
         """:meth:`check` with the parse in a worker thread."""
         if not self._changed():
             return False
+        return await self._reload()
+
+    async def _reload(self) -> bool:
         try:
             model = await aload_inventory(self.path)
         except InventoryError as exc:
@@ -225,11 +231,13 @@ class InventoryWatcher:
 
     async def run(self) -> None:
         """Poll every ``interval`` until cancelled. Never ends on its own: whatever one poll
-        raises is logged on one line and the next poll goes on."""
+        raises is logged on one line and the next poll goes on. The file's stat is looked at
+        from a timer callback (:func:`ravenproxy.ticks.look_every`: no task step a look);
+        the task wakes only to reload a changed file."""
         while True:
-            await asyncio.sleep(self.interval)
             try:
-                await self.poll()
+                await look_every(self.interval, self._changed)
+                await self._reload()
             except Exception as exc:  # a bug must not end the watch; say what it was
                 log.error(
                     "inventory reload failed, keeping the last good model",

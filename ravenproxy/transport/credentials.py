@@ -19,7 +19,6 @@ symlink swap (Kubernetes Secret volumes), and a file replaced on a network files
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import os
@@ -40,6 +39,7 @@ from ravenproxy.pki.credentials import (
     parse_credentials,
 )
 from ravenproxy.pki.x509info import read_file
+from ravenproxy.ticks import look_every
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,12 @@ def read_sources(files: CredentialFiles) -> tuple[PemSource, PemSource, PemSourc
     return out[0], out[1], out[2]
 
 
-def _stat(files: CredentialFiles) -> tuple[_Stat, ...]:
+def _stat(paths: tuple[bytes, ...]) -> tuple[_Stat, ...]:
+    """Each file's stat (inode, size, mtime, ctime), or why it has none. ``paths`` are encoded
+    once: a ``Path`` costs two Python calls a stat (``__fspath__``, ``__str__``) and a ``str``
+    an encoding, three files a second for the life of the process."""
     looks: list[_Stat] = []
-    for path in files:
+    for path in paths:
         try:
             st = os.stat(path)
         except OSError as exc:
@@ -111,6 +114,7 @@ class CredentialsWatcher(Generic[T]):
         clock: Callable[[], dt.datetime] = _now,
     ) -> None:
         self.files = files
+        self._paths = tuple(os.fsencode(path) for path in files)
         self.role = role
         self.interval = interval
         self._build = build
@@ -137,7 +141,7 @@ class CredentialsWatcher(Generic[T]):
         """The start-up read: a set that cannot be used at all raises :class:`PKIError` naming
         the file; one a peer will refuse (another CA, expired) is used, with a warning, as
         before reloading existed — the peer's refusal says the rest."""
-        self._seen = _stat(self.files)
+        self._seen = _stat(self._paths)
         sources = read_sources(self.files)
         creds = parse_credentials(*sources)
         problem = creds.trust_problem(self._clock())
@@ -161,15 +165,18 @@ class CredentialsWatcher(Generic[T]):
         return creds
 
     async def run(self) -> None:
-        """Look at the files every :attr:`interval` until cancelled."""
-        while True:
-            await asyncio.sleep(self.interval)
-            self.poll()
+        """Look at the files every :attr:`interval` until cancelled (at the ticks of
+        :func:`ravenproxy.ticks.look_every`: from a timer callback, no task step a look)."""
+        await look_every(self.interval, self._look)
+
+    def _look(self) -> bool:
+        self.poll()
+        return False  # never done: looks go on until cancelled
 
     def poll(self) -> Verdict | None:
         """One look; None when the files' stat did not change (and no look is pending)."""
         assert self._tracker is not None, "load() runs first"
-        looks = _stat(self.files)
+        looks = _stat(self._paths)
         if looks == self._seen and self._verdict is not Verdict.WAIT:
             return None
         self._seen = looks

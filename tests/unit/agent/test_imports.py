@@ -63,6 +63,10 @@ HEAVY = {
     "command it runs only)",
     "ravenproxy.controller.settings": "the controller's and dns's settings",
     "ravenproxy.pki.command": "the certs command",
+    "argparse": "the CLI's parser, for help and errors only: an agent's plain command line is read "
+    "without it (ravenproxy.flags.plain_values)",
+    "gettext": "argparse's",
+    "ravenproxy.cli_parser": "the CLI's parser",
     "ravenproxy.lab": "the lab command",
     # Deferred (ravenproxy.agent.deferred): imported by libraries, never used by an agent.
     "importlib.metadata": "websockets.version's (a development checkout of websockets only), "

@@ -328,3 +328,30 @@ async def test_watcher_run_publishes_changes(tmp_path: Path) -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_watcher_run_takes_a_renamed_in_file_of_equal_size_and_mtime(tmp_path: Path) -> None:
+    """run() looks from a timer callback (ravenproxy.ticks): an inventory renamed into place
+    with the old one's size and mtime is still loaded (its inode differs), at the real 1 s
+    interval."""
+    path = tmp_path / "inv.yaml"
+    _rewrite(path, node_doc("a"))
+    old = path.stat()
+    store = ModelStore()
+    watcher = InventoryWatcher(path, store)
+    watcher.load_initial()
+    task = asyncio.create_task(watcher.run())
+    try:
+        await asyncio.sleep(0.3)
+        since = store.version
+        staged = tmp_path / "inv.yaml.new"
+        staged.write_text(node_doc("b"), encoding="utf-8")
+        os.utime(staged, ns=(old.st_atime_ns, old.st_mtime_ns))
+        os.replace(staged, path)
+        new = path.stat()
+        assert (new.st_size, new.st_mtime_ns) == (old.st_size, old.st_mtime_ns)
+        model = await asyncio.wait_for(store.wait_changed(since), 5)
+        assert set(model.nodes) == {"b"}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

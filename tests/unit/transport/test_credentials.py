@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import os
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -323,3 +324,35 @@ async def test_the_front_context_follows_too_and_keeps_alpn(ca: Issued) -> None:
         assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "http/1.1"
         assert await round_trip(reader, writer) == b"ping\n"
         await close(writer)
+
+
+async def test_the_running_watcher_takes_a_renamed_in_file_of_equal_size_and_mtime(
+    certdir: Dir, ca: Issued
+) -> None:
+    """The running watcher looks from a timer callback (ravenproxy.ticks): a key and
+    certificate renamed into place with the old ones' sizes and mtimes are still taken (their
+    inodes and ctimes differ), at the real 1 s interval."""
+    w = watcher(certdir)
+    w.interval = 1.0
+    files = (certdir.files.key, certdir.files.cert)
+    old = [path.stat() for path in files]
+    for _ in range(50):  # ECDSA signatures vary in length: issue until one has the old size
+        cert, key = issue_server_cert(*ca, ["localhost", "127.0.0.1"])
+        if [len(key_pem(key)), len(cert_pem(cert))] == [st.st_size for st in old]:
+            break
+    else:
+        pytest.skip("no certificate of the old size in 50 issues")
+    task = asyncio.create_task(w.run(), name="test-cert-reload")
+    try:
+        await asyncio.sleep(0.3)
+        for path, st, pem in zip(files, old, (key_pem(key), cert_pem(cert)), strict=True):
+            staged = path.with_name(path.name + ".new")
+            staged.write_bytes(pem)
+            os.utime(staged, ns=(st.st_atime_ns, st.st_mtime_ns))
+            os.replace(staged, path)
+            new = path.stat()
+            assert (new.st_size, new.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        await eventually(lambda: w.current.leaf.der == der(cert), 5, what="the new certificate")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
