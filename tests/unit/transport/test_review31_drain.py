@@ -24,6 +24,7 @@ from ravenproxy.pki.pemfiles import write_pem_cert, write_pem_key
 from ravenproxy.server.accept import streams
 from ravenproxy.transport.idle import IdleTimeout, IdleWatch, _Sweep, drain_taken, untaken
 from ravenproxy.transport.socket_stream import SocketStream
+from tests.unit.transport.test_idle_drain import _pair as _plain_pair
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,29 +50,6 @@ def contexts(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, 
     client.load_verify_locations(tmp / "ca.crt")
     client.check_hostname = False
     return server, client
-
-
-@contextlib.asynccontextmanager
-async def _plain_pair() -> AsyncIterator[tuple[SocketStream, socket.socket]]:
-    """The server's writer (4 KiB send buffer) and its peer's non-blocking socket (4 KiB
-    receive buffer) over loopback."""
-    loop = asyncio.get_running_loop()
-    listener = socket.create_server(("127.0.0.1", 0))
-    peer = socket.socket()
-    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    peer.setblocking(False)
-    try:
-        await loop.sock_connect(peer, listener.getsockname())
-        conn, _ = listener.accept()
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        _, writer = await streams(conn, limit=64 * 1024)
-        try:
-            yield writer, peer
-        finally:
-            writer.transport.abort()
-    finally:
-        peer.close()
-        listener.close()
 
 
 class _TlsClient:
