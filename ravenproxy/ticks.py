@@ -41,7 +41,10 @@ async def look_every(interval: float, look: Callable[[], bool]) -> None:
         try:
             found = look()
         except Exception as exc:
-            done.set_exception(exc)
+            if not done.done():  # the look may have cancelled the caller: it ends cancelled
+                done.set_exception(exc)
+            return
+        if done.done():
             return
         if found:
             done.set_result(None)

@@ -94,20 +94,12 @@ def test_a_look_slower_than_the_interval_is_not_followed_by_a_burst() -> None:
         assert began - ended >= 0.1 * INTERVAL - 0.002, spans  # a timer may fire ~1 ms early
 
 
-_LEFT = pytest.mark.xfail(
-    strict=True,
-    reason="review31: ticks.look_every's tick sets a result (or exception) on ``done`` after the "
-    "look cancelled the caller (done is cancelled then): InvalidStateError in the timer "
-    "callback, reported to the loop's exception handler ('Exception in callback ...tick()')",
-)
-
-
 @pytest.mark.parametrize(
     "then",
     [
-        pytest.param("returns True", marks=_LEFT),
+        "returns True",
         "returns False",
-        pytest.param("raises", marks=_LEFT),
+        "raises",
     ],
 )
 def test_a_look_that_cancels_its_caller_ends_it_cancelled_and_reports_nothing(then: str) -> None:
