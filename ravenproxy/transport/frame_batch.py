@@ -138,9 +138,21 @@ def one_frame(head: bytes, payload: bytes | memoryview, mask: bool) -> bytes | N
             key = _pop_key()
         except IndexError:  # all used: more from the OS
             key = _more_keys()
-        ws_head = _MASKED_HEADS[size] if size < _TABLED else _pack16(0x82, 0xFE, size)
+        if size < _TABLED:
+            try:
+                ws_head = _MASKED_HEADS[size]
+            except IndexError:  # the process's first masked frame: the table is made
+                ws_head = _tabled(_MASKED_HEADS, masked=True)[size]
+        else:
+            ws_head = _pack16(0x82, 0xFE, size)
         return b"".join((ws_head, key, apply_mask(head + payload if payload else head, key)))
-    ws_head = _HEADS[size] if size < _TABLED else _pack16(0x82, 126, size)
+    if size < _TABLED:
+        try:
+            ws_head = _HEADS[size]
+        except IndexError:  # the process's first unmasked frame: the table is made
+            ws_head = _tabled(_HEADS, masked=False)[size]
+    else:
+        ws_head = _pack16(0x82, 126, size)
     return b"".join((ws_head, head, payload))
 
 
@@ -178,9 +190,12 @@ class _KeyPool:
 
 _keys = _KeyPool()
 
+_FRAME_KEYS = 256
+"""Masking keys of single frames drawn from the OS at once: 1 KiB, a ``getrandom`` call per
+256 frames (1 024 kept ~45 KB of 4-byte objects in every agent, issue 15)."""
 _frame_keys: list[bytes] = []
 """The masking keys of single frames (:func:`one_frame`'s), 4 bytes each, cut from the OS's
-:data:`_KeyPool.POOL` bytes at a time and each taken once (popped): as strong as the pool's.
+``4 * _FRAME_KEYS`` bytes at a time and each taken once (popped): as strong as the pool's.
 Popped by one C call a frame, not the pool's offset kept and a slice made (~680 instructions
 a frame, valgrind)."""
 _pop_key = _frame_keys.pop
@@ -188,8 +203,8 @@ _pop_key = _frame_keys.pop
 
 def _more_keys() -> bytes:
     """:data:`_frame_keys` filled again from the OS (they were all used); one of them."""
-    pool = os.urandom(_KeyPool.POOL)
-    _frame_keys[:] = [pool[at : at + 4] for at in range(0, _KeyPool.POOL, 4)]
+    pool = os.urandom(4 * _FRAME_KEYS)
+    _frame_keys[:] = [pool[at : at + 4] for at in range(0, len(pool), 4)]
     return _pop_key()
 
 
@@ -207,7 +222,14 @@ def binary_frame_header(size: int, *, masked: bool = False) -> bytes:
 _TABLED = 1024
 """Payload sizes under this have their frame header in a table: a small request's or answer's
 (a health probe's, a GET's; most answers past 125 bytes, whose header is 4 bytes)."""
-_HEADS = [binary_frame_header(size) for size in range(_TABLED)]
+_HEADS: list[bytes] = []
 """The header of a binary frame of each payload size under :data:`_TABLED`, unmasked and
-masked (~90 KB for both)."""
-_MASKED_HEADS = [binary_frame_header(size, masked=True) for size in range(_TABLED)]
+masked (~45 KB each), made at a process's first frame of the kind (:func:`_tabled`): a server
+sends unmasked frames only, an agent masked ones only (issue 15: an idle agent's memory)."""
+_MASKED_HEADS: list[bytes] = []
+
+
+def _tabled(table: list[bytes], *, masked: bool) -> list[bytes]:
+    """``table`` (:data:`_HEADS` or :data:`_MASKED_HEADS`, empty) filled."""
+    table[:] = [binary_frame_header(size, masked=masked) for size in range(_TABLED)]
+    return table

@@ -113,6 +113,10 @@ class Dump(logging.Handler):
             self.done = True
             # A deferred module (ravenproxy.lazymodule) whose code never ran is not loaded.
             loaded = [n for n, m in sys.modules.items() if type(m).__name__ != "LazyModule"]
+            # And the sizes of frame_batch's tables, as words beside the names.
+            batch = sys.modules.get("ravenproxy.transport.frame_batch")
+            if batch is not None:
+                loaded += [f"{t}:{len(getattr(batch, t))}" for t in ("_HEADS", "_frame_keys")]
             with open(out, "w") as f:
                 f.write("\\n".join(sorted(loaded)))
             os.kill(os.getpid(), signal.SIGTERM)
@@ -195,6 +199,11 @@ def test_agent_with_its_tunnel_up_loads_no_optional_capability(tmp_path: Path) -
     assert "ravenproxy.transport.ws_client" in modules and "ravenproxy.transport.session" in modules
     loaded = {name: why for name, why in HEAVY.items() if present(modules, name)}
     assert not loaded, f"an agent with its tunnel up loaded {loaded}"
+    # Its frames are masked: the unmasked headers' table (~45 KB) is never made; single frames'
+    # keys are drawn 256 at a time, not 1 024 (~45 KB of 4-byte objects).
+    assert "_HEADS:0" in modules
+    (keys,) = [int(m.split(":")[1]) for m in modules if m.startswith("_frame_keys:")]
+    assert keys < 256
 
 
 def test_metrics_flag_loads_the_http_server(tmp_path: Path) -> None:

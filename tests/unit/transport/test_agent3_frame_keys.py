@@ -41,12 +41,12 @@ def test_every_key_comes_from_the_os_and_masks_one_frame(monkeypatch: pytest.Mon
         assert apply_mask(frame[at + 4 :], key) == _HEAD + payload
         keys.append(key)
     words = [pool[at : at + 4] for pool in drawn for at in range(0, len(pool), 4)]
-    assert len(drawn) == 3  # 1 024 keys a draw
+    assert len(drawn) == 10  # 256 keys a draw (frame_batch._FRAME_KEYS)
     assert len(set(keys)) == len(keys)  # none twice
     assert set(keys) <= set(words)  # each from the OS's bytes
     # The rest wait to be used, none skipped or dropped.
     assert sorted(set(words) - set(keys)) == sorted(frame_batch._frame_keys)
-    assert len(frame_batch._frame_keys) == 3 * 1024 - 2500
+    assert len(frame_batch._frame_keys) == 10 * 256 - 2500
 
 
 def test_a_batch_still_takes_its_keys_from_the_pool() -> None:
