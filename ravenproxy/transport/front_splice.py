@@ -9,7 +9,8 @@ what was read before, and lends a bulk upload's reads without a copy) and calls 
 takes its bytes from it while nothing waits to go up (a small read as it comes, unbuffered:
 ``on_data``'s ``take``; the rest waits in the stream's buffer, which stops reading the socket
 past its bound, as under :func:`relay`). It keeps the relay's
-clocks too: ``--idle-timeout`` (:class:`~ravenproxy.transport.relay.IdleWatch`), and a client
+clocks too: ``--idle-timeout`` (:class:`~ravenproxy.transport.relay.IdleWatch`; a client that
+takes its bytes however slowly is not idle, :class:`~ravenproxy.transport.idle.Taken`), and a client
 gone while its upload waits for credit, or after its half-close while the target has not
 answered, noticed within :data:`~ravenproxy.transport.relay.CREDIT_PROBE` seconds
 (:func:`~ravenproxy.transport.relay.client_gone`). Against :func:`relay`, a small request and
@@ -24,6 +25,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream, TunnelByteStream
+from ravenproxy.transport.idle import Taken
 from ravenproxy.transport.lender import LEND_FROM, LEND_IDLE
 from ravenproxy.transport.relay import (
     CREDIT_PROBE,
@@ -48,7 +50,8 @@ class FrontSplice(Splice):
     def __init__(self, sock: SocketStream, idle_timeout: float | None) -> None:
         super().__init__()
         self._sock = sock
-        self._watch = IdleWatch(idle_timeout)
+        self._watch = watch = IdleWatch(idle_timeout)
+        self._taken = Taken(sock.transport, watch)
         self.transport = sock.transport
         tune(sock.transport)
         self._write_paused = sock.write_paused
@@ -63,6 +66,8 @@ class FrontSplice(Splice):
         if initial_down:
             sock.transport.write(initial_down)
             self.result.bytes_down += len(initial_down)
+            assert self._taken is not None  # (a front's)
+            self._taken.wrote()
         sock.lend_reads()
         sock.on_data(self._pull, self._offer)
         self.start(stream)

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any, ClassVar
 
 from ravenproxy.errors import RavenProxyError
-from ravenproxy.transport.socket_stream import SocketWriter
+from ravenproxy.transport.socket_stream import SocketStream, SocketWriter
 
 
 class IdleTimeout(RavenProxyError):
@@ -206,26 +206,72 @@ class _Sweep:
 
 
 async def drain_taken(writer: SocketWriter, watch: IdleWatch) -> None:
-    """``writer.drain()`` inside ``watch`` (entered), the bytes its peer takes touching it:
-    idle is no progress (HAProxy's ``timeout client``, Envoy's ``idle_timeout``), and a peer
-    that reads steadily but slowly — one drain from the high mark down taking longer than the
-    timeout — is not idle. Looked at every eighth of the watch's timeout (as late as its
-    sweep may be), at most every minute: a peer that stops reading is cut one to 1.25
-    timeouts after the last byte it took."""
-    timeout = watch.timeout_now()
-    probe = 60.0 if timeout is None else min(timeout / 8, 60.0)
-    transport = writer.transport
-    left = untaken(transport)
-    while True:
-        try:
-            async with asyncio.timeout(probe) as probing:
-                return await writer.drain()
-        except TimeoutError:
-            if not probing.expired():
-                raise  # the socket's own (ETIMEDOUT)
-        if (size := untaken(transport)) < left:
-            watch.touch()
-        left = size
+    """``writer.drain()`` inside ``watch`` (entered), the bytes its peer takes meanwhile
+    touching it (:class:`Taken`). A
+    :class:`~ravenproxy.transport.socket_stream.SocketStream` not paused drains at once, no
+    look armed."""
+    if type(writer) is SocketStream and not writer.write_paused:
+        return await writer.drain()
+    taken = Taken(writer.transport, watch)
+    taken.wrote()
+    try:
+        await writer.drain()
+    finally:
+        taken.stop()
+
+
+class Taken:
+    """The rule for bytes written to a peer under an :class:`IdleWatch`: idle is no progress
+    (HAProxy's ``timeout client``, Envoy's ``idle_timeout``), and a peer that reads steadily
+    but slowly is not idle — one whose transport's buffer drains from its high mark to its low
+    one (or, not paused, to nothing) slower than the timeout. Once bytes were written
+    (:meth:`wrote`), a timer looks every eighth of the watch's timeout (as late as its sweep
+    may be), at most every minute, at what the peer has not taken (:func:`untaken`), and
+    touches the watch when that went down, until it took everything: a peer that stops reading
+    is cut one to 1.25 timeouts after the last byte it took. One timer at most per peer (an
+    armed one is left alone), none while it holds nothing: a peer that keeps up costs a look
+    per probe at most. Whoever writes calls :meth:`wrote` after its writes and :meth:`stop` at
+    its end: :func:`drain_taken`, the relay's copy loops
+    (:mod:`~ravenproxy.transport.relay`), the front's splice
+    (:class:`~ravenproxy.transport.front_splice.FrontSplice`)."""
+
+    __slots__ = ("left", "timer", "transport", "watch")
+
+    def __init__(self, transport: asyncio.WriteTransport, watch: IdleWatch) -> None:
+        self.transport = transport
+        self.watch = watch
+        self.left = 0
+        """What the peer had not taken at the last look."""
+        self.timer: asyncio.TimerHandle | None = None
+
+    def wrote(self) -> None:
+        """Bytes were written to the peer: they moved (the watch touched), and the peer is
+        looked at until it took them (if not already)."""
+        watch = self.watch
+        watch.last = watch.clock()  # touch(), written out: a chunk a request (the front)
+        if self.timer is None:
+            self._arm(untaken(self.transport))
+
+    def _arm(self, left: int) -> None:
+        self.left = left
+        timeout = self.watch.timeout_now()
+        if timeout is not None:  # (never idle: nothing to look at)
+            loop = self.watch._loop  # (the module's own)
+            self.timer = loop.call_later(min(timeout / 8, 60.0), self._look)
+
+    def _look(self) -> None:
+        self.timer = None
+        size = untaken(self.transport)
+        if size < self.left:
+            self.watch.touch()
+        if size and not self.transport.is_closing():
+            self._arm(size)
+
+    def stop(self) -> None:
+        """The writer is done (or gone): no more looks."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 def untaken(transport: asyncio.WriteTransport) -> int:
