@@ -18,9 +18,9 @@ state, because a socket whose reading is paused hears of no reset; for a Unix so
 no reset, whether the kernel's poll says its peer closed) and ends with that error.
 
 Idleness (no byte either way for a while) is tracked once, by :class:`IdleWatch`, for this relay
-and for every other copy loop of a relayed connection: the loops only stamp the time. A drain
-written to the client (or a dialled target) is no idleness while its peer takes bytes, however
-slowly (:class:`~ravenproxy.transport.idle.Taken`).
+and for every other copy loop of a relayed connection: the loops only stamp the time. Bytes
+written to the client (or a dialled target) that wait for it are no idleness while it takes
+them, however slowly (:class:`~ravenproxy.transport.idle.Taken`).
 """
 
 from __future__ import annotations
