@@ -114,9 +114,10 @@ class SocketByteStream:
 
     async def write(self, data: bytes | memoryview) -> None:
         self.writer.write(data)
-        if self.taken is not None:
-            self.taken.wrote()
-        await self.writer.drain()
+        if self.taken is None:
+            await self.writer.drain()
+        else:
+            await self.taken.drain(self.writer)
 
     async def writable(self) -> int:
         return READ_LIMIT  # drain() after each write is the backpressure

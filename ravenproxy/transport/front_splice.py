@@ -45,16 +45,23 @@ class FrontSplice(Splice):
     to a tunnel stream (:meth:`splice`), with the relay's idle timeout and client checks.
     Await :meth:`wait` for the end; it closes both."""
 
-    __slots__ = ("_sock",)
+    __slots__ = ("_sock", "_taken")
 
     def __init__(self, sock: SocketStream, idle_timeout: float | None) -> None:
         super().__init__()
         self._sock = sock
         self._watch = watch = IdleWatch(idle_timeout)
         self._taken = Taken(sock.transport, watch)
+        """What the client takes once its writing paused: however slowly, it is not idle."""
         self.transport = sock.transport
         tune(sock.transport)
-        self._write_paused = sock.write_paused
+        self._write_paused = False
+        if sock.write_paused:
+            self.pause_writing()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._taken.waiting()  # the client's drain: what it takes is looked at (idle.Taken)
 
     def splice(
         self, stream: TunnelStream, initial_up: bytes = b"", initial_down: bytes = b""
@@ -66,8 +73,6 @@ class FrontSplice(Splice):
         if initial_down:
             sock.transport.write(initial_down)
             self.result.bytes_down += len(initial_down)
-            assert self._taken is not None  # (a front's)
-            self._taken.wrote()
         sock.lend_reads()
         sock.on_data(self._pull, self._offer)
         self.start(stream)
@@ -183,6 +188,7 @@ class FrontSplice(Splice):
         return self._sender is not None or (self._up_eof and not self._down_done)
 
     async def _close(self) -> None:
+        self._taken.stop()
         self._sock.on_data(None)
         self._sock.on_writing(None)
         await super()._close()

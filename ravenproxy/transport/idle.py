@@ -10,7 +10,7 @@ import contextlib
 import fcntl
 import sys
 import termios
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, ClassVar
 
@@ -207,31 +207,27 @@ class _Sweep:
 
 async def drain_taken(writer: SocketWriter, watch: IdleWatch) -> None:
     """``writer.drain()`` inside ``watch`` (entered), the bytes its peer takes meanwhile
-    touching it (:class:`Taken`). A
-    :class:`~ravenproxy.transport.socket_stream.SocketStream` not paused drains at once, no
-    look armed."""
-    if type(writer) is SocketStream and not writer.write_paused:
-        return await writer.drain()
+    touching it (:class:`Taken`)."""
     taken = Taken(writer.transport, watch)
-    taken.wrote()
     try:
-        await writer.drain()
+        await taken.drain(writer)
     finally:
         taken.stop()
 
 
 class Taken:
-    """The rule for bytes written to a peer under an :class:`IdleWatch`: idle is no progress
-    (HAProxy's ``timeout client``, Envoy's ``idle_timeout``), and a peer that reads steadily
-    but slowly is not idle — one whose transport's buffer drains from its high mark to its low
-    one (or, not paused, to nothing) slower than the timeout. Once bytes were written
-    (:meth:`wrote`), a timer looks every eighth of the watch's timeout (as late as its sweep
-    may be), at most every minute, at what the peer has not taken (:func:`untaken`), and
-    touches the watch when that went down, until it took everything: a peer that stops reading
-    is cut one to 1.25 timeouts after the last byte it took. One timer at most per peer (an
-    armed one is left alone), none while it holds nothing: a peer that keeps up costs a look
-    per probe at most. Whoever writes calls :meth:`wrote` after its writes and :meth:`stop` at
-    its end: :func:`drain_taken`, the relay's copy loops
+    """The rule for bytes that wait for a peer under an :class:`IdleWatch`: idle is no
+    progress (HAProxy's ``timeout client``, Envoy's ``idle_timeout``), and a peer that reads
+    steadily but slowly — one drain from the high mark down taking longer than the timeout —
+    is not idle. From a drain that waits (:meth:`drain`, :meth:`waiting`) on, a timer looks
+    every eighth of the watch's timeout (as late as its sweep may be), at most every minute,
+    at what the peer has not taken (:func:`untaken`) and touches the watch when that went
+    down, until the peer took everything — also after the drain, while what stayed below the
+    low mark (a relay's: 256 KiB) goes: a peer that stops reading is cut one to 1.25 timeouts
+    after the last byte it took. One timer at most per peer, none while its writer was not
+    paused: the bulk path of a peer that keeps up is ``drain()``'s alone. Not looked at: a
+    tail that never filled the buffer to its high mark, taken slower than the timeout. Its
+    user calls :meth:`stop` at its end: :func:`drain_taken`, the relay's copy loops
     (:mod:`~ravenproxy.transport.relay`), the front's splice
     (:class:`~ravenproxy.transport.front_splice.FrontSplice`)."""
 
@@ -244,11 +240,17 @@ class Taken:
         """What the peer had not taken at the last look."""
         self.timer: asyncio.TimerHandle | None = None
 
-    def wrote(self) -> None:
-        """Bytes were written to the peer: they moved (the watch touched), and the peer is
-        looked at until it took them (if not already)."""
-        watch = self.watch
-        watch.last = watch.clock()  # touch(), written out: a chunk a request (the front)
+    def drain(self, writer: SocketWriter) -> Coroutine[Any, Any, None]:
+        """``writer.drain()``, looked at (:meth:`waiting`) unless it is a
+        :class:`~ravenproxy.transport.socket_stream.SocketStream` not paused. (A plain
+        function: no frame of its own per chunk.)"""
+        if type(writer) is not SocketStream or writer.write_paused:
+            self.waiting()
+        return writer.drain()
+
+    def waiting(self) -> None:
+        """Bytes wait for the peer (its writer paused): it is looked at until it took them
+        all (an armed look is left alone)."""
         if self.timer is None:
             self._arm(untaken(self.transport))
 

@@ -145,13 +145,13 @@ class _Relay:
         """The task running :meth:`run` (the caller's)."""
 
     async def down(self) -> None:
-        upstream, writer, result, taken = self.upstream, self.writer, self.result, self.taken
+        upstream, writer, result, watch = self.upstream, self.writer, self.result, self.watch
+        taken = self.taken
         if self.initial_down:
             initial, self.initial_down = self.initial_down, b""
             writer.write(initial)
             result.bytes_down += len(initial)
-            taken.wrote()
-            await writer.drain()
+            await taken.drain(writer)
         while True:
             chunk = await upstream.read()
             if not chunk:
@@ -161,9 +161,8 @@ class _Relay:
                 return
             writer.write(chunk)
             result.bytes_down += len(chunk)
-            # The watch touched, and a client that takes them, however slowly, is not idle.
-            taken.wrote()
-            await writer.drain()
+            watch.touch()
+            await taken.drain(writer)  # a client that takes them, however slowly, is not idle
 
     def down_ended(self, task: asyncio.Task[None]) -> None:
         if not self.in_up or self.stop_up or task.cancelled():

@@ -28,7 +28,6 @@ import logging
 from typing import cast
 
 from ravenproxy.log import kv
-from ravenproxy.transport.idle import Taken
 from ravenproxy.transport.readiness import quiet, watch
 from ravenproxy.transport.relay import IDLE_ERROR, IdleTimeout, IdleWatch, RelayResult, tune
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
@@ -49,7 +48,6 @@ class Splice(asyncio.Protocol):
         "_over",
         "_pending",
         "_sender",
-        "_taken",
         "_up_done",
         "_up_eof",
         "_wake",
@@ -85,9 +83,6 @@ class Splice(asyncio.Protocol):
         """The socket got our EOF."""
         self._watch: IdleWatch | None = None
         """The idle clock (the front's; the agent has none): each byte moved touches it."""
-        self._taken: Taken | None = None
-        """With :attr:`_watch`: bytes written to the socket touch it through this, and what
-        its peer takes of them (a peer that takes them however slowly is not idle)."""
         self._wake: asyncio.Future[None] | None = None
         """What the front's :meth:`wait` waits on while it need not look at the client."""
 
@@ -161,8 +156,9 @@ class Splice(asyncio.Protocol):
         try:  # as in _readable: in the session's reader, nothing may escape
             transport.write(chunk)
             self.result.bytes_down += len(chunk)
-            if self._taken is not None:
-                self._taken.wrote()  # the watch touched: a chunk a request (front)
+            watch = self._watch
+            if watch is not None:
+                watch.last = watch.clock()  # touch(), written out: a chunk a request (front)
         except Exception as exc:
             log.exception("splice failed", extra=kv(stream=self.stream and self.stream.id))
             self._fail_socket(exc)
@@ -202,8 +198,8 @@ class Splice(asyncio.Protocol):
                     return
                 transport.write(chunk)
                 self.result.bytes_down += len(chunk)
-                if self._taken is not None:
-                    self._taken.wrote()
+                if self._watch is not None:
+                    self._watch.touch()
                 if not drain:
                     return
         except StreamClosedError as exc:
@@ -323,8 +319,6 @@ class Splice(asyncio.Protocol):
         await self._done
 
     async def _close(self) -> None:
-        if self._taken is not None:
-            self._taken.stop()
         sender = self._sender
         if sender is not None:
             sender.cancel()
