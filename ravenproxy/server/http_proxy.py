@@ -462,8 +462,8 @@ class _Connection(CallbackPath):
             await pump
         head, client_rest, target_rest = self.ex.switch()
         self.writer.write(head)
-        await self._drain_client()  # at most --idle-timeout, as in _refuse
-        self.proxy.count(101)
+        self.proxy.count(101)  # made: counted, as a refusal is, whether the client takes it
+        await self._drain_client()  # no longer than --idle-timeout without progress
         upstream, lease = self.upstream, self.lease
         assert upstream is not None and lease is not None and self.ex.route is not None
         self.upstream, self.lease = None, None  # the relay closes it, then gives the slot back

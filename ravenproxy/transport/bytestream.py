@@ -16,6 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from ravenproxy.errors import RavenProxyError
+from ravenproxy.transport.idle import Taken
 from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError, TunnelStream
 from ravenproxy.wire.codes import ErrorCode
@@ -99,18 +100,24 @@ class TunnelByteStream:
 class SocketByteStream:
     """A TCP connection (one the server or the agent dialled)."""
 
-    __slots__ = ("reader", "writer")
+    __slots__ = ("reader", "taken", "writer")
 
     def __init__(self, reader: SocketReader, writer: SocketWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.taken: Taken | None = None
+        """The relay's look at what the target takes (set by the relay): a target that takes
+        the upload however slowly is not idle (:class:`~ravenproxy.transport.idle.Taken`)."""
 
     async def read(self) -> bytes:
         return await self.reader.read(READ_LIMIT)
 
     async def write(self, data: bytes | memoryview) -> None:
         self.writer.write(data)
-        await self.writer.drain()
+        if self.taken is None:
+            await self.writer.drain()
+        else:
+            await self.taken.drain(self.writer)
 
     async def writable(self) -> int:
         return READ_LIMIT  # drain() after each write is the backpressure
@@ -126,6 +133,8 @@ class SocketByteStream:
         self.close()
 
     def close(self) -> None:
+        if self.taken is not None:
+            self.taken.stop()
         if not self.writer.is_closing():
             self.writer.transport.abort()
 

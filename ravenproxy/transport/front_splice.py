@@ -9,7 +9,8 @@ what was read before, and lends a bulk upload's reads without a copy) and calls 
 takes its bytes from it while nothing waits to go up (a small read as it comes, unbuffered:
 ``on_data``'s ``take``; the rest waits in the stream's buffer, which stops reading the socket
 past its bound, as under :func:`relay`). It keeps the relay's
-clocks too: ``--idle-timeout`` (:class:`~ravenproxy.transport.relay.IdleWatch`), and a client
+clocks too: ``--idle-timeout`` (:class:`~ravenproxy.transport.relay.IdleWatch`; a client that
+takes its bytes however slowly is not idle, :class:`~ravenproxy.transport.idle.Taken`), and a client
 gone while its upload waits for credit, or after its half-close while the target has not
 answered, noticed within :data:`~ravenproxy.transport.relay.CREDIT_PROBE` seconds
 (:func:`~ravenproxy.transport.relay.client_gone`). Against :func:`relay`, a small request and
@@ -24,6 +25,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream, TunnelByteStream
+from ravenproxy.transport.idle import Taken
 from ravenproxy.transport.lender import LEND_FROM, LEND_IDLE
 from ravenproxy.transport.relay import (
     CREDIT_PROBE,
@@ -43,15 +45,23 @@ class FrontSplice(Splice):
     to a tunnel stream (:meth:`splice`), with the relay's idle timeout and client checks.
     Await :meth:`wait` for the end; it closes both."""
 
-    __slots__ = ("_sock",)
+    __slots__ = ("_sock", "_taken")
 
     def __init__(self, sock: SocketStream, idle_timeout: float | None) -> None:
         super().__init__()
         self._sock = sock
-        self._watch = IdleWatch(idle_timeout)
+        self._watch = watch = IdleWatch(idle_timeout)
+        self._taken = Taken(sock.transport, watch)
+        """What the client takes once its writing paused: however slowly, it is not idle."""
         self.transport = sock.transport
         tune(sock.transport)
-        self._write_paused = sock.write_paused
+        self._write_paused = False
+        if sock.write_paused:
+            self.pause_writing()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._taken.waiting()  # the client's drain: what it takes is looked at (idle.Taken)
 
     def splice(
         self, stream: TunnelStream, initial_up: bytes = b"", initial_down: bytes = b""
@@ -178,6 +188,7 @@ class FrontSplice(Splice):
         return self._sender is not None or (self._up_eof and not self._down_done)
 
     async def _close(self) -> None:
+        self._taken.stop()
         self._sock.on_data(None)
         self._sock.on_writing(None)
         await super()._close()

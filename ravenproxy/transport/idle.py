@@ -10,12 +10,12 @@ import contextlib
 import fcntl
 import sys
 import termios
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, ClassVar
 
 from ravenproxy.errors import RavenProxyError
-from ravenproxy.transport.socket_stream import SocketWriter
+from ravenproxy.transport.socket_stream import SocketStream, SocketWriter
 
 
 class IdleTimeout(RavenProxyError):
@@ -206,26 +206,74 @@ class _Sweep:
 
 
 async def drain_taken(writer: SocketWriter, watch: IdleWatch) -> None:
-    """``writer.drain()`` inside ``watch`` (entered), the bytes its peer takes touching it:
-    idle is no progress (HAProxy's ``timeout client``, Envoy's ``idle_timeout``), and a peer
-    that reads steadily but slowly — one drain from the high mark down taking longer than the
-    timeout — is not idle. Looked at every eighth of the watch's timeout (as late as its
-    sweep may be), at most every minute: a peer that stops reading is cut one to 1.25
-    timeouts after the last byte it took."""
-    timeout = watch.timeout_now()
-    probe = 60.0 if timeout is None else min(timeout / 8, 60.0)
-    transport = writer.transport
-    left = untaken(transport)
-    while True:
-        try:
-            async with asyncio.timeout(probe) as probing:
-                return await writer.drain()
-        except TimeoutError:
-            if not probing.expired():
-                raise  # the socket's own (ETIMEDOUT)
-        if (size := untaken(transport)) < left:
-            watch.touch()
-        left = size
+    """``writer.drain()`` inside ``watch`` (entered), the bytes its peer takes meanwhile
+    touching it (:class:`Taken`)."""
+    taken = Taken(writer.transport, watch)
+    try:
+        await taken.drain(writer)
+    finally:
+        taken.stop()
+
+
+class Taken:
+    """The rule for bytes that wait for a peer under an :class:`IdleWatch`: idle is no
+    progress (HAProxy's ``timeout client``, Envoy's ``idle_timeout``), and a peer that reads
+    steadily but slowly — one drain from the high mark down taking longer than the timeout —
+    is not idle. From a drain that waits (:meth:`drain`, :meth:`waiting`) on, a timer looks
+    every eighth of the watch's timeout (as late as its sweep may be), at most every minute,
+    at what the peer has not taken (:func:`untaken`) and touches the watch when that went
+    down, until the peer took everything — also after the drain, while what stayed below the
+    low mark (a relay's: 256 KiB) goes: a peer that stops reading is cut one to 1.25 timeouts
+    after the last byte it took. One timer at most per peer, none while its writer was not
+    paused: the bulk path of a peer that keeps up is ``drain()``'s alone. Not looked at: a
+    tail that never filled the buffer to its high mark, taken slower than the timeout. Its
+    user calls :meth:`stop` at its end: :func:`drain_taken`, the relay's copy loops
+    (:mod:`~ravenproxy.transport.relay`), the front's splice
+    (:class:`~ravenproxy.transport.front_splice.FrontSplice`)."""
+
+    __slots__ = ("left", "timer", "transport", "watch")
+
+    def __init__(self, transport: asyncio.WriteTransport, watch: IdleWatch) -> None:
+        self.transport = transport
+        self.watch = watch
+        self.left = 0
+        """What the peer had not taken at the last look."""
+        self.timer: asyncio.TimerHandle | None = None
+
+    def drain(self, writer: SocketWriter) -> Coroutine[Any, Any, None]:
+        """``writer.drain()``, looked at (:meth:`waiting`) unless it is a
+        :class:`~ravenproxy.transport.socket_stream.SocketStream` not paused. (A plain
+        function: no frame of its own per chunk.)"""
+        if type(writer) is not SocketStream or writer.write_paused:
+            self.waiting()
+        return writer.drain()
+
+    def waiting(self) -> None:
+        """Bytes wait for the peer (its writer paused): it is looked at until it took them
+        all (an armed look is left alone)."""
+        if self.timer is None:
+            self._arm(untaken(self.transport))
+
+    def _arm(self, left: int) -> None:
+        self.left = left
+        timeout = self.watch.timeout_now()
+        if timeout is not None:  # (never idle: nothing to look at)
+            loop = self.watch._loop  # (the module's own)
+            self.timer = loop.call_later(min(timeout / 8, 60.0), self._look)
+
+    def _look(self) -> None:
+        self.timer = None
+        size = untaken(self.transport)
+        if size < self.left:
+            self.watch.touch()
+        if size and not self.transport.is_closing():
+            self._arm(size)
+
+    def stop(self) -> None:
+        """The writer is done (or gone): no more looks."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 def untaken(transport: asyncio.WriteTransport) -> int:

@@ -18,7 +18,9 @@ state, because a socket whose reading is paused hears of no reset; for a Unix so
 no reset, whether the kernel's poll says its peer closed) and ends with that error.
 
 Idleness (no byte either way for a while) is tracked once, by :class:`IdleWatch`, for this relay
-and for every other copy loop of a relayed connection: the loops only stamp the time.
+and for every other copy loop of a relayed connection: the loops only stamp the time. Bytes
+written to the client (or a dialled target) that wait for it are no idleness while it takes
+them, however slowly (:class:`~ravenproxy.transport.idle.Taken`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream
-from ravenproxy.transport.idle import IdleTimeout, IdleWatch
+from ravenproxy.transport.bytestream import READ_LIMIT, ByteStream, SocketByteStream, TlsByteStream
+from ravenproxy.transport.idle import IdleTimeout, IdleWatch, Taken
 from ravenproxy.transport.socket_stream import SocketReader, SocketStream, SocketWriter
 from ravenproxy.transport.tunnel_stream import StreamClosedError
 
@@ -108,6 +110,7 @@ class _Relay:
         "reader",
         "result",
         "stop_up",
+        "taken",
         "task",
         "upstream",
         "watch",
@@ -130,6 +133,10 @@ class _Relay:
         self.initial_down = initial_down
         self.result = RelayResult()
         self.watch = IdleWatch(idle_timeout)
+        self.taken = Taken(writer.transport, self.watch)
+        dialled = upstream.inner if type(upstream) is TlsByteStream else upstream
+        if type(dialled) is SocketByteStream:  # the other way too: a slow but steady target
+            dialled.taken = Taken(dialled.writer.transport, self.watch)
         self.half_close = writer.can_write_eof()
         self.eof_sent = False
         self.in_up = True
@@ -139,11 +146,12 @@ class _Relay:
 
     async def down(self) -> None:
         upstream, writer, result, watch = self.upstream, self.writer, self.result, self.watch
+        taken = self.taken
         if self.initial_down:
             initial, self.initial_down = self.initial_down, b""
             writer.write(initial)
             result.bytes_down += len(initial)
-            await writer.drain()
+            await taken.drain(writer)
         while True:
             chunk = await upstream.read()
             if not chunk:
@@ -154,7 +162,7 @@ class _Relay:
             writer.write(chunk)
             result.bytes_down += len(chunk)
             watch.touch()
-            await writer.drain()
+            await taken.drain(writer)  # a client that takes them, however slowly, is not idle
 
     def down_ended(self, task: asyncio.Task[None]) -> None:
         if not self.in_up or self.stop_up or task.cancelled():
@@ -266,6 +274,7 @@ class _Relay:
             self.in_up = False
             if not down_task.done():  # only on an error of our own above
                 down_task.cancel()
+            self.taken.stop()  # (a dialled target's: by its close below)
             if result.error:
                 writer.transport.abort()
             else:
