@@ -138,21 +138,18 @@ def one_frame(head: bytes, payload: bytes | memoryview, mask: bool) -> bytes | N
             key = _pop_key()
         except IndexError:  # all used: more from the OS
             key = _more_keys()
-        if size < _TABLED:
-            try:
-                ws_head = _MASKED_HEADS[size]
-            except IndexError:  # the process's first masked frame: the table is made
-                ws_head = _tabled(_MASKED_HEADS, masked=True)[size]
-        else:
-            ws_head = _pack16(0x82, 0xFE, size)
-        return b"".join((ws_head, key, apply_mask(head + payload if payload else head, key)))
+        table, second = _MASKED_HEADS, 0xFE  # the mask bit and 126: a 16-bit length follows
+    else:
+        key, table, second = b"", _HEADS, 126
     if size < _TABLED:
         try:
-            ws_head = _HEADS[size]
-        except IndexError:  # the process's first unmasked frame: the table is made
-            ws_head = _tabled(_HEADS, masked=False)[size]
+            ws_head = table[size]
+        except IndexError:  # the process's first frame of its kind: its table is made
+            ws_head = _tabled(table, masked=mask)[size]
     else:
-        ws_head = _pack16(0x82, 126, size)
+        ws_head = _pack16(0x82, second, size)
+    if mask:
+        return b"".join((ws_head, key, apply_mask(head + payload if payload else head, key)))
     return b"".join((ws_head, head, payload))
 
 
