@@ -139,7 +139,10 @@ async def test_a_slow_client_that_stops_reading_is_cut_within_the_idle_timeout(
                     async with asyncio.timeout(10):
                         while chunk := await reader.read(65536):
                             rest += chunk
-            assert IDLE * 0.9 <= cut <= IDLE * 6, cut  # (a busy machine's timers are late)
+            # Measured from the client's last read, not from the server's last look at its progress
+            # (every eighth of IDLE; the window's update after that read; the read's PAUSE before
+            # `stopped`): the cut may come up to ~IDLE/4 early by this clock (0.425 s of 0.5 seen).
+            assert IDLE * 0.5 <= cut <= IDLE * 6, cut  # (a busy machine's timers are late)
             _, body = body_of(first + rest)
             assert len(body) < 4 * SIZE  # reset: its answer could not end whole
 

