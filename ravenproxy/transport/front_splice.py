@@ -60,7 +60,7 @@ class FrontSplice(Splice):
             self.pause_writing()
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        super().pause_writing()
         self._taken.waiting()  # the client's drain: what it takes is looked at (idle.Taken)
 
     def splice(
