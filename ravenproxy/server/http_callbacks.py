@@ -423,14 +423,8 @@ class CallbackPath(KeptUpstream):
             done += 1
             # By exact type (no action class is subclassed): a comparison each, not a call.
             if type(action) is WriteClient:
-                status = action.status
-                if status:  # an answer's head: counted (HttpProxy.count's common case inline)
-                    counters = self.proxy.counters.get(status)
-                    if counters is None:
-                        self.proxy.count(status)
-                    else:
-                        for counter in counters:
-                            counter.n += 1
+                if action.status:  # an answer's head: counted
+                    self.proxy.count(action.status)
                 write = self._write
                 if write is not None:
                     write(action.data)
@@ -443,15 +437,7 @@ class CallbackPath(KeptUpstream):
                     rest = WriteUpstream(data[sent:]) if sent else action
                     return self._leave([rest, *actions[done + 1 :]])
             elif type(action) is RouteRequest and self.proxy.egress is None:
-                # _route_again inline (a call a request).
-                try:
-                    self.routed = memo = self.ctx.router.route_again(
-                        action.dest, self.proxy.over_tls, self.routed
-                    )
-                except RoutingError as exc:
-                    actions.extend(self.ex.refused(exc.status, exc.node, exc.reason))
-                else:
-                    actions.extend(self.ex.routed(memo.route))
+                actions.extend(self._route_again(action))
             elif type(action) is CloseUpstream:
                 if action.stray:
                     self._count_stray()
