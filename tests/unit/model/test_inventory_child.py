@@ -135,11 +135,9 @@ async def test_a_crashing_child_is_one_line_naming_the_file_and_the_error(
     )
 
 
-async def test_a_child_past_its_time_is_a_refusal_and_is_reaped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A stand-in child that hangs (a ``yaml`` that sleeps, first on its path) is killed at
-    :data:`TIMEOUT`; the refusal names the file."""
+def hanging_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A ``yaml`` first on the children's path that writes its process id into the file
+    returned, then sleeps: a child that hangs."""
     site = tmp_path / "site" / "yaml"
     site.mkdir(parents=True)
     pidfile = tmp_path / "child.pid"
@@ -147,6 +145,14 @@ async def test_a_child_past_its_time_is_a_refusal_and_is_reaped(
         f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
     )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    return pidfile
+
+
+async def test_a_child_past_its_time_is_a_refusal_and_is_reaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child that hangs is killed at :data:`TIMEOUT`; the refusal names the file."""
+    pidfile = hanging_yaml(tmp_path, monkeypatch)
     monkeypatch.setattr(inventory_module, "TIMEOUT", 2.0)
     path = tmp_path / "inv.yaml"
     path.write_text(node_doc(10))
@@ -160,13 +166,7 @@ async def test_a_cancelled_load_kills_and_reaps_its_child(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A shutdown while the child reads: it does not outlive the watcher."""
-    site = tmp_path / "site" / "yaml"
-    site.mkdir(parents=True)
-    pidfile = tmp_path / "child.pid"
-    (site / "__init__.py").write_text(
-        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
-    )
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    pidfile = hanging_yaml(tmp_path, monkeypatch)
     path = tmp_path / "inv.yaml"
     path.write_text(node_doc(11))
     task = asyncio.create_task(aload_inventory(path))
