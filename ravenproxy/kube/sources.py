@@ -94,7 +94,7 @@ async def model_source(
     if api is None and not kube:
         if not inventory:
             raise InventoryError("no model source: give --inventory or --kube-model")
-        # PyYAML with it: loaded by a process given an inventory only.
+        # Loaded by a process given an inventory only (its YAML is parsed in a child).
         from ravenproxy.model.inventory import InventoryWatcher
 
         watcher = InventoryWatcher(inventory, store, interval)

@@ -1,7 +1,8 @@
 """Gateway/Node/Pod model fed by the YAML inventory or the Kubernetes API.
 
-The inventory names are loaded on first use (PEP 562): PyYAML is imported by a process that
-reads an inventory, not by every one that imports the model (issue 15: an idle agent).
+The inventory names are loaded on first use (PEP 562), not by every process that imports the
+model; PyYAML only where an inventory's YAML is parsed (a blocking load, or the short-lived child
+of an async one: ravenproxy.model.inventory; issue 15, an idle agent).
 """
 
 from __future__ import annotations

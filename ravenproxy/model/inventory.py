@@ -3,26 +3,35 @@
 Accepts ``kind: Node``, ``kind: Gateway``, ``kind: Pod`` documents and ``kind: List`` documents
 holding them (what ``kubectl get nodes,gateways -o yaml`` prints). Other kinds are ignored with a
 debug log line; anything malformed is an :class:`InventoryError` naming the document and field.
+
+An async load (:func:`aload_inventory`: the watcher of the agent, the server, dns; every
+``model_source``) reads the file's YAML in a short-lived child, ``python -m
+ravenproxy.model.inventory PATH``, which hands back the documents pickled (or the refusal, the
+same line as in-process): PyYAML, ~0.8 MB of an idle agent, is never imported by a long-running
+process (issue 15). The model is built from the documents in the process, in a worker thread.
+Blocking callers load in-process (:func:`load_inventory`, :func:`parse_inventory`).
 """
 
 from __future__ import annotations
 
+import _pickle  # pickle's own C half: the documents' one reader and writer, without pickle.py
 import asyncio
+import contextlib
+import io
 import logging
 import os
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ravenproxy.children import failure, run_module
 from ravenproxy.errors import InventoryError
 from ravenproxy.log import kv
-from ravenproxy.model import safeyaml
+from ravenproxy.model.limits import MAX_INVENTORY_BYTES
 from ravenproxy.model.objects import Gateway, Node, Pod
 from ravenproxy.model.parse import parse_gateway, parse_node, parse_pod
 from ravenproxy.model.quote import brief, one_line
-from ravenproxy.model.safeyaml import MAX_INVENTORY_BYTES
 from ravenproxy.model.snapshot import Model
 from ravenproxy.model.store import ModelStore
 from ravenproxy.ticks import look_every
@@ -34,9 +43,16 @@ __all__ = [
     "InventoryWatcher",
     "aload_inventory",
     "load_inventory",
+    "model_of",
     "parse_inventory",
+    "read_documents",
     "read_inventory_text",
 ]
+
+TIMEOUT = 300.0
+"""Longest a child may take to read an inventory: one of 16 MiB (~32 000 Nodes as kubectl prints
+them) takes ~13 s here, as in-process."""
+_CHILD = "ravenproxy.model.inventory"  # this module, run by main()
 
 
 def _documents(docs: list[Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -58,15 +74,29 @@ def _documents(docs: list[Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
             yield f"document {i}", doc
 
 
-def parse_inventory(text: str, origin: str = "<inventory>") -> Model:
-    """The model of an inventory's text, or :class:`InventoryError` with a one-line reason that
-    starts with ``origin`` (see :mod:`ravenproxy.model.safeyaml` for the limits)."""
+def _yaml_documents(text: str, origin: str) -> list[Any]:
+    # PyYAML with it: imported by a process that parses YAML itself (a one-shot command, the
+    # child of a long-running one), not by every one that reads an inventory.
+    import yaml
+
+    from ravenproxy.model import safeyaml
+
     try:
-        docs = safeyaml.load_all(text)
+        return safeyaml.load_all(text)
     except safeyaml.YAMLLimitError as exc:
         raise InventoryError(f"{origin}: {exc}") from None
     except yaml.YAMLError as exc:
         raise InventoryError(f"{origin}: not valid YAML: {safeyaml.describe(exc)}") from None
+
+
+def parse_inventory(text: str, origin: str = "<inventory>") -> Model:
+    """The model of an inventory's text, or :class:`InventoryError` with a one-line reason that
+    starts with ``origin`` (see :mod:`ravenproxy.model.safeyaml` for the limits)."""
+    return model_of(_yaml_documents(text, origin), origin)
+
+
+def model_of(docs: list[Any], origin: str) -> Model:
+    """The model of an inventory's YAML documents (:func:`parse_inventory` after the parse)."""
     nodes: dict[str, Node] = {}
     gateways: dict[str, Gateway] = {}
     pods: dict[tuple[str, str], Pod] = {}
@@ -123,22 +153,103 @@ def read_inventory_text(path: str | os.PathLike[str]) -> str:
         ) from None
 
 
-def load_inventory(path: str | os.PathLike[str]) -> Model:
-    """Read and parse the inventory file; any problem is an InventoryError with a one-line
-    reason naming the file. Blocking and CPU-bound: async callers use :func:`aload_inventory`."""
-    p = Path(path)
-    text = read_inventory_text(p)
+@contextlib.contextmanager
+def _bounded(p: Path) -> Iterator[None]:
     try:
-        return parse_inventory(text, str(p))
+        yield
     except (RecursionError, MemoryError) as exc:
         # Only reachable through a path the limits do not cover; still a refusal, not a crash.
         raise InventoryError(f"{p}: too complex to load ({type(exc).__name__})") from None
 
 
+def read_documents(path: str | os.PathLike[str]) -> list[Any]:
+    """The file's YAML documents (safe types only); any problem is an InventoryError with a
+    one-line reason naming the file."""
+    p = Path(path)
+    text = read_inventory_text(p)
+    with _bounded(p):
+        return _yaml_documents(text, str(p))
+
+
+def load_inventory(path: str | os.PathLike[str]) -> Model:
+    """Read and parse the inventory file; any problem is an InventoryError with a one-line
+    reason naming the file. Blocking and CPU-bound: async callers use :func:`aload_inventory`."""
+    p = Path(path)
+    docs = read_documents(p)
+    with _bounded(p):
+        return model_of(docs, str(p))
+
+
 async def aload_inventory(path: str | os.PathLike[str]) -> Model:
-    """:func:`load_inventory` in a worker thread: a parse of many megabytes takes seconds, and
-    the event loop must keep answering (agents' PINGs, health checks) meanwhile."""
-    return await asyncio.to_thread(load_inventory, path)
+    """:func:`load_inventory` with the YAML read in a child (``python -m
+    ravenproxy.model.inventory PATH``: PyYAML never resident here) and the model built in a
+    worker thread: a parse of many megabytes takes seconds, and the event loop must keep
+    answering (agents' PINGs, health checks) meanwhile. The same refusals as in-process; a
+    child that cannot run, crashes or takes longer than :data:`TIMEOUT` is one too."""
+    p = Path(path)
+    try:
+        status, out, err = await run_module(_CHILD, (os.fspath(p),), TIMEOUT)
+    except TimeoutError:  # an OSError too: first
+        raise InventoryError(f"{p}: inventory reader: no answer within {TIMEOUT:g}s") from None
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise InventoryError(f"{p}: cannot start the inventory reader: {reason}") from None
+    if status != 0:
+        raise InventoryError(f"{p}: {failure('inventory reader', status, err)}")
+    return await asyncio.to_thread(_model_of_answer, out, p)
+
+
+def _model_of_answer(answer: bytes, p: Path) -> Model:
+    """The model of the child's answer (:func:`_answer`), unpickled a piece at a time: one
+    ``loads`` of a 16 MiB inventory's documents would hold the GIL for ~0.6 s."""
+    pieces = _pickle.Unpickler(io.BytesIO(answer))
+    count: int | str = pieces.load()
+    if isinstance(count, str):  # the child's refusal, as read_documents raised it
+        raise InventoryError(count)
+    docs = []
+    for _ in range(count):
+        for _ in range(pieces.load()):
+            pieces.load()  # an item of a List: its document refers to it (the memo is shared)
+        docs.append(pieces.load())
+    with _bounded(p):
+        return model_of(docs, str(p))
+
+
+def _answer(path: str) -> bytes:
+    """The child's answer: :func:`read_documents` as pickled pieces, one pickler (references
+    to what was sent before, shared objects stay shared): their count; for each document, the
+    count of its ``items`` (a List's), each item, the document. Its refusal, an
+    InventoryError's line, instead."""
+    data = io.BytesIO()
+    pieces = _pickle.Pickler(data, protocol=5)
+    try:
+        docs = read_documents(path)
+        # Pickling recurses, but through what aliases share only once: in the order of the
+        # text, where an anchor comes before its aliases (tests: a chain 3 600 levels deep).
+        with _bounded(Path(path)):
+            pieces.dump(len(docs))
+            for doc in docs:
+                items = doc.get("items") if isinstance(doc, dict) else None
+                items = items if isinstance(items, list) else []
+                pieces.dump(len(items))
+                for item in items:
+                    pieces.dump(item)
+                pieces.dump(doc)
+    except InventoryError as exc:
+        return _pickle.dumps(str(exc), protocol=5)
+    return data.getvalue()
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m ravenproxy.model.inventory PATH``: :func:`read_documents`, pickled on
+    stdout (:func:`_answer`). Run by :func:`aload_inventory`, so that PyYAML lives in a
+    short-lived child."""
+    if len(argv) != 1:
+        print("usage: python -m ravenproxy.model.inventory PATH", file=sys.stderr)
+        return 2
+    sys.stdout.buffer.write(_answer(argv[0]))
+    sys.stdout.flush()
+    return 0
 
 
 class InventoryWatcher:
@@ -243,3 +354,7 @@ class InventoryWatcher:
                     "inventory reload failed, keeping the last good model",
                     extra=kv(path=self.path, error=one_line(f"{type(exc).__name__}: {exc}")),
                 )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -29,10 +29,18 @@ from yaml.events import AliasEvent
 from yaml.nodes import Node
 from yaml.resolver import Resolver
 
+from ravenproxy.model.limits import MAX_INVENTORY_BYTES
 from ravenproxy.model.quote import one_line
 
-MAX_INVENTORY_BYTES = 16 * 1024 * 1024
-"""Largest inventory accepted: ~20 000 kubectl-printed Nodes fit in 16 MiB."""
+__all__ = [
+    "LIBYAML",
+    "MAX_ALIAS_NODES",
+    "MAX_DEPTH",
+    "MAX_INVENTORY_BYTES",
+    "YAMLLimitError",
+    "describe",
+    "load_all",
+]
 MAX_DEPTH = 100
 """Deepest nesting of mappings and sequences; Kubernetes objects (managedFields included) stay
 far below 30, and 100 keeps the recursive composer well inside Python's recursion limit."""

@@ -10,17 +10,11 @@ file; the parent writes it (0600) once the certificate for it has been issued an
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import os
-import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from ravenproxy.children import failure, run_module
 from ravenproxy.errors import PKIError
-from ravenproxy.log import kv
-
-log = logging.getLogger(__name__)
 
 TIMEOUT = 60.0
 _CSR_BEGIN = b"-----BEGIN CERTIFICATE REQUEST-----"
@@ -37,54 +31,23 @@ async def new_request(node: str, sans: Sequence[str] = (), timeout: float = TIME
     """:func:`ravenproxy.pki.csr.new_request` in a child process; PKIError for a bad node name
     or SAN (the child's message), or when the child cannot run or does not answer."""
     try:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-P",  # the working directory is not on the child's path: see _child_env
-            "-m",
-            "ravenproxy.pki.csr",
-            node,
-            *sans,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=_child_env(),
-        )
+        status, out, err = await run_module("ravenproxy.pki.csr", (node, *sans), timeout)
+    except TimeoutError:  # an OSError too: first
+        raise PKIError(f"key generator: no answer within {timeout:g}s") from None
     except OSError as exc:
         raise PKIError(f"cannot start the key generator: {exc.strerror or exc}") from None
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        raise PKIError(f"key generator: no answer within {timeout:g}s") from None
-    finally:
-        if proc.returncode is None:  # cancelled or timed out: the child goes too
-            proc.kill()
-            await proc.wait()
-    status = proc.returncode
     if status != 0:
-        raise PKIError(_failure(status if status is not None else -1, err.decode(errors="replace")))
+        raise PKIError(_failure(status, err))
     at = out.find(_CSR_BEGIN)
     if at <= 0 or b"PRIVATE KEY-----" not in out[:at]:
         raise PKIError("key generator: answer is not a key and a CSR")
     return Request(out[:at], out[at:])
 
 
-def _failure(status: int, stderr: str) -> str:
+def _failure(status: int, stderr: bytes) -> str:
     """One line: the child's own message for what it refuses (a bad node name or SAN, exit
-    status 2); for a crash, the exit status and the exception — the traceback's last line (the
-    whole of it is logged at debug level)."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    status 2); for a crash, the exit status and the exception (:func:`children.failure`)."""
+    lines = stderr.decode(errors="replace").strip().splitlines()
     if status == 2 and lines:
-        return lines[-1]
-    if len(lines) > 1:
-        log.debug("key generator crashed", extra=kv(status=status, stderr=stderr))
-    detail = f": {lines[-1]}" if lines else ""
-    return f"key generator failed (exit status {status}){detail}"
-
-
-def _child_env() -> dict[str, str]:
-    """The child's environment: ours, with this ``ravenproxy``'s directory first on its path.
-    ``python -m`` would put the working directory first: whatever ``cryptography`` or
-    ``ravenproxy`` lay there would make the key (or another version of ours would run)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, path] if path else [root])}
+        return lines[-1].strip()
+    return failure("key generator", status, stderr)

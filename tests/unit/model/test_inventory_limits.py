@@ -266,17 +266,17 @@ async def test_watcher_run_outlives_an_unexpected_error(
     store = ModelStore()
     watcher = InventoryWatcher(path, store, interval=0.01)
     watcher.load_initial()
-    real = inventory_module.load_inventory
+    real = inventory_module.model_of  # the reload's own step (the YAML is read in a child)
     calls = 0
 
-    def flaky(p: str | os.PathLike[str]) -> object:
+    def flaky(docs: list[object], origin: str) -> object:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise ValueError("a bug")
-        return real(p)
+        return real(docs, origin)
 
-    monkeypatch.setattr(inventory_module, "load_inventory", flaky)
+    monkeypatch.setattr(inventory_module, "model_of", flaky)
     task = asyncio.create_task(watcher.run())
     try:
         since = store.version
@@ -298,7 +298,8 @@ async def test_watcher_run_outlives_an_unexpected_error(
 
 async def test_a_large_reload_does_not_block_the_event_loop(tmp_path: Path) -> None:
     """A multi-megabyte inventory took seconds of CPU on the loop (agents' PINGs went
-    unanswered); now it is parsed in a worker thread and a ticker keeps its pace."""
+    unanswered); now its YAML is read in a child and its model built in a worker thread, and a
+    ticker keeps its pace."""
     path = tmp_path / "inv.yaml"
     _rewrite(path, node_doc(0).encode())
     store = ModelStore()

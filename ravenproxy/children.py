@@ -1,0 +1,66 @@
+"""Short-lived children of ours (``python -m ravenproxy...``), so that a library used for a
+moment never becomes resident in a long-running process (issue 15: modules are never unloaded,
+and the memory of their import stays with the process): the key and CSR
+(``cryptography``, :mod:`ravenproxy.pki.csrprocess`) and an inventory's YAML (PyYAML,
+:mod:`ravenproxy.model.inventory`).
+
+A child is owned by the coroutine that runs it: it is killed and reaped when its time is up or
+when that coroutine is cancelled (a shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from ravenproxy.log import kv
+
+log = logging.getLogger(__name__)
+
+
+async def run_module(module: str, args: Sequence[str], timeout: float) -> tuple[int, bytes, bytes]:
+    """Exit status, stdout and stderr of ``python -P -m MODULE ARGS`` (no stdin). OSError when
+    it cannot start; TimeoutError when it has not ended within ``timeout`` seconds."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-P",  # the working directory is not on the child's path: see _child_env
+        "-m",
+        module,
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_child_env(),
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    finally:
+        if proc.returncode is None:  # cancelled or timed out: the child goes too
+            proc.kill()
+            await proc.wait()
+    status = proc.returncode
+    return (status if status is not None else -1), out, err
+
+
+def failure(what: str, status: int, stderr: bytes) -> str:
+    """One line for a child that failed: ``WHAT failed (exit status N): LAST LINE``, the last
+    line of its stderr being the exception of a crash (the whole of it is logged at debug
+    level), never the traceback."""
+    text = stderr.decode(errors="replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        log.debug(f"{what} crashed", extra=kv(status=status, stderr=text))
+    detail = f": {lines[-1]}" if lines else ""
+    return f"{what} failed (exit status {status}){detail}"
+
+
+def _child_env() -> dict[str, str]:
+    """The child's environment: ours, with this ``ravenproxy``'s directory first on its path.
+    ``python -m`` would put the working directory first: whatever ``cryptography``, ``yaml`` or
+    ``ravenproxy`` lay there would run (or another version of ours)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, path] if path else [root])}
