@@ -1,11 +1,15 @@
 """Suite-wide rules: root-only tests are skipped loudly when not root, never silently; a test that
 leaves asyncio tasks or sockets behind fails (the leak guard, tests/leak_guard.py); an async test
 that hangs fails naming the await it hung at, and still cleans up (the hang guard,
-tests/hang_guard.py)."""
+tests/hang_guard.py). The Python processes the tests start load the project from bytecode they
+cache for the run (see ``pytest_configure``), not from source at every start.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -46,3 +50,34 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"{len(_skipped_root)} test(s) need root and were NOT run; CI runs them as root."
         )
+
+
+# The Python processes the tests start (servers, agents, the CLI, the lab's daemons: hundreds per
+# run) would compile every project module they import from source at each start where the
+# environment forbids writing bytecode (PYTHONDONTWRITEBYTECODE=1 on the test bed, and a clone
+# has no __pycache__): ~0.2 s of CPU each for a server or an agent. They get a bytecode cache of
+# the run's own instead, in a temporary directory (the checkout stays free of __pycache__, as
+# the setting wants), removed when the run ends. A cache the user asked for
+# (PYTHONPYCACHEPREFIX) is left as it is.
+_BYTECODE_ENV = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
+_bytecode: dict[str, str | None] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    _bytecode.update({k: os.environ.get(k) for k in _BYTECODE_ENV})
+    os.environ.pop("PYTHONDONTWRITEBYTECODE")
+    os.environ["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="ravenproxy-test-bytecode-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not _bytecode:
+        return
+    shutil.rmtree(os.environ["PYTHONPYCACHEPREFIX"], ignore_errors=True)
+    for key, value in _bytecode.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _bytecode.clear()

@@ -127,34 +127,49 @@ async def test_slow_heads_are_closed_after_the_header_timeout(cluster: Cluster) 
         assert m['ravenproxy_server_front_requests_total{front="http",status="408"}'] == 500
         log = cluster.server.output()
         assert "http front: refused" in log and "status=408" in log, log[-2000:]
-        # A keep-alive connection whose second head stalls is closed as well.
-        async with front_client(front) as (reader, writer):
-            writer.write(f"GET / HTTP/1.1\r\nHost: edge-1:{http_port}\r\n\r\nGET / HT".encode())
-            data = await closed_within(reader, 10)
-        assert data.startswith(b"HTTP/1.1 200 OK"), data
-        assert b"HTTP/1.1 408 " in data, data
-        # So is one whose second head comes in pieces after the first was answered (served by
-        # the connection's callbacks until then).
-        async with front_client(front) as (reader, writer):
-            writer.write(f"GET / HTTP/1.1\r\nHost: edge-1:{http_port}\r\n\r\n".encode())
-            async with asyncio.timeout(10):
-                assert (await reader.readuntil(b"hello\n")).startswith(b"HTTP/1.1 200 OK")
-            writer.write(b"GET / HTTP/1.1\r\nHo")
-            started = time.monotonic()
-            data = await closed_within(reader, 10)
-        assert time.monotonic() - started >= 1.0
-        assert data.startswith(b"HTTP/1.1 408 "), data
-        # And one whose next head begins in the write of a request the callbacks serve (the
-        # head is begun once that answer is out: the task reads the rest under its clock).
-        async with front_client(front) as (reader, writer):
-            request = f"GET / HTTP/1.1\r\nHost: edge-1:{http_port}\r\n\r\n".encode()
-            writer.write(request)
-            async with asyncio.timeout(10):
-                assert (await reader.readuntil(b"hello\n")).startswith(b"HTTP/1.1 200 OK")
-            writer.write(request + b"GET / HT")
-            data = await closed_within(reader, 10)
-        assert data.startswith(b"HTTP/1.1 200 OK"), data
-        assert b"HTTP/1.1 408 " in data, data
+        # Three keep-alive connections whose later head stalls, each closed as well (side by
+        # side: each waits out the header timeout on its own clock).
+        request = f"GET / HTTP/1.1\r\nHost: edge-1:{http_port}\r\n\r\n".encode()
+        async with asyncio.TaskGroup() as group:  # one failing cancels the others
+            group.create_task(second_head_stalls(front, request))
+            group.create_task(second_head_in_pieces(front, request))
+            group.create_task(next_head_in_a_served_write(front, request))
+
+
+async def second_head_stalls(front: int, request: bytes) -> None:
+    """A keep-alive connection whose second head stalls is closed."""
+    async with front_client(front) as (reader, writer):
+        writer.write(request + b"GET / HT")
+        data = await closed_within(reader, 10)
+    assert data.startswith(b"HTTP/1.1 200 OK"), data
+    assert b"HTTP/1.1 408 " in data, data
+
+
+async def second_head_in_pieces(front: int, request: bytes) -> None:
+    """So is one whose second head comes in pieces after the first was answered (served by the
+    connection's callbacks until then)."""
+    async with front_client(front) as (reader, writer):
+        writer.write(request)
+        async with asyncio.timeout(10):
+            assert (await reader.readuntil(b"hello\n")).startswith(b"HTTP/1.1 200 OK")
+        writer.write(b"GET / HTTP/1.1\r\nHo")
+        started = time.monotonic()
+        data = await closed_within(reader, 10)
+    assert time.monotonic() - started >= 1.0
+    assert data.startswith(b"HTTP/1.1 408 "), data
+
+
+async def next_head_in_a_served_write(front: int, request: bytes) -> None:
+    """And one whose next head begins in the write of a request the callbacks serve (the head
+    is begun once that answer is out: the task reads the rest under its clock)."""
+    async with front_client(front) as (reader, writer):
+        writer.write(request)
+        async with asyncio.timeout(10):
+            assert (await reader.readuntil(b"hello\n")).startswith(b"HTTP/1.1 200 OK")
+        writer.write(request + b"GET / HT")
+        data = await closed_within(reader, 10)
+    assert data.startswith(b"HTTP/1.1 200 OK"), data
+    assert b"HTTP/1.1 408 " in data, data
 
 
 async def test_front_connection_cap_keeps_health_answering(cluster: Cluster) -> None:

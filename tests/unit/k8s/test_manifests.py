@@ -61,8 +61,10 @@ FIELD_VALUES = {
 @functools.cache
 def _parsed(path: Path) -> tuple[dict[str, Any], ...]:
     """Each file parsed once per run: the RBAC checks ask for every document hundreds of times
-    (``allowed`` -> ``grants`` -> ``by_kind``), and parsing was most of their time."""
-    return tuple(doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None)
+    (``allowed`` -> ``grants`` -> ``by_kind``), and parsing was most of their time; libyaml's
+    scanner (the same safe constructor) parses them ~10x faster than the pure-Python one."""
+    docs = yaml.load_all(path.read_text(), yaml.CSafeLoader)
+    return tuple(doc for doc in docs if doc is not None)
 
 
 def documents() -> Iterator[tuple[Path, dict[str, Any]]]:
