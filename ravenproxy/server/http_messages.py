@@ -1,8 +1,7 @@
 """HTTP/1.1 messages as :class:`~ravenproxy.server.exchange.Exchange` sees them: parsed by
-llhttp (through ``httptools``) into queued events (:class:`Parsed`, :class:`Head`). What is
-written back for the other side (the heads sent on, chunks) is
-:mod:`ravenproxy.server.http_rewrite`'s; a response head's wire is made from its shape's template
-(:mod:`ravenproxy.server.answer_shapes`).
+llhttp (through ``httptools``) into queued events (:class:`Parsed`, :mod:`.http_events`). What
+is written back (heads sent on, chunks) is :mod:`.http_rewrite`'s; a response head's wire is made
+from its shape's template (:mod:`.answer_shapes`).
 
 The parsers run ahead of the exchange (a pipelined request is parsed while the one before it is
 answered): what they parse is queued as events and taken when the exchange is ready for it.
@@ -23,17 +22,23 @@ from httptools import (
 
 from ravenproxy.server.answer_shapes import shape_of as _shape_of
 from ravenproxy.server.answer_shapes import shaped as _shaped
-from ravenproxy.server.http_heads import Head, PlainHead, RequestHead, keeps_alive, routing_of
+from ravenproxy.server.http_events import DATA as DATA  # (the events' kinds, as they were)
+from ravenproxy.server.http_events import END as END
+from ravenproxy.server.http_events import ENDED as _ENDED
+from ravenproxy.server.http_events import EOF as EOF
+from ravenproxy.server.http_events import ERROR as ERROR
+from ravenproxy.server.http_events import HEAD as HEAD
+from ravenproxy.server.http_heads import Head, RequestHead, keeps_alive, routing_of
+from ravenproxy.server.parsed_answers import ParsedPlainHead as ParsedPlainHead
+from ravenproxy.server.parsed_answers import framed_length, paired
 
 REPLAY_MAX = 2 * 1024
-"""A request this long at most is kept to be recognised when it comes again: an idle kept-alive
-connection holds it (a scrape or a probe is a few hundred bytes; an idle front connection's
-whole budget is ~8 KiB)."""
+"""A request this long at most is kept to be recognised when it comes again: an idle connection
+holds it (a scrape or a probe is a few hundred bytes; an idle front connection's ~8 KiB)."""
 
 _new_head = object.__new__
-"""``_new_head(RequestHead)``, ``_new_head(PlainHead)``: a head made by object's C constructor,
-its slots stored by the parse (:meth:`Parsed.on_headers_complete`): no Python ``__init__``
-call, once a request or an answer that differs."""
+"""``_new_head(RequestHead)``: a head made by object's C constructor, its slots stored by the
+parse (:meth:`Parsed.on_headers_complete`): no ``__init__`` call, once a head that differs."""
 _name_value = b": ".join
 """A field as parsed, ``(name, value)``, on its line (without the line's end)."""
 
@@ -45,49 +50,6 @@ _METHOD_NAMES: dict[bytes, str] = {}
 """A request's method by llhttp's name for it (llhttp names the methods it knows: a few dozen
 at most are kept), decoded once."""
 _method_name = _METHOD_NAMES.get
-
-
-def _paired(
-    names: list[bytes] | tuple[bytes, ...], values: list[bytes]
-) -> list[tuple[bytes, bytes]]:
-    """The fields as a head holds them (:attr:`Head.fields`) from the parse's names and values."""
-    return list(zip(names, values))  # noqa: B905 (as many: on_header appends both)
-
-
-class ParsedPlainHead(PlainHead):
-    """A :class:`PlainHead` as the parse makes it (object's C constructor and its stores): the
-    names and values as llhttp gave them, paired into :attr:`Head.fields` only when asked (the
-    head goes on as its wire: most are never asked)."""
-
-    __slots__ = ("names", "values")
-
-    names: tuple[bytes, ...]
-    values: list[bytes]
-
-    @property
-    def fields(self) -> list[tuple[bytes, bytes]]:  # type: ignore[override]  # made when asked
-        return _paired(self.names, self.values)
-
-
-# Event kinds of :class:`Parsed`.
-HEAD, DATA, END, ERROR, EOF = range(5)
-
-
-class _NoTrailers(list[tuple[str, str]]):
-    """The trailers of a message that had none: one empty list for every such END event (no
-    list and tuple made and freed per message); one that would change it is refused."""
-
-    __slots__ = ()
-
-    def _shared(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("the END event's shared empty trailers cannot change")
-
-    append = extend = insert = remove = clear = pop = sort = reverse = _shared  # type: ignore[assignment]
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _shared  # type: ignore[assignment]
-
-
-_ENDED: tuple[int, list[tuple[str, str]]] = (END, _NoTrailers())
-"""The END event of a message without trailers, shared."""
 
 
 class _Stop(Exception):
@@ -102,6 +64,7 @@ class Parsed:
     __slots__ = (
         "_again",
         "_between",
+        "_framed",
         "_kind",
         "_last",
         "_line",
@@ -196,6 +159,8 @@ class Parsed:
         """The last bytes fed, when one whole request that left the parser as it found it, its
         head (the same bytes again are it again, if :meth:`_replayable` says so when asked), and
         the bytes' lead and tail around its target (:meth:`near`'s; None: not yet)."""
+        self._framed: tuple[object, int] = ((), -1)
+        """The last :attr:`_last` that came again and its head's :func:`.framed_length`."""
         self._replay_head: Head | None = None
         """The last head :meth:`_replayable` said yes to (a connection's repeated request asks
         once)."""
@@ -302,24 +267,34 @@ class Parsed:
         if self.tail > self.max_tail:  # refused (below): nothing more goes into the parser
             return None
         # A request may begin at the start of ``data`` (the parser between messages, no event
-        # waiting): a response is never kept, not asked whether it came whole.
+        # waiting); an answer there may be the last one's head again (_answered).
         fresh = False
+        queued = len(events)
         if not self.in_body:
             self.fed += len(data)
             if self.in_head:
                 pass
             elif self._response:
-                # (A slice compared: startswith parses its arguments by format, ~200 more.)
-                self._version = "1.1" if data[:9] == b"HTTP/1.1 " else None
+                # (The last head repeated: one compare, not the bytes', for answers that differ.)
+                if self._framed[0] is self._last and (took := self._answered(data)):
+                    # As llhttp: the next message's bytes not counted, its version asked.
+                    self.fed = self.tail = 0
+                    if took == len(data):
+                        return None
+                    data = data[took:]
+                    self._version = None
+                else:
+                    # (A slice compared: startswith parses its arguments by format, ~200 more.)
+                    self._version = "1.1" if data[:9] == b"HTTP/1.1 " else None
             else:
                 self._line = data
                 fresh = not events
-        queued = len(events)
         try:
             self.parser.feed_data(data)
         except HttpParserUpgrade as exc:
             return data[exc.args[0] :]
         except HttpParserError as exc:
+            self._last = None  # llhttp takes nothing more: no answer taken past it (_answered)
             if not isinstance(exc.__context__, _Stop):
                 events.append((ERROR, str(exc) or type(exc).__name__))
             return None
@@ -344,6 +319,27 @@ class Parsed:
             if len(data) <= REPLAY_MAX:
                 self._again = (bytes(data), parsed, None, b"")
         return None
+
+    def _answered(self, data: bytes) -> int:
+        """How many bytes of ``data`` (a response parser's between messages, the last head
+        repeated: :attr:`_framed`) are whole answers with the last head's bytes
+        (:func:`.framed_length`), their events queued as llhttp's (the same head: its whole-head
+        reuse), none fed to it."""
+        head, body = self._last[5], self._framed[1]  # type: ignore[index]  # (_framed's)
+        wire = head.wire
+        if body < 0 or self.bodiless or type(data) is not bytes or data[: len(wire)] != wire:
+            return 0
+        events, at, size = self.events, 0, len(data)
+        end = (length := len(wire)) + body
+        while end <= size:  # the answer at ``at`` is whole in ``data``, its head checked
+            events.append((HEAD, head))
+            if body:  # llhttp's body event: the body's bytes in this read
+                events.append((DATA, data[at + length : end]))
+            events.append(_ENDED)
+            at, end = end, end + length + body
+            if data[at : at + length] != wire:
+                break
+        return at
 
     def again(self, data: bytes, head: Head) -> bool:
         """:meth:`feed` with ``head`` taken at once: True when ``data`` is the last request
@@ -409,6 +405,8 @@ class Parsed:
         )
         if like is not None and like[4] == version and like[2] == values:
             head = like[5]
+            if self._framed[0] is not like:  # a head again: feed asks whether the next is
+                self._framed = (like, framed_length(head))
         elif self._response:
             # A response's head, here and not in a method of its own: once an answer that
             # differs from the last. Its wire is its shape's template with its values
@@ -433,7 +431,7 @@ class Parsed:
                 head = made
             else:
                 text = reason.decode("latin-1")
-                head = Head(text, "", kind, version, _paired(names, values), len(wire), wire)
+                head = Head(text, "", kind, version, paired(names, values), len(wire), wire)
             self._last = (reason, names, values, kind, version, head)
         else:
             # A request's head, here and not in a method of its own (once a request that
@@ -449,7 +447,7 @@ class Parsed:
                 kept = last[5]
                 fields, lines, routing = kept.fields, kept.wire, kept.routing
             else:
-                fields = _paired(names, values)
+                fields = paired(names, values)
                 lines = b"\r\n".join(map(_name_value, fields)) if fields else b""
                 routing = routing_of(fields)
             method = _method_name(kind) or _METHOD_NAMES.setdefault(

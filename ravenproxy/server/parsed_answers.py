@@ -1,0 +1,50 @@
+"""A response head as :class:`~ravenproxy.server.http_messages.Parsed` makes it from llhttp's
+parse (:class:`ParsedPlainHead`), and how llhttp frames an answer whose head is a plain head's
+bytes again (:func:`framed_length`: such an answer is queued without llhttp)."""
+
+from __future__ import annotations
+
+from ravenproxy.server.http_heads import PlainHead
+
+
+def paired(
+    names: list[bytes] | tuple[bytes, ...], values: list[bytes]
+) -> list[tuple[bytes, bytes]]:
+    """The fields as a head holds them (:attr:`Head.fields`) from the parse's names and values."""
+    return list(zip(names, values))  # noqa: B905 (as many: on_header appends both)
+
+
+class ParsedPlainHead(PlainHead):
+    """A :class:`PlainHead` as the parse makes it (object's C constructor and its stores): the
+    names and values as llhttp gave them, paired into :attr:`Head.fields` only when asked (the
+    head goes on as its wire: most are never asked)."""
+
+    __slots__ = ("names", "values")
+
+    names: tuple[bytes, ...]
+    values: list[bytes]
+
+    @property
+    def fields(self) -> list[tuple[bytes, bytes]]:  # type: ignore[override]  # made when asked
+        return paired(self.names, self.values)
+
+
+def framed_length(head: object) -> int:
+    """The body's length of an answer whose head is ``head``'s :attr:`Head.wire` (parsed when
+    llhttp is between messages, not answering a HEAD), when llhttp frames it by that
+    Content-Length alone and is between messages after it; else -1.
+
+    That wire is the head's bytes: ``HTTP/1.1``, its status, reason, names and values as llhttp
+    parsed them, each line ending in CRLF, CR and LF nowhere else (llhttp takes none inside a
+    value or reason), so llhttp parsing those bytes ends their head at their empty line, with
+    the parts it made them from. Framed by its Content-Length when it is a :class:`PlainHead`
+    (one Content-Length, no hop-by-hop field: no Transfer-Encoding, no Connection: kept alive
+    as HTTP/1.1) of version 1.1 and a final status with a body (not 1xx, 204, 304)."""
+    if type(head) is not ParsedPlainHead or head.version != "1.1":
+        return -1
+    if head.status < 200 or head.status in (204, 304):
+        return -1
+    for name, value in zip(head.names, head.values):  # noqa: B905 (as many)
+        if name.lower() == b"content-length":
+            return int(value)  # digits (llhttp's)
+    return -1
