@@ -169,6 +169,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
         certificates=cmd.issuing,
         metrics_addr=cmd.metrics_addr,
         health_addr=cmd.health_addr,
+        lease_duration=cmd.lease_duration,
+        renew_deadline=cmd.renew_deadline,
+        retry_period=cmd.retry_period,
     )
     if cmd.inventory:
         if cmd.dry_run:

@@ -27,7 +27,12 @@ from ravenproxy.controller.issuer import Issuer
 from ravenproxy.controller.leader import LeaderSettings, lead
 from ravenproxy.controller.reconciler import Reconciler
 from ravenproxy.controller.services import load_balancer_ingress
-from ravenproxy.controller.settings import IssuerSettings
+from ravenproxy.controller.settings import (
+    LEASE_DURATION,
+    RENEW_DEADLINE,
+    RETRY_PERIOD,
+    IssuerSettings,
+)
 from ravenproxy.controller.writer import KubeWriter, internal_cluster_ip
 from ravenproxy.kube.client import new_api_client
 from ravenproxy.kube.leases import default_identity
@@ -45,9 +50,9 @@ class ControllerSettings:
     lease_name: str = "ravenproxy-controller"
     lease_namespace: str = "kube-system"
     # client-go's defaults; lease_duration > renew_deadline > 1.2 * retry_period >= 1.2.
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    lease_duration: float = LEASE_DURATION
+    renew_deadline: float = RENEW_DEADLINE
+    retry_period: float = RETRY_PERIOD
     identity: str = field(default_factory=default_identity)
     # Gateways are cluster-scoped; Kubernetes puts Events about such objects in "default".
     event_namespace: str = "default"

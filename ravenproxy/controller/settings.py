@@ -23,6 +23,13 @@ DEFAULT_GRACE = 30.0
 (``--agent-grace``)."""
 DEFAULT_MAX_LIFETIME = dt.timedelta(days=30)
 """The longest certificate lifetime the CSR issuer signs (``--max-cert-lifetime``)."""
+LEASE_DURATION = 15.0
+RENEW_DEADLINE = 10.0
+RETRY_PERIOD = 2.0
+"""Leader election's timings in seconds (``--leader-elect-*``): client-go's defaults, which
+kube-controller-manager and kube-scheduler also keep."""
+JITTER = 1.2
+"""client-go's rule: lease duration > renew deadline > JITTER x retry period >= JITTER x 1s."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,29 @@ class ControllerCommand:
         "/healthz, and /readyz: 200 once the model has synced, its body 'leader' or "
         "'follower' (not with --inventory)",
     )
+    lease_duration: float = setting(
+        LEASE_DURATION,
+        "--leader-elect-lease-duration",
+        "DURATION",
+        "how long the leader's Lease stays valid unrenewed, before another replica may take "
+        "it (rounded up to whole seconds); more than --leader-elect-renew-deadline",
+        kind="duration",
+    )
+    renew_deadline: float = setting(
+        RENEW_DEADLINE,
+        "--leader-elect-renew-deadline",
+        "DURATION",
+        "the leader that has not renewed its Lease for this long stops writing; more than "
+        f"{JITTER:g} x --leader-elect-retry-period",
+        kind="duration",
+    )
+    retry_period: float = setting(
+        RETRY_PERIOD,
+        "--leader-elect-retry-period",
+        "DURATION",
+        "how often a replica tries to take or renew the Lease; at least 1s",
+        kind="duration",
+    )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ControllerCommand:
@@ -146,6 +176,11 @@ class ControllerCommand:
                 server_san(san)
             except PKIError as exc:
                 raise ConfigError("--server-san", str(exc)) from None
+        _check_leader_timing(
+            v["leader_elect_lease_duration"],
+            v["leader_elect_renew_deadline"],
+            v["leader_elect_retry_period"],
+        )
         return cls(**{o.path[0]: v[o.key] for o in flags.options(cls)})
 
     @property
@@ -154,6 +189,25 @@ class ControllerCommand:
             max_lifetime=dt.timedelta(seconds=self.max_cert_lifetime),
             server_sans=self.server_sans,
             cluster_domain=self.cluster_domain,
+        )
+
+
+def _check_leader_timing(lease: float, renew: float, retry: float) -> None:
+    """client-go's rule (kubernetes_asyncio checks it too, but only when the election starts,
+    and the controller would retry it forever): each broken link names its flag."""
+    rule = f"lease duration > renew deadline > {JITTER:g} x retry period >= {JITTER:g}s"
+    if retry < 1:
+        raise ConfigError("--leader-elect-retry-period", f"{retry:g}s is under 1s ({rule})")
+    if renew <= JITTER * retry:
+        raise ConfigError(
+            "--leader-elect-renew-deadline",
+            f"{renew:g}s is not more than {JITTER:g} x --leader-elect-retry-period "
+            f"{retry:g}s ({rule})",
+        )
+    if lease <= renew:
+        raise ConfigError(
+            "--leader-elect-lease-duration",
+            f"{lease:g}s is not more than --leader-elect-renew-deadline {renew:g}s ({rule})",
         )
 
 

@@ -1,6 +1,8 @@
 """``ravenproxy controller`` as a process against the API emulator: /healthz and /readyz on
 --health-addr (ready once the model synced, 'follower' then 'leader'), /metrics on
---metrics-addr only (leadership, reconciles, API writes, CSR decisions, model sync)."""
+--metrics-addr only (leadership, reconciles, API writes, CSR decisions, model sync). Short
+leader-election timings (--leader-elect-*): the follower takes over 3 s after it last saw the
+other replica renew, not 15."""
 
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ def controller(
             "-m", "ravenproxy", "controller", "--kubeconfig", str(config),
             "--metrics-addr", f"127.0.0.1:{ports['metrics']}",
             "--health-addr", f"127.0.0.1:{ports['health']}",
+            "--leader-elect-lease-duration", "3s", "--leader-elect-renew-deadline", "2s",
+            "--leader-elect-retry-period", "1s",
         ],
         controller_log,
     )  # fmt: skip
@@ -67,6 +71,14 @@ async def hold_lease(apiserver: APIServer, seconds: int) -> None:
     )
 
 
+async def keep_holding(apiserver: APIServer) -> None:
+    """The other replica renews its Lease every half second (each renewal restarts the
+    follower's --leader-elect-lease-duration), until cancelled."""
+    while True:
+        await hold_lease(apiserver, 3)
+        await asyncio.sleep(0.5)
+
+
 async def readyz(port: int) -> tuple[int, str]:
     try:
         status, body = await http_get(port, "/readyz")
@@ -90,22 +102,27 @@ async def test_follower_then_leader_with_its_metrics(
     controller: subprocess.Popen[bytes],
 ) -> None:
     await cluster(apiserver)
-    await hold_lease(apiserver, 6)
+    holder = asyncio.create_task(keep_holding(apiserver))
     health, metrics = ports["health"], ports["metrics"]
 
     def log() -> str:
         return controller_log.read_text()
 
-    # Synced, not leading: ready, and says so.
-    await eventually(lambda: until(readyz(health), (200, "follower")), within=20, what=log)
+    # Synced, not leading while the other replica renews: ready, and says so.
+    try:
+        await eventually(lambda: until(readyz(health), (200, "follower")), within=20, what=log)
+    finally:
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
     assert await http_get(health, "/healthz") == (200, "ok\n")
     m = await scrape(metrics)
     assert m["ravenproxy_controller_leader"] == 0
     assert m["ravenproxy_controller_model_synced"] == 1
     assert not any(k.startswith("ravenproxy_controller_api_writes_total") for k in m)
 
-    # The other replica's Lease runs out: this one leads and reconciles.
-    await eventually(lambda: until(readyz(health), (200, "leader")), within=20, what=log)
+    # The other replica stops renewing; its Lease runs out: this one leads and reconciles,
+    # within the 3 s lease (plus a 1 s retry), well before the default 15 s would let it.
+    await eventually(lambda: until(readyz(health), (200, "leader")), within=10, what=log)
     ok = 'ravenproxy_controller_reconciles_total{result="ok"}'
     await eventually(lambda: metric_at_least(metrics, ok, 1), within=20, what=log)
     m = await scrape(metrics)
