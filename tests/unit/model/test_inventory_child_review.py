@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -398,3 +400,96 @@ async def test_a_watcher_cancelled_while_its_child_reads_reaps_it(
         assert task.cancelled()
         assert all(reaped(pid) for pid in started(pids))
         assert set(store.model.nodes) == {"node-50"}
+
+
+# --- what the child cannot see, or says besides its answer -----------------------------------
+
+
+@contextlib.contextmanager
+def piped(data: bytes) -> Iterator[str]:
+    """``/dev/fd/N`` of a pipe holding ``data`` (what ``--inventory <(kubectl get ...)`` names),
+    its ends closed at the end."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)
+        os.close(w)
+        w = -1
+        yield f"/dev/fd/{r}"
+    finally:
+        for fd in (r, w):
+            if fd >= 0:
+                os.close(fd)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review32: the child does not inherit the parent's descriptors: an inventory named "
+    "/dev/fd/N (a shell's <(...)) is 'No such file' in the child, read in-process",
+)
+async def test_an_inventory_on_an_inherited_descriptor_loads_as_in_process() -> None:
+    data = node_doc(60).encode()
+    with piped(data) as name:
+        here = outcome(lambda: load_inventory(name))
+    assert isinstance(here, Model) and set(here.nodes) == {"node-60"}
+    with piped(data) as name:
+        try:
+            child: object = await aload_inventory(name)
+        except InventoryError as exc:
+            child = ("refused", str(exc))
+    assert child == here
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review32: the child's stdin is /dev/null: --inventory /dev/stdin is silently an "
+    "empty inventory (1bb5933 read the process's stdin)",
+)
+def test_an_inventory_on_stdin_is_read_by_a_one_shot_command(tmp_path: Path) -> None:
+    """``ravenproxy controller --dry-run --inventory /dev/stdin < nodes.yaml`` (a pipe is
+    refused as not a regular file, before and after): the objects of the inventory given on
+    stdin, as at 1bb5933."""
+    given = tmp_path / "given.yaml"
+    given.write_text(
+        "kind: Gateway\nmetadata: {name: gw-piped}\n"
+        "spec: {endpoints: [{nodeName: node-61, type: proxy}]}\n---\n" + node_doc(61)
+    )
+    with given.open("rb") as stdin:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ravenproxy",
+                "controller",
+                "--dry-run",
+                "--inventory",
+                "/dev/stdin",
+            ],
+            stdin=stdin,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    assert b"gw-piped" in done.stdout, done.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review32: bytes the child's interpreter writes to stdout before the answer (a "
+    "sitecustomize's print) make the answer unreadable: UnpicklingError, not an InventoryError",
+)
+async def test_a_child_that_writes_before_its_answer_is_a_refusal_at_worst(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('hello from sitecustomize')\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    path = tmp_path / "inv.yaml"
+    path.write_text(node_doc(62))
+    try:
+        model = await aload_inventory(path)
+    except InventoryError as exc:  # a one-line refusal naming the file would do
+        assert str(exc).startswith(f"{path}: "), exc
+    else:
+        assert set(model.nodes) == {"node-62"}
