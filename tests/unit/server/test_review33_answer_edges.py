@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.server.http_heads import Head
-from ravenproxy.server.http_messages import HEAD, Parsed
+from ravenproxy.server.http_messages import DATA, HEAD, Parsed
 from tests.helpers import examples
 
 from . import again_old_parse as old_parse
@@ -35,6 +35,8 @@ _FINALS = [
     b"HTTP/1.1 206 Partial\r\nContent-Range: bytes 0-1/9\r\nContent-Length: %d\r\n\r\n",
     b"HTTP/1.1 299 \xff\t%%s 100%%\r\nX-%%: %%d\r\nContent-Length: %d\r\n\r\n",
     b"HTTP/1.1 999 Odd\r\nContent-Length: %d\r\n\r\n",
+    b"HTTP/1.1 204 No Content\r\nContent-Length: %d\r\n\r\n",
+    b"HTTP/1.1 304 Not Modified\r\nContent-Length: %d\r\n\r\n",
     b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\nX-V: a\r\n b\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nProxy-Connection: close\r\nContent-Length: %d\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nProxy-Connection: keep-alive\r\nContent-Length: %d\r\n\r\n",
@@ -128,6 +130,8 @@ def _compared(reads: list[bytes], flags: list[bool], kinds: list[int] | None = N
         got, want = new.feed(made), old.feed(again)
         assert (None if got is None else bytes(got)) == (None if want is None else bytes(want))
         assert [_view(e) for e in new.events] == [_view(e) for e in old.events], n
+        # (A DATA's bytes are bytes, as llhttp's: not a view of, or a slice of, the read.)
+        assert all(type(e[1]) is bytes for e in new.events if e[0] == DATA), n
         for heads, events in ((new_heads, new.events), (old_heads, old.events)):
             heads.extend(head for k, head in events if k == HEAD)  # type: ignore[misc]
         state = (new.in_head, new.in_body, new.midway, new.fed, new.tail, _llhttp(new))
@@ -186,6 +190,9 @@ _SEQUENCES: list[tuple[list[bytes], list[bool]]] = [
         [_A + b"1....", _A + b"2....", _A.replace(b"5", b"18446744073709551615") + b"big"],
         [False] * 3,
     ),
+    # Another answer after those taken in a read: its version is llhttp's (HTTP/1.0 here).
+    ([_A + b"1....", _A + b"2....", _A + b"3...." + _A.replace(b"1.1", b"1.0") + b"4...."], []),
+    ([_A + b"1....", _A + b"2....", _A + b"3...." + b"\r\n" + _A + b"4....", _A + b"5...."], []),
     # Garbage after a run, then the same answer (llhttp's error is final both ways).
     ([_A + b"1....", _A + b"2....", _A + b"3....xyz\r\n\r\n", _A + b"4...."], [False] * 4),
 ]
