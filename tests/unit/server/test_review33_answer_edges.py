@@ -22,6 +22,7 @@ from ravenproxy.server.http_messages import DATA, HEAD, Parsed
 from tests.helpers import examples
 
 from . import again_old_parse as old_parse
+from .test_again_answers import _llhttp
 from .test_heads_parse import _view
 
 _FINALS = [
@@ -108,11 +109,6 @@ def _runs(draw: st.DrawFn) -> tuple[list[bytes], list[bool]]:
     # Mostly GETs; a HEAD for one read (a GET after it), or from a read on.
     flags = [(way == 0 and i == at) or (way == 1 and i >= at) for i in range(len(reads))]
     return reads, flags
-
-
-def _llhttp(parsed: Parsed | old_parse.Parsed) -> tuple[object, ...]:
-    parser = parsed.parser
-    return (parser.get_status_code(), parser.get_http_version(), parser.should_keep_alive())
 
 
 def _compared(reads: list[bytes], flags: list[bool], kinds: list[int] | None = None) -> None:
