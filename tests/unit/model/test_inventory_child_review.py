@@ -213,7 +213,9 @@ async def test_an_alias_chain_met_from_its_deep_end_loads_as_in_process(tmp_path
 
 
 @pytest.mark.parametrize(
-    "value", ["2024-13-45", "2024-02-30 10:00:00", "9" * 5000], ids=["month", "day", "digits"]
+    "value",
+    ["2024-13-45", "2024-02-30 10:00:00", "9" * 5000, "!!bool maybe", "!!timestamp nope"],
+    ids=["month", "day", "digits", "bool", "timestamp"],  # the last two: KeyError, AttributeError
 )
 async def test_a_value_the_constructor_cannot_build_is_one_refusal_both_ways(
     tmp_path: Path, value: str
