@@ -5,7 +5,11 @@ and the memory of their import stays with the process): the key and CSR
 :mod:`ravenproxy.model.inventory`).
 
 A child is owned by the coroutine that runs it: it is killed and reaped when its time is up or
-when that coroutine is cancelled (a shutdown).
+when that coroutine is cancelled (a shutdown). It also ends with its parent (Linux's
+``PR_SET_PDEATHSIG``): a parent killed before it could cancel anything (a SIGTERM before its
+handlers are installed, a SIGKILL, the OOM killer) does not leave it running. It is started as
+``python -P -m ravenproxy.children PARENT_PID MODULE ARGS`` (:func:`main`), which asks for that
+signal and then runs ``MODULE`` as ``python -m`` would.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import runpy
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -21,22 +27,27 @@ from ravenproxy.log import kv
 log = logging.getLogger(__name__)
 
 
-async def run_module(module: str, args: Sequence[str], timeout: float) -> tuple[int, bytes, bytes]:
-    """Exit status, stdout and stderr of ``python -P -m MODULE ARGS`` (no stdin). OSError when
-    it cannot start; TimeoutError when it has not ended within ``timeout`` seconds."""
+async def run_module(
+    module: str, args: Sequence[str], timeout: float, stdin: bytes | None = None
+) -> tuple[int, bytes, bytes]:
+    """Exit status, stdout and stderr of ``python -P -m MODULE ARGS`` (given ``stdin``, else
+    none), ending with us (:func:`main`). OSError when it cannot start; TimeoutError when it has
+    not ended within ``timeout`` seconds."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-P",  # the working directory is not on the child's path: see _child_env
         "-m",
+        __name__,
+        str(os.getpid()),
         module,
         *args,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=_child_env(),
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
     finally:
         if proc.returncode is None:  # cancelled or timed out: the child goes too
             proc.kill()
@@ -64,3 +75,25 @@ def _child_env() -> dict[str, str]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": os.pathsep.join([root, path] if path else [root])}
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def main(argv: Sequence[str]) -> None:
+    """The child's side of :func:`run_module`: ``PARENT_PID MODULE ARGS``. Asks to be killed
+    when the parent ends, checks that the parent is still ``PARENT_PID`` (it may have died
+    before the request: then no signal would come), and runs ``MODULE`` as ``python -m``."""
+    parent, module, *args = argv
+    if sys.platform.startswith("linux"):
+        import ctypes  # here, in the child only
+
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != int(parent):
+        sys.exit(f"{module}: the parent process {parent} has ended")
+    sys.argv[1:] = args
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -5,11 +5,13 @@ holding them (what ``kubectl get nodes,gateways -o yaml`` prints). Other kinds a
 debug log line; anything malformed is an :class:`InventoryError` naming the document and field.
 
 An async load (:func:`aload_inventory`: the watcher of the agent, the server, dns; every
-``model_source``) reads the file's YAML in a short-lived child, ``python -m
-ravenproxy.model.inventory PATH``, which hands back the documents pickled (or the refusal, the
-same line as in-process): PyYAML, ~0.8 MB of an idle agent, is never imported by a long-running
-process (issue 15). The model is built from the documents in the process, in a worker thread.
-Blocking callers load in-process (:func:`load_inventory`, :func:`parse_inventory`).
+``model_source``) reads the file in the process (a worker thread: ``/dev/stdin`` and a shell's
+``<(...)`` are ours to read) and parses its YAML in a short-lived child, ``python -m
+ravenproxy.model.inventory PATH`` given the text on its stdin, which hands back the documents
+pickled (or the refusal, the same line as in-process): PyYAML, ~0.8 MB of an idle agent, is
+never imported by a long-running process (issue 15). The model is built from the documents in
+the process, in a worker thread. Blocking callers load in-process (:func:`load_inventory`,
+:func:`parse_inventory`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import io
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -166,7 +169,10 @@ def read_documents(path: str | os.PathLike[str]) -> list[Any]:
     """The file's YAML documents (safe types only); any problem is an InventoryError with a
     one-line reason naming the file."""
     p = Path(path)
-    text = read_inventory_text(p)
+    return _documents_of(read_inventory_text(p), p)
+
+
+def _documents_of(text: str, p: Path) -> list[Any]:
     with _bounded(p):
         return _yaml_documents(text, str(p))
 
@@ -181,14 +187,16 @@ def load_inventory(path: str | os.PathLike[str]) -> Model:
 
 
 async def aload_inventory(path: str | os.PathLike[str]) -> Model:
-    """:func:`load_inventory` with the YAML read in a child (``python -m
-    ravenproxy.model.inventory PATH``: PyYAML never resident here) and the model built in a
-    worker thread: a parse of many megabytes takes seconds, and the event loop must keep
-    answering (agents' PINGs, health checks) meanwhile. The same refusals as in-process; a
-    child that cannot run, crashes or takes longer than :data:`TIMEOUT` is one too."""
+    """:func:`load_inventory` with the file read in a worker thread, its YAML parsed in a child
+    (``python -m ravenproxy.model.inventory PATH``, the text on its stdin: PyYAML never resident
+    here) and the model built in a worker thread: a parse of many megabytes takes seconds, and
+    the event loop must keep answering (agents' PINGs, health checks) meanwhile. The same
+    refusals as in-process; a child that cannot run, crashes, takes longer than
+    :data:`TIMEOUT` or answers what cannot be read is one too."""
     p = Path(path)
+    text = await asyncio.to_thread(read_inventory_text, p)
     try:
-        status, out, err = await run_module(_CHILD, (os.fspath(p),), TIMEOUT)
+        status, out, err = await run_module(_CHILD, (os.fspath(p),), TIMEOUT, text.encode())
     except TimeoutError:  # an OSError too: first
         raise InventoryError(f"{p}: inventory reader: no answer within {TIMEOUT:g}s") from None
     except OSError as exc:
@@ -199,34 +207,89 @@ async def aload_inventory(path: str | os.PathLike[str]) -> Model:
     return await asyncio.to_thread(_model_of_answer, out, p)
 
 
-def _model_of_answer(answer: bytes, p: Path) -> Model:
-    """The model of the child's answer (:func:`_answer`), unpickled a piece at a time: one
-    ``loads`` of a 16 MiB inventory's documents would hold the GIL for ~0.6 s."""
-    pieces = _pickle.Unpickler(io.BytesIO(answer))
-    count: int | str = pieces.load()
+_TRAILER = b"\nravenproxy.model.inventory answer\n"
+"""What ends the child's output, after its answer and the answer's length (8 bytes, big-endian):
+whatever the interpreter printed before the answer (a user's ``sitecustomize``) is skipped."""
+_LENGTH = 8
+
+
+def _model_of_answer(out: bytes, p: Path) -> Model:
+    """The model of the child's answer (:func:`_answer`, framed by :func:`_framed`), unpickled a
+    piece at a time: one ``loads`` of a 16 MiB inventory's documents would hold the GIL for
+    ~0.6 s. Output that does not hold a whole answer is a refusal."""
+    end = len(out) - len(_TRAILER) - _LENGTH
+    size = int.from_bytes(out[end : end + _LENGTH]) if end >= 0 else -1
+    if not out.endswith(_TRAILER) or not 0 <= size <= end:
+        raise InventoryError(f"{p}: inventory reader: no answer in its output ({len(out)} bytes)")
+    answer = io.BytesIO(out)  # shares the bytes: no copy
+    answer.seek(end - size)
+    pieces = _pickle.Unpickler(answer)
+    try:
+        count: int | str = pieces.load()
+        docs = []
+        if isinstance(count, int):
+            for _ in range(count):
+                for _ in range(pieces.load()):
+                    pieces.load()  # an item of a List: its document refers to it (shared memo)
+                docs.append(pieces.load())
+    except Exception as exc:  # of any type the unpickler meets in bytes that are not an answer
+        raise InventoryError(
+            f"{p}: inventory reader: its answer cannot be read ({type(exc).__name__})"
+        ) from None
     if isinstance(count, str):  # the child's refusal, as read_documents raised it
         raise InventoryError(count)
-    docs = []
-    for _ in range(count):
-        for _ in range(pieces.load()):
-            pieces.load()  # an item of a List: its document refers to it (the memo is shared)
-        docs.append(pieces.load())
+    if not isinstance(count, int) or answer.tell() != end:
+        raise InventoryError(f"{p}: inventory reader: its answer cannot be read (its length)")
     with _bounded(p):
         return model_of(docs, str(p))
 
 
-def _answer(path: str) -> bytes:
-    """The child's answer: :func:`read_documents` as pickled pieces, one pickler (references
-    to what was sent before, shared objects stay shared): their count; for each document, the
-    count of its ``items`` (a List's), each item, the document. Its refusal, an
+_LEVEL_BYTES = 512
+"""C stack a level of pickling takes at most: ~130 to ~260 bytes measured (lists, mappings; a
+thread of 1 MiB pickles 4 000 levels, not 8 000)."""
+
+
+def _answer(text: str, origin: str) -> bytes:
+    """The child's answer: the documents of ``text`` as pickled pieces, one pickler
+    (references to what was sent before, shared objects stay shared): their count; for each
+    document, the count of its ``items`` (a List's), each item, the document. Its refusal, an
     InventoryError's line, instead."""
+    from ravenproxy.model import safeyaml  # PyYAML with it: the child parses
+
+    try:
+        docs = _documents_of(text, Path(origin))
+    except InventoryError as exc:
+        return _pickle.dumps(str(exc), protocol=5)
+    # Pickling recurses a level per level of nesting it meets, aliases included: a chain of
+    # aliases met from its deep end (duplicate or merge keys reorder a mapping) is as deep as
+    # it expands. Within safeyaml's limits, a path goes through a document's own nesting
+    # (MAX_DEPTH) and what its counted aliases expand to (MAX_ALIAS_NODES in all); an alias
+    # of a node still open leads back into text already nested within MAX_DEPTH. The pickling
+    # is given that many levels and a margin, in a thread whose stack holds them all
+    # (_LEVEL_BYTES a level: ~50 MiB reserved, touched only as deep as the data goes): a
+    # deeper graph is a RecursionError (a refusal, "too complex"), never a crash of the C
+    # stack. A level counts twice against the recursion limit (3.11's _pickle: save() and
+    # the container's batch each enter a recursive call; a tuple counts once: 2 * levels of
+    # them fit in the stack too, checked).
+    levels = safeyaml.MAX_DEPTH + safeyaml.MAX_ALIAS_NODES + 1000  # and the frames below
+    answer: list[bytes] = []
+    limit, stack = sys.getrecursionlimit(), threading.stack_size(levels * _LEVEL_BYTES + 2**20)
+    sys.setrecursionlimit(2 * levels)
+    try:
+        pickling = threading.Thread(target=lambda: answer.append(_pickled(docs, origin)))
+        pickling.start()
+        pickling.join()
+    finally:  # for a caller other than the child (tests)
+        sys.setrecursionlimit(limit)
+        threading.stack_size(stack)
+    return answer[0]
+
+
+def _pickled(docs: list[Any], origin: str) -> bytes:
     data = io.BytesIO()
     pieces = _pickle.Pickler(data, protocol=5)
     try:
-        docs = read_documents(path)
-        # Pickling recurses, but through what aliases share only once: in the order of the
-        # text, where an anchor comes before its aliases (tests: a chain 3 600 levels deep).
-        with _bounded(Path(path)):
+        with _bounded(Path(origin)):
             pieces.dump(len(docs))
             for doc in docs:
                 items = doc.get("items") if isinstance(doc, dict) else None
@@ -241,15 +304,25 @@ def _answer(path: str) -> bytes:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m ravenproxy.model.inventory PATH``: :func:`read_documents`, pickled on
-    stdout (:func:`_answer`). Run by :func:`aload_inventory`, so that PyYAML lives in a
+    """``python -m ravenproxy.model.inventory PATH``: the documents of the text on stdin
+    (``PATH`` names it in messages), pickled on stdout (:func:`_answer`), then the answer's
+    length and :data:`_TRAILER`. Run by :func:`aload_inventory`, so that PyYAML lives in a
     short-lived child."""
     if len(argv) != 1:
-        print("usage: python -m ravenproxy.model.inventory PATH", file=sys.stderr)
+        print("usage: python -m ravenproxy.model.inventory PATH < TEXT", file=sys.stderr)
         return 2
-    sys.stdout.buffer.write(_answer(argv[0]))
+    data = sys.stdin.buffer.read()
+    output = _framed(data.decode("utf-8"), argv[0])  # UTF-8: read_inventory_text checked it
+    sys.stdout.flush()  # what was printed before (a sitecustomize) goes before the answer
+    sys.stdout.buffer.write(output)
     sys.stdout.flush()
     return 0
+
+
+def _framed(text: str, origin: str) -> bytes:
+    """:func:`_answer`, its length and :data:`_TRAILER`: the child's output."""
+    answer = _answer(text, origin)
+    return answer + len(answer).to_bytes(_LENGTH) + _TRAILER
 
 
 class InventoryWatcher:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 from yaml.composer import Composer
-from yaml.constructor import SafeConstructor
+from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.events import AliasEvent
 from yaml.nodes import Node
 from yaml.resolver import Resolver
@@ -121,16 +121,35 @@ class _GuardedComposer(Composer):
         return node
 
 
+class _GuardedConstructor(SafeConstructor):
+    """PyYAML's safe constructor, with a value it cannot build (a date of month 13, an
+    integer of 5 000 digits, ``!!bool maybe``) a :class:`ConstructorError` at the value's
+    line, where PyYAML lets the ValueError (KeyError, ...) of its conversion through."""
+
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, KeyError, AttributeError, TypeError, OverflowError) as exc:
+            kind = str(node.tag).rsplit(":", 1)[-1]
+            # int's own message ends with advice for a programmer (set_int_max_str_digits);
+            # a ValueError may quote the value: a hundred characters at most.
+            why = one_line(str(exc).split(";")[0], 100)
+            why = why if isinstance(exc, ValueError) else f"not a valid {kind}"
+            raise ConstructorError(
+                None, None, f"cannot build the {kind}: {why}", node.start_mark
+            ) from None
+
+
 try:
     from yaml._yaml import CParser as _Parser  # libyaml: scanner and parser in C
 
     LIBYAML = True
 
-    class _Loader(_GuardedComposer, _Parser, SafeConstructor, Resolver):
+    class _Loader(_GuardedComposer, _Parser, _GuardedConstructor, Resolver):
         def __init__(self, stream: str) -> None:
             _Parser.__init__(self, stream)
             _GuardedComposer.__init__(self)
-            SafeConstructor.__init__(self)
+            _GuardedConstructor.__init__(self)
             Resolver.__init__(self)
 
 except ImportError:  # pragma: no cover - PyYAML built without libyaml: slower, same limits
@@ -139,13 +158,13 @@ except ImportError:  # pragma: no cover - PyYAML built without libyaml: slower, 
     from yaml.reader import Reader
     from yaml.scanner import Scanner
 
-    class _Loader(_GuardedComposer, Reader, Scanner, Parser, SafeConstructor, Resolver):  # type: ignore[no-redef]
+    class _Loader(_GuardedComposer, Reader, Scanner, Parser, _GuardedConstructor, Resolver):  # type: ignore[no-redef]
         def __init__(self, stream: str) -> None:
             Reader.__init__(self, stream)
             Scanner.__init__(self)
             Parser.__init__(self)
             _GuardedComposer.__init__(self)
-            SafeConstructor.__init__(self)
+            _GuardedConstructor.__init__(self)
             Resolver.__init__(self)
 
 

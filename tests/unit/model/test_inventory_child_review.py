@@ -3,7 +3,9 @@ in-process read (:func:`load_inventory`) beyond test_inventory_child.py: generat
 through the child's answer (its pickled pieces, :func:`_answer` / :func:`_model_of_answer`),
 texts of every kind through real children, an answer larger than a pipe's buffer, modules
 lying in the working directory or on the user's PYTHONPATH, edits landing while a child reads,
-and what the merge left different (marked ``xfail(strict=True)``: the lead fixes them)."""
+and what the merge left different (review32's strict xfails, fixed by childfix: the text read
+by the parent and given on the child's stdin, the answer framed, the pickling given the depth
+safeyaml's limits allow, a value the constructor cannot build a refusal)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ravenproxy import children
 from ravenproxy.errors import InventoryError
 from ravenproxy.model import inventory as inventory_module
 from ravenproxy.model.inventory import InventoryWatcher, aload_inventory, load_inventory
@@ -134,7 +137,12 @@ def outcome(run: object) -> object:
 def through_the_answer(path: Path) -> Model:
     """What :func:`aload_inventory` does, without the process: the child's answer
     (:func:`_answer`) read back into a model (:func:`_model_of_answer`)."""
-    return inventory_module._model_of_answer(inventory_module._answer(str(path)), path)
+    return inventory_module._model_of_answer(framed(path), path)
+
+
+def framed(path: Path) -> bytes:
+    """The child's output for the file's text (:func:`ravenproxy.model.inventory.main`)."""
+    return inventory_module._framed(inventory_module.read_inventory_text(path), str(path))
 
 
 @settings(
@@ -196,11 +204,6 @@ def deepest_first_chain(links: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review32: _answer pickles recursively; a chain met deep end first is refused "
-    "(too complex, RecursionError) by the child, loaded in-process",
-)
 async def test_an_alias_chain_met_from_its_deep_end_loads_as_in_process(tmp_path: Path) -> None:
     path = tmp_path / "inv.yaml"
     path.write_text(deepest_first_chain(15))
@@ -209,13 +212,10 @@ async def test_an_alias_chain_met_from_its_deep_end_loads_as_in_process(tmp_path
     assert child == here
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review32: a value the safe constructor cannot build (month 13, an int over 4300 "
-    "digits) is a ValueError in-process and a child crash (exit status 1), not a refusal",
-)
 @pytest.mark.parametrize(
-    "value", ["2024-13-45", "2024-02-30 10:00:00", "9" * 5000], ids=["month", "day", "digits"]
+    "value",
+    ["2024-13-45", "2024-02-30 10:00:00", "9" * 5000, "!!bool maybe", "!!timestamp nope"],
+    ids=["month", "day", "digits", "bool", "timestamp"],  # the last two: KeyError, AttributeError
 )
 async def test_a_value_the_constructor_cannot_build_is_one_refusal_both_ways(
     tmp_path: Path, value: str
@@ -232,7 +232,7 @@ async def test_an_answer_larger_than_a_pipe_buffer_comes_whole(tmp_path: Path) -
     text, count = large_inventory(3 * 2**20)
     path = tmp_path / "inv.yaml"
     path.write_text(text)
-    answer = inventory_module._answer(str(path))
+    answer = framed(path)
     assert len(answer) > 16 * 65536
     model = await aload_inventory(path)
     assert len(model.nodes) == count
@@ -421,11 +421,6 @@ def piped(data: bytes) -> Iterator[str]:
                 os.close(fd)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review32: the child does not inherit the parent's descriptors: an inventory named "
-    "/dev/fd/N (a shell's <(...)) is 'No such file' in the child, read in-process",
-)
 async def test_an_inventory_on_an_inherited_descriptor_loads_as_in_process() -> None:
     data = node_doc(60).encode()
     with piped(data) as name:
@@ -439,11 +434,6 @@ async def test_an_inventory_on_an_inherited_descriptor_loads_as_in_process() -> 
     assert child == here
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review32: the child's stdin is /dev/null: --inventory /dev/stdin is silently an "
-    "empty inventory (1bb5933 read the process's stdin)",
-)
 def test_an_inventory_on_stdin_is_read_by_a_one_shot_command(tmp_path: Path) -> None:
     """``ravenproxy controller --dry-run --inventory /dev/stdin < nodes.yaml`` (a pipe is
     refused as not a regular file, before and after): the objects of the inventory given on
@@ -473,12 +463,7 @@ def test_an_inventory_on_stdin_is_read_by_a_one_shot_command(tmp_path: Path) -> 
     assert b"gw-piped" in done.stdout, done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review32: bytes the child's interpreter writes to stdout before the answer (a "
-    "sitecustomize's print) make the answer unreadable: UnpicklingError, not an InventoryError",
-)
-async def test_a_child_that_writes_before_its_answer_is_a_refusal_at_worst(
+async def test_a_child_that_writes_before_its_answer_still_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     site = tmp_path / "site"
@@ -487,9 +472,51 @@ async def test_a_child_that_writes_before_its_answer_is_a_refusal_at_worst(
     monkeypatch.setenv("PYTHONPATH", str(site))
     path = tmp_path / "inv.yaml"
     path.write_text(node_doc(62))
-    try:
-        model = await aload_inventory(path)
-    except InventoryError as exc:  # a one-line refusal naming the file would do
-        assert str(exc).startswith(f"{path}: "), exc
-    else:
-        assert set(model.nodes) == {"node-62"}
+    model = await aload_inventory(path)  # the answer is found after what was printed
+    assert set(model.nodes) == {"node-62"}
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        b"",
+        b"hello",
+        inventory_module._TRAILER,
+        (10**6).to_bytes(8) + inventory_module._TRAILER,  # longer than the output
+        b"\x80\x05garbage" + (9).to_bytes(8) + inventory_module._TRAILER,  # not a pickle
+        b"\x80\x05K\x01." + (5).to_bytes(8) + inventory_module._TRAILER,  # 1 document, absent
+        b"\x80\x05N." + (4).to_bytes(8) + inventory_module._TRAILER,  # None, not a count
+        b"\x80\x05K\x00.K\x00." + (4).to_bytes(8) + inventory_module._TRAILER,  # too short
+    ],
+    ids=["empty", "noise", "bare-trailer", "too-long", "garbage", "cut", "none", "length"],
+)
+def test_output_without_a_whole_answer_is_a_one_line_refusal(output: bytes) -> None:
+    with pytest.raises(InventoryError) as caught:
+        inventory_module._model_of_answer(output, Path("inv.yaml"))
+    assert str(caught.value).startswith("inv.yaml: inventory reader: "), caught.value
+    assert "\n" not in str(caught.value)
+
+
+def test_output_after_the_answer_is_a_refusal(tmp_path: Path) -> None:
+    """Bytes written after the trailer (an ``atexit`` print): the trailer is not at the end."""
+    path = tmp_path / "inv.yaml"
+    path.write_text(node_doc(63))
+    with pytest.raises(InventoryError, match=r"inventory reader: no answer in its output"):
+        inventory_module._model_of_answer(framed(path) + b"bye\n", path)
+    assert set(through_the_answer(path).nodes) == {"node-63"}
+
+
+def test_a_child_whose_parent_is_not_the_one_named_ends_at_once() -> None:
+    """The parent died before the child asked to end with it (no signal would come): the
+    child sees that its parent is not the one named and ends without running the module."""
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "ravenproxy.children", "1", "ravenproxy.model.inventory"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=children._child_env(),  # this ravenproxy, as run_module runs it
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == b"ravenproxy.model.inventory: the parent process 1 has ended"
+    assert done.stdout == b""
