@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import runpy
 import signal
 import sys
 from collections.abc import Sequence
@@ -91,6 +90,8 @@ def main(argv: Sequence[str]) -> None:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != int(parent):
         sys.exit(f"{module}: the parent process {parent} has ended")
+    import runpy  # the child's alone (a parent imports this module for run_module)
+
     sys.argv[1:] = args
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
