@@ -21,36 +21,42 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from ravenproxy.errors import ChildError
 from ravenproxy.log import kv
 
 log = logging.getLogger(__name__)
 
 
 async def run_module(
-    module: str, args: Sequence[str], timeout: float, stdin: bytes | None = None
+    what: str, module: str, args: Sequence[str], timeout: float, stdin: bytes | None = None
 ) -> tuple[int, bytes, bytes]:
     """Exit status, stdout and stderr of ``python -P -m MODULE ARGS`` (given ``stdin``, else
-    none), ending with us (:func:`main`). OSError when it cannot start; TimeoutError when it has
-    not ended within ``timeout`` seconds."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-P",  # the working directory is not on the child's path: see _child_env
-        "-m",
-        __name__,
-        str(os.getpid()),
-        module,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=_child_env(),
-    )
+    none), ending with us (:func:`main`). :class:`ChildError` naming it ``what`` when it cannot
+    start or has not ended within ``timeout`` seconds."""
     try:
-        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-    finally:
-        if proc.returncode is None:  # cancelled or timed out: the child goes too
-            proc.kill()
-            await proc.wait()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-P",  # the working directory is not on the child's path: see _child_env
+            "-m",
+            __name__,
+            str(os.getpid()),
+            module,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=_child_env(),
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        finally:
+            if proc.returncode is None:  # cancelled or timed out: the child goes too
+                proc.kill()
+                await proc.wait()
+    except TimeoutError:  # an OSError too: first
+        raise ChildError(f"{what}: no answer within {timeout:g}s") from None
+    except OSError as exc:
+        raise ChildError(f"cannot start the {what}: {exc.strerror or exc}") from None
     status = proc.returncode
     return (status if status is not None else -1), out, err
 

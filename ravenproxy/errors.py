@@ -24,6 +24,11 @@ class InventoryError(RavenProxyError):
     """The inventory (YAML or Kubernetes objects) cannot be read into the model."""
 
 
+class ChildError(RavenProxyError):
+    """A short-lived child of ours (:mod:`ravenproxy.children`) that could not start or did not
+    answer in time: one line, which its caller's own error carries on."""
+
+
 class PKIError(RavenProxyError):
     """Certificates or keys cannot be created, read or used."""
 

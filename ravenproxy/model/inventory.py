@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ravenproxy.children import failure, run_module
-from ravenproxy.errors import InventoryError
+from ravenproxy.errors import ChildError, InventoryError
 from ravenproxy.log import kv
 from ravenproxy.model.limits import MAX_INVENTORY_BYTES
 from ravenproxy.model.objects import Gateway, Node, Pod
@@ -196,12 +196,11 @@ async def aload_inventory(path: str | os.PathLike[str]) -> Model:
     p = Path(path)
     text = await asyncio.to_thread(read_inventory_text, p)
     try:
-        status, out, err = await run_module(_CHILD, (os.fspath(p),), TIMEOUT, text.encode())
-    except TimeoutError:  # an OSError too: first
-        raise InventoryError(f"{p}: inventory reader: no answer within {TIMEOUT:g}s") from None
-    except OSError as exc:
-        reason = exc.strerror or exc
-        raise InventoryError(f"{p}: cannot start the inventory reader: {reason}") from None
+        status, out, err = await run_module(
+            "inventory reader", _CHILD, (os.fspath(p),), TIMEOUT, text.encode()
+        )
+    except ChildError as exc:
+        raise InventoryError(f"{p}: {exc}") from None
     if status != 0:
         raise InventoryError(f"{p}: {failure('inventory reader', status, err)}")
     return await asyncio.to_thread(_model_of_answer, out, p)

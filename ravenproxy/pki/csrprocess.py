@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ravenproxy.children import failure, run_module
-from ravenproxy.errors import PKIError
+from ravenproxy.errors import ChildError, PKIError
 
 TIMEOUT = 60.0
 _CSR_BEGIN = b"-----BEGIN CERTIFICATE REQUEST-----"
@@ -31,11 +31,11 @@ async def new_request(node: str, sans: Sequence[str] = (), timeout: float = TIME
     """:func:`ravenproxy.pki.csr.new_request` in a child process; PKIError for a bad node name
     or SAN (the child's message), or when the child cannot run or does not answer."""
     try:
-        status, out, err = await run_module("ravenproxy.pki.csr", (node, *sans), timeout)
-    except TimeoutError:  # an OSError too: first
-        raise PKIError(f"key generator: no answer within {timeout:g}s") from None
-    except OSError as exc:
-        raise PKIError(f"cannot start the key generator: {exc.strerror or exc}") from None
+        status, out, err = await run_module(
+            "key generator", "ravenproxy.pki.csr", (node, *sans), timeout
+        )
+    except ChildError as exc:
+        raise PKIError(str(exc)) from None
     if status != 0:
         raise PKIError(_failure(status, err))
     at = out.find(_CSR_BEGIN)
