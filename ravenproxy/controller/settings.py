@@ -147,7 +147,8 @@ class ControllerCommand:
         "--leader-elect-lease-duration",
         "DURATION",
         "how long the leader's Lease stays valid unrenewed, before another replica may take "
-        "it (rounded up to whole seconds); more than --leader-elect-renew-deadline",
+        "it (rounded up to whole seconds); more than --leader-elect-renew-deadline (not with "
+        "--inventory)",
         kind="duration",
     )
     renew_deadline: float = setting(
@@ -155,14 +156,14 @@ class ControllerCommand:
         "--leader-elect-renew-deadline",
         "DURATION",
         "the leader that has not renewed its Lease for this long stops writing; more than "
-        f"{JITTER:g} x --leader-elect-retry-period",
+        f"{JITTER:g} x --leader-elect-retry-period (not with --inventory)",
         kind="duration",
     )
     retry_period: float = setting(
         RETRY_PERIOD,
         "--leader-elect-retry-period",
         "DURATION",
-        "how often a replica tries to take or renew the Lease; at least 1s",
+        "how often a replica tries to take or renew the Lease; at least 1s (not with --inventory)",
         kind="duration",
     )
 
