@@ -14,10 +14,11 @@ process: it accepts and holds connections), ``ravenproxy server`` and ``ravenpro
 - **agent process**: VmRSS of an idle ``ravenproxy agent`` (server address, certificates,
   inventory, ``--allow``: no metrics, Kubernetes or L3), tunnel up, one stream opened and
   closed; then the same for the agent as shipped (k8s/agent.yaml: ``--kube-model --cert-dir``,
-  the model from the tests' Kubernetes API emulator, a valid certificate in the directory);
-  beside them an idle ``ssh -R`` client through a private sshd (throughput.py's), running a
-  session as the other benchmarks' ssh rows do (benchmarks/sshrow.py); with ``--ssh-n`` an idle
-  ``ssh -N -R`` client too.
+  the model from the tests' Kubernetes API emulator, a valid certificate in the directory), over
+  http (``agent_kube_cert_dir``) and, as in a cluster, over https with the CA in the kubeconfig
+  (``agent_kube_https``: a TLS front on the emulator); beside them an idle ``ssh -R`` client
+  through a private sshd (throughput.py's), running a session as the other benchmarks' ssh rows
+  do (benchmarks/sshrow.py); with ``--ssh-n`` an idle ``ssh -N -R`` client too.
 
 A CONNECT takes one front connection, and the server caps its front connections at 7/16 of its
 descriptor limit (an eighth kept in reserve, two descriptors per connection): with a hard limit
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import datetime
 import importlib
@@ -322,6 +324,43 @@ def kube_agent_flags(base: Path, api: Any, call: Callable[[Any], Any]) -> list[s
     return ["--kube-model", "--kubeconfig", str(kubeconfig), "--cert-dir", str(cert_dir)]
 
 
+async def _tls_front(api: Any, certs: Path) -> asyncio.Server:
+    """A TLS listener (``certs``' server certificate, for 127.0.0.1) relaying each connection
+    to the API emulator ``api``, on the running loop (the emulator's)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs / "server.crt", certs / "server.key")
+    port = int(api.url.rstrip("/").rsplit(":", 1)[1])
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.gather(
+            pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True
+        )
+
+    return await asyncio.start_server(relay, "127.0.0.1", 0, ssl=ctx)
+
+
+def _https_kubeconfig(base: Path, port: int) -> None:
+    """:func:`kube_agent_flags`' kubeconfig pointed at ``https://127.0.0.1:PORT`` with the
+    cluster's CA as ``certificate-authority-data``."""
+    path = base / "agent.kubeconfig"
+    config = json.loads(path.read_text())
+    ca = base64.b64encode((base / "certs" / "ca.crt").read_bytes()).decode()
+    config["clusters"][0]["cluster"] = {
+        "server": f"https://127.0.0.1:{port}",
+        "certificate-authority-data": ca,
+    }
+    path.write_text(json.dumps(config))
+
+
 async def open_connect(http: int, dest: str) -> socket.socket | None:
     """One CONNECT through the HTTP front; the socket once it is established, else None."""
     loop = asyncio.get_running_loop()
@@ -460,9 +499,11 @@ async def agent_process(
 ) -> dict[str, Any]:
     """VmRSS of an idle ``ravenproxy agent`` process started with the flags an edge node needs
     (server address, certificates, inventory, ``--allow``; no metrics, no Kubernetes, no L3),
-    its tunnel up and one stream opened and closed; beside it, an idle ``ssh -R`` client (and
-    with ``ssh_n`` an idle ``ssh -N -R`` one; none without ``ssh``). ``bytecode``: see
-    :func:`bytecode_env`; ``checkout``: whose code the agent runs (see :func:`start_agent`).
+    its tunnel up and one stream opened and closed; then as shipped (``--kube-model --cert-dir``,
+    the API emulator over http, then over https with its CA in the kubeconfig); beside it, an
+    idle ``ssh -R`` client (and with ``ssh_n`` an idle ``ssh -N -R`` one; none without
+    ``ssh``). ``bytecode``: see :func:`bytecode_env`; ``checkout``: whose code the agent runs
+    (see :func:`start_agent`).
     ``cpu`` seconds: each agent's CPU while idle that long after its RSS is read, as seconds
     an hour (its two 1 Hz file pollers, its tunnel's keepalive). RSS is in KiB (``*_kib``,
     1 024 bytes) and MiB (``*_mib``, 2**20 bytes)."""
@@ -500,6 +541,14 @@ async def agent_process(
         with _api_emulator() as (api, call):
             flags = kube_agent_flags(base, api, call)
             await idle_rss(flags, "agent_kube_cert_dir")
+            # And as in a cluster: the API over https, its CA in the kubeconfig (a service
+            # account's ca.crt), through a TLS front on the emulator's loop.
+            front = call(_tls_front(api, base / "certs"))
+            try:
+                _https_kubeconfig(base, front.sockets[0].getsockname()[1])
+                await idle_rss(flags, "agent_kube_https")
+            finally:
+                front.close()
         if ssh:
             row.update(await _ssh_client_rss(base, target_port, ssh_n))
         if row.get("ssh_client_rss_kib"):

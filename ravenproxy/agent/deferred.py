@@ -11,6 +11,7 @@ import functools
 import sys
 import types
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from ravenproxy import lazymodule
@@ -38,6 +39,14 @@ UNUSED: dict[str, str] = {
     "tokenize": "linecache's reading of a source file, for a traceback's lines (~0.1 MB)",
     "queue": "concurrent.futures.thread's work queue (uvloop imports it): a default executor "
     "(the --inventory load) loads it",
+    "locale": "subprocess's text mode (its encoding) only: the agent's children talk bytes "
+    "(~0.15 MB)",
+    "selectors": "socket.sendfile and asyncio's own event loop (uvloop polls with libuv) "
+    "(~0.08 MB)",
+    "asyncio.trsock": "asyncio's own event loop's socket wrapper (uvloop has its own)",
+    "asyncio.staggered": "asyncio's own event loop's Happy Eyeballs (uvloop dials itself)",
+    "copy": "dataclasses' asdict and astuple (deep copies), which the agent never calls",
+    "linecache": "traceback's source lines (traceback itself is deferred: STAND_INS)",
 }
 """Module name: who imports it, and what for."""
 
@@ -106,7 +115,45 @@ def _get_annotations(
     return result
 
 
-STAND_INS: dict[str, dict[str, Callable[..., Any]]] = {
+def _traceback() -> Any:
+    return lazymodule.load(sys.modules["traceback"])
+
+
+def _extract_stack(f: FrameType | None = None, limit: int | None = None) -> Any:
+    """``traceback.extract_stack``: from the caller's frame when ``f`` is None, as its own."""
+    return _traceback().extract_stack(sys._getframe(1) if f is None else f, limit)
+
+
+def _walk_stack(f: FrameType | None) -> Any:
+    """``traceback.walk_stack``: its own generator (whose frame, like the one it starts from
+    when ``f`` is None, is seen from whoever iterates it, not from here)."""
+    return _traceback().walk_stack(f)
+
+
+def _format_list(extracted_list: Any) -> list[str]:
+    """``traceback.format_list``."""
+    result: list[str] = _traceback().format_list(extracted_list)
+    return result
+
+
+class _StackSummary:
+    """``traceback.StackSummary`` as uvloop uses it (its ``extract``), read at its import."""
+
+    @staticmethod
+    def extract(*args: Any, **kwargs: Any) -> Any:
+        """``traceback.StackSummary.extract``: a real ``StackSummary``."""
+        return _traceback().StackSummary.extract(*args, **kwargs)
+
+
+class _SubprocessError(Exception):
+    """``subprocess.SubprocessError`` as uvloop uses it, read at its import: it only makes one
+    (a ``preexec_fn`` that failed in the child), and what it makes is a real one."""
+
+    def __new__(cls, *args: Any) -> Any:
+        return lazymodule.load(sys.modules["subprocess"]).SubprocessError(*args)
+
+
+STAND_INS: dict[str, dict[str, Any]] = {
     "inspect": {
         "get_annotations": _get_annotations,
         "isgenerator": _isgenerator,
@@ -114,17 +161,34 @@ STAND_INS: dict[str, dict[str, Callable[..., Any]]] = {
         "isfunction": _isfunction,
         "unwrap": _unwrap,
     },
+    "traceback": {
+        "extract_stack": _extract_stack,
+        "walk_stack": _walk_stack,
+        "format_list": _format_list,
+        "StackSummary": _StackSummary,
+    },
+    "subprocess": {
+        "PIPE": -1,
+        "STDOUT": -2,
+        "DEVNULL": -3,
+        "SubprocessError": _SubprocessError,
+    },
 }
-"""Deferred modules, with the functions of them that are used (each answers as the module's
-own, asking the module for what it cannot answer itself). ``inspect`` (with ``ast``, ``dis``
-and ``opcode``: ~0.9 MB of an idle agent): uvloop reads ``isgenerator`` and
+"""Deferred modules, with the names of them that are read before they are used (each answers
+as the module's own, asking the module for what it cannot answer itself). ``inspect`` (with
+``ast``, ``dis`` and ``opcode``: ~0.9 MB of an idle agent): uvloop reads ``isgenerator`` and
 ``iscoroutinefunction`` at its import, and checks each signal handler and executor call with
 the latter; asyncio's repr of a callback (``unwrap``, ``isfunction``) runs at start-up, where
 ``signal.signal`` formats the handler asyncio.Runner installed for SIGINT, which refers to the
 main task; dataclasses (Python 3.12 and later) reads ``get_annotations`` of every dataclass.
 dataclasses reads ``inspect.signature`` for a class without a docstring only (the agent's have
 one: tests/unit/agent/test_imports.py); asyncio for a generator yielded to a task
-or an awaitable that is not a coroutine."""
+or an awaitable that is not a coroutine. ``traceback`` (with ``linecache``: ~0.11 MB): asyncio's
+C module reads ``extract_stack`` at its import, uvloop ``StackSummary``, ``walk_stack`` and
+``format_list``, each used in debug mode only (a task's or callback's source traceback);
+logging's use (an exception logged) reads the module, which loads then. ``subprocess`` (~0.13
+MB): asyncio and uvloop read its three constants (the same numbers here) and uvloop its
+``SubprocessError`` at their import; a child started (``ravenproxy.children``) loads it."""
 
 
 def defer_unused() -> None:

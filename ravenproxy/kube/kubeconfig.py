@@ -126,11 +126,9 @@ class ClusterAccess:
         """The client context for an https server (None for http)."""
         if not self.tls:
             return None
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-        if self.insecure:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        elif self.ca_pem is not None:
+        if self.ca_pem is not None and not self.insecure:
+            # Only this CA: the system's store (~150 certificates, ~1.1 MiB of a process's
+            # resident set once parsed) is not loaded for a context that does not use it.
             try:
                 ctx = ssl.create_default_context(
                     ssl.Purpose.SERVER_AUTH, cadata=self.ca_pem.decode("ascii", "replace")
@@ -140,6 +138,11 @@ class ClusterAccess:
                     f"{self.origin}: {self.ca_field}: not a PEM CA certificate: "
                     f"{getattr(exc, 'reason', None) or exc}"
                 ) from None
+        else:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+            if self.insecure:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
         if self.cert_pem is not None and self.key_pem is not None:
             _load_chain(ctx, self.cert_pem, self.key_pem, self.origin)
         return ctx

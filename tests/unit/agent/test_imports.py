@@ -91,6 +91,16 @@ HEAVY = {
     "textwrap": "argparse's help and traceback's exception notes (imported by logging)",
     "tokenize": "linecache's reading of source files for tracebacks (imported by logging)",
     "queue": "concurrent.futures.thread's (uvloop imports it): a default executor's",
+    # Deferred before the CLI's imports (ravenproxy.agent.deferred), with stand-ins for the names
+    # uvloop and asyncio read at their import.
+    "traceback": "asyncio's and uvloop's debug-mode source tracebacks, an exception logged",
+    "linecache": "traceback's",
+    "subprocess": "the stdlib's children (uvloop starts the agent's: ravenproxy.children)",
+    "locale": "subprocess's text mode",
+    "selectors": "asyncio's own event loop and socket.sendfile (the agent runs uvloop)",
+    "asyncio.trsock": "asyncio's own event loop's sockets",
+    "asyncio.staggered": "asyncio's own event loop's Happy Eyeballs",
+    "copy": "dataclasses' asdict and astuple",
     "shutil": "argparse's help width (the CLI's formatter finds it without shutil)",
 }
 
