@@ -1,65 +1,59 @@
-"""How an answer of the last answer's shape — its status line and field names, in order and
-case, the last one's; only its values differ (a Date, a Content-Length, an ETag) — is read
-without llhttp: a regular expression per shape (:func:`plan_of`), which
-:meth:`~ravenproxy.server.http_messages.Parsed.feed` matches at a read's start when llhttp is
-between messages and the last head is one llhttp frames by its Content-Length alone
-(:func:`~ravenproxy.server.parsed_answers.length_field`).
+"""How an answer of the last answer's layout — its status line and field names, in order and
+case, the last one's; only its values differ (a Date, a Content-Length, an ETag), each as long
+as the last one's — is read without llhttp: :func:`plan_of` makes, for a head llhttp parsed
+(the second of its shape in a row, framed by its Content-Length alone:
+:func:`~ravenproxy.server.parsed_answers.length_field`), where its values lie, and
+:meth:`~ravenproxy.server.http_messages.Parsed.feed` reads a later answer by it when llhttp is
+between messages. No Python loop over the bytes or the fields: the values are cut at those
+places (one C call), the head must be its shape's template with them (one format and compare:
+every byte but the values' is the last head's), and its bytes must be of the last head's
+kinds at each place (one translation and compare).
 
-What a value may hold is what llhttp was seen to take as it comes (tests/unit/server/
-test_answerparse_rules.py asks llhttp itself): any byte but a control (HTAB excepted) and DEL,
-obs-text (0x80-0xFF) included, trailing spaces and tabs kept, empty allowed; not beginning with
-a space or a tab (llhttp drops those), not holding a CR or an LF. The Content-Length's value:
-ASCII digits only, at most 18 (llhttp's number, a leading zero included, is ``int``'s). A line
-that is anything else does not match: the answer goes to llhttp, as does one whose head or body
-is not whole in the read.
+The kinds (:data:`_KINDS`): a control, CR, LF, HTAB and SP each stay themselves, any other byte
+(visible ASCII, obs-text 0x80-0xFF) is one kind. Each value is then as llhttp reports it, its
+bytes as they came (tests/unit/server/test_answerparse_rules.py asks llhttp itself): the last
+head's values (llhttp's or checked so) hold no control but HTAB, no CR or LF, and begin with no
+SP or HTAB (llhttp drops those), and a value of the same kinds at each place neither. The
+Content-Length's value must be ASCII digits (llhttp's number, a leading zero included, is
+``int``'s). Anything else goes to llhttp, as does an answer whose head or body is not whole in
+the read, or whose values' lengths changed (the next one is read by its head's places).
 """
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any, cast
 
 from ravenproxy.server.http_events import DATA, ENDED, HEAD
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.parsed_answers import ParsedPlainHead, length_field
 
-_VALUE = rb"((?:[!-~\x80-\xff][\t -~\x80-\xff]*)?)"
-"""A field's value as llhttp reports it, its bytes as they came (see the module's docstring)."""
-_LENGTH = rb"([0-9]{1,18})"
-"""The Content-Length's value: digits (18 at most: no overflow, no long ``int``)."""
+_KINDS = bytes(c if c < 0x21 or c == 0x7F else 0x61 for c in range(256))
+"""A translation table to a head's byte kinds: controls, HTAB, CR, LF, SP and DEL stay
+themselves; any other byte becomes ``a``."""
 
-Match = Callable[[bytes, int], "re.Match[bytes] | None"]
-Plan = tuple[Match, int]
-"""A shape's plan: its pattern's ``match`` (at a position) and which value is the
-Content-Length's."""
-
-PLANS: dict[bytes, Plan] = {}
-"""Plans by their shape's template (:mod:`.answer_shapes`: one bytes object a shape, its hash
-kept): shared by every target connection, as the templates are."""
-_plan_by_template = PLANS.get
-PLANS_MAX = 512
-"""Plans kept at most (as :data:`.answer_shapes.SHAPES_MAX`)."""
+Plan = tuple[bytes, Callable[[bytes], tuple[bytes, ...]], bytes, int]
+"""How an answer of a head's layout is read: the shape's template with a ``%b`` in front (for
+the empty cut the values' getter begins with), the values' getter (an ``itemgetter`` of
+slices), the head's kinds (:data:`_KINDS`) and which value is the Content-Length's."""
 
 
 def plan_of(head: Head, template: bytes) -> Plan | None:
-    """The plan of ``head``'s shape (its template ``template``) when llhttp frames ``head``'s
-    answer by its Content-Length alone (:func:`.length_field`); else None."""
-    at = length_field(head)
-    if at < 0:
+    """The plan of ``head``'s layout (its shape's template ``template``) when llhttp frames
+    ``head``'s answer by its Content-Length alone (:func:`.length_field`); else None."""
+    field = length_field(head)
+    if field < 0:
         return None
-    plan = _plan_by_template(template)
-    if plan is None:
-        head = cast("ParsedPlainHead", head)  # (length_field's)
-        lines = [b"HTTP/1\\.1 %d %b\r\n" % (head.status, re.escape(head.reason))]
-        for i, name in enumerate(head.names):
-            lines.append(b"%b: %b\r\n" % (re.escape(name), _LENGTH if i == at else _VALUE))
-        lines.append(b"\r\n")
-        plan = (re.compile(b"".join(lines)).match, at)
-        if len(PLANS) < PLANS_MAX:
-            PLANS[template] = plan
-    return plan
+    head = cast("ParsedPlainHead", head)  # (length_field's)
+    at = len(b"HTTP/1.1 %d %b\r\n" % (head.status, head.reason))
+    cuts = [slice(0, 0)]  # (a tuple for one field too)
+    for name, value in zip(head.names, head.values):  # noqa: B905 (as many)
+        at += len(name) + 2
+        cuts.append(slice(at, at + len(value)))
+        at += len(value) + 2
+    return (b"%b" + template, itemgetter(*cuts), head.wire.translate(_KINDS), field)
 
 
 _new_head = object.__new__
@@ -82,32 +76,49 @@ class NearAnswers:
         are whole answers of the last one's shape (:mod:`.near_answers`), their events queued
         as llhttp's — the last head itself when its values come again (its whole-head reuse),
         else one made as :meth:`on_headers_complete` makes it — none fed to llhttp."""
-        match, length = self._plan  # type: ignore[misc]  # (feed's gate)
-        if self.bodiless or type(data) is not bytes or (got := match(data, 0)) is None:
+        template, values_of, kinds, field = self._plan  # type: ignore[misc]  # (feed's gate)
+        if self.bodiless or type(data) is not bytes:
             return 0
         last: Any = self._last  # (set with _plan)
         kept: Any = last[5]
-        events, at, size = self.events, 0, len(data)
-        while True:  # ``got``: a head of the shape at ``at``
-            values = list(got.groups())
-            start = got.end()
-            end = start + int(values[length])
+        wire = kept.wire
+        body, events, at, size = -1, self.events, 0, len(data)  # (body: once asked)
+        while True:  # an answer of the layout at ``at``?
+            begin = at + len(wire)
+            if begin > size:  # its head is not whole in ``data``: llhttp's
+                break
+            head = data[at:begin]
+            if head == wire:  # the last head again (a scrape's, a probe's)
+                if body < 0:
+                    body = int(kept.values[field])  # (digits: llhttp's or checked)
+                made, length = kept, body
+            else:
+                cut = values_of(head)
+                number = cut[field + 1]
+                if (
+                    template % cut != head
+                    or head.translate(_KINDS) != kinds
+                    or not number.isdigit()
+                ):
+                    break
+                values = list(cut)
+                del values[0]  # (the empty cut)
+                # As on_headers_complete's plain head (its size on the wire: its bytes').
+                made = _new_head(ParsedPlainHead)
+                made.reason, made.status, made.version = kept.reason, kept.status, kept.version
+                made.names, made.values, made.size, made.wire = kept.names, values, len(head), head
+                length = int(number)
+            end = begin + length
             if end > size:  # the body is not whole in ``data``: llhttp's
                 break
-            if values != kept.values:
-                # As on_headers_complete's plain head: the head's size on the wire is its
-                # bytes', which are its template with its values.
-                wire = data[at:start]
-                made: Any = _new_head(ParsedPlainHead)
-                made.reason, made.status, made.version = kept.reason, kept.status, kept.version
-                made.names, made.values, made.size, made.wire = kept.names, values, len(wire), wire
-                kept = made
-            events.append((HEAD, kept))
-            if end > start:  # llhttp's body event: the body's bytes in this read
-                events.append((DATA, data[start:end]))
+            events.append((HEAD, made))
+            if length:  # llhttp's body event: the body's bytes in this read
+                events.append((DATA, data[begin:end]))
             events.append(ENDED)
+            if made is not kept:
+                kept, body, wire = made, length, head
             at = end
-            if end == size or (got := match(data, end)) is None:
+            if end == size:
                 break
         if kept is not last[5]:  # the last head's: as on_headers_complete keeps it
             # (A store the class declares for its subclass's slot.)
