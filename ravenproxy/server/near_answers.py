@@ -73,9 +73,10 @@ class NearAnswers:
 
     def _answered(self, data: bytes) -> int:
         """How many bytes of ``data`` (a response parser's between messages, :attr:`_plan` set)
-        are whole answers of the last one's shape (:mod:`.near_answers`), their events queued
-        as llhttp's — the last head itself when its values come again (its whole-head reuse),
-        else one made as :meth:`on_headers_complete` makes it — none fed to llhttp."""
+        are whole answers of the last one's layout (:mod:`.near_answers`), their events queued
+        as llhttp's — the last head itself when its bytes come again (its whole-head reuse,
+        answeragain's case), else one made as :meth:`on_headers_complete` makes it — none fed
+        to llhttp."""
         template, values_of, kinds, field = self._plan  # type: ignore[misc]  # (feed's gate)
         if self.bodiless or type(data) is not bytes:
             return 0
