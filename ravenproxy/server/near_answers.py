@@ -34,10 +34,11 @@ _KINDS = bytes(c if c < 0x21 or c == 0x7F else 0x61 for c in range(256))
 """A translation table to a head's byte kinds: controls, HTAB, CR, LF, SP and DEL stay
 themselves; any other byte becomes ``a``."""
 
-Plan = tuple[bytes, Callable[[bytes], tuple[bytes, ...]], bytes, int]
+Plan = tuple[bytes, Callable[[bytes], tuple[bytes, ...]], bytes, int, Head, int]
 """How an answer of a head's layout is read: the shape's template with a ``%b`` in front (for
 the empty cut the values' getter begins with), the values' getter (an ``itemgetter`` of
-slices), the head's kinds (:data:`_KINDS`) and which value is the Content-Length's."""
+slices), the head's kinds (:data:`_KINDS`), which value is the Content-Length's, and the head
+and its body's length (the same head again, as most: no ``int`` per answer)."""
 
 
 def plan_of(head: Head, template: bytes) -> Plan | None:
@@ -53,7 +54,8 @@ def plan_of(head: Head, template: bytes) -> Plan | None:
         at += len(name) + 2
         cuts.append(slice(at, at + len(value)))
         at += len(value) + 2
-    return (b"%b" + template, itemgetter(*cuts), head.wire.translate(_KINDS), field)
+    kinds = head.wire.translate(_KINDS)
+    return (b"%b" + template, itemgetter(*cuts), kinds, field, head, int(head.values[field]))
 
 
 _new_head = object.__new__
@@ -77,21 +79,22 @@ class NearAnswers:
         as llhttp's — the last head itself when its bytes come again (its whole-head reuse,
         answeragain's case), else one made as :meth:`on_headers_complete` makes it — none fed
         to llhttp."""
-        template, values_of, kinds, field = self._plan  # type: ignore[misc]  # (feed's gate)
+        template, values_of, kinds, field, planned, body = self._plan  # type: ignore[misc]
         if self.bodiless or type(data) is not bytes:
             return 0
         last: Any = self._last  # (set with _plan)
         kept: Any = last[5]
-        wire = kept.wire
-        body, events, at, size = -1, self.events, 0, len(data)  # (body: once asked)
+        if kept is not planned:  # a head the path made: its body's length once asked
+            body = -1
+        wire, events, at, size = kept.wire, self.events, 0, len(data)
         while True:  # an answer of the layout at ``at``?
+            # (A head not whole in ``data`` is neither the last one's bytes nor the template's
+            # with its cuts: those end in the empty line.)
             begin = at + len(wire)
-            if begin > size:  # its head is not whole in ``data``: llhttp's
-                break
             head = data[at:begin]
             if head == wire:  # the last head again (a scrape's, a probe's)
                 if body < 0:
-                    body = int(kept.values[field])  # (digits: llhttp's or checked)
+                    body = int(kept.values[field])  # (digits: checked)
                 made, length = kept, body
             else:
                 cut = values_of(head)
