@@ -388,7 +388,7 @@ class Parsed(NearAnswers):
         )
         if like is not None and like[4] == version and like[2] == values:
             head = like[5]
-            if self._response:  # its shape twice: feed asks whether the next is of it
+            if self._response:  # its head twice: feed asks whether the next is of its layout
                 self._plan = plan_of(head, self._shape[0])
         elif self._response:
             # A response's head, here and not in a method of its own: once an answer that
@@ -416,8 +416,10 @@ class Parsed(NearAnswers):
                 text = reason.decode("latin-1")
                 head = Head(text, "", kind, version, paired(names, values), len(wire), wire)
             self._last = (reason, names, values, kind, version, head)
-            # Its shape twice in a row: feed asks whether the next is of it.
-            self._plan = plan_of(head, template) if like is not None else None
+            # Its shape twice in a row, as long (its layout, as a rule): feed asks whether the
+            # next is of it. (Values whose lengths change answer to answer make no plan.)
+            same = like is not None and len(like[5].wire) == len(wire)
+            self._plan = plan_of(head, template) if same else None
         else:
             # A request's head, here and not in a method of its own (once a request that
             # differs), made without RequestHead.__init__'s call: its stores.

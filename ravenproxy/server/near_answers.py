@@ -41,6 +41,14 @@ slices), the head's kinds (:data:`_KINDS`), which value is the Content-Length's,
 and its body's length (the same head again, as most: no ``int`` per answer)."""
 
 
+LAYOUTS: dict[tuple[bytes, tuple[int, ...]], tuple[bytes, Callable[[bytes], Any]]] = {}
+"""A layout's template (with a ``%b`` in front) and values' getter by its shape's template and
+its values' lengths: shared by every target connection, as the templates are."""
+_layout = LAYOUTS.get
+LAYOUTS_MAX = 512
+"""Layouts kept at most (as :data:`.answer_shapes.SHAPES_MAX`)."""
+
+
 def plan_of(head: Head, template: bytes) -> Plan | None:
     """The plan of ``head``'s layout (its shape's template ``template``) when llhttp frames
     ``head``'s answer by its Content-Length alone (:func:`.length_field`); else None."""
@@ -48,14 +56,21 @@ def plan_of(head: Head, template: bytes) -> Plan | None:
     if field < 0:
         return None
     head = cast("ParsedPlainHead", head)  # (length_field's)
-    at = len(b"HTTP/1.1 %d %b\r\n" % (head.status, head.reason))
-    cuts = [slice(0, 0)]  # (a tuple for one field too)
-    for name, value in zip(head.names, head.values):  # noqa: B905 (as many)
-        at += len(name) + 2
-        cuts.append(slice(at, at + len(value)))
-        at += len(value) + 2
+    values = head.values
+    key = (template, tuple(map(len, values)))
+    layout = _layout(key)
+    if layout is None:
+        at = len(b"HTTP/1.1 %d %b\r\n" % (head.status, head.reason))
+        cuts = [slice(0, 0)]  # (a tuple for one field too)
+        for name, value in zip(head.names, values):  # noqa: B905 (as many)
+            at += len(name) + 2
+            cuts.append(slice(at, at + len(value)))
+            at += len(value) + 2
+        layout = (b"%b" + template, itemgetter(*cuts))
+        if len(LAYOUTS) < LAYOUTS_MAX:
+            LAYOUTS[key] = layout
     kinds = head.wire.translate(_KINDS)
-    return (b"%b" + template, itemgetter(*cuts), kinds, field, head, int(head.values[field]))
+    return (*layout, kinds, field, head, int(values[field]))
 
 
 _new_head = object.__new__
@@ -88,14 +103,16 @@ class NearAnswers:
             body = -1
         wire, events, at, size = kept.wire, self.events, 0, len(data)
         while True:  # an answer of the layout at ``at``?
-            # (A head not whole in ``data`` is neither the last one's bytes nor the template's
-            # with its cuts: those end in the empty line.)
             begin = at + len(wire)
+            if begin > size:  # its head is not whole in ``data`` (or not of the layout)
+                break
             head = data[at:begin]
             if head == wire:  # the last head again (a scrape's, a probe's)
                 if body < 0:
                     body = int(kept.values[field])  # (digits: checked)
                 made, length = kept, body
+            elif head[-1] != 10 or head[-3] != 10:  # no empty line there: another layout
+                break
             else:
                 cut = values_of(head)
                 number = cut[field + 1]

@@ -30,6 +30,13 @@ class ParsedPlainHead(PlainHead):
         return paired(self.names, self.values)
 
 
+_LENGTH_AT: dict[tuple[bytes, ...], int] = {}
+"""Where the Content-Length is among a shape's names (:func:`length_field`'s), by the names."""
+_length_at = _LENGTH_AT.get
+LENGTH_AT_MAX = 512
+"""Names kept at most (as :data:`.answer_shapes.SHAPES_MAX`)."""
+
+
 def length_field(head: object) -> int:
     """Where the Content-Length is among the fields of ``head`` (an index into its names and
     values) when llhttp frames an answer whose head is ``head``'s :attr:`Head.wire` (parsed when
@@ -48,7 +55,10 @@ def length_field(head: object) -> int:
         return -1
     if head.status < 200 or head.status in (204, 304):
         return -1
-    for at, name in enumerate(head.names):
-        if name.lower() == b"content-length":
-            return at
-    return -1
+    at = _length_at(head.names)
+    if at is None:
+        lowered = [name.lower() for name in head.names]  # (a plain head has one)
+        at = lowered.index(b"content-length") if b"content-length" in lowered else -1
+        if len(_LENGTH_AT) < LENGTH_AT_MAX:
+            _LENGTH_AT[head.names] = at
+    return at
