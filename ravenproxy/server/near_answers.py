@@ -111,8 +111,6 @@ class NearAnswers:
                 if body < 0:
                     body = int(kept.values[field])  # (digits: checked)
                 made, length = kept, body
-            elif head[-1] != 10 or head[-3] != 10:  # no empty line there: another layout
-                break
             else:
                 cut = values_of(head)
                 number = cut[field + 1]
