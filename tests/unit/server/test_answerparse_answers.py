@@ -278,6 +278,9 @@ _EDGES: list[list[bytes]] = [
     [_a(0), _a(1), b"HTTP/1.1 100 Continue\r\n\r\n" + _a(2), _a(3), _a(4)],  # interim
     [_a(0), _a(1), _a(2) + _a(3)[:-2] + b"HTTP/1.1 x\r\n\r\n", _a(4)],  # an error after
     [_a(0, b""), _a(1, b""), _a(2, b""), _a(3, b"") * 3],  # Content-Length 0
+    # A head the path made, then its bytes again: its own body's length, not the plan's.
+    [_a(0), _a(1), _a(2, b"hell") * 2],
+    [_a(0), _a(1), _a(2, b"hell"), _a(2, b"hell"), _a(3, b"hell!") + _a(3, b"hell!")],
 ]
 """Runs of one shape at its edges: each is fed as written, and with its reads answering a HEAD
 from the third on."""
