@@ -281,6 +281,7 @@ _EDGES: list[list[bytes]] = [
     # A head the path made, then its bytes again: its own body's length, not the plan's.
     [_a(0), _a(1), _a(2, b"hell") * 2],
     [_a(0), _a(1), _a(2, b"hell"), _a(2, b"hell"), _a(3, b"hell!") + _a(3, b"hell!")],
+    [_a(0), _a(1), _a(1) + _a(2, b"hello!") * 2],  # (the plan's head's length known first)
 ]
 """Runs of one shape at its edges: each is fed as written, and with its reads answering a HEAD
 from the third on."""
