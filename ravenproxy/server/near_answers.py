@@ -1,8 +1,8 @@
 """How an answer of the last answer's layout — its status line and field names, in order and
 case, the last one's; only its values differ (a Date, a Content-Length, an ETag), each as long
 as the last one's — is read without llhttp: :func:`plan_of` makes, for a head llhttp parsed
-(the second of its shape in a row, framed by its Content-Length alone:
-:func:`~ravenproxy.server.parsed_answers.length_field`), where its values lie, and
+(framed by its Content-Length alone: :func:`~ravenproxy.server.parsed_answers.length_field`;
+after one of its shape as long, or the same head again), where its values lie, and
 :meth:`~ravenproxy.server.http_messages.Parsed.feed` reads a later answer by it when llhttp is
 between messages. No Python loop over the bytes or the fields: the values are cut at those
 places (one C call), the head must be its shape's template with them (one format and compare:
@@ -16,7 +16,8 @@ head's values (llhttp's or checked so) hold no control but HTAB, no CR or LF, an
 SP or HTAB (llhttp drops those), and a value of the same kinds at each place neither. The
 Content-Length's value must be ASCII digits (llhttp's number, a leading zero included, is
 ``int``'s). Anything else goes to llhttp, as does an answer whose head or body is not whole in
-the read, or whose values' lengths changed (the next one is read by its head's places).
+the read, or whose values' lengths changed (llhttp's until two heads of a layout came in a
+row; values whose lengths change answer to answer make no plan).
 """
 
 from __future__ import annotations
