@@ -388,7 +388,9 @@ class Parsed(NearAnswers):
         )
         if like is not None and like[4] == version and like[2] == values:
             head = like[5]
-            if self._response:  # its head twice: feed asks whether the next is of its layout
+            plan = self._plan
+            if self._response and (plan is None or plan[5] is not head):
+                # Its head twice: feed asks whether the next is of its layout.
                 self._plan = plan_of(head, self._shape[0])
         elif self._response:
             # A response's head, here and not in a method of its own: once an answer that
@@ -417,9 +419,15 @@ class Parsed(NearAnswers):
                 head = Head(text, "", kind, version, paired(names, values), len(wire), wire)
             self._last = (reason, names, values, kind, version, head)
             # Its shape twice in a row, as long (its layout, as a rule): feed asks whether the
-            # next is of it. (Values whose lengths change answer to answer make no plan.)
-            same = like is not None and len(like[5].wire) == len(wire)
-            self._plan = plan_of(head, template) if same else None
+            # next is of it. (Values whose lengths change answer to answer make no plan; one
+            # made for a head of the layout reads the others: not made again per answer that
+            # goes to llhttp, a large one's.)
+            plan = self._plan
+            if like is None or len(like[5].wire) != len(wire):
+                self._plan = None
+            elif plan is None or len(plan[5].wire) != len(wire) or plan[5].version != version:
+                self._plan = plan_of(head, template)  # (a version other than the plan's head's:
+                # asked again, length_field's)
         else:
             # A request's head, here and not in a method of its own (once a request that
             # differs), made without RequestHead.__init__'s call: its stores.

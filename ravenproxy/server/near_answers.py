@@ -35,11 +35,13 @@ _KINDS = bytes(c if c < 0x21 or c == 0x7F else 0x61 for c in range(256))
 """A translation table to a head's byte kinds: controls, HTAB, CR, LF, SP and DEL stay
 themselves; any other byte becomes ``a``."""
 
-Plan = tuple[bytes, Callable[[bytes], tuple[bytes, ...]], bytes, int, Head, int]
+Plan = tuple[bytes, Callable[[bytes], tuple[bytes, ...]], bytes, int, int, Head, int]
 """How an answer of a head's layout is read: the shape's template with a ``%b`` in front (for
 the empty cut the values' getter begins with), the values' getter (an ``itemgetter`` of
-slices), the head's kinds (:data:`_KINDS`), which value is the Content-Length's, and the head
-and its body's length (the same head again, as most: no ``int`` per answer)."""
+slices), the head's kinds (:data:`_KINDS`), which value is the Content-Length's, the least
+body an answer of the layout has (its Content-Length as many digits: a read shorter than its
+head and that is not whole, a large answer's, is not cut first), and the head and its body's
+length (the same head again, as most: no ``int`` per answer)."""
 
 
 LAYOUTS: dict[tuple[bytes, tuple[int, ...]], tuple[bytes, Callable[[bytes], Any]]] = {}
@@ -70,8 +72,9 @@ def plan_of(head: Head, template: bytes) -> Plan | None:
         layout = (b"%b" + template, itemgetter(*cuts))
         if len(LAYOUTS) < LAYOUTS_MAX:
             LAYOUTS[key] = layout
-    kinds = head.wire.translate(_KINDS)
-    return (*layout, kinds, field, head, int(values[field]))
+    kinds, digits = head.wire.translate(_KINDS), len(values[field])
+    least = 10 ** (digits - 1) if digits > 1 else 0
+    return (*layout, kinds, field, least, head, int(values[field]))
 
 
 _new_head = object.__new__
@@ -95,7 +98,7 @@ class NearAnswers:
         as llhttp's — the last head itself when its bytes come again (its whole-head reuse,
         answeragain's case), else one made as :meth:`on_headers_complete` makes it — none fed
         to llhttp."""
-        template, values_of, kinds, field, planned, body = self._plan  # type: ignore[misc]
+        template, values_of, kinds, field, least, planned, body = self._plan  # type: ignore[misc]
         if self.bodiless or type(data) is not bytes:
             return 0
         last: Any = self._last  # (set with _plan)
@@ -105,7 +108,7 @@ class NearAnswers:
         wire, events, at, size = kept.wire, self.events, 0, len(data)
         while True:  # an answer of the layout at ``at``?
             begin = at + len(wire)
-            if begin > size:  # its head is not whole in ``data`` (or not of the layout)
+            if begin + least > size:  # not whole in ``data`` (or not of the layout): llhttp's
                 break
             head = data[at:begin]
             if head == wire:  # the last head again (a scrape's, a probe's)

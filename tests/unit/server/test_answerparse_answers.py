@@ -269,7 +269,8 @@ _EDGES: list[list[bytes]] = [
     [_a(0), _a(1), _a(2).replace(b"Sun, ", b"Sun:\r\n")],  # a line more, as long
     [_a(0), _a(1), _a(2).replace(b"Date", b"date")],  # a name's case: another shape
     [_a(0), _a(1), _a(2).replace(b"200 OK", b"201 OK")],
-    [_a(0), _a(1), _a(2).replace(b"HTTP/1.1", b"HTTP/1.0")],
+    [_a(0), _a(1), _a(2).replace(b"HTTP/1.1", b"HTTP/1.0"), _a(3)],  # (llhttp: closed)
+    [_a(0), _a(1), _a(2)[:-1], b"o", _a(3).replace(b"HTTP/1.1", b"HTTP/1.0"), _a(4)],
     [_a(0), _a(1), _a(2).replace(b"Content-Length: 5", b"Content-Length:05")],
     [_a(0, b"hello1"), _a(1, b"hello1"), _a(2, b"hello")[:-1] + b"\r\n\r\n1234567"],
     [_a(0, b"x" * 15), _a(1, b"y" * 15), _a(2, b"z" * 15).replace(b": 15", b": 0F")],
