@@ -161,9 +161,10 @@ class Parsed(NearAnswers):
         head (the same bytes again are it again, if :meth:`_replayable` says so when asked), and
         the bytes' lead and tail around its target (:meth:`near`'s; None: not yet)."""
         self._plan: Plan | None = None
-        """How an answer of the last answer's shape is read (:mod:`.near_answers`), when llhttp
-        parsed one of it twice in a row and the last frames by its Content-Length alone (else
-        None): set with :attr:`_last` by a response's head, cleared by an error."""
+        """How an answer of the last answer's layout is read (:mod:`.near_answers`), when llhttp
+        parsed two heads of its shape and length in a row (or one twice), framed by their
+        Content-Length alone (else None): set by a response's head (kept for the later heads of
+        its layout and version), cleared by an error."""
         self._replay_head: Head | None = None
         """The last head :meth:`_replayable` said yes to (a connection's repeated request asks
         once)."""
