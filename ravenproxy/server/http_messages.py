@@ -29,8 +29,9 @@ from ravenproxy.server.http_events import EOF as EOF
 from ravenproxy.server.http_events import ERROR as ERROR
 from ravenproxy.server.http_events import HEAD as HEAD
 from ravenproxy.server.http_heads import Head, RequestHead, keeps_alive, routing_of
+from ravenproxy.server.near_answers import NearAnswers, Plan, plan_of
 from ravenproxy.server.parsed_answers import ParsedPlainHead as ParsedPlainHead
-from ravenproxy.server.parsed_answers import framed_length, paired
+from ravenproxy.server.parsed_answers import paired
 
 REPLAY_MAX = 2 * 1024
 """A request this long at most is kept to be recognised when it comes again: an idle connection
@@ -56,7 +57,7 @@ class _Stop(Exception):
     """Raised from a parser callback to end the parse (a response that has no body)."""
 
 
-class Parsed:
+class Parsed(NearAnswers):
     """The callbacks of one llhttp parser, turning what it parses into queued events:
     ``(HEAD, Head)``, ``(DATA, bytes)``, ``(END, trailers)``, ``(ERROR, message)``,
     ``(EOF, None)``."""
@@ -64,11 +65,11 @@ class Parsed:
     __slots__ = (
         "_again",
         "_between",
-        "_framed",
         "_kind",
         "_last",
         "_line",
         "_names",
+        "_plan",
         "_replay_head",
         "_response",
         "_shape",
@@ -159,8 +160,11 @@ class Parsed:
         """The last bytes fed, when one whole request that left the parser as it found it, its
         head (the same bytes again are it again, if :meth:`_replayable` says so when asked), and
         the bytes' lead and tail around its target (:meth:`near`'s; None: not yet)."""
-        self._framed: tuple[object, int] = ((), -1)
-        """The last :attr:`_last` that came again and its head's :func:`.framed_length`."""
+        self._plan: Plan | None = None
+        """How an answer of the last answer's layout is read (:mod:`.near_answers`), when llhttp
+        parsed two heads of its shape and length in a row (or one twice), framed by their
+        Content-Length alone (else None): set by a response's head (kept for the later heads of
+        its layout and version), cleared by an error."""
         self._replay_head: Head | None = None
         """The last head :meth:`_replayable` said yes to (a connection's repeated request asks
         once)."""
@@ -267,7 +271,7 @@ class Parsed:
         if self.tail > self.max_tail:  # refused (below): nothing more goes into the parser
             return None
         # A request may begin at the start of ``data`` (the parser between messages, no event
-        # waiting); an answer there may be the last one's head again (_answered).
+        # waiting); an answer there may be of the last one's shape (_answered).
         fresh = False
         queued = len(events)
         if not self.in_body:
@@ -275,8 +279,8 @@ class Parsed:
             if self.in_head:
                 pass
             elif self._response:
-                # (The last head repeated: one compare, not the bytes', for answers that differ.)
-                if self._framed[0] is self._last and (took := self._answered(data)):
+                # (The last shape's plan: one compare, not a match, for answers that differ.)
+                if self._plan is not None and (took := self._answered(data)):
                     # As llhttp: the next message's bytes not counted, its version asked.
                     self.fed = self.tail = 0
                     if took == len(data):
@@ -294,7 +298,8 @@ class Parsed:
         except HttpParserUpgrade as exc:
             return data[exc.args[0] :]
         except HttpParserError as exc:
-            self._last = None  # llhttp takes nothing more: no answer taken past it (_answered)
+            # llhttp takes nothing more: no answer taken past it (_answered)
+            self._last = self._plan = None
             if not isinstance(exc.__context__, _Stop):
                 events.append((ERROR, str(exc) or type(exc).__name__))
             return None
@@ -319,27 +324,6 @@ class Parsed:
             if len(data) <= REPLAY_MAX:
                 self._again = (bytes(data), parsed, None, b"")
         return None
-
-    def _answered(self, data: bytes) -> int:
-        """How many bytes of ``data`` (a response parser's between messages, the last head
-        repeated: :attr:`_framed`) are whole answers with the last head's bytes
-        (:func:`.framed_length`), their events queued as llhttp's (the same head: its whole-head
-        reuse), none fed to it."""
-        head, body = self._last[5], self._framed[1]  # type: ignore[index]  # (_framed's)
-        wire = head.wire
-        if body < 0 or self.bodiless or type(data) is not bytes or data[: len(wire)] != wire:
-            return 0
-        events, at, size = self.events, 0, len(data)
-        end = (length := len(wire)) + body
-        while end <= size:  # the answer at ``at`` is whole in ``data``, its head checked
-            events.append((HEAD, head))
-            if body:  # llhttp's body event: the body's bytes in this read
-                events.append((DATA, data[at + length : end]))
-            events.append(_ENDED)
-            at, end = end, end + length + body
-            if data[at : at + length] != wire:
-                break
-        return at
 
     def again(self, data: bytes, head: Head) -> bool:
         """:meth:`feed` with ``head`` taken at once: True when ``data`` is the last request
@@ -405,8 +389,10 @@ class Parsed:
         )
         if like is not None and like[4] == version and like[2] == values:
             head = like[5]
-            if self._framed[0] is not like:  # a head again: feed asks whether the next is
-                self._framed = (like, framed_length(head))
+            plan = self._plan
+            if self._response and (plan is None or plan[5] is not head):
+                # Its head twice: feed asks whether the next is of its layout.
+                self._plan = plan_of(head, self._shape[0])
         elif self._response:
             # A response's head, here and not in a method of its own: once an answer that
             # differs from the last. Its wire is its shape's template with its values
@@ -433,6 +419,16 @@ class Parsed:
                 text = reason.decode("latin-1")
                 head = Head(text, "", kind, version, paired(names, values), len(wire), wire)
             self._last = (reason, names, values, kind, version, head)
+            # Its shape twice in a row, as long (its layout, as a rule): feed asks whether the
+            # next is of it. (Values whose lengths change answer to answer make no plan; one
+            # made for a head of the layout reads the others: not made again per answer that
+            # goes to llhttp, a large one's.)
+            plan = self._plan
+            if like is None or len(like[5].wire) != len(wire):
+                self._plan = None
+            elif plan is None or len(plan[5].wire) != len(wire) or plan[5].version != version:
+                self._plan = plan_of(head, template)  # (a version other than the plan's head's:
+                # asked again, length_field's)
         else:
             # A request's head, here and not in a method of its own (once a request that
             # differs), made without RequestHead.__init__'s call: its stores.

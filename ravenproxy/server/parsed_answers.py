@@ -1,6 +1,7 @@
 """A response head as :class:`~ravenproxy.server.http_messages.Parsed` makes it from llhttp's
 parse (:class:`ParsedPlainHead`), and how llhttp frames an answer whose head is a plain head's
-bytes again (:func:`framed_length`: such an answer is queued without llhttp)."""
+bytes again or of its shape with other values (:func:`length_field`: such an answer is queued
+without llhttp, :mod:`.near_answers`)."""
 
 from __future__ import annotations
 
@@ -29,22 +30,35 @@ class ParsedPlainHead(PlainHead):
         return paired(self.names, self.values)
 
 
-def framed_length(head: object) -> int:
-    """The body's length of an answer whose head is ``head``'s :attr:`Head.wire` (parsed when
-    llhttp is between messages, not answering a HEAD), when llhttp frames it by that
-    Content-Length alone and is between messages after it; else -1.
+_LENGTH_AT: dict[tuple[bytes, ...], int] = {}
+"""Where the Content-Length is among a shape's names (:func:`length_field`'s), by the names."""
+_length_at = _LENGTH_AT.get
+LENGTH_AT_MAX = 512
+"""Names kept at most (as :data:`.answer_shapes.SHAPES_MAX`)."""
+
+
+def length_field(head: object) -> int:
+    """Where the Content-Length is among the fields of ``head`` (an index into its names and
+    values) when llhttp frames an answer whose head is ``head``'s :attr:`Head.wire` (parsed when
+    llhttp is between messages, not answering a HEAD) by that Content-Length alone and is
+    between messages after it; else -1.
 
     That wire is the head's bytes: ``HTTP/1.1``, its status, reason, names and values as llhttp
     parsed them, each line ending in CRLF, CR and LF nowhere else (llhttp takes none inside a
     value or reason), so llhttp parsing those bytes ends their head at their empty line, with
     the parts it made them from. Framed by its Content-Length when it is a :class:`PlainHead`
     (one Content-Length, no hop-by-hop field: no Transfer-Encoding, no Connection: kept alive
-    as HTTP/1.1) of version 1.1 and a final status with a body (not 1xx, 204, 304)."""
+    as HTTP/1.1) of version 1.1 and a final status with a body (not 1xx, 204, 304). The same
+    holds for any head of its version, status, reason and names with other values
+    (:mod:`.near_answers`): plainness is the names'."""
     if type(head) is not ParsedPlainHead or head.version != "1.1":
         return -1
     if head.status < 200 or head.status in (204, 304):
         return -1
-    for name, value in zip(head.names, head.values):  # noqa: B905 (as many)
-        if name.lower() == b"content-length":
-            return int(value)  # digits (llhttp's)
-    return -1
+    at = _length_at(head.names)
+    if at is None:
+        lowered = [name.lower() for name in head.names]  # (a plain head has one)
+        at = lowered.index(b"content-length") if b"content-length" in lowered else -1
+        if len(_LENGTH_AT) < LENGTH_AT_MAX:
+            _LENGTH_AT[head.names] = at
+    return at

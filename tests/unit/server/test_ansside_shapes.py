@@ -144,9 +144,17 @@ def test_answers_on_one_connection_varied_and_repeated_are_812de76s(
         a, b = data.draw(st.integers(0, 2)), data.draw(st.integers(0, 2))
         values = (b, a) if pick == 1 else (a, b)
         length = values[1] if pick != 1 else values[0]
-        parsed.feed(shapes[pick] % values + b"x" * length)
+        answer = shapes[pick] % values + b"x" * length
+        built = len(parsed.old)
+        parsed.feed(answer)
         kind, head = parsed.events.popleft()
         assert kind == HEAD and isinstance(head, Head)
+        if len(parsed.old) == built:
+            # Read without llhttp (answerparse: the last answer's layout): 812de76's build of
+            # the same bytes is a fresh connection's.
+            fresh = _Recorder()
+            fresh.feed(answer)
+            parsed.old.append(fresh.old[-1])
         _same_head(head, parsed.old[-1])
         assert parsed.events.pop()[0] == END
         parsed.events.clear()

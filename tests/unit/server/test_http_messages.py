@@ -121,16 +121,20 @@ def test_a_long_request_is_not_kept() -> None:
 
 
 def test_an_answer_is_parsed_until_its_head_came_twice_then_taken_as_it_repeats() -> None:
-    # llhttp parses a head until the same head came twice in a row (the whole-head reuse); from
-    # then on an answer of that head, whole in its read, is queued without it (answeragain).
+    # llhttp parses a head until its shape came twice in a row; from then on an answer of that
+    # shape, whole in its read, is queued without it (answeragain, answerparse).
     parsed = Counted(response=True)
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     for _ in range(4):
         assert [e[0] for e in take_after(parsed, answer)] == [HEAD, DATA, END]
     assert parsed.begun == 2
+    # Its shape with other values (answerparse): taken as well.
     other = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nokk"
     assert [e[0] for e in take_after(parsed, other)] == [HEAD, DATA, END]
-    assert parsed.begun == 3  # another head: llhttp's again
+    assert parsed.begun == 2
+    shaped = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nokk"  # a name's case: another shape
+    assert [e[0] for e in take_after(parsed, shaped)] == [HEAD, DATA, END]
+    assert parsed.begun == 3  # another shape: llhttp's again
 
 
 def take_after(parsed: Parsed, data: bytes) -> list[tuple[int, object]]:
