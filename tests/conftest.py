@@ -40,12 +40,14 @@ _skipped_root: list[str] = []
 # tests/e2e: timing-sensitive, fixed names), need root, or are `slow`; a unit test that times itself
 # against the wall clock with little slack is marked `serial` in its own file. A few files of
 # tests/integration run in the parallel tier: free ports, their own tmp_path and API emulator,
-# no contended leadership and no bound tighter than tens of seconds (first contact: processes that
-# refuse a bad start; the controller's CSR path: a rotation at 70-90 % of 30 s).
+# no contended leadership, no wall-clock bound with under 2 s of slack (first contact: processes
+# that refuse a bad start; the controller's CSR path and the certificate requester: a rotation at
+# 70-90 % of a 30 or 60 s lifetime).
 _SERIAL_DIRS = ("integration", "e2e")
 _PARALLEL_FILES = (
     "integration/test_first_contact.py",
     "integration/kube/test_cert_issuance.py",
+    "integration/kube/test_cert_requester.py",
     "integration/kube/test_csr_api.py",
     "integration/kube/test_key_publish.py",
     "integration/kube/test_model_source.py",
