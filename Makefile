@@ -117,11 +117,21 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-# pytest exits 5 when it collected no test: that must fail, never pass as success.
-# --durations=25: CI logs name the slowest tests (the suite's budget: 20 minutes on 2 cores).
+# Two tiers (tests/conftest.py, README "Tests"): the tests not marked `serial` (unit tests: pure
+# CPU, loopback sockets, short-lived children) TEST_WORKERS at a time with pytest-xdist, then the
+# `serial` ones (real servers and agents, namespaces, daemons, wall-clock bounds) one at a time.
+# Both tiers run; the target fails if either does. pytest exits 5 when it collected no test: that
+# must fail, never pass as success. --durations=25: CI logs name each tier's slowest tests (the
+# suite's budget: 20 minutes on 2 cores).
+TEST_WORKERS ?= 2
+PYTEST := $(VENV)/bin/python -m pytest -p no:cacheprovider --durations=25
 test: system-packages venv tools lint typecheck
-	$(VENV)/bin/python -m pytest -p no:cacheprovider --durations=25 tests; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+	$(PYTEST) -n $(TEST_WORKERS) -m "not serial" tests; parallel=$$?; \
+	$(PYTEST) -m serial tests; serial=$$?; \
+	for rc in $$parallel $$serial; do \
+		if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; \
+	done; \
+	if [ $$parallel -ne 0 ]; then exit $$parallel; fi; exit $$serial
 
 unit: venv tools
 	$(VENV)/bin/python -m pytest -q tests/unit

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -33,13 +34,37 @@ settings.register_profile(THOROUGH)
 IS_ROOT = os.geteuid() == 0
 _skipped_root: list[str] = []
 
+# `make test` runs the suite in two tiers (README "Tests"): the tests not marked `serial` two at a
+# time (pytest-xdist, `-n 2 -m "not serial"`), then the `serial` ones one at a time (`-m serial`).
+# Serial are those that start real servers, agents, daemons or namespaces (tests/integration,
+# tests/e2e: timing-sensitive, fixed names), need root, or are `slow`; a unit test that times itself
+# against the wall clock with little slack is marked `serial` in its own file. A few files of
+# tests/integration run in the parallel tier: free ports, their own tmp_path and API emulator,
+# no contended leadership, no wall-clock bound with under 2 s of slack (first contact: processes
+# that refuse a bad start; the controller's CSR path and the certificate requester: a rotation at
+# 70-90 % of a 30 or 60 s lifetime).
+_SERIAL_DIRS = ("integration", "e2e")
+_PARALLEL_FILES = (
+    "integration/test_first_contact.py",
+    "integration/kube/test_cert_issuance.py",
+    "integration/kube/test_cert_requester.py",
+    "integration/kube/test_csr_api.py",
+    "integration/kube/test_key_publish.py",
+    "integration/kube/test_model_source.py",
+)
+_TESTS = Path(__file__).parent
 
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if IS_ROOT:
-        return
     skip = pytest.mark.skip(reason="needs root (network namespaces, iptables): run as root")
     for item in items:
-        if "root" in item.keywords:
+        where = item.path.relative_to(_TESTS)
+        if (where.parts[0] in _SERIAL_DIRS and where.as_posix() not in _PARALLEL_FILES) or (
+            "root" in item.keywords or "slow" in item.keywords
+        ):
+            item.add_marker(pytest.mark.serial)
+        if "root" in item.keywords and not IS_ROOT:
             item.add_marker(skip)
             _skipped_root.append(item.nodeid)
 

@@ -62,6 +62,7 @@ def test_pooled_row_drops_per_process_cpu_when_the_processes_differ(latency: Mod
     assert summary["relay_cpu_us_per_request_by_process"] == []
 
 
+@pytest.mark.serial  # a real latency.py run at fixed rates: no request may miss its round
 def test_rounds_alternate_the_order_and_the_rows_pool_them(tmp_path: Path) -> None:
     out = tmp_path / "latency.json"
     args = [

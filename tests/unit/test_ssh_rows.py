@@ -17,6 +17,9 @@ import pytest
 
 from tests.unit.benchscripts import cmdline, load_script, needs_ssh, wait_ended
 
+# Serial (tests/conftest.py): real sshd, ssh clients and the benchmark's sink, with deadlines.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def throughput() -> Iterator[ModuleType]:

@@ -30,6 +30,10 @@ while True:
 """
 
 
+# Serial (tests/conftest.py): counts a running process's syscalls and context switches.
+pytestmark = pytest.mark.serial
+
+
 @pytest.fixture(scope="module")
 def syscalls() -> Iterator[ModuleType]:
     yield from load_script("syscalls")

@@ -136,6 +136,18 @@ def handed_over_to_websockets(data: bytes) -> ServerProtocol:
         # Text is websockets' to deliver (the session refuses it); it closes nothing.
         (encode(Frame(Opcode.TEXT, b"hello"), True), None),
     ],
+    # Named, not by their bytes: a masked frame's mask is random, and pytest-xdist's workers must
+    # collect the same test ids.
+    ids=[
+        "too-big",
+        "unmasked",
+        "rsv1",
+        "rsv2",
+        "rsv3",
+        "lone-continuation",
+        "fragmented-ping",
+        "text",
+    ],
 )
 def test_what_it_does_not_handle_is_handed_over_where_it_starts(
     raw: bytes, websockets_closes_with: CloseCode | None
