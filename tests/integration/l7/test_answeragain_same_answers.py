@@ -8,6 +8,7 @@ alone on a fresh connection."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -26,15 +27,15 @@ ANSWERS = [
 ]
 
 
-def _target() -> Handler:
-    """The scripted target: answers by the path asked, each in a write of its own."""
+def _target(answer_of: Callable[[int], bytes]) -> Handler:
+    """The scripted target: answers /…/N by ``answer_of(N)``, each in a write of its own."""
 
     async def target(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 method, path = head.split(b" ", 2)[:2]
-                answer = ANSWERS[int(path.rsplit(b"/", 1)[1])]
+                answer = answer_of(int(path.rsplit(b"/", 1)[1]))
                 if method == b"HEAD":
                     answer = answer.split(b"\r\n\r\n")[0] + b"\r\n\r\n"
                 writer.write(answer)
@@ -45,13 +46,19 @@ def _target() -> Handler:
     return target
 
 
-async def _exchange(l7: L7, requests: list[tuple[bytes, bytes]], batch: int = 1) -> list[bytes]:
+async def _exchange(
+    l7: L7,
+    requests: list[tuple[bytes, bytes]],
+    batch: int = 1,
+    answer_of: Callable[[int], bytes] = ANSWERS.__getitem__,
+) -> list[bytes]:
     """``(method, path)`` requests on one client connection, ``batch`` of them in a write
-    (pipelined): the answers the client got (each read by what it asked)."""
+    (pipelined), to a target answering /…/N by ``answer_of(N)``: the answers the client got
+    (each read by what it asked)."""
     port = l7.spare_port
     got: list[bytes] = []
     async with (
-        tcp_server(_target(), EDGE_IP, port),
+        tcp_server(_target(answer_of), EDGE_IP, port),
         front_client(l7.http, abort=True) as (reader, writer),
     ):
         for at in range(0, len(requests), batch):

@@ -7,12 +7,12 @@ one whose values change length, must reach the client byte for byte as it sent t
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Awaitable
 
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, L7, front_client
-from tests.integration.targets import Handler, tcp_server
+from tests.integration.l7.env import L7
+from tests.integration.l7.test_answeragain_same_answers import _exchange as exchange
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -34,48 +34,11 @@ def answer(n: int) -> bytes:
     return _HEAD % (n // 60, n % 60, etag, note, len(body)) + body
 
 
-def _target() -> Handler:
-    """The scripted target: answers by the path asked, each in a write of its own."""
-
-    async def target(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                method, path = head.split(b" ", 2)[:2]
-                whole = answer(int(path.rsplit(b"/", 1)[1]))
-                if method == b"HEAD":
-                    whole = whole.split(b"\r\n\r\n")[0] + b"\r\n\r\n"
-                writer.write(whole)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-
-    return target
-
-
-async def _exchange(l7: L7, requests: list[tuple[bytes, int]], batch: int = 1) -> list[bytes]:
-    """``(method, N)`` requests on one client connection, ``batch`` of them in a write
-    (pipelined): the answers the client got (each read by what it asked)."""
-    port = l7.spare_port
-    got: list[bytes] = []
-    async with (
-        tcp_server(_target(), EDGE_IP, port),
-        front_client(l7.http, abort=True) as (reader, writer),
-    ):
-        for at in range(0, len(requests), batch):
-            part = requests[at : at + batch]
-            line = b"%b /v/%d HTTP/1.1\r\nHost: edge-1:%d\r\n\r\n"
-            writer.write(b"".join(line % (method, n, port) for method, n in part))
-            for method, _ in part:
-                async with asyncio.timeout(20):
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = 0
-                    for field in head.split(b"\r\n"):
-                        name, _, value = field.partition(b":")
-                        if name.lower() == b"content-length":
-                            length = int(value)
-                    got.append(head + await reader.readexactly(0 if method == b"HEAD" else length))
-    return got
+def _exchange(l7: L7, requests: list[tuple[bytes, int]], batch: int = 1) -> Awaitable[list[bytes]]:
+    """``(method, N)`` requests for /v/N (answered by :func:`answer`) on one client connection,
+    ``batch`` of them in a write (test_answeragain_same_answers' harness)."""
+    asked = [(method, b"/v/%d" % n) for method, n in requests]
+    return exchange(l7, asked, batch, answer)
 
 
 @pytest.mark.parametrize("batch", [1, 4])

@@ -165,11 +165,8 @@ def test_every_cut_of_a_run_of_one_answer_is_parsed_as_1bb5933_did() -> None:
         _both_fed([_ANSWER, *reads], bodiless=True)
 
 
-def test_the_same_answer_again_is_queued_without_llhttp() -> None:
-    """The third and later answers with the first one's head (the second came again through
-    llhttp), whole in a read, feed llhttp nothing: the same head object, the body as read, END;
-    what follows another head is llhttp's, and so is an answer not whole in its read."""
-    parsed = Parsed(response=True)
+def _counted(parsed: Parsed) -> list[bytes]:
+    """The reads ``parsed`` hands llhttp from now on (its parser wrapped)."""
     fed: list[bytes] = []
     real = parsed.parser
 
@@ -182,6 +179,15 @@ def test_the_same_answer_again_is_queued_without_llhttp() -> None:
             real.feed_data(data)
 
     parsed.parser = Counting()  # type: ignore[assignment]
+    return fed
+
+
+def test_the_same_answer_again_is_queued_without_llhttp() -> None:
+    """The third and later answers with the first one's head (the second came again through
+    llhttp), whole in a read, feed llhttp nothing: the same head object, the body as read, END;
+    what follows another head is llhttp's, and so is an answer not whole in its read."""
+    parsed = Parsed(response=True)
+    fed = _counted(parsed)
     parsed.feed(_ANSWER)
     first = parsed.events[0][1]
     parsed.feed(_ANSWER)

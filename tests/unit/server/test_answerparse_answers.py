@@ -23,7 +23,7 @@ from ravenproxy.server.parsed_answers import ParsedPlainHead
 from tests.helpers import examples
 
 from . import again_old_parse as old_parse
-from .test_again_answers import _llhttp
+from .test_again_answers import _counted, _llhttp
 from .test_heads_parse import _view
 
 _NAMES = (b"Date", b"Content-Type", b"ETag", b"X-%d")
@@ -307,18 +307,7 @@ def test_an_answer_of_the_last_ones_layout_is_queued_without_llhttp() -> None:
     changed length, and the next (a plan is made for a head as long as the last one), and from
     the one after on the path reads by their places."""
     parsed = Parsed(response=True)
-    fed: list[bytes] = []
-    real = parsed.parser
-
-    class Counting:
-        def __getattr__(self, name: str) -> object:
-            return getattr(real, name)
-
-        def feed_data(self, data: bytes) -> None:
-            fed.append(bytes(data))
-            real.feed_data(data)
-
-    parsed.parser = Counting()  # type: ignore[assignment]
+    fed = _counted(parsed)
     for second in range(6):
         parsed.feed(_a(second, b"hell%d" % second))
     heads = [head for kind, head in parsed.events if kind == HEAD]
