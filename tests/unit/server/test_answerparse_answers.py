@@ -17,13 +17,12 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import HEAD, Parsed
 from ravenproxy.server.parsed_answers import ParsedPlainHead
 from tests.helpers import examples
 
 from . import again_old_parse as old_parse
-from .test_again_answers import _counted, _llhttp
+from .test_again_answers import _both_fed, _counted
 from .test_heads_parse import _view
 
 _NAMES = (b"Date", b"Content-Type", b"ETag", b"X-%d")
@@ -221,24 +220,8 @@ def _stored(event: tuple[int, object]) -> object:
 
 def both_fed(reads: list[bytes], flags: list[bool]) -> None:
     """``reads`` fed to both parsers (``flags``: whether each read answers a HEAD), compared
-    after each."""
-    new = Parsed(response=True, max_tail=256)
-    old = old_parse.Parsed(response=True, max_tail=256)
-    new_heads: list[Head] = []
-    old_heads: list[Head] = []
-    for data, flag in zip(reads, flags, strict=True):
-        new.bodiless = old.bodiless = flag
-        assert new.feed(data) == old.feed(data)
-        assert [_stored(e) for e in new.events] == [_stored(e) for e in old.events]
-        for heads, events in ((new_heads, new.events), (old_heads, old.events)):
-            heads.extend(head for kind, head in events if kind == HEAD)  # type: ignore[misc]
-        state = (new.in_head, new.in_body, new.midway, new.fed, new.tail, _llhttp(new))
-        assert state == (old.in_head, old.in_body, old.midway, old.fed, old.tail, _llhttp(old))
-        new.events.clear()
-        old.events.clear()
-    assert [[a is b for b in new_heads] for a in new_heads] == [
-        [a is b for b in old_heads] for a in old_heads
-    ]
+    after each, their events as stored (:func:`_stored`)."""
+    _both_fed(reads, bodiless=flags, max_tail=256, view=_stored)
 
 
 @settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
