@@ -54,8 +54,14 @@ def _answer(n: int, way: bytes) -> bytes:
         b"100": b"HTTP/1.1 100 Continue\r\n\r\n" + ok,
         b"10": ok.replace(b"HTTP/1.1", b"HTTP/1.0"),
         b"case": ok.replace(b"X-Tag", b"x-tag"),
+        b"long": _HEAD % (n % 60, n % 100, b"20") + body * 2,
+        b"head-stray": ok,  # (to a HEAD: its head, then this whole answer in the same write)
     }
     return changes[way]
+
+
+_CUTS = {b"cut-body": -3, b"cut-head": 20, b"cut-end": -10, b"cut-long": -3}
+"""Ways that send ``ok`` in two writes, cut there (in the body, the head, at the head's end)."""
 
 
 WAYS = [
@@ -78,6 +84,9 @@ WAYS = [
     b"100",
     b"10",
     b"case",
+    b"long",
+    b"head-stray",
+    *_CUTS,
 ]
 
 
@@ -85,9 +94,22 @@ def _target() -> Handler:
     async def target(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
-            _, n, way = head.split(b" ", 2)[1].split(b"/")[1:4]
-            writer.write(_answer(int(n), way))
+            method, path = head.split(b" ", 2)[:2]
+            _, n, way = path.split(b"/")[1:4]
+            whole = _answer(
+                int(n), b"long" if way == b"cut-long" else b"ok" if way in _CUTS else way
+            )
+            if method == b"HEAD":
+                whole = whole.split(b"\r\n\r\n")[0] + b"\r\n\r\n"
+                if way == b"head-stray":  # an answer nobody asked for after a HEAD's
+                    whole += _answer(int(n), b"ok")
+            at = _CUTS.get(way, len(whole))
+            writer.write(whole[:at])  # (a cut answer: the rest in a write of its own)
             await writer.drain()
+            if whole[at:]:
+                await asyncio.sleep(0.05)
+                writer.write(whole[at:])
+                await writer.drain()
 
     return target
 
@@ -107,14 +129,17 @@ async def _read_all(reader: asyncio.StreamReader) -> tuple[bytes, bool]:
 
 
 async def _run(l7: L7, port: int, paths: list[bytes]) -> list[tuple[bytes, bool]]:
-    """``GET path`` one at a time on one client connection (a new one after the front closed
-    it): what the client got for each."""
+    """``GET path`` (``HEAD`` for a ``head-`` way) one at a time on one client connection (a
+    new one after the front closed it): what the client got for each."""
     got: list[tuple[bytes, bool]] = []
     at = 0
     while at < len(paths):
         async with front_client(l7.http, abort=True) as (reader, writer):
             while at < len(paths):
-                writer.write(b"GET %b HTTP/1.1\r\nHost: edge-1:%d\r\n\r\n" % (paths[at], port))
+                method = b"HEAD" if b"/head" in paths[at] else b"GET"
+                writer.write(
+                    b"%b %b HTTP/1.1\r\nHost: edge-1:%d\r\n\r\n" % (method, paths[at], port)
+                )
                 at += 1
                 got.append(await _read_all(reader))
                 if got[-1][1]:
@@ -141,3 +166,42 @@ async def test_an_answer_changed_after_a_run_of_its_layout_is_what_a_fresh_conne
         fresh = [(await _run(l7, port, [path]))[0] for path in paths]
     assert [_dateless(g) for g in run] == [_dateless(f) for f in fresh], (run, fresh)
     assert run[0][0].endswith(b"body-00001")  # (the target answers)
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+async def test_pipelined_gets_and_heads_of_one_layout_are_what_a_fresh_connection_gets(
+    l7: L7, batch: int
+) -> None:
+    """GETs and HEADs of answers of one layout, ``batch`` in a write: each answer as a fresh
+    connection gets it alone."""
+    port = l7.spare_port
+    asked = [(b"GET" if n % 4 else b"HEAD", b"/k/%d/ok" % n) for n in range(1, 13)]
+    asked[6] = (b"GET", b"/k/7/obs")
+    got: list[bytes] = []
+    async with tcp_server(_target(), EDGE_IP, port):
+        async with front_client(l7.http, abort=True) as (reader, writer):
+            for at in range(0, len(asked), batch):
+                part = asked[at : at + batch]
+                line = b"%b %b HTTP/1.1\r\nHost: edge-1:%d\r\n\r\n"
+                writer.write(b"".join(line % (method, path, port) for method, path in part))
+                for method, _ in part:
+                    got.append(await _one(reader, method))
+        fresh = []
+        for method, path in asked:
+            async with front_client(l7.http, abort=True) as (reader, writer):
+                writer.write(b"%b %b HTTP/1.1\r\nHost: edge-1:%d\r\n\r\n" % (method, path, port))
+                fresh.append(await _one(reader, method))
+    assert got == fresh, (got, fresh)
+    assert got[1].endswith(b"body-00002")
+
+
+async def _one(reader: asyncio.StreamReader, method: bytes) -> bytes:
+    """One answer, read by its Content-Length (none for a HEAD's)."""
+    async with asyncio.timeout(20):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for field in head.split(b"\r\n"):
+            name, _, value = field.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        return head + await reader.readexactly(0 if method == b"HEAD" else length)

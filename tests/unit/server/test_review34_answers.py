@@ -236,3 +236,26 @@ def test_the_path_takes_the_changes_llhttp_takes_as_they_came() -> None:
         [b"5", b"\x80\t: c2", b"\x80\xff2"],
         [b"7", b"a\tb c3", b"\x80\xff3"],
     ]
+
+
+def test_runs_of_bodiless_statuses_with_a_content_length_are_parsed_as_1bb5933_did() -> None:
+    """A 204 or 304 (and a 205, 1xx between) says a Content-Length and sends no body: a run of
+    them, several in a read, is framed as llhttp frames it (no body), whatever the length."""
+    for status in (b"204 No Content", b"304 Not Modified", b"205 Reset Content", b"200 OK"):
+        line = b"HTTP/1.1 " + status + b'\r\nETag: "%d"\r\nContent-Length: 5\r\n\r\n'
+        answers = [line % n for n in range(6)]
+        both_fed([*answers[:2], b"".join(answers[2:])], [False] * 3)
+        both_fed([*answers[:3], answers[3] + b"hello" + answers[4]], [False] * 4)
+        both_fed(
+            [*answers[:2], b"HTTP/1.1 100 Continue\r\n\r\n" + b"".join(answers[2:])], [False] * 3
+        )
+
+
+def test_a_made_heads_bytes_again_with_its_own_length_are_parsed_as_1bb5933_did() -> None:
+    """The path made a head of another body length than its plan's head: that head's bytes
+    again are framed by its own length, in the read that made it and in the next."""
+    for layout in range(len(_LAYOUTS)):
+        made = _answer(layout, 2, b"hell")  # (one digit: the path's)
+        longer = _answer(layout, 3, b"hello12")
+        both_fed([*_primed(layout), made, made, made + made], [False] * 5)
+        both_fed([*_primed(layout), made + made + longer, longer + longer], [False] * 4)
