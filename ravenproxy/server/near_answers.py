@@ -27,6 +27,7 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Any, cast
 
+from ravenproxy.server.answer_shapes import SHAPE_MAX
 from ravenproxy.server.http_events import DATA, ENDED, HEAD
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.parsed_answers import ParsedPlainHead, length_field
@@ -49,7 +50,9 @@ LAYOUTS: dict[tuple[bytes, tuple[int, ...]], tuple[bytes, Callable[[bytes], Any]
 its values' lengths: shared by every target connection, as the templates are."""
 _layout = LAYOUTS.get
 LAYOUTS_MAX = 512
-"""Layouts kept at most (as :data:`.answer_shapes.SHAPES_MAX`)."""
+"""Layouts kept at most (as :data:`.answer_shapes.SHAPES_MAX`), each of a template no longer
+than :data:`.answer_shapes.SHAPE_MAX` (a longer one's plan is made, not kept): what they hold is
+bounded as the shapes are (review34: a 56 KB head's layout held ~1.3 MiB)."""
 
 
 def plan_of(head: Head, template: bytes) -> Plan | None:
@@ -70,7 +73,7 @@ def plan_of(head: Head, template: bytes) -> Plan | None:
             cuts.append(slice(at, at + len(value)))
             at += len(value) + 2
         layout = (b"%b" + template, itemgetter(*cuts))
-        if len(LAYOUTS) < LAYOUTS_MAX:
+        if len(LAYOUTS) < LAYOUTS_MAX and len(template) <= SHAPE_MAX:
             LAYOUTS[key] = layout
     kinds, digits = head.wire.translate(_KINDS), len(values[field])
     least = 10 ** (digits - 1) if digits > 1 else 0

@@ -5,6 +5,7 @@ without llhttp, :mod:`.near_answers`)."""
 
 from __future__ import annotations
 
+from ravenproxy.server.answer_shapes import SHAPE_MAX
 from ravenproxy.server.http_heads import PlainHead
 
 
@@ -34,7 +35,8 @@ _LENGTH_AT: dict[tuple[bytes, ...], int] = {}
 """Where the Content-Length is among a shape's names (:func:`length_field`'s), by the names."""
 _length_at = _LENGTH_AT.get
 LENGTH_AT_MAX = 512
-"""Names kept at most (as :data:`.answer_shapes.SHAPES_MAX`)."""
+"""Names kept at most (as :data:`.answer_shapes.SHAPES_MAX`), each set of them no longer on the
+wire than :data:`.answer_shapes.SHAPE_MAX` (as a kept shape's template)."""
 
 
 def length_field(head: object) -> int:
@@ -55,10 +57,12 @@ def length_field(head: object) -> int:
         return -1
     if head.status < 200 or head.status in (204, 304):
         return -1
-    at = _length_at(head.names)
+    names = head.names
+    at = _length_at(names)
     if at is None:
-        lowered = [name.lower() for name in head.names]  # (a plain head has one)
+        lowered = [name.lower() for name in names]  # (a plain head has one)
         at = lowered.index(b"content-length") if b"content-length" in lowered else -1
-        if len(_LENGTH_AT) < LENGTH_AT_MAX:
-            _LENGTH_AT[head.names] = at
+        # ("name: " and CRLF each: no longer than a kept shape's template)
+        if len(_LENGTH_AT) < LENGTH_AT_MAX and sum(map(len, names)) + 4 * len(names) <= SHAPE_MAX:
+            _LENGTH_AT[names] = at
     return at
