@@ -51,13 +51,17 @@ its values' lengths: shared by every target connection, as the templates are."""
 _layout = LAYOUTS.get
 LAYOUTS_MAX = 512
 """Layouts kept at most (as :data:`.answer_shapes.SHAPES_MAX`), each of a template no longer
-than :data:`.answer_shapes.SHAPE_MAX` (a longer one's plan is made, not kept): what they hold is
-bounded as the shapes are (review34: a 56 KB head's layout held ~1.3 MiB)."""
+than :data:`.answer_shapes.SHAPE_MAX` (:func:`plan_of`'s): what they hold is bounded as the
+shapes are (review34: a 56 KB head's layout held ~1.3 MiB)."""
 
 
 def plan_of(head: Head, template: bytes) -> Plan | None:
     """The plan of ``head``'s layout (its shape's template ``template``) when llhttp frames
-    ``head``'s answer by its Content-Length alone (:func:`.length_field`); else None."""
+    ``head``'s answer by its Content-Length alone (:func:`.length_field`) and the template is no
+    longer than a kept shape's (:data:`.answer_shapes.SHAPE_MAX`: a plan holds a slice a field,
+    ~1.3 MiB for a 56 KB head's thousands); else None (its answers are llhttp's)."""
+    if len(template) > SHAPE_MAX:
+        return None
     field = length_field(head)
     if field < 0:
         return None
@@ -73,7 +77,7 @@ def plan_of(head: Head, template: bytes) -> Plan | None:
             cuts.append(slice(at, at + len(value)))
             at += len(value) + 2
         layout = (b"%b" + template, itemgetter(*cuts))
-        if len(LAYOUTS) < LAYOUTS_MAX and len(template) <= SHAPE_MAX:
+        if len(LAYOUTS) < LAYOUTS_MAX:
             LAYOUTS[key] = layout
     kinds, digits = head.wire.translate(_KINDS), len(values[field])
     least = 10 ** (digits - 1) if digits > 1 else 0

@@ -17,7 +17,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ravenproxy.server.http_messages import HEAD, Parsed
+from ravenproxy.server.answer_shapes import SHAPE_MAX
+from ravenproxy.server.http_messages import DATA, END, HEAD, Parsed
 from ravenproxy.server.parsed_answers import ParsedPlainHead
 from tests.helpers import examples
 
@@ -306,3 +307,17 @@ def test_an_answer_of_the_last_ones_layout_is_queued_without_llhttp() -> None:
     parsed.feed(_a(7, b"a longer bodY"))  # and the next (its head as long as the last one's)
     parsed.feed(_a(8, b"a longer bOdY"))
     assert fed[2:] == [_a(6, b"a longer body"), _a(7, b"a longer bodY")]
+
+
+def test_no_plan_for_a_layout_longer_than_a_kept_shape() -> None:
+    """A head whose shape's template is over ``SHAPE_MAX`` makes no plan (a plan holds a slice
+    a field: ~1.3 MiB for a 56 KB head's, review34): its answers are llhttp's, as before."""
+    fields = b"".join(b"X-Many-%d: v\r\n" % i for i in range(SHAPE_MAX // 12))
+    parsed = Parsed(response=True)
+    fed = _counted(parsed)
+    answers = [b"HTTP/1.1 200 OK\r\n%bContent-Length: 1\r\n\r\n%d" % (fields, n) for n in range(4)]
+    for answer in answers:
+        parsed.feed(answer)
+    assert parsed._plan is None
+    assert fed == answers
+    assert [kind for kind, _ in parsed.events] == [HEAD, DATA, END] * 4
