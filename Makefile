@@ -118,8 +118,9 @@ typecheck: venv
 	$(VENV)/bin/mypy
 
 # Two tiers (tests/conftest.py, README "Tests"): the tests not marked `serial` (unit tests: pure
-# CPU, loopback sockets, short-lived children) TEST_WORKERS at a time with pytest-xdist, then the
-# `serial` ones (real servers and agents, namespaces, daemons, wall-clock bounds) one at a time.
+# CPU, loopback sockets, short-lived children; the integration files conftest names: free ports)
+# TEST_WORKERS at a time with pytest-xdist, then the `serial` ones (real servers and agents,
+# namespaces, daemons, wall-clock bounds) one at a time.
 # Both tiers run; the target fails if either does. pytest exits 5 when it collected no test: that
 # must fail, never pass as success. --durations=25: CI logs name each tier's slowest tests (the
 # suite's budget: 20 minutes on 2 cores).

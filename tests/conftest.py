@@ -42,8 +42,17 @@ _skipped_root: list[str] = []
 # tests/integration run in the parallel tier: free ports, their own tmp_path and API emulator,
 # no contended leadership, no wall-clock bound with under 2 s of slack (first contact: processes
 # that refuse a bad start; the controller's CSR path and the certificate requester: a rotation at
-# 70-90 % of a 30 or 60 s lifetime).
+# 70-90 % of a 30 or 60 s lifetime; the functional L7 files, though `slow`: each worker starts its
+# own server, agent and fake kubelet on free ports; the L7 files with timing bounds stay serial:
+# the slow relay and client, limits, idle 408, keep-alive, streaming's p99 < 0.1 s).
 _SERIAL_DIRS = ("integration", "e2e")
+_PARALLEL_L7 = (
+    "answeragain_same_answers", "answerparse_values", "curl", "direct_policy", "errors",
+    "exec_ws", "framing", "front_identity", "loops", "pipelined", "prometheus",
+    "review22_kept_answers", "review24_taken_answers", "review27_near_wire",
+    "review30_reused_heads", "review31_near_wire", "review33_answer_edges", "stale_upstream",
+    "stray_answer", "upgrade",
+)  # fmt: skip
 _PARALLEL_FILES = (
     "integration/test_first_contact.py",
     "integration/kube/test_cert_issuance.py",
@@ -51,6 +60,7 @@ _PARALLEL_FILES = (
     "integration/kube/test_csr_api.py",
     "integration/kube/test_key_publish.py",
     "integration/kube/test_model_source.py",
+    *(f"integration/l7/test_{name}.py" for name in _PARALLEL_L7),
 )
 _TESTS = Path(__file__).parent
 
@@ -60,8 +70,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs root (network namespaces, iptables): run as root")
     for item in items:
         where = item.path.relative_to(_TESTS)
-        if (where.parts[0] in _SERIAL_DIRS and where.as_posix() not in _PARALLEL_FILES) or (
-            "root" in item.keywords or "slow" in item.keywords
+        if "root" in item.keywords or (
+            where.as_posix() not in _PARALLEL_FILES
+            and (where.parts[0] in _SERIAL_DIRS or "slow" in item.keywords)
         ):
             item.add_marker(pytest.mark.serial)
         if "root" in item.keywords and not IS_ROOT:
