@@ -237,6 +237,27 @@ def excepthook():
     sys.stderr = sys.__stderr__
     return buf.getvalue()
 
+def threads():
+    """Eight threads reading deferred modules at once (an executor's thread logging, say): each
+    gets the whole module, its code run once."""
+    import threading
+    barrier, out = threading.Barrier(8), []
+    buf = logged()
+    def use(i):
+        barrier.wait()
+        try:
+            outer()
+        except RuntimeError:
+            logging.getLogger("t").exception("thread failed")
+            import traceback, copy, subprocess
+            out.append([traceback.format_exc().count("\n"), copy.deepcopy([i]), subprocess.PIPE])
+    ts = [threading.Thread(target=use, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return [sorted(out), sorted(buf.getvalue().splitlines())]
+
 result = globals()[probe]()
 state = {}
 for name in json.loads(sys.argv[4]):
@@ -265,6 +286,7 @@ PROBE_NAMES = [
     "inspect_use",
     "faulthandler_dump",
     "excepthook",
+    "threads",
 ]
 
 
