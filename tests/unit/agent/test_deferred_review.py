@@ -239,7 +239,7 @@ def excepthook():
 
 def threads():
     """Eight threads reading deferred modules at once (an executor's thread logging, say): each
-    gets the whole module, its code run once."""
+    gets the whole module, and the logs are those without deferrals."""
     import threading
     barrier, out = threading.Barrier(8), []
     buf = logged()
