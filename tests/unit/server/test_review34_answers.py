@@ -24,6 +24,7 @@ from ravenproxy.server.near_answers import LAYOUTS
 from ravenproxy.server.parsed_answers import _LENGTH_AT
 from tests.helpers import examples
 
+from .test_again_answers import _counted
 from .test_answerparse_answers import both_fed
 
 _LAYOUTS = [
@@ -219,17 +220,7 @@ def test_the_path_takes_the_changes_llhttp_takes_as_they_came() -> None:
     parsed = Parsed(response=True)
     for n in range(2):
         parsed.feed(_answer(1, n))
-    real, fed = parsed.parser, []
-
-    class Counting:
-        def __getattr__(self, name: str) -> object:
-            return getattr(real, name)
-
-        def feed_data(self, data: bytes) -> None:
-            fed.append(bytes(data))
-            real.feed_data(data)
-
-    parsed.parser = Counting()  # type: ignore[assignment]
+    fed = _counted(parsed)
     parsed.events.clear()
     third = _answer(1, 2).replace(b"a\tb c2", b"\x80\t: c2")
     parsed.feed(third + _answer(1, 3, b"0123456789"[:7]))
