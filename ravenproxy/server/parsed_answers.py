@@ -5,7 +5,6 @@ without llhttp, :mod:`.near_answers`)."""
 
 from __future__ import annotations
 
-from ravenproxy.server.answer_shapes import SHAPE_MAX
 from ravenproxy.server.http_heads import PlainHead
 
 
@@ -36,7 +35,8 @@ _LENGTH_AT: dict[tuple[bytes, ...], int] = {}
 _length_at = _LENGTH_AT.get
 LENGTH_AT_MAX = 512
 """Names kept at most (as :data:`.answer_shapes.SHAPES_MAX`), each set of them no longer on the
-wire than :data:`.answer_shapes.SHAPE_MAX` (as a kept shape's template)."""
+wire than :data:`.answer_shapes.SHAPE_MAX`: its one caller, :func:`.near_answers.plan_of`, asks
+only for shapes whose template is no longer."""
 
 
 def length_field(head: object) -> int:
@@ -62,7 +62,6 @@ def length_field(head: object) -> int:
     if at is None:
         lowered = [name.lower() for name in names]  # (a plain head has one)
         at = lowered.index(b"content-length") if b"content-length" in lowered else -1
-        # ("name: " and CRLF each: no longer than a kept shape's template)
-        if len(_LENGTH_AT) < LENGTH_AT_MAX and sum(map(len, names)) + 4 * len(names) <= SHAPE_MAX:
+        if len(_LENGTH_AT) < LENGTH_AT_MAX:
             _LENGTH_AT[names] = at
     return at
