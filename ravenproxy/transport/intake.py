@@ -25,7 +25,6 @@ from ravenproxy.wire.connection import Connection
 from ravenproxy.wire.errors import ControlFloodError, ProtocolError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from typing import TypeAlias
 
     from websockets.asyncio.connection import Connection as WsConnection
@@ -91,16 +90,8 @@ class Intake:
 
     # -- the messages of our frame reader, by callback ------------------------------------------
     def _on_messages(self, batch: list[bytes | memoryview]) -> None:
-        """One read round's messages, from the transport's read callback (or one message read
-        through ``websockets``: :meth:`_received`). Raising ends the delivery: the reader raises
-        it (ProtocolError: the tunnel is closed with its code).
-
-        The one place where a DATA message's chunks reach their streams, whichever way the
-        wire took the message (one frame, several, or the general path's ``DataReceived``):
-        each chunk is offered to the stream's consumer (:meth:`TunnelStream.on_readable`'s
-        ``take``) while the stream holds none, and its credit returned once taken; a chunk not
-        taken is held (:meth:`TunnelStream._hold`). Written here, not in a method of the
-        stream's: a call a chunk (a request on both ends)."""
+        """One read round's messages, from the transport's read callback. Raising ends the
+        delivery: the reader raises it (ProtocolError: the tunnel is closed with its code)."""
         conn = self.conn
         if self._held is not None:  # paused: behind what is held back
             self._held += batch
@@ -108,58 +99,44 @@ class Intake:
         # conn.should_read, written out (a property: two calls a request).
         outbox, cap, streams = conn.outbox, conn.config.max_control_pending, self.streams
         # What the round queues (several streams' frames, credit) is written at its end, in
-        # one write, not by the first flush it makes (Session._flush writes through): so no
-        # flush below, where a chunk's credit queues a WINDOW_UPDATE.
+        # one write, not by the first flush it makes (Session._flush writes through).
         self._deferred = True
         at = -1  # the message's index, counted by hand: no enumerate made per read round
-        item: tuple[int, bytes | memoryview] | ev.Event | None
-        rest: Iterator[tuple[int, bytes | memoryview] | ev.Event] | None
         try:
             for message in batch:
                 at += 1
-                # Paused only for our frame reader (the websockets path waits in _received).
-                if outbox.control_bytes > cap and self._delivering:
+                if outbox.control_bytes > cap:
                     self._pause(batch[at:])
                     break
                 # The usual message, one DATA frame (several under load), by the wire's fast
-                # paths: no event to match.
-                item = conn.receive_data(message)
-                rest = None  # the message's other deliveries, after the first (mostly none)
-                if item is None:
-                    taken = conn.receive_batch(message)
-                    rest = iter(conn.receive_message(message) if taken is None else taken)
-                    item = next(rest, None)
-                while item is not None:
-                    if type(item) is tuple:
-                        sid, data = item
-                    elif type(item) is ev.DataReceived:
-                        sid, data = item.stream_id, item.data
-                    else:
-                        self._dispatch(item)  # type: ignore[arg-type]  # (not a tuple)
-                        item = None if rest is None else next(rest, None)
-                        continue
-                    item = None if rest is None else next(rest, None)
+                # path: no event to match.
+                got = conn.receive_data(message)
+                if got is not None:  # its one chunk fed as is: no tuple of it to loop over
+                    sid, data = got
                     stream = streams.get(sid)
-                    if stream is None:  # a stream this side already let go of
+                    if stream is not None:
+                        stream._feed(data)
+                    else:  # as _dispatch: a stream this side already let go of
                         conn.consumed(sid, len(data))
-                        continue
-                    take = stream._on_chunk
-                    if take is not None and not stream._chunks and take(data):
-                        # Taken as it came (a chunk a request, on the agent): read, as
-                        # read_nowait counts it, without holding it for a callback to read back.
-                        n = len(data)
-                        stream.bytes_in += n
-                        if not conn.closed:
-                            conn.consumed_on(stream._wire, n)
-                    else:
-                        stream._hold(data)
+                    continue
+                taken = conn.receive_batch(message)
+                if taken is None:
+                    for event in conn.receive_message(message):
+                        self._dispatch(event)
+                    continue
+                for sid, data in taken:
+                    stream = streams.get(sid)
+                    if stream is not None:
+                        stream._feed(data)
+                    else:  # as _dispatch: a stream this side already let go of
+                        conn.consumed(sid, len(data))
         finally:
             self._deferred = False
         # Answers the messages asked for (PING acks above all) go out now, not with whatever
         # flushes next: protocol sections 4.7 and 11. (Mostly nothing is queued: no call.)
         if outbox.pending_bytes:
             self._flush()
-        if self._held is None and outbox.control_bytes > cap and self._delivering:
+        if self._held is None and outbox.control_bytes > cap:
             self._pause([])
 
     def _pause(self, rest: list[bytes | memoryview]) -> None:
@@ -225,9 +202,11 @@ class Intake:
             raise ProtocolError("text message on the tunnel")
         if not self.conn.should_read:  # e.g. a keepalive PING queued while we yielded
             await self._paused()
-        # Taken as our frame reader's messages are (its answers flushed at its end), but not
-        # paused there: waited for here.
-        self._on_messages([message])
+        for event in self.conn.receive_message(message):
+            self._dispatch(event)
+        # Answers the message asked for (PING acks above all) go out now, not with
+        # whatever flushes next: protocol sections 4.7 and 11.
+        self._flush()
         if not self.conn.should_read:
             await self._paused()
         # A peer that sends faster than we process must not starve other tunnels and fronts:

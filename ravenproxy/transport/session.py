@@ -346,11 +346,18 @@ class Session(Outlet):
 
     def _dispatch(self, event: ev.Event) -> None:
         match event:
+            case ev.DataReceived(sid, data):
+                stream = self.streams.get(sid)
+                if stream is None:
+                    self.conn.consumed(sid, len(data))
+                    self._flush()
+                else:
+                    stream._feed(data)
             case ev.WindowUpdated(sid):
                 if sid == 0:
                     waiters, self._window_waiters = self._window_waiters, set()
-                    for waiting in waiters:
-                        waiting._wake_writer()
+                    for stream in waiters:
+                        stream._wake_writer()
                 else:
                     stream = self.streams.get(sid)
                     if stream is not None:

@@ -130,10 +130,18 @@ class TunnelStream:
         if opened is not None and not opened.done():
             opened.set_result(None)
 
-    def _hold(self, data: bytes | memoryview) -> None:
-        """A chunk its consumer did not take as it came (the session's intake offers each one
-        first: :meth:`on_readable`'s ``take``), or that arrived with none to offer it to: held
-        until read, the readers woken."""
+    def _feed(self, data: bytes | memoryview) -> None:
+        take = self._on_chunk
+        if take is not None and not self._chunks and take(data):
+            # Taken as it came (a chunk a request, on the agent): read, as read_nowait counts
+            # it, without holding it for a callback to read back.
+            n = len(data)
+            self.bytes_in += n
+            session = self.session
+            conn = session.conn
+            if not conn.closed and conn.consumed_on(self._wire, n):
+                session._flush()
+            return
         if self._chunks is None:
             self._chunks = collections.deque()
         self._chunks.append(data)
