@@ -1,7 +1,7 @@
 """bd24f07's request side, verbatim (only renamed), for branch reqside's oracle tests
 (test_reqside2_*.py; also the older oracles whose old Exchange or parser inherited what reqside
 restructured): ``Parsed.again`` and ``near`` (one method since, ``again``) with ``feed``, which
-asked ``near``; ``Exchange.receive_client``, ``_on_request``, ``routed`` and ``_send`` with
+asked ``near``; ``Exchange.receive_client``, ``routed``, ``upstream_opened`` and ``_send`` with
 ``RequestHeads`` (folded into ``routed`` since); ``podroutes.same_node`` (indexes since).
 Nothing here is imported from a baseline checkout.
 """
@@ -15,15 +15,12 @@ from httptools import HttpParserError, HttpParserUpgrade
 from ravenproxy.server.exchange import Exchange, _new
 from ravenproxy.server.exchange_actions import (
     Action,
-    Looped,
     OpenUpstream,
     ReadBody,
     RouteRequest,
-    Tunnel,
     WriteUpstream,
 )
-from ravenproxy.server.http1 import BadRequest
-from ravenproxy.server.http_heads import Head, RequestHead, keeps_alive
+from ravenproxy.server.http_heads import Head, RequestHead
 from ravenproxy.server.http_messages import (
     _ENDED,
     END,
@@ -36,12 +33,10 @@ from ravenproxy.server.http_messages import (
     _Stop,
 )
 from ravenproxy.server.http_rewrite import request_head
-from ravenproxy.server.loops import via_received_by
 from ravenproxy.server.podroutes import (
     _POD_PATH_HEADS,
     NODE_NAME_PARAM,
     Destination,
-    find_destination,
 )
 from ravenproxy.server.router import Route, UpstreamKey
 
@@ -347,8 +342,9 @@ class Bd24Routing(Exchange):
 
 
 class Bd24Exchange(Bd24Routing):
-    """The Exchange as it was at bd24f07: its client parser, ``receive_client`` and
-    ``_on_request`` (bd24f07's ``same_node``) too."""
+    """The Exchange as it was at bd24f07: its client parser and ``receive_client`` (with
+    bd24f07's ``same_node``) too. (``_on_request``, unchanged, is the Exchange's: it asks the
+    new ``same_node``, held to bd24f07's alone in test_reqside2_fold.)"""
 
     def __init__(self, *, via: str, max_head: int) -> None:
         super().__init__(via=via, max_head=max_head)
@@ -376,46 +372,6 @@ class Bd24Exchange(Bd24Routing):
         else:
             self.client_raw = self.client.feed(data)
         return self._client_events()
-
-    def _on_request(self, request: Head) -> list[Action]:
-        seen = self._seen
-        if seen is not None and seen[0] is request:  # as the last one: it went on
-            self._client_keep = seen[1]
-            self._request = request
-            self.phase = "routing"
-            return [seen[2]]
-        if request.size > self.max_head:
-            return self._refuse(431, "", f"request head larger than {self.max_head} bytes")
-        routing = request.routing  # all it reads of the fields (Head.routing: Host, Via, ...)
-        if seen is not None and routing is (last := seen[0]).routing:
-            # The last request's fields (the parse shares their routing fields then: a
-            # keep-alive client's next URL): what they decided stands (Host, keep-alive, Via);
-            # only its target may name another node. When it names none: _retarget.
-            same = request.start == last.start and request.version == last.version
-            if same and same_node(seen[2].dest, request.target):
-                return self._retarget(request, seen)
-        host = routing.get("host")
-        if (host is None and request.version == "1.1") or (host is not None and "," in host):
-            why = "bad request: an HTTP/1.1 request needs one Host field"
-            return self._refuse(400, "", why)
-        self._client_keep = keeps_alive(request)
-        try:
-            dest = find_destination(request.start, request.target, (), routing)
-        except BadRequest as exc:
-            return self._refuse(exc.status, "", exc.reason)
-        via = routing.get("via")
-        if via and self.via in via_received_by([via]):
-            node = dest.host or (f"pod {dest.pod[0]}/{dest.pod[1]}" if dest.pod else "")
-            why = "loop detected: the request already passed through this server"
-            return [Looped(), *self._refuse(508, node, f"{why} (Via {self.via})")]
-        self._request = request
-        if dest.via == "connect":
-            self.phase = "closed"
-            return [*self._drop_upstream(), Tunnel(dest, self.client_raw or b"")]
-        self.phase = "routing"
-        action = RouteRequest(dest)
-        self._seen = (request, self._client_keep, action)
-        return [action]
 
 
 # -- the new code driven in the old shapes (for the older oracles) -------------------------------

@@ -11,13 +11,13 @@
   when the target's fifth character is one of theirs.
 
 The oracle is bd24f07's code, verbatim in :mod:`.bd24_requests` (``Bd24Parsed``: ``again``,
-``near``, ``feed``; ``Bd24Exchange``: ``receive_client``, ``_on_request``, ``routed``,
-``upstream_opened``, ``_send`` over ``RequestHeads``; ``bd24_same_node``). Compared over
-generated inputs: the parse (returns, events with heads field by field, parser state, the
-request kept, heads reused) offered the exchange's way or to ``feed`` alone; every byte value
-at every place of a target; runs of near requests broken by other methods, fields, lengths
-and shifted bytes; ``same_node`` over targets built of the pieces its rule reads and every
-character at every place of short ones; whole exchanges (test_review26's driver, its
+``near``, ``feed``; ``Bd24Exchange``: ``receive_client``, ``routed``, ``upstream_opened``,
+``_send`` over ``RequestHeads``; ``bd24_same_node``, which its ``receive_client`` asks).
+Compared over generated inputs: the parse (returns, events with heads field by field, parser
+state, the request kept, heads reused) offered the exchange's way or to ``feed`` alone; every
+byte value at every place of a target; runs of near requests broken by other methods, fields,
+lengths and shifted bytes; ``same_node`` over targets built of the pieces its rule reads and
+every character at every place of short ones; whole exchanges (test_review26's driver, its
 conversations: targets absolute-form, pod and node-name ones, Host and X-Tunnel-Proxy-Host,
 bodies, upgrades, CONNECT, loops; and runs of near requests) with the exchange's request-side
 state after every step, under a head bound that refuses some.
