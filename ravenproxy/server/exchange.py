@@ -45,9 +45,9 @@ from ravenproxy.server.exchange_answer import AnswerSide
 from ravenproxy.server.http1 import BadRequest
 from ravenproxy.server.http_heads import Head, keeps_alive
 from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD, Parsed
-from ravenproxy.server.http_rewrite import Framing, RequestHeads, chunk, last_chunk
+from ravenproxy.server.http_rewrite import Framing, chunk, last_chunk, request_head
 from ravenproxy.server.loops import via_received_by
-from ravenproxy.server.podroutes import find_destination, same_node
+from ravenproxy.server.podroutes import Destination, find_destination, same_node
 from ravenproxy.server.router import Route, UpstreamKey
 
 _new = object.__new__
@@ -93,8 +93,10 @@ class Exchange(AnswerSide):
         """Part of a response went to the client: a refusal can no longer be answered."""
         # What the last heads led to, reused while the next are the same (Parsed._last) objects:
         self._seen: tuple[Head, bool, RouteRequest] | None = None
-        self._built: tuple[Head, Route, tuple[bytes, bool, bool], WriteUpstream] | None = None
-        self._request_head = RequestHeads(via).head
+        self._built: tuple[Head, Route, WriteUpstream, Destination, bytes, bool, bool] | None = None
+        """The last head sent on (routed's): the request head and route it was made for, the
+        action carrying it, the destination, the head past its request line, upgrade and
+        chunking."""
         self._answered: tuple[Head, Head | None, tuple[bool, ...], Framing] | None = None
 
     # -- the client side ----------------------------------------------------------------------
@@ -109,12 +111,13 @@ class Exchange(AnswerSide):
             return []
         seen = self._seen
         if seen is not None and self.phase == "head":
-            client = self.client
-            if client.again(data, seen[0]):  # the last request again: it goes on as it went
-                self._client_keep, self._request, self.phase = seen[1], seen[0], "routing"
+            last = seen[0]
+            request = self.client.again(data, last)  # its head taken at once (END queued)
+            if request is last:  # the last request again: it goes on as it went
+                self._client_keep, self._request, self.phase = seen[1], last, "routing"
                 return [seen[2]]
-            request = client.near(data, seen[0])  # or that but for its target (END queued)
-            if request is not None:  # _on_request's case of the last fields (see there)
+            if request is not None:  # but for its target: _on_request's case of the last
+                # fields (see there)
                 if request.size <= self.max_head and same_node(seen[2].dest, request.target):
                     return self._retarget(request, seen)
                 return self._on_request(request)
@@ -206,48 +209,56 @@ class Exchange(AnswerSide):
         return [action]
 
     # -- routing and the target connection ----------------------------------------------------
-    def routed(self, route: Route) -> list[Action]:
-        """The request's route: keep the target connection when it fits, else open one."""
-        seen = self._seen  # the request's RouteRequest: its destination
-        assert self.phase == "routing" and self._request is not None and seen is not None
-        same = route is self.route and self._up is not None  # the driver reused the route
-        self.route = route
-        self.body_done, self._body_error, self.started = False, None, False
-        # The head for the target, reused while the request head and the route are the same
-        # objects (a keep-alive client polling one URL); inline: it runs per request.
-        request, built = self._request, self._built
-        if built is None or built[0] is not request or built[1] is not route:
-            out = self._request_head(request, seen[2].dest, route)
-            send = _new(WriteUpstream)  # made without its __init__ (a request that differs)
-            send.data = out[0]
-            built = self._built = (request, route, out, send)
-        head, self._upgrade, self._chunked_up = built[2]
-        self._outbound = [head]
-        if same:
-            return self._send()
-        key = UpstreamKey.of(route)
-        actions: list[Action] = []
-        if self._up is not None and key != self._up_key:
-            actions += self._drop_upstream()
-        if self._up is None:
-            self._up_key = key
-            self.phase = "opening"
-            return [*actions, OpenUpstream(route)]
-        return [*actions, *self._send()]
-
-    def refused(self, status: int, node: str, reason: str) -> list[Action]:
-        """Routing, or opening the target connection, failed with this status."""
-        return self._refuse(status, node, reason)
-
-    def upstream_opened(self) -> list[Action]:
-        """The target connection :class:`OpenUpstream` asked for is open."""
-        assert self.phase == "opening"
-        self._up = Parsed(response=True, max_tail=self.max_head)
-        self._up_used = False
-        return self._send()
-
-    def _send(self) -> list[Action]:
-        """The request (and the body bytes at hand) to the target connection."""
+    def routed(self, route: Route | None) -> list[Action]:
+        """The request's route: keep the target connection when it fits, else open one. With
+        it (or once the one opened is: ``None``, :meth:`upstream_opened`'s) the request and the
+        body bytes at hand go to the target connection: one method, not a call to a sender
+        (it runs per request)."""
+        if route is not None:
+            seen = self._seen  # the request's RouteRequest: its destination
+            assert self.phase == "routing" and self._request is not None and seen is not None
+            same = route is self.route and self._up is not None  # the driver reused the route
+            self.route = route
+            self.body_done, self._body_error, self.started = False, None, False
+            # The head for the target, reused while the request head and the route are the same
+            # objects (a keep-alive client polling one URL); inline: it runs per request.
+            request, built = self._request, self._built
+            if built is None or built[0] is not request or built[1] is not route:
+                dest = seen[2].dest
+                if (
+                    built is not None
+                    and built[1] is route
+                    and built[3] is dest
+                    and request.wire is (last := built[0]).wire
+                    and request.version == last.version
+                ):
+                    # The last head's fields (the parse's same wire object: the same fields, so
+                    # the same routing fields and decoded forms) and version, its destination and
+                    # route the same objects (a keep-alive client's next URL: _retarget): the same
+                    # fields, Via, upgrade and chunking past the request line — the request line
+                    # as it came when the target goes on unchanged (not rewritten by the
+                    # destination: no format, no encode).
+                    line = request.line if dest.target is request.target else None
+                    if line is None:
+                        line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
+                    tail, upgrade, chunked = built[4], built[5], built[6]
+                    data = line + tail
+                else:
+                    data, upgrade, chunked = request_head(request, dest, route, self.via)
+                    tail = data[data.index(b"\r\n") + 2 :]  # (a target holds no CRLF)
+                send = _new(WriteUpstream)  # made without its __init__ (a request that differs)
+                send.data = data
+                built = self._built = (request, route, send, dest, tail, upgrade, chunked)
+            self._upgrade, self._chunked_up = built[5], built[6]
+            self._outbound = [built[2].data]
+            if not same:
+                key = UpstreamKey.of(route)
+                if self._up is None or key != self._up_key:
+                    actions = self._drop_upstream()  # (none held: none)
+                    self._up_key = key
+                    self.phase = "opening"
+                    return [*actions, OpenUpstream(route)]
+        # The request (and the body bytes at hand) to the target connection.
         assert self._up is not None and self._outbound is not None and self._request is not None
         self._reused = self._up_used
         self._up_used = True
@@ -262,12 +273,23 @@ class Exchange(AnswerSide):
             events.popleft()
             self.body_done = True
             assert self._built is not None
-            return [self._built[3]]
+            return [self._built[2]]
         actions = self._body(first=True, head=self._outbound[0])
         if not self.body_done and self.phase == "forwarding":
             self._outbound = None  # not whole: never retried
             actions.append(ReadBody())
         return actions
+
+    def refused(self, status: int, node: str, reason: str) -> list[Action]:
+        """Routing, or opening the target connection, failed with this status."""
+        return self._refuse(status, node, reason)
+
+    def upstream_opened(self) -> list[Action]:
+        """The target connection :class:`OpenUpstream` asked for is open: the request goes."""
+        assert self.phase == "opening"
+        self._up = Parsed(response=True, max_tail=self.max_head)
+        self._up_used = False
+        return self.routed(None)
 
     def _body(self, *, first: bool, head: bytes = b"") -> list[Action]:
         """Forward the request-body events at hand. A malformed body (a bad chunk size, ...)

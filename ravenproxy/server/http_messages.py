@@ -159,7 +159,7 @@ class Parsed(NearAnswers):
         self._again: tuple[bytes, Head, bytes | None, bytes] | None = None
         """The last bytes fed, when one whole request that left the parser as it found it, its
         head (the same bytes again are it again, if :meth:`_replayable` says so when asked), and
-        the bytes' lead and tail around its target (:meth:`near`'s; None: not yet)."""
+        the bytes' lead and tail around its target (:meth:`again`'s; None: not yet)."""
         self._plan: Plan | None = None
         """How an answer of the last answer's layout is read (:mod:`.near_answers`), when llhttp
         parsed two heads of its shape and length in a row (or one twice), framed by their
@@ -185,12 +185,23 @@ class Parsed(NearAnswers):
                 return head
         return None
 
-    def near(self, data: bytes, head: Head) -> Head | None:
-        """llhttp's head of ``data`` made without it (END queued; the last one's fields), when
-        ``head`` is the kept request's (:attr:`_again`, replayable), no event waits and ``data`` is
-        its bytes but for an origin-form target; else None, the kept request dropped (feed's)."""
+    def again(self, data: bytes, head: Head) -> Head | None:
+        """:meth:`feed`'s head of ``data`` taken at once, END queued, when ``head`` is the kept
+        request's (:attr:`_again`) and no event waits: ``head`` itself when ``data`` is its
+        bytes again, whole and bodiless (replayable); a head made without llhttp (the last
+        one's fields) when ``data`` is them but for an origin-form target; else None, nothing
+        fed, and the kept request dropped once the bytes were compared (feed's)."""
         again = self._again
         if again is None or again[1] is not head or self.events:
+            return None
+        if data == again[0]:  # the last request again (a scrape, a probe): it goes on
+            if not (self.in_head or self.in_body) and (
+                head is self._replay_head or self._replayable(head)
+            ):
+                self.events.append(_ENDED)
+                self.fed = 0
+                return head
+            self._again = None
             return None
         self._again = None  # kept anew below, when near
         last, kept, lead, tail = head, self._last, again[2], again[3]
@@ -262,7 +273,7 @@ class Parsed(NearAnswers):
                     events.append(_ENDED)
                     self.fed = 0
                     return None
-            elif (head := self.near(data, again[1])) is not None:  # its END queued
+            elif (head := self.again(data, again[1])) is not None:  # its END queued
                 events.appendleft((HEAD, head))  # (no event waited)
                 self.fed = 0
                 return None
@@ -324,23 +335,6 @@ class Parsed(NearAnswers):
             if len(data) <= REPLAY_MAX:
                 self._again = (bytes(data), parsed, None, b"")
         return None
-
-    def again(self, data: bytes, head: Head) -> bool:
-        """:meth:`feed` with ``head`` taken at once: True when ``data`` is the last request
-        again (``_again``), whole and bodiless, that request's head is ``head`` and no event
-        waits — its END is queued; else False, and nothing was fed."""
-        # :meth:`_repeated`'s rule asked without its call (once a request), the head's
-        # identity first: no bytes compared for another request's head.
-        again = self._again
-        if again is None or again[1] is not head or self.events or self.in_head or self.in_body:
-            return False
-        if data != again[0]:  # feed asks whether it is that request but for its target
-            return False
-        if head is not self._replay_head and not self._replayable(head):
-            return False
-        self.events.append(_ENDED)
-        self.fed = 0
-        return True
 
     # -- llhttp's callbacks ---------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:

@@ -89,57 +89,6 @@ def request_head(request: Head, dest: Destination, route: Route, via: str) -> Ou
     return Outbound(head + fields(out) + b"\r\n", upgrade is not None, chunked)
 
 
-class RequestHeads:
-    """:func:`request_head` for one client connection's requests (``via``: the server's
-    token), the part after the request line kept: a request with the last one's fields (the
-    parse's same :attr:`Head.wire` object) and version, its destination and route the same
-    objects (a keep-alive client's next URL: the exchange retargets the destination), gets
-    the same fields, Via, upgrade and chunking, so only its request line is made.
-    :meth:`head` answers (head, upgrade, chunked) as a plain tuple (an :class:`Outbound` is
-    made by a subtype's constructor: three objects)."""
-
-    __slots__ = ("_chunked", "_dest", "_route", "_tail", "_upgrade", "_version", "_wire", "via")
-
-    def __init__(self, via: str) -> None:
-        self.via = via
-        # What the kept tail was made for, each in a slot of its own (compared one by one: no
-        # tuple indexed per request): the fields' lines, destination, route (by identity) and
-        # version. The same lines are the same fields (a name holds no colon, a value no line
-        # end), hence the same routing fields and decoded forms. None: nothing kept yet.
-        self._wire: bytes | None = None
-        self._dest: Destination | None = None
-        self._route: Route | None = None
-        self._version = ""
-        self._tail = b""
-        """The head past its request line."""
-        self._upgrade, self._chunked = False, False
-
-    def head(self, request: Head, dest: Destination, route: Route) -> tuple[bytes, bool, bool]:
-        if (
-            request.wire is self._wire
-            and dest is self._dest
-            and route is self._route
-            and request.version == self._version
-        ):
-            # The request line as it came when the target goes on unchanged (the same object:
-            # not rewritten by the destination): no format, no encode.
-            line = request.line if dest.target is request.target else None
-            if line is None:
-                line = f"{request.start} {dest.target} HTTP/1.1\r\n".encode("latin-1")
-            return line + self._tail, self._upgrade, self._chunked
-        out = request_head(request, dest, route, self.via)
-        head = out.head
-        # The request line ends at the head's first CRLF (a target holds none).
-        self._tail, self._upgrade, self._chunked = (
-            head[head.index(b"\r\n") + 2 :],
-            out.upgrade,
-            out.chunked,
-        )
-        self._wire, self._dest, self._route = request.wire, dest, route
-        self._version = request.version
-        return head, out.upgrade, out.chunked
-
-
 class Framing(NamedTuple):
     """A response head as it goes to the client, and how its body and both connections go on
     (a named tuple: one is made per answer that differs from the last, by :data:`_framing`)."""

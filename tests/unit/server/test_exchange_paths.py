@@ -28,18 +28,20 @@ from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import Parsed
 from ravenproxy.server.router import Route
 
+from .bd24_requests import Bd24Routing
 from .test_exchange import OK, VIA, route
 
 
 class Parsing(Parsed):
     """Every request fed to the parser's events (none taken at once by :meth:`Parsed.again`)."""
 
-    def again(self, data: bytes, head: Head) -> bool:
-        return False
+    def again(self, data: bytes, head: Head) -> Head | None:
+        return None
 
 
-class General(Exchange):
-    """:meth:`Exchange._send` without the shortcut: every request through ``_body``; and
+class General(Bd24Routing):
+    """bd24f07's ``Exchange._send`` (folded into ``routed`` since: ``Bd24Routing``, over
+    ``RequestHeads``) without the shortcut: every request through ``_body``; and
     :meth:`Exchange.receive_client` without the last request's again (its HEAD queued and
     taken as any other)."""
 

@@ -33,12 +33,14 @@ from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD
 from ravenproxy.server.http_rewrite import chunk, last_chunk, response_framing
 from ravenproxy.server.router import Route, UpstreamKey
 
+from .bd24_requests import Bd24Routing
 from .test_exchange import VIA, route
 from .test_exchange_answers import EXCHANGES, LAST
 
 
-class Old(Exchange):
-    """ebcf73b's methods, verbatim."""
+class Old(Bd24Routing):
+    """ebcf73b's methods, verbatim (over bd24f07's ``_send`` and ``RequestHeads``, which it
+    inherited from the Exchange until reqside folded them: ``Bd24Routing``)."""
 
     def routed(self, route: Route) -> list[Action]:
         """The request's route: keep the target connection when it fits, else open one."""

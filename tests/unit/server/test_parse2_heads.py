@@ -20,10 +20,10 @@ from ravenproxy.server.http_heads import (
     _routing_name,
 )
 from ravenproxy.server.http_messages import END, ERROR, HEAD, Parsed
-from ravenproxy.server.http_rewrite import RequestHeads
 from ravenproxy.server.podroutes import Destination, find_destination, same_node
 from ravenproxy.server.router import Route
 
+from .bd24_requests import RoutedHeads
 from .test_exchange import VIA, route
 from .test_reqside_requests import _old_request_head
 
@@ -168,7 +168,7 @@ def _same_as_c0d4bc7(head: Head) -> None:
         assert head.line == f"{head.start} {head.target} HTTP/1.1\r\n".encode("latin-1")
 
 
-def _sent_on(heads: list[Head], requests: RequestHeads | _OldRequestHeads) -> list[object]:
+def _sent_on(heads: list[Head], requests: RoutedHeads | _OldRequestHeads) -> list[object]:
     """What each head sends on through one connection's ``requests``, its destination the last
     one's retargeted as Exchange._on_request does it (the same object: RequestHeads' kept tail
     serves it), its route one per node."""
@@ -226,7 +226,7 @@ def test_heads_and_what_they_send_on_are_c0d4bc7s_fed_cut_at_every_byte(
         assert [(k, getattr(h, "target", h)) for k, h in events] == [
             (k, getattr(h, "target", h)) for k, h in whole
         ]
-        assert _sent_on(heads, RequestHeads(VIA)) == _sent_on(heads, _OldRequestHeads(VIA))
+        assert _sent_on(heads, RoutedHeads(VIA)) == _sent_on(heads, _OldRequestHeads(VIA))
 
 
 def test_an_http11_request_whole_in_a_read_keeps_its_line_and_sends_it_on() -> None:
@@ -247,7 +247,7 @@ def test_an_http11_request_whole_in_a_read_keeps_its_line_and_sends_it_on() -> N
     assert lines == [b"GET /ping?n=1 HTTP/1.1\r\n", b"GET /ping?n=%E9 HTTP/1.1\r\n", None, None]
     first, second = heads[0], heads[1]
     assert isinstance(first, Head) and isinstance(second, Head)
-    requests, r = RequestHeads(VIA), route("edge-1")
+    requests, r = RoutedHeads(VIA), route("edge-1")
     dest = find_destination(first.start, first.target, (), first.routing)
     requests.head(first, dest, r)
     dest.target = second.target
@@ -262,7 +262,7 @@ def test_an_http11_request_whole_in_a_read_keeps_its_line_and_sends_it_on() -> N
     (_, head), _ = absolute.events
     assert isinstance(head, Head) and head.line is not None
     dest = find_destination(head.start, head.target, (), head.routing)
-    assert _sent_on([head], RequestHeads(VIA)) == _sent_on([head], _OldRequestHeads(VIA))
+    assert _sent_on([head], RoutedHeads(VIA)) == _sent_on([head], _OldRequestHeads(VIA))
     assert dest.target == "/m"
 
 

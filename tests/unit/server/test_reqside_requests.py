@@ -27,7 +27,7 @@ from ravenproxy.server.exchange_actions import OpenUpstream, RouteRequest, Write
 from ravenproxy.server.http1 import BadRequest
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_messages import END, HEAD, Parsed
-from ravenproxy.server.http_rewrite import Outbound, RequestHeads, fields
+from ravenproxy.server.http_rewrite import Outbound, fields
 from ravenproxy.server.podroutes import (
     HOP_BY_HOP,
     Destination,
@@ -40,6 +40,7 @@ from ravenproxy.server.registry import AgentRegistry
 from ravenproxy.server.router import Route, Router
 from tests.helpers import examples
 
+from .bd24_requests import RoutedHeads
 from .test_exchange import VIA, route
 from .test_routing import fake
 
@@ -206,7 +207,7 @@ def test_request_heads_are_812de76s_request_head_over_a_conversation(
     :class:`RequestHeads` what 812de76's request_head sent for it with the destination found
     anew — also when the exchange's destination is the last one retargeted."""
     parsed = Parsed(response=False)
-    heads = RequestHeads(VIA)
+    heads = RoutedHeads(VIA)
     routes: dict[tuple[str, int], Route] = {}
     last: tuple[Head, Destination] | None = None
     for method, target, version, which, new_route in steps:
@@ -261,7 +262,7 @@ def test_the_kept_tail_serves_only_the_same_fields_version_destination_and_route
     """One destination object throughout (the exchange's, retargeted): each request differs
     from the one before in one of what the tail was made for, and is sent on as 812de76 sent
     it (X-Tunnel-Proxy-Host without Host: the Host is made of the route's port)."""
-    parsed, heads = Parsed(response=False), RequestHeads(VIA)
+    parsed, heads = Parsed(response=False), RoutedHeads(VIA)
     dest = Destination("tunnel-header", "edge-1", None, None, "/")
     fields_ = b"X-Tunnel-Proxy-Host: edge-1\r\nConnection: keep-alive\r\n"
     first, moved = route("edge-1", 10250), route("edge-1", 10251)

@@ -27,6 +27,7 @@ from ravenproxy.server.http_heads import Head, keeps_alive
 from ravenproxy.server.http_messages import HEAD, Parsed
 from tests.helpers import examples
 
+from .bd24_requests import offered
 from .test_reqparse_callbacks import _OldParsed
 
 _METHODS = [b"GET", b"GET", b"HEAD", b"POST", b"PUT", b"CONNECT", b"OPTIONS", b"FOO", b"get",
@@ -133,9 +134,10 @@ def _both(reads: list[bytes], *, response: bool, bodiless: list[bool] | None = N
         if bodiless is not None:
             new.bodiless = old.bodiless = bodiless[i % len(bodiless)]
         if not response and heads[0] and not new.events and not old.events:
-            assert new.again(data, heads[0][-1]) == old.again(data, heads[1][-1])  # type: ignore[arg-type]
-        if not new.events:
-            assert new.feed(data) == old.feed(data), i
+            # (The new again makes a near request's head too: queued as feed queues it.)
+            assert offered(new, data, heads[0][-1]) == old.again(data, heads[1][-1])  # type: ignore[arg-type]
+        if not old.events:
+            assert (None if new.events else new.feed(data)) == old.feed(data), i
         assert [_view(e) for e in new.events] == [_view(e) for e in old.events], i
         assert _state(new) == _state(old), i
         for parsed, seen in ((new, heads[0]), (old, heads[1])):

@@ -55,6 +55,7 @@ from ravenproxy.server.podroutes import Destination
 from ravenproxy.server.router import Route
 from tests.helpers import examples
 
+from .bd24_requests import Bd24Exchange
 from .test_exchange import VIA, route
 from .test_varreq_requests import _EbcParsed, _EbcRequestHeads
 
@@ -62,8 +63,10 @@ from .test_varreq_requests import _EbcParsed, _EbcRequestHeads
 # test_varreq_requests.py (_EbcParsed, _EbcRequestHeads).
 
 
-class _EbcExchange(Exchange):
-    """The Exchange with ebcf73b's parsers and heads (its own code unchanged since ebcf73b)."""
+class _EbcExchange(Bd24Exchange):
+    """The Exchange with ebcf73b's parsers and heads (its own code unchanged since ebcf73b; its
+    ``receive_client``, ``routed`` and ``_send``, which reqside restructured, bd24f07's:
+    ``Bd24Exchange``)."""
 
     def __init__(self, *, via: str, max_head: int) -> None:
         super().__init__(via=via, max_head=max_head)

@@ -160,10 +160,11 @@ def _both_fed(reads: list[bytes], *, response: bool, bodiless: bool = False) -> 
     for data in reads:
         taken = False
         if not response and last_new is not None:
-            taken = new.again(data, last_new)
+            got = new.again(data, last_new)  # (reqside: near's head made by again too)
+            taken = got is last_new
             assert taken == old.again(data, last_old)
             if not taken:
-                near_new, near_old = new.near(data, last_new), old.near(data, last_old)
+                near_new, near_old = got, old.near(data, last_old)
                 assert (near_new is None) == (near_old is None)
                 if near_new is not None:
                     assert _view((HEAD, near_new)) == _view((HEAD, near_old))
