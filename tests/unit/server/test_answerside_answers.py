@@ -159,6 +159,15 @@ NEAR: list[tuple[bytes, bytes, bool]] = [
 ]
 
 
+NEAR_LAST: list[tuple[bytes, bytes, bool]] = [
+    (TEN_GET, _near(20), False),  # not kept: the ANSWER unfolded
+    (get("/ping", "Connection: close\r\n"), _near(21), False),
+    (b"POST /early HTTP/1.1\r\nHost: edge-1:9100\r\nContent-Length: 9\r\n\r\n", _near(22), False),
+]
+"""Near answers to a last request (the client's, or one whose body has not come): not the
+plain kept case, the event unfolded."""
+
+
 def _state(ex: Exchange) -> tuple[object, ...]:
     """server90's view, the target parser's queued events counted as they unfold."""
     up = ex._up
@@ -190,7 +199,7 @@ def _logged(ex: Exchange, conversation: list[tuple[bytes, bytes, bool]], seed: i
 @settings(max_examples=examples(1200), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
     st.lists(st.sampled_from(NEAR * 3 + PLAIN + EXCHANGES + MORE), min_size=1, max_size=16),
-    st.sampled_from([None, *ENDINGS, *LAST]),
+    st.sampled_from([None, *ENDINGS, *LAST, *NEAR_LAST * 3]),
     st.sampled_from([4096, 4096, 4096, 90]),
     st.integers(0, 2**32),
 )
