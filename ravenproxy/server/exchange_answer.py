@@ -21,8 +21,8 @@ from ravenproxy.server.exchange_actions import (
     SwitchProtocols,
     WriteClient,
 )
+from ravenproxy.server.http_events import ANSWER, DATA, END, EOF, ERROR, HEAD, unfolded
 from ravenproxy.server.http_heads import Head
-from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD
 from ravenproxy.server.http_rewrite import chunk, last_chunk, switch_head
 from ravenproxy.server.router import Route, UpstreamKey
 
@@ -74,7 +74,10 @@ class AnswerSide(AnswerHead):
             kind, value = events.popleft()
             if kind == DATA:
                 out.append(chunk(value) if self._body_out == "chunked" else value)
-            elif kind == HEAD:
+            elif kind == HEAD or kind == ANSWER:
+                answer = None
+                if kind == ANSWER:  # a whole answer (near_answers): its head, then the rest
+                    answer, value = value, value[0]
                 status = value.status
                 if value.size > self.max_head:
                     return self._flushed(out, counted, self._bad_response("head too large"))
@@ -106,26 +109,21 @@ class AnswerSide(AnswerHead):
                         # response_framing's and 8a65720's). ``up`` is held.
                         self._body_out, self._until_close = "length", False
                         self._up_keep = value.version == "1.1"
+                        if answer is not None:  # head, body and end: its bytes as they came
+                            out.append(answer[1])
+                            break  # (its end: below)
                         out.append(value.wire)
                     else:
                         out.append(self._response_head(value, up.bodiless))  # no keyword: faster
+                if answer is not None:  # its body and end, as llhttp's events, next
+                    events.extendleft(unfolded(answer)[:0:-1])
             elif kind == END:
                 if self._info:
                     self._info = False
                     continue
                 if self._body_out == "chunked":
                     out.append(last_chunk(value))
-                if out:  # the action made without its __init__ (a Python call an answer)
-                    write = _new(WriteClient)
-                    write.data, write.status = b"".join(out), counted
-                    actions: list[Action] = [write]
-                else:
-                    actions = []
-                if self._up_keep and self._client_keep and self.body_done and not events:
-                    if self.client_raw is None and not up.in_head:  # _finished's common case
-                        self.phase = "head"
-                        return actions
-                return actions + self._finished()
+                break  # (the answer's end: below)
             elif kind == ERROR:
                 return self._flushed(out, counted, self._bad_response(str(value)))
             elif self._until_close and self.started:  # EOF ends a body framed by the close
@@ -136,9 +134,22 @@ class AnswerSide(AnswerHead):
             else:
                 what = "the connection was closed" if self.started else _CLOSED_UNANSWERED
                 return self._flushed(out, counted, self._bad_response(what))
-        if up.in_head and up.fed > self.max_head:
-            return self._flushed(out, counted, self._bad_response("head too large"))
-        return self._flushed(out, counted, [])
+        else:  # no answer ended
+            if up.in_head and up.fed > self.max_head:
+                return self._flushed(out, counted, self._bad_response("head too large"))
+            return self._flushed(out, counted, [])
+        # An answer ended (its END, or an ANSWER's whole).
+        if out:  # the action made without its __init__ (a Python call an answer)
+            write = _new(WriteClient)
+            write.data, write.status = b"".join(out), counted
+            actions: list[Action] = [write]
+        else:
+            actions = []
+        if self._up_keep and self._client_keep and self.body_done and not events:
+            if self.client_raw is None and not up.in_head:  # _finished's common case
+                self.phase = "head"
+                return actions
+        return actions + self._finished()
 
     @staticmethod
     def _flushed(out: list[bytes], counted: int, then: list[Action]) -> list[Action]:

@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import Any, cast
 
 from ravenproxy.server.answer_shapes import SHAPE_MAX
-from ravenproxy.server.http_events import DATA, ENDED, HEAD
+from ravenproxy.server.http_events import ANSWER
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.parsed_answers import ParsedPlainHead, length_field
 
@@ -101,10 +101,11 @@ class NearAnswers:
 
     def _answered(self, data: bytes) -> int:
         """How many bytes of ``data`` (a response parser's between messages, :attr:`_plan` set)
-        are whole answers of the last one's layout (:mod:`.near_answers`), their events queued
-        as llhttp's — the last head itself when its bytes come again (its whole-head reuse,
-        answeragain's case), else one made as :meth:`on_headers_complete` makes it — none fed
-        to llhttp."""
+        are whole answers of the last one's layout (:mod:`.near_answers`), none fed to llhttp,
+        each queued as one ``ANSWER`` event (:data:`.http_events.ANSWER`: its head and its bytes,
+        what llhttp's HEAD, DATA and END say, without two events and a body's slice an answer):
+        its head the last head itself when its bytes come again (its whole-head reuse,
+        answeragain's case), else one made as :meth:`on_headers_complete` makes it."""
         template, values_of, kinds, field, least, planned, body = self._plan  # type: ignore[misc]
         if self.bodiless or type(data) is not bytes:
             return 0
@@ -141,10 +142,9 @@ class NearAnswers:
             end = begin + length
             if end > size:  # the body is not whole in ``data``: llhttp's
                 break
-            events.append((HEAD, made))
-            if length:  # llhttp's body event: the body's bytes in this read
-                events.append((DATA, data[begin:end]))
-            events.append(ENDED)
+            # Its HEAD, DATA and END in one event: its bytes as they came (data itself when the
+            # read is the answer).
+            events.append((ANSWER, (made, data[at:end])))
             if made is not kept:
                 kept, body, wire = made, length, head
             at = end

@@ -22,6 +22,7 @@ from ravenproxy.server.http_messages import DATA, END, HEAD, Parsed
 from tests.helpers import examples
 
 from . import again_old_parse as old_parse
+from .flat_events import FlatParsed
 from .test_heads_parse import _conversation, _view
 
 _BASES = [
@@ -113,7 +114,7 @@ def _both_fed(
     """``reads`` fed to both parsers, each answering a HEAD (``bodiless``: throughout, or per
     read: the exchange sets it per request on the target connection's parser), their events
     compared by ``view`` after each."""
-    new = Parsed(response=True, max_tail=max_tail)
+    new = FlatParsed(response=True, max_tail=max_tail)
     old = old_parse.Parsed(response=True, max_tail=max_tail)
     new_heads: list[Head] = []
     old_heads: list[Head] = []
@@ -195,7 +196,7 @@ def test_the_same_answer_again_is_queued_without_llhttp() -> None:
     """The third and later answers with the first one's head (the second came again through
     llhttp), whole in a read, feed llhttp nothing: the same head object, the body as read, END;
     what follows another head is llhttp's, and so is an answer not whole in its read."""
-    parsed = Parsed(response=True)
+    parsed = FlatParsed(response=True)
     fed = _counted(parsed)
     parsed.feed(_ANSWER)
     first = parsed.events[0][1]

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from ravenproxy.server import answer_shapes, http_messages
 from ravenproxy.server.http_heads import FRAMING_KIND, Head, PlainHead
-from ravenproxy.server.http_messages import END, HEAD, Parsed, ParsedPlainHead
+from ravenproxy.server.http_messages import END, HEAD, ParsedPlainHead
 
+from .flat_events import FlatParsed
 from .test_response_framing import answer_heads
 
 # -- 812de76's response head (Parsed.on_headers_complete's response branch), verbatim ----------
@@ -55,7 +56,7 @@ def _old_response_head(self: Any, kind: int, version: str) -> Head:
 # ----------------------------------------------------------------------------------------------
 
 
-class _Recorder(Parsed):
+class _Recorder(FlatParsed):
     """A parser that also builds each response head as 812de76 did, from the same callbacks."""
 
     __slots__ = ("old",)
@@ -169,7 +170,7 @@ def test_a_template_is_kept_per_shape_within_bounds(monkeypatch: pytest.MonkeyPa
     shapes = answer_shapes.SHAPES
 
     def head(data: bytes) -> Head:
-        parsed = Parsed(response=True)
+        parsed = FlatParsed(response=True)
         parsed.feed(data)
         value = parsed.events.popleft()[1]
         assert isinstance(value, Head)

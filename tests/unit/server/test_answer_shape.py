@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.server import answer_shapes
-from ravenproxy.server.http_messages import HEAD, Parsed
+from ravenproxy.server.http_messages import HEAD
 from tests.helpers import examples
 
 from . import answer_old_parse as old_parse
+from .flat_events import FlatParsed
 from .test_heads_parse import _conversation, _view
 
 _STATUSES = [200, 200, 200, 201, 404, 103]
@@ -70,7 +71,8 @@ def _answers(draw: st.DrawFn) -> list[bytes]:
 
 
 def _both_fed(reads: list[bytes], *, bodiless: bool) -> None:
-    new, old = Parsed(response=True, max_tail=256), old_parse.Parsed(response=True, max_tail=256)
+    new = FlatParsed(response=True, max_tail=256)
+    old = old_parse.Parsed(response=True, max_tail=256)
     new.bodiless = old.bodiless = bodiless
     for data in reads:
         assert new.feed(data) == old.feed(data)
@@ -104,7 +106,7 @@ def test_the_last_shape_is_taken_without_a_lookup(monkeypatch: pytest.MonkeyPatc
     """The second answer of the first's shape asks the shapes nothing; one that differs in
     its status, reason or a name's case asks (and gets its own template)."""
     asked: list[tuple[int, bytes, tuple[bytes, ...]]] = []
-    parsed = Parsed(response=True)
+    parsed = FlatParsed(response=True)
     real = answer_shapes.SHAPES.get
     monkeypatch.setattr(
         "ravenproxy.server.http_messages._shape_of", lambda key: asked.append(key) or real(key)

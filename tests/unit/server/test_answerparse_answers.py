@@ -18,11 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.server.answer_shapes import SHAPE_MAX
-from ravenproxy.server.http_messages import DATA, END, HEAD, Parsed
+from ravenproxy.server.http_messages import DATA, END, HEAD
 from ravenproxy.server.parsed_answers import ParsedPlainHead
 from tests.helpers import examples
 
 from . import again_old_parse as old_parse
+from .flat_events import FlatParsed
 from .test_again_answers import _both_fed, _counted
 from .test_heads_parse import _view
 
@@ -290,7 +291,7 @@ def test_an_answer_of_the_last_ones_layout_is_queued_without_llhttp() -> None:
     when its bytes are the last head's), the body as read, END; llhttp reads one whose values
     changed length, and the next (a plan is made for a head as long as the last one), and from
     the one after on the path reads by their places."""
-    parsed = Parsed(response=True)
+    parsed = FlatParsed(response=True)
     fed = _counted(parsed)
     for second in range(6):
         parsed.feed(_a(second, b"hell%d" % second))
@@ -313,7 +314,7 @@ def test_no_plan_for_a_layout_longer_than_a_kept_shape() -> None:
     """A head whose shape's template is over ``SHAPE_MAX`` makes no plan (a plan holds a slice
     a field: ~1.3 MiB for a 56 KB head's, review34): its answers are llhttp's, as before."""
     fields = b"".join(b"X-Many-%d: v\r\n" % i for i in range(SHAPE_MAX // 12))
-    parsed = Parsed(response=True)
+    parsed = FlatParsed(response=True)
     fed = _counted(parsed)
     answers = [b"HTTP/1.1 200 OK\r\n%bContent-Length: 1\r\n\r\n%d" % (fields, n) for n in range(4)]
     for answer in answers:

@@ -20,6 +20,7 @@ from tests.helpers import examples
 
 from . import heads_old_parse as old_parse
 from .bd24_requests import offered
+from .flat_events import FlatParsed
 
 _NAMES = [b"Date", b"date", b"DATE", b"Content-Type", b"X-Thing", b"x-thing", b"Set-Cookie"]
 _NAMES += [b"Keep-Alive", b"Via", b"Host", b"Accept", b"X-%d", b"Proxy-Connection"]
@@ -137,7 +138,7 @@ def _view(event: tuple[int, object]) -> object:
 
 def _both_fed(reads: list[bytes], *, response: bool, bodiless: bool) -> None:
     new, old = (
-        Parsed(response=response, max_tail=256),
+        FlatParsed(response=response, max_tail=256),
         old_parse.Parsed(response=response, max_tail=256),
     )
     new.bodiless = old.bodiless = bodiless

@@ -12,12 +12,13 @@ from ravenproxy.server.exchange_actions import OpenUpstream, RouteRequest, Write
 from ravenproxy.server.http_heads import ROUTING_NAMES, Head, RequestHead, _decoded, keeps_alive
 from ravenproxy.server.http_messages import DATA, END, ERROR, HEAD, REPLAY_MAX, Parsed
 
+from .flat_events import FlatParsed
 from .test_exchange import VIA, route
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: prom\r\n\r\n"
 
 
-class Counted(Parsed):
+class Counted(FlatParsed):
     """Counts the heads llhttp parsed (to see whether it ran; ``on_message_begin`` is a C
     method, not one to override)."""
 

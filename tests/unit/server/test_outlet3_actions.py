@@ -34,6 +34,7 @@ from ravenproxy.server.http_rewrite import chunk, last_chunk, response_framing
 from ravenproxy.server.router import Route, UpstreamKey
 
 from .bd24_requests import Bd24Routing
+from .flat_events import FlatUpstream
 from .test_exchange import VIA, route
 from .test_exchange_answers import EXCHANGES, LAST
 
@@ -318,7 +319,7 @@ def test_the_same_actions_as_ebcf73b(seed: int, ending: int) -> None:
     order = [rng.choice(EXCHANGES + MORE) for _ in range(12)]
     conversation = [*order, ENDINGS[ending]]
     new = run(Exchange(via=VIA, max_head=4096), conversation, seed)
-    old = run(Old(via=VIA, max_head=4096), conversation, seed)
+    old = run(FlatOld(via=VIA, max_head=4096), conversation, seed)
     assert new == old
     made = [item[1] for item in new if isinstance(item, tuple)]
     assert sum(1 for a in made if isinstance(a, WriteClient) and a.status) >= 12
@@ -345,3 +346,8 @@ def test_old_is_ebcf73b_verbatim_and_used() -> None:
     # The oracle's methods are its own, not Exchange's (a typo would fall back silently).
     for name in ("routed", "_body", "receive_upstream", "_flushed", "_response_head"):
         assert name in vars(Old), name
+
+
+class FlatOld(FlatUpstream, Old):
+    """answerside: the oracle reads the parser's ``ANSWER`` events unfolded, as its
+    parser queued them."""

@@ -38,6 +38,7 @@ from ravenproxy.server.http_heads import (
 from ravenproxy.server.http_messages import Parsed
 
 from .bd24_requests import offered
+from .flat_events import FlatParsed
 from .test_srvhttp_requests import _answers, _conversations, _view
 
 # -- e115ebc's http_messages from REPLAY_MAX on, verbatim (Parsed and _Stop renamed) ------------
@@ -430,7 +431,10 @@ def _state(parsed: Parsed | _OldParsed) -> tuple[object, ...]:
 def _both_fed(reads: list[bytes], *, response: bool, bodiless: bool = False) -> None:
     """``reads`` fed to a new and an old parser alike (a request whole again through
     ``again`` first, as the exchange does): the same results, events and state after each."""
-    new, old = Parsed(response=response, max_tail=256), _OldParsed(response=response, max_tail=256)
+    new, old = (
+        FlatParsed(response=response, max_tail=256),
+        _OldParsed(response=response, max_tail=256),
+    )
     new.bodiless = old.bodiless = bodiless
     last_new: Head | None = None
     last_old: Head | None = None
@@ -526,7 +530,7 @@ def test_a_reason_or_target_is_the_messages_own_not_the_last_ones() -> None:
     """Cleared as a head ends (no Python on_message_begin resets it): an answer without a
     reason phrase (llhttp then makes no on_status call) has none after one that had one, and
     a target split across reads is whole."""
-    parsed = Parsed(response=True)
+    parsed = FlatParsed(response=True)
     parsed.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\nHTTP/1.1 204\r\n\r\n")
     heads = [v for k, v in parsed.events if k == HEAD]
     assert [(h.status, h.start) for h in heads] == [(200, "OK"), (204, "")]  # type: ignore[attr-defined]
@@ -556,7 +560,7 @@ def test_trailers_are_told_from_fields_inside_the_body() -> None:
 def test_messages_without_trailers_share_one_empty_list_that_cannot_change() -> None:
     """Their END events are one object (none made per message): its list refuses a change, so
     no reader can give one message's trailers to the next."""
-    parsed = Parsed(response=True)
+    parsed = FlatParsed(response=True)
     parsed.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n" * 2)
     ends = [e for e in parsed.events if e[0] == END]
     assert len(ends) == 2 and ends[0] is ends[1] and ends[0] == (END, [])

@@ -50,7 +50,7 @@ from ravenproxy.server.exchange_actions import (
 )
 from ravenproxy.server.http1 import BadRequest
 from ravenproxy.server.http_heads import Head, keeps_alive
-from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD, Parsed
+from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD
 from ravenproxy.server.http_rewrite import (
     Framing,
     Outbound,
@@ -71,6 +71,7 @@ from ravenproxy.server.podroutes import (
 from ravenproxy.server.router import Route, UpstreamKey
 from tests.helpers import examples
 
+from .flat_events import FlatParsed
 from .test_exchange import VIA, route
 from .test_reqside_requests import _old_request_head
 from .test_review20_requests import _answer_view
@@ -871,7 +872,7 @@ def test_answers_on_many_connections_parse_as_812de76s(answers: list[Any], data:
     fields, size, wire, plainness) and the head and framing the client would get for it, as
     812de76's parse gives them (what one connection's answers leave behind does not show in
     another's)."""
-    new = [Parsed(response=True, max_tail=8192) for _ in range(3)]
+    new = [FlatParsed(response=True, max_tail=8192) for _ in range(3)]
     old = [_OldParsed(response=True, max_tail=8192) for _ in range(3)]
     for conn, (answer, _), bodiless in answers:
         cuts = sorted(data.draw(st.lists(st.integers(0, len(answer)), max_size=2)))
@@ -908,7 +909,8 @@ def test_answers_past_any_cache_bound_parse_as_812de76s(answers: list[bytes]) ->
     """A target whose answers differ in their reason or names each time, or whose heads are
     long: each read as 812de76 read it, the first and again."""
     for _ in range(2):
-        new, old = Parsed(response=True, max_tail=65536), _OldParsed(response=True, max_tail=65536)
+        new = FlatParsed(response=True, max_tail=65536)
+        old = _OldParsed(response=True, max_tail=65536)
         for answer in answers:
             new.feed(answer)
             old.feed(answer)

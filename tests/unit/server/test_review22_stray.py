@@ -43,6 +43,7 @@ from ravenproxy.server.http_messages import DATA, END, EOF, ERROR, HEAD
 from ravenproxy.server.http_rewrite import chunk, last_chunk
 from tests.helpers import examples
 
+from .flat_events import FlatUpstream
 from .test_exchange import VIA, route
 
 
@@ -294,7 +295,7 @@ class _Driver:
 
 
 def _pair() -> tuple[_Driver, _Driver]:
-    return _Driver(_OldExchange(via=VIA, max_head=4096)), _Driver(Exchange(via=VIA, max_head=4096))
+    return _Driver(FlatOld(via=VIA, max_head=4096)), _Driver(Exchange(via=VIA, max_head=4096))
 
 
 def _send(drivers: tuple[_Driver, ...], turns: list[Turn], i: int) -> None:
@@ -445,3 +446,8 @@ def test_bytes_past_a_kept_answer_let_its_connection_go_after_the_same_bytes(
         assert to_client.endswith(b"\r\n\r\n" if new.ex._request.start == "HEAD" else b"mine")
         assert not any(isinstance(a, CloseUpstream) and a.stray for a in got)
         return
+
+
+class FlatOld(FlatUpstream, _OldExchange):
+    """answerside: the oracle reads the parser's ``ANSWER`` events unfolded, as its
+    parser queued them."""

@@ -24,10 +24,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.server.http_heads import Head, keeps_alive
-from ravenproxy.server.http_messages import HEAD, Parsed
+from ravenproxy.server.http_messages import HEAD
 from tests.helpers import examples
 
 from .bd24_requests import offered
+from .flat_events import FlatParsed
 from .test_reqparse_callbacks import _OldParsed
 
 _METHODS = [b"GET", b"GET", b"HEAD", b"POST", b"PUT", b"CONNECT", b"OPTIONS", b"FOO", b"get",
@@ -128,7 +129,8 @@ def _both(reads: list[bytes], *, response: bool, bodiless: list[bool] | None = N
     """``reads`` fed to a new and an old parser alike (a request whole again offered to
     ``again`` first, as the exchange does; ``bodiless`` set before each read): the same
     returns, events, state, and the same heads reused."""
-    new, old = Parsed(response=response, max_tail=256), _OldParsed(response=response, max_tail=256)
+    new = FlatParsed(response=response, max_tail=256)
+    old = _OldParsed(response=response, max_tail=256)
     heads: list[list[object]] = [[], []]  # every head either parsed, in order
     for i, data in enumerate(reads):
         if bodiless is not None:

@@ -17,10 +17,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ravenproxy.server.http_messages import HEAD, Parsed
+from ravenproxy.server.http_messages import HEAD
 from tests.helpers import examples
 
 from . import heads_old_parse as old_parse
+from .flat_events import FlatParsed
 from .test_heads_parse import _view
 
 # Fields a smuggler tries, and plain ones (empty values among them).
@@ -151,7 +152,7 @@ def _shown(parsed: Any) -> tuple[object, ...]:
 def _both_fed(reads: list[bytes], *, response: bool, bodiless: bool = False) -> None:
     """Each read fed to both parses (a request's first offered to ``again``, then ``near``,
     as the exchange does), everything they show compared after each."""
-    new, old = Parsed(response=response), old_parse.Parsed(response=response)
+    new, old = FlatParsed(response=response), old_parse.Parsed(response=response)
     new.bodiless = old.bodiless = bodiless
     last_new: Any = None
     last_old: Any = None

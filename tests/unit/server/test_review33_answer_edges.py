@@ -18,10 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.server.http_heads import Head
-from ravenproxy.server.http_messages import DATA, HEAD, Parsed
+from ravenproxy.server.http_messages import DATA, HEAD
 from tests.helpers import examples
 
 from . import again_old_parse as old_parse
+from .flat_events import FlatParsed
 from .test_again_answers import _llhttp
 from .test_heads_parse import _view
 
@@ -114,7 +115,7 @@ def _runs(draw: st.DrawFn) -> tuple[list[bytes], list[bool]]:
 def _compared(reads: list[bytes], flags: list[bool], kinds: list[int] | None = None) -> None:
     """``reads`` fed to both parsers (as bytes, a bytearray or a memoryview by ``kinds``), each
     answering a HEAD when its flag says so; everything compared after each read."""
-    new = Parsed(response=True, max_tail=64)
+    new = FlatParsed(response=True, max_tail=64)
     old = old_parse.Parsed(response=True, max_tail=64)
     new_heads: list[Head] = []
     old_heads: list[Head] = []

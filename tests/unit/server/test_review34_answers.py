@@ -19,11 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ravenproxy.server.answer_shapes import SHAPE_MAX
-from ravenproxy.server.http_messages import HEAD, Parsed
+from ravenproxy.server.http_messages import HEAD
 from ravenproxy.server.near_answers import LAYOUTS
 from ravenproxy.server.parsed_answers import _LENGTH_AT
 from tests.helpers import examples
 
+from .flat_events import FlatParsed
 from .test_again_answers import _counted
 from .test_answerparse_answers import both_fed
 
@@ -217,7 +218,7 @@ def test_the_path_takes_the_changes_llhttp_takes_as_they_came() -> None:
     """The cases above reach the path (not all go to llhttp by a length): a value's byte
     changed to obs-text or ``:`` and a Content-Length of another digit are its (a head not
     fed to llhttp), each as llhttp would have read it."""
-    parsed = Parsed(response=True)
+    parsed = FlatParsed(response=True)
     for n in range(2):
         parsed.feed(_answer(1, n))
     fed = _counted(parsed)
