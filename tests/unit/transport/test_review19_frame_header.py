@@ -112,9 +112,16 @@ def test_one_frame_is_the_old_one_frame_for_every_size(mask: bool) -> None:
             assert new is None
 
 
+def _made_table(masked: bool) -> list[bytes]:
+    """The process's header table of the kind, as its first frame of that kind makes it (a
+    test run alone, or first in its worker, has sent none yet)."""
+    assert one_frame(_HEAD, b"x", masked) is not None
+    return frame_batch._MASKED_HEADS if masked else frame_batch._HEADS
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_the_table_and_binary_frame_header_are_the_packed_headers(masked: bool) -> None:
-    tables = (frame_batch._MASKED_HEADS if masked else frame_batch._HEADS,)
+    tables = (_made_table(masked),)
     for table in tables:
         assert len(table) == frame_batch._TABLED
         for size, header in enumerate(table):
@@ -128,7 +135,7 @@ def test_the_table_and_binary_frame_header_are_the_packed_headers(masked: bool) 
 @pytest.mark.parametrize("masked", [False, True])
 def test_each_tabled_header_says_a_final_binary_frame_of_its_size(masked: bool) -> None:
     """Bit by bit (RFC 6455 5.2), not through the code that made it."""
-    table = frame_batch._MASKED_HEADS if masked else frame_batch._HEADS
+    table = _made_table(masked)
     for size, header in enumerate(table):
         b0, b1 = header[0], header[1]
         assert b0 & 0x80  # FIN
