@@ -60,7 +60,8 @@ class _Stop(Exception):
 class Parsed(NearAnswers):
     """The callbacks of one llhttp parser, turning what it parses into queued events:
     ``(HEAD, Head)``, ``(DATA, bytes)``, ``(END, trailers)``, ``(ERROR, message)``,
-    ``(EOF, None)``."""
+    ``(EOF, None)``; a response parser's answer read without llhttp (:mod:`.near_answers`) as
+    one ``(ANSWER, (Head, bytes))`` (:mod:`.http_events`)."""
 
     __slots__ = (
         "_again",
