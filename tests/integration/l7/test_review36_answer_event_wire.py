@@ -20,6 +20,7 @@ from collections import Counter
 import pytest
 
 from tests.integration.l7.env import EDGE_IP, L7, front_client
+from tests.integration.l7.test_review34_near_wire import _read_all
 from tests.integration.targets import Handler, tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -29,8 +30,6 @@ _HEAD = (
     b"Content-Length: 10\r\n\r\n"
 )
 SWITCHED = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: x\r\n\r\n"
-QUIET = 0.25
-"""The front is done with a request once it sent nothing for this long."""
 
 
 def _ok(n: int) -> bytes:
@@ -68,20 +67,6 @@ def _target() -> Handler:
             pass
 
     return target
-
-
-async def _read_all(reader: asyncio.StreamReader) -> tuple[bytes, bool]:
-    """What the front sends until it is quiet, and whether it closed."""
-    got = b""
-    while True:
-        try:
-            async with asyncio.timeout(QUIET):
-                data = await reader.read(65536)
-        except TimeoutError:
-            return got, False
-        if not data:
-            return got, True
-        got += data
 
 
 def _request(port: int, way: bytes, n: int) -> tuple[bytes, bytes]:
