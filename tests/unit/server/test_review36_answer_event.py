@@ -364,3 +364,19 @@ def test_a_near_head_is_as_long_as_the_head_llhttp_took() -> None:
     sizes |= {value[0].size for kind, value in parsed.events if kind == ANSWER}
     heads = {len(value[0].wire) for kind, value in parsed.events if kind == ANSWER}
     assert sizes == heads == {size}
+
+
+ALONE = [case for case in ODD if case[1]]
+"""The odd cases but the retry's (a kept connection that closes unanswered is tried again;
+alone it is a new one: a 502)."""
+
+
+@settings(max_examples=examples(1200), suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(st.sampled_from(NEAR * 4 + ALONE), min_size=1, max_size=18))
+def test_each_request_of_a_run_gets_what_it_gets_alone(
+    conversation: list[tuple[bytes, bytes, bool]],
+) -> None:
+    """test_each_request_gets_what_it_gets_alone over generated runs (each read whole)."""
+    got: list[bytes] = []
+    drive(New(via=VIA, max_head=4096), conversation, None, got)
+    assert got == [_alone(request) for request in conversation[: len(got)]]
