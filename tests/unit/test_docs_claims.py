@@ -2,7 +2,7 @@
 drifts easily: every ``--flag`` they name is a flag of some ravenproxy command (the README's
 command table: of the command of its row), a default they state next to a flag is the one
 ``--help`` shows, and every metric they name is registered under that name with the labels they
-write. docs/operations.md's own checks (every metric listed, the limits' defaults, the quoted log
+write; the README's Helm values table gives the chart's defaults. docs/operations.md's own checks (every metric listed, the limits' defaults, the quoted log
 lines) are in test_operations_doc.py."""
 
 from __future__ import annotations
@@ -226,3 +226,26 @@ def test_every_metric_named_is_registered_with_its_labels(doc: str) -> None:
         if not any(m.endswith(suffix) for m in METRICS):
             wrong.append(suffix)
     assert not wrong, f"{doc} names metrics not registered so: {wrong}"
+
+
+def test_the_helm_values_table_gives_the_charts_defaults() -> None:
+    """README "Deploying on Kubernetes": each ``| `value`, ... | `default`, ... |`` row is what
+    k8s/helm/ravenproxy/values.yaml holds."""
+    import yaml
+
+    values = yaml.safe_load((ROOT / "k8s/helm/ravenproxy/values.yaml").read_text())
+    readme = TEXT["README.md"]
+    table = readme[readme.index("| value | default | what |") :].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| ((?:`[^`]+`,? ?)+)\| ((?:`[^`]*`,? ?)+)\|", table, re.M)
+    assert len(rows) >= 5, table
+    for keys, defaults in rows:
+        for key, default in zip(
+            re.findall(r"`([^`]+)`", keys), re.findall(r"`([^`]*)`", defaults), strict=True
+        ):
+            node = values
+            for part in key.split("."):
+                node = node[part]
+            shown = (
+                yaml.safe_dump(node, default_flow_style=True).strip().removesuffix("...").strip()
+            )
+            assert shown == default, (key, default, node)
