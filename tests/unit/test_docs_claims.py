@@ -1,9 +1,10 @@
 """README.md and docs/*.md stay true to the code where a claim can be checked mechanically and
 drifts easily: every ``--flag`` they name is a flag of some ravenproxy command (the README's
 command table: of the command of its row), a default they state next to a flag is the one
-``--help`` shows, and every metric they name is registered under that name with the labels they
-write; the README's Helm values table gives the chart's defaults. docs/operations.md's own checks (every metric listed, the limits' defaults, the quoted log
-lines) are in test_operations_doc.py."""
+``--help`` shows, every metric they name is registered under that name with the labels they
+write, and the README's Helm values table gives the chart's defaults. docs/operations.md's own
+checks (every metric listed, the limits' defaults, the quoted log lines) are in
+test_operations_doc.py."""
 
 from __future__ import annotations
 
