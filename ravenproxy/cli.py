@@ -262,7 +262,9 @@ COMMON: dict[str, tuple[str, str | None]] = {
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML file of settings (flags win)")
     p.add_argument(
-        "--log-level", default=COMMON["--log-level"][1], help="DEBUG, INFO, WARNING (default INFO)"
+        "--log-level",
+        default=COMMON["--log-level"][1],
+        help=logsetup.LEVEL_HELP.format(COMMON["--log-level"][1]),
     )
 
 
@@ -304,7 +306,9 @@ def _add_demo(sub: Any) -> None:
         help="leave everything up and print curl commands to paste (the README's Quick start "
         "shows them); Ctrl-C stops it and removes the temporary directory",
     )
-    demo.add_argument("--upload-mib", type=int, default=100, help="size of the upload (MiB)")
+    demo.add_argument(
+        "--upload-mib", type=int, default=100, help="size of the upload (MiB) (default 100)"
+    )
     demo.add_argument(
         "--http-addr",
         default="127.0.0.1:10264",
@@ -323,7 +327,7 @@ def _add_demo(sub: Any) -> None:
         metavar="PORT",
         help="the sample target's port on edge-1 (127.0.0.1) (default 9100)",
     )
-    demo.add_argument("--log-level", default="WARNING")
+    demo.add_argument("--log-level", default="WARNING", help=logsetup.LEVEL_HELP.format("WARNING"))
     demo.set_defaults(func=cmd_demo)
 
 
@@ -385,7 +389,9 @@ def _add_doctor(sub: Any) -> None:
     )
     flags.add_flags(doctor, DoctorSettings)
     doctor.add_argument("--config", metavar="FILE", help="YAML file of settings (flags win)")
-    doctor.add_argument("--log-level", default="WARNING")
+    doctor.add_argument(
+        "--log-level", default="WARNING", help=logsetup.LEVEL_HELP.format("WARNING")
+    )
     doctor.set_defaults(func=cmd_doctor)
 
 

@@ -44,6 +44,8 @@ def peer_text(address: object) -> str:
 
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LEVEL_HELP = ", ".join(LEVELS) + " (default {})"
+"""``--log-level``'s help, its default filled in."""
 
 
 def setup(level: str = "INFO") -> None:

@@ -155,8 +155,8 @@ class AgentSettings:
             "flag": "--l3",
             "kind": "switch",
             "help": "also run the L3 route driver (as `ravenproxy routes apply`, reconciled on "
-            "every inventory change and every --reconcile-period, 60 s); needs --inventory and "
-            "root",
+            "every model change and every --reconcile-period, 60 s); needs --inventory or "
+            "--kube-model, and root",
             "options": "*",
         },
     )

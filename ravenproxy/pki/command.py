@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ravenproxy.log import LEVEL_HELP
+
 
 def cmd_certs_init(args: argparse.Namespace) -> int:
     from ravenproxy.pki import init_pki
@@ -104,7 +106,7 @@ def add_parser(sub: Any) -> None:
         metavar="NODE",
         help="write NODE.crt/NODE.key for an agent node (repeatable)",
     )
-    init.add_argument("--log-level", default="INFO")
+    init.add_argument("--log-level", default="INFO", help=LEVEL_HELP.format("INFO"))
     init.set_defaults(func=cmd_certs_init)
 
     status = certs_sub.add_parser(
@@ -128,7 +130,7 @@ def add_parser(sub: Any) -> None:
     status.add_argument(
         "--output", choices=("text", "json"), default="text", help="text or json (default text)"
     )
-    status.add_argument("--log-level", default="WARNING")
+    status.add_argument("--log-level", default="WARNING", help=LEVEL_HELP.format("WARNING"))
     status.set_defaults(func=cmd_certs_status)
 
     renew = certs_sub.add_parser(
@@ -159,5 +161,5 @@ def add_parser(sub: Any) -> None:
     renew.add_argument(
         "--force", action="store_true", help="renew every server and agent certificate"
     )
-    renew.add_argument("--log-level", default="WARNING")
+    renew.add_argument("--log-level", default="WARNING", help=LEVEL_HELP.format("WARNING"))
     renew.set_defaults(func=cmd_certs_renew)

@@ -77,8 +77,9 @@ class ServerSettings:
         None,
         "--server-id",
         "ID",
-        "this server's identity, announced to agents (SERVER_ID) so that one agent holds one "
-        "tunnel per server, also through a load balancer; unique per server, up to 253 bytes; "
+        "this server's identity, announced to agents (the SERVER_ID setting) so that one agent "
+        "holds one tunnel per server, also through a load balancer; unique per server, up to "
+        "253 bytes; "
         "without it: --node-name, else the host name",
     )
     """``--server-id`` as given; :attr:`identity` is the id announced."""
