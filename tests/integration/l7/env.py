@@ -284,6 +284,17 @@ def start_l7(base: Path) -> L7:
     return env
 
 
+def content_length(head: bytes) -> int:
+    """An answer head's Content-Length (the last one's, 0 without one): how many body bytes a
+    test's client reads after it (a HEAD's answer: none)."""
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.lower() == b"content-length":
+            length = int(value)
+    return length
+
+
 async def curl(*args: str, timeout: float = 30) -> tuple[int, str]:
     """curl with the status code appended on a last line; returns (status, body)."""
     code, out, err = await run("curl", "-sS", "-w", "\n%{http_code}", *args, timeout=timeout)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, L7, front_client
+from tests.integration.l7.env import EDGE_IP, L7, content_length, front_client
 from tests.integration.targets import Handler, tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -68,12 +68,8 @@ async def _exchange(
             for method, _ in part:
                 async with asyncio.timeout(20):
                     head = await reader.readuntil(b"\r\n\r\n")
-                    length = 0
-                    for line in head.split(b"\r\n"):
-                        name, _, value = line.partition(b":")
-                        if name.lower() == b"content-length":
-                            length = int(value)
-                    got.append(head + await reader.readexactly(0 if method == b"HEAD" else length))
+                    length = 0 if method == b"HEAD" else content_length(head)
+                    got.append(head + await reader.readexactly(length))
     return got
 
 

@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, L7, front_client
+from tests.integration.l7.env import EDGE_IP, L7, content_length, front_client
 from tests.integration.l7.test_answeragain_same_answers import _exchange
 from tests.integration.targets import Handler, tcp_server
 
@@ -67,12 +67,7 @@ async def _final(reader: asyncio.StreamReader) -> tuple[list[bytes], bytes]:
             if head.startswith(b"HTTP/1.1 1"):
                 interims.append(head)
                 continue
-            length = 0
-            for line in head.split(b"\r\n"):
-                name, _, value = line.partition(b":")
-                if name.lower() == b"content-length":
-                    length = int(value)
-            return interims, head + await reader.readexactly(length)
+            return interims, head + await reader.readexactly(content_length(head))
 
 
 async def _numbers(

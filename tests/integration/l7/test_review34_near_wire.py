@@ -16,7 +16,7 @@ import asyncio
 
 import pytest
 
-from tests.integration.l7.env import EDGE_IP, L7, front_client
+from tests.integration.l7.env import EDGE_IP, L7, content_length, front_client
 from tests.integration.targets import Handler, tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -210,9 +210,4 @@ async def _one(reader: asyncio.StreamReader, method: bytes) -> bytes:
     """One answer, read by its Content-Length (none for a HEAD's)."""
     async with asyncio.timeout(20):
         head = await reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for field in head.split(b"\r\n"):
-            name, _, value = field.partition(b":")
-            if name.lower() == b"content-length":
-                length = int(value)
-        return head + await reader.readexactly(0 if method == b"HEAD" else length)
+        return head + await reader.readexactly(0 if method == b"HEAD" else content_length(head))

@@ -20,7 +20,7 @@ import asyncio
 
 import pytest
 
-from tests.integration.l7.env import CLOUD_IP, EDGE_IP, L7, front_client
+from tests.integration.l7.env import CLOUD_IP, EDGE_IP, L7, content_length, front_client
 from tests.integration.l7.test_stale_upstream import tls_target
 from tests.integration.targets import Handler, tcp_server
 
@@ -122,12 +122,8 @@ async def _answer(reader: asyncio.StreamReader, request: bytes) -> bytes:
     try:
         async with asyncio.timeout(5):
             head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                name, _, value = line.partition(b":")
-                if name.lower() == b"content-length":
-                    length = int(value)
-            body = await reader.readexactly(0 if request.startswith(b"HEAD ") else length)
+            length = 0 if request.startswith(b"HEAD ") else content_length(head)
+            body = await reader.readexactly(length)
     except asyncio.IncompleteReadError as exc:
         return b"closed " + exc.partial
     except TimeoutError:
