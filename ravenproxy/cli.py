@@ -261,11 +261,7 @@ COMMON: dict[str, tuple[str, str | None]] = {
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML file of settings (flags win)")
-    p.add_argument(
-        "--log-level",
-        default=COMMON["--log-level"][1],
-        help=logsetup.LEVEL_HELP.format(COMMON["--log-level"][1]),
-    )
+    logsetup.add_level_flag(p, str(COMMON["--log-level"][1]))
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -327,7 +323,7 @@ def _add_demo(sub: Any) -> None:
         metavar="PORT",
         help="the sample target's port on edge-1 (127.0.0.1) (default 9100)",
     )
-    demo.add_argument("--log-level", default="WARNING", help=logsetup.LEVEL_HELP.format("WARNING"))
+    logsetup.add_level_flag(demo, "WARNING")
     demo.set_defaults(func=cmd_demo)
 
 
@@ -389,9 +385,7 @@ def _add_doctor(sub: Any) -> None:
     )
     flags.add_flags(doctor, DoctorSettings)
     doctor.add_argument("--config", metavar="FILE", help="YAML file of settings (flags win)")
-    doctor.add_argument(
-        "--log-level", default="WARNING", help=logsetup.LEVEL_HELP.format("WARNING")
-    )
+    logsetup.add_level_flag(doctor, "WARNING")
     doctor.set_defaults(func=cmd_doctor)
 
 

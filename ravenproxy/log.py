@@ -44,8 +44,14 @@ def peer_text(address: object) -> str:
 
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-LEVEL_HELP = ", ".join(LEVELS) + " (default {})"
-"""``--log-level``'s help, its default filled in."""
+
+
+def add_level_flag(parser: Any, default: str) -> None:
+    """A command's ``--log-level`` (an ``argparse`` parser's), its help naming :data:`LEVELS`
+    and ``default``."""
+    parser.add_argument(
+        "--log-level", default=default, help=", ".join(LEVELS) + f" (default {default})"
+    )
 
 
 def setup(level: str = "INFO") -> None:

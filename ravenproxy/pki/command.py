@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ravenproxy.log import LEVEL_HELP
+from ravenproxy.log import add_level_flag
 
 
 def cmd_certs_init(args: argparse.Namespace) -> int:
@@ -106,7 +106,7 @@ def add_parser(sub: Any) -> None:
         metavar="NODE",
         help="write NODE.crt/NODE.key for an agent node (repeatable)",
     )
-    init.add_argument("--log-level", default="INFO", help=LEVEL_HELP.format("INFO"))
+    add_level_flag(init, "INFO")
     init.set_defaults(func=cmd_certs_init)
 
     status = certs_sub.add_parser(
@@ -130,7 +130,7 @@ def add_parser(sub: Any) -> None:
     status.add_argument(
         "--output", choices=("text", "json"), default="text", help="text or json (default text)"
     )
-    status.add_argument("--log-level", default="WARNING", help=LEVEL_HELP.format("WARNING"))
+    add_level_flag(status, "WARNING")
     status.set_defaults(func=cmd_certs_status)
 
     renew = certs_sub.add_parser(
@@ -161,5 +161,5 @@ def add_parser(sub: Any) -> None:
     renew.add_argument(
         "--force", action="store_true", help="renew every server and agent certificate"
     )
-    renew.add_argument("--log-level", default="WARNING", help=LEVEL_HELP.format("WARNING"))
+    add_level_flag(renew, "WARNING")
     renew.set_defaults(func=cmd_certs_renew)

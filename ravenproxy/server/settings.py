@@ -79,8 +79,7 @@ class ServerSettings:
         "ID",
         "this server's identity, announced to agents (the SERVER_ID setting) so that one agent "
         "holds one tunnel per server, also through a load balancer; unique per server, up to "
-        "253 bytes; "
-        "without it: --node-name, else the host name",
+        "253 bytes; without it: --node-name, else the host name",
     )
     """``--server-id`` as given; :attr:`identity` is the id announced."""
     tunnel_addr: Address = setting(Address("", 10262), "--tunnel-addr", "H:P", "agent listener")
