@@ -96,8 +96,8 @@ needs none (the exchange reads only what the layout's head holds too)."""
 
 
 def answer_head(answer: Answer) -> Head:
-    """The head of an ``ANSWER`` event's answer, as :meth:`on_headers_complete` makes a plain
-    head (its size on the wire: its bytes')."""
+    """The head of an ``ANSWER`` event's answer, as :meth:`.Parsed.on_headers_complete` makes a
+    plain head (its size on the wire: its bytes')."""
     layout, whole, cut = answer
     if cut is None:  # its head's bytes are the layout head's
         return layout
