@@ -21,9 +21,10 @@ from ravenproxy.server.exchange_actions import (
     SwitchProtocols,
     WriteClient,
 )
-from ravenproxy.server.http_events import ANSWER, DATA, END, EOF, ERROR, HEAD, unfolded
+from ravenproxy.server.http_events import ANSWER, DATA, END, EOF, ERROR, HEAD
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.http_rewrite import chunk, last_chunk, switch_head
+from ravenproxy.server.near_answers import unfolded
 from ravenproxy.server.router import Route, UpstreamKey
 
 _new = object.__new__
@@ -76,7 +77,15 @@ class AnswerSide(AnswerHead):
                 out.append(chunk(value) if self._body_out == "chunked" else value)
             elif kind == HEAD or kind == ANSWER:
                 answer = None
-                if kind == ANSWER:  # a whole answer (near_answers): its head, then the rest
+                if kind == ANSWER:  # a whole answer (near_answers.Answer)
+                    if not (self._client_keep and self.body_done):
+                        # Not the plain case kept alive below (where an ANSWER, plain, not a
+                        # HEAD's, of a final status with a body, always goes): its HEAD, DATA and
+                        # END as llhttp's events, next (its own head made).
+                        events.extendleft(unfolded(value)[::-1])
+                        continue
+                    # A head of its layout: its status, size, plainness and version (all that
+                    # is read of it here) the answer's own; its values maybe not.
                     answer, value = value, value[0]
                 status = value.status
                 if value.size > self.max_head:
@@ -115,8 +124,6 @@ class AnswerSide(AnswerHead):
                         out.append(value.wire)
                     else:
                         out.append(self._response_head(value, up.bodiless))  # no keyword: faster
-                if answer is not None:  # its body and end, as llhttp's events, next
-                    events.extendleft(unfolded(answer)[:0:-1])
             elif kind == END:
                 if self._info:
                     self._info = False

@@ -1,19 +1,15 @@
 """The events :class:`~ravenproxy.server.http_messages.Parsed` queues for the exchange:
 ``(HEAD, Head)``, ``(DATA, bytes)``, ``(END, trailers)``, ``(ERROR, message)``, ``(EOF, None)``,
-``(ANSWER, (Head, bytes))``, and the END of a message without trailers, shared."""
+``(ANSWER, Answer)`` (:data:`.near_answers.Answer`), and the END of a message without trailers,
+shared."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ravenproxy.server.http_heads import Head
-
 HEAD, DATA, END, ERROR, EOF, ANSWER = range(6)
 """Event kinds of :class:`~ravenproxy.server.http_messages.Parsed`. ``ANSWER``: a whole answer
-read without llhttp (:mod:`.near_answers`), its head and its bytes as they came (the head's
-wire, then its body): what ``(HEAD, head)``, ``(DATA, body)`` if it has one, and :data:`ENDED`
-would say, in one event (:func:`unfolded`)."""
+read without llhttp (:mod:`.near_answers`): a head of its layout, its bytes as they came (its
+head, then its body) and its values as cut: what ``(HEAD, head)``, ``(DATA, body)`` if it has
+one, and :data:`ENDED` would say, in one event (:func:`.near_answers.unfolded`)."""
 
 
 class _NoTrailers(list[tuple[str, str]]):
@@ -31,11 +27,3 @@ class _NoTrailers(list[tuple[str, str]]):
 
 ENDED: tuple[int, list[tuple[str, str]]] = (END, _NoTrailers())
 """The END event of a message without trailers, shared."""
-
-
-def unfolded(answer: tuple[Head, bytes]) -> list[tuple[int, object]]:
-    """An ``ANSWER`` event's value as the events it stands for: its HEAD, its body's DATA (if it
-    has one), the END of a message without trailers."""
-    head, whole = answer
-    body = whole[len(head.wire) :]
-    return [(HEAD, head), (DATA, body), ENDED] if body else [(HEAD, head), ENDED]

@@ -61,7 +61,7 @@ class Parsed(NearAnswers):
     """The callbacks of one llhttp parser, turning what it parses into queued events:
     ``(HEAD, Head)``, ``(DATA, bytes)``, ``(END, trailers)``, ``(ERROR, message)``,
     ``(EOF, None)``; a response parser's answer read without llhttp (:mod:`.near_answers`) as
-    one ``(ANSWER, (Head, bytes))`` (:mod:`.http_events`)."""
+    one ``(ANSWER, Answer)`` (:data:`.near_answers.Answer`)."""
 
     __slots__ = (
         "_again",
@@ -71,6 +71,7 @@ class Parsed(NearAnswers):
         "_line",
         "_names",
         "_plan",
+        "_recent",
         "_replay_head",
         "_response",
         "_shape",
@@ -153,7 +154,8 @@ class Parsed(NearAnswers):
         self._last: tuple[bytes, list[bytes], list[bytes], object, str, Head] | None = None
         """The last head as parsed (start, names, values, method or status, version) and its
         :class:`Head`: the same head again (a keep-alive client polling one URL, a target's
-        same answer) is the same object, and what was derived from it can be reused."""
+        same answer) is the same object, and what was derived from it can be reused. (An answer
+        read by :attr:`_plan` is not parsed: it leaves this as it was, :attr:`_recent`.)"""
         self._shape: tuple[bytes, bool, tuple[bytes, ...]] = (b"", False, ())
         """The last answer's template, plainness and names (:mod:`.answer_shapes`), set with
         :attr:`_last` (a response's), taken when the next has its status, reason and names."""
@@ -166,6 +168,10 @@ class Parsed(NearAnswers):
         parsed two heads of its shape and length in a row (or one twice), framed by their
         Content-Length alone (else None): set by a response's head (kept for the later heads of
         its layout and version), cleared by an error."""
+        self._recent: tuple[Head, bytes, tuple[bytes, ...], int] | None = None
+        """The last answer read by :attr:`_plan` whose values were cut (:mod:`.near_answers`):
+        the plan's head, its head's bytes, its values as cut and its body's length (an answer
+        whose head is those bytes again takes them; one under another plan does not)."""
         self._replay_head: Head | None = None
         """The last head :meth:`_replayable` said yes to (a connection's repeated request asks
         once)."""

@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import Any, cast
 
 from ravenproxy.server.answer_shapes import SHAPE_MAX
-from ravenproxy.server.http_events import ANSWER
+from ravenproxy.server.http_events import ANSWER, DATA, ENDED, HEAD
 from ravenproxy.server.http_heads import Head
 from ravenproxy.server.parsed_answers import ParsedPlainHead, length_field
 
@@ -86,6 +86,37 @@ def plan_of(head: Head, template: bytes) -> Plan | None:
 
 _new_head = object.__new__
 
+Answer = tuple[ParsedPlainHead, bytes, tuple[bytes, ...] | None]
+"""An ``ANSWER`` event's value (:data:`.http_events.ANSWER`): a head of the answer's layout (the
+plan's: its status, reason, version, names and size are the answer's, its values maybe another
+answer's), the answer's bytes as they came (its head, then its body), and its values as the
+layout's getter cut them (an empty cut first), or None when its head is that head's bytes. The
+answer's own head is made only when asked (:func:`answer_head`): sent on as its bytes, an answer
+needs none (the exchange reads only what the layout's head holds too)."""
+
+
+def answer_head(answer: Answer) -> Head:
+    """The head of an ``ANSWER`` event's answer, as :meth:`.Parsed.on_headers_complete` makes a
+    plain head (its size on the wire: its bytes')."""
+    layout, whole, cut = answer
+    if cut is None:  # its head's bytes are the layout head's
+        return layout
+    values = list(cut)
+    del values[0]  # (the empty cut)
+    made = _new_head(ParsedPlainHead)
+    made.reason, made.status, made.version = layout.reason, layout.status, layout.version
+    made.names, made.values, made.size = layout.names, values, layout.size
+    made.wire = whole[: layout.size]
+    return made
+
+
+def unfolded(answer: Answer) -> list[tuple[int, object]]:
+    """An ``ANSWER`` event's value as the events it stands for: its HEAD, its body's DATA (if it
+    has one), the END of a message without trailers."""
+    head = answer_head(answer)
+    body = answer[1][len(head.wire) :]
+    return [(HEAD, head), (DATA, body), ENDED] if body else [(HEAD, head), ENDED]
+
 
 class NearAnswers:
     """:meth:`_answered` of :class:`~ravenproxy.server.http_messages.Parsed` (its base). The
@@ -97,32 +128,32 @@ class NearAnswers:
     events: deque[tuple[int, object]]
     bodiless: bool
     _plan: Plan | None
-    _last: tuple[bytes, list[bytes], list[bytes], object, str, Head] | None
+    _recent: tuple[Head, bytes, tuple[bytes, ...], int] | None
 
     def _answered(self, data: bytes) -> int:
         """How many bytes of ``data`` (a response parser's between messages, :attr:`_plan` set)
         are whole answers of the last one's layout (:mod:`.near_answers`), none fed to llhttp,
-        each queued as one ``ANSWER`` event (:data:`.http_events.ANSWER`: its head and its bytes,
-        what llhttp's HEAD, DATA and END say, without two events and a body's slice an answer):
-        its head the last head itself when its bytes come again (its whole-head reuse,
-        answeragain's case), else one made as :meth:`on_headers_complete` makes it."""
+        each queued as one ``ANSWER`` event (:data:`.http_events.ANSWER`, an :data:`Answer`: what
+        llhttp's HEAD, DATA and END say, without two events, a body's slice and a head made an
+        answer). An answer whose head's bytes are the last near answer's (the plan's head's, if
+        none came under this plan) takes its values as they were cut (answeragain's case: no
+        cut, no compare)."""
         template, values_of, kinds, field, least, planned, body = self._plan  # type: ignore[misc]
         if self.bodiless or type(data) is not bytes:
             return 0
-        last: Any = self._last  # (set with _plan)
-        kept: Any = last[5]
-        if kept is not planned:  # a head the path made: its body's length once asked
-            body = -1
-        wire, events, at, size = kept.wire, self.events, 0, len(data)
+        recent = self._recent
+        if recent is not None and recent[0] is planned:  # (one under another plan: not of it)
+            wire, kept, body = recent[1], recent[2], recent[3]
+        else:
+            wire, kept = planned.wire, None
+        events, at, size = self.events, 0, len(data)
         while True:  # an answer of the layout at ``at``?
             begin = at + len(wire)
             if begin + least > size:  # not whole in ``data`` (or not of the layout): llhttp's
                 break
             head = data[at:begin]
             if head == wire:  # the last head again (a scrape's, a probe's)
-                if body < 0:
-                    body = int(kept.values[field])  # (digits: checked)
-                made, length = kept, body
+                cut, length = kept, body
             else:
                 cut = values_of(head)
                 number = cut[field + 1]
@@ -132,25 +163,19 @@ class NearAnswers:
                     or not number.isdigit()
                 ):
                     break
-                values = list(cut)
-                del values[0]  # (the empty cut)
-                # As on_headers_complete's plain head (its size on the wire: its bytes').
-                made = _new_head(ParsedPlainHead)
-                made.reason, made.status, made.version = kept.reason, kept.status, kept.version
-                made.names, made.values, made.size, made.wire = kept.names, values, len(head), head
                 length = int(number)
             end = begin + length
             if end > size:  # the body is not whole in ``data``: llhttp's
                 break
             # Its HEAD, DATA and END in one event: its bytes as they came (data itself when the
             # read is the answer).
-            events.append((ANSWER, (made, data[at:end])))
-            if made is not kept:
-                kept, body, wire = made, length, head
+            events.append((ANSWER, (planned, data[at:end], cut)))
+            if cut is not kept:
+                kept, body, wire = cut, length, head
             at = end
             if end == size:
                 break
-        if kept is not last[5]:  # the last head's: as on_headers_complete keeps it
+        if kept is not None and (recent is None or kept is not recent[2]):
             # (A store the class declares for its subclass's slot.)
-            self._last = (last[0], last[1], kept.values, last[3], last[4], kept)  # type: ignore[misc]
+            self._recent = (planned, wire, kept, body)  # type: ignore[misc]
         return at

@@ -1,7 +1,7 @@
 """answerside: a whole answer read without llhttp is one ``ANSWER`` event (its head and its
 bytes as they came), where it was ``(HEAD, head)``, ``(DATA, body)`` and END. The tests that
 hold the parser's events, or an exchange's old ``receive_upstream``, to an older parser's read
-them unfolded (:func:`.http_events.unfolded`): :class:`FlatParsed` is today's parser with its
+them unfolded (:func:`.near_answers.unfolded`): :class:`FlatParsed` is today's parser with its
 ``ANSWER`` events unfolded after each feed, as the older parsers queued them."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from typing import Any
 
 from ravenproxy.server.exchange import Exchange
 from ravenproxy.server.exchange_actions import Action
-from ravenproxy.server.http_events import ANSWER, unfolded
+from ravenproxy.server.http_events import ANSWER
 from ravenproxy.server.http_messages import Parsed
+from ravenproxy.server.near_answers import unfolded
 
 
 def flatten(events: deque[tuple[int, Any]]) -> None:

@@ -118,6 +118,7 @@ def _both_fed(
     old = old_parse.Parsed(response=True, max_tail=max_tail)
     new_heads: list[Head] = []
     old_heads: list[Head] = []
+    seen: list[object] = []  # each new head's view as it was queued
     flags = bodiless if isinstance(bodiless, list) else [bodiless] * len(reads)
     for data, flag in zip(reads, flags, strict=True):
         new.bodiless = old.bodiless = flag
@@ -125,14 +126,15 @@ def _both_fed(
         assert [view(e) for e in new.events] == [view(e) for e in old.events]
         for heads, events in ((new_heads, new.events), (old_heads, old.events)):
             heads.extend(head for kind, head in events if kind == HEAD)  # type: ignore[misc]
+        seen.extend(view(e) for e in new.events if e[0] == HEAD)
         state = (new.in_head, new.in_body, new.midway, new.fed, new.tail, _llhttp(new))
         assert state == (old.in_head, old.in_body, old.midway, old.fed, old.tail, _llhttp(old))
         new.events.clear()
         old.events.clear()
-    # Which heads are one object (the whole-head reuse's): the same for both.
-    assert [[a is b for b in new_heads] for a in new_heads] == [
-        [a is b for b in old_heads] for a in old_heads
-    ]
+    # No head changed once queued (the whole-head reuse's objects, shared): each as it was.
+    # (Which heads are one object is no longer 1bb5933's: answerpath makes a near answer's head
+    # only when its event is unfolded, and llhttp's next head may reuse the last one it made.)
+    assert [view((HEAD, head)) for head in new_heads] == seen
 
 
 _SETTINGS = settings(

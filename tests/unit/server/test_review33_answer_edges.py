@@ -119,6 +119,7 @@ def _compared(reads: list[bytes], flags: list[bool], kinds: list[int] | None = N
     old = old_parse.Parsed(response=True, max_tail=64)
     new_heads: list[Head] = []
     old_heads: list[Head] = []
+    seen: list[object] = []  # each new head's view as it was queued
     for n, (data, flag) in enumerate(zip(reads, flags, strict=True)):
         kind = kinds[n] if kinds else 0
         made = [data, bytearray(data), memoryview(data)][kind]
@@ -131,13 +132,15 @@ def _compared(reads: list[bytes], flags: list[bool], kinds: list[int] | None = N
         assert all(type(e[1]) is bytes for e in new.events if e[0] == DATA), n
         for heads, events in ((new_heads, new.events), (old_heads, old.events)):
             heads.extend(head for k, head in events if k == HEAD)  # type: ignore[misc]
+        seen.extend(_view(e) for e in new.events if e[0] == HEAD)
         state = (new.in_head, new.in_body, new.midway, new.fed, new.tail, _llhttp(new))
         assert state == (old.in_head, old.in_body, old.midway, old.fed, old.tail, _llhttp(old))
         new.events.clear()
         old.events.clear()
-    assert [[a is b for b in new_heads] for a in new_heads] == [
-        [a is b for b in old_heads] for a in old_heads
-    ]
+    # No head changed once queued (the whole-head reuse's objects, shared): each as it was.
+    # (Which heads are one object is no longer 1bb5933's: answerpath makes a near answer's head
+    # only when its event is unfolded, and llhttp's next head may reuse the last one it made.)
+    assert [_view((HEAD, head)) for head in new_heads] == seen
 
 
 @settings(max_examples=examples(2400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
