@@ -15,7 +15,7 @@ over ``--cycles``: start-up, imports and the requests' making (the same list in 
 cancel out. With ``--baseline DIR`` another checkout's code (its ``ravenproxy``, by this
 script, from its root) is counted too; both in one run.
 
-    .venv/bin/python benchmarks/exchange_cycle.py --baseline /work/wt/base
+    .venv/bin/python benchmarks/exchange_cycle.py --baseline ../base
 """
 
 from __future__ import annotations
