@@ -130,39 +130,39 @@ class FrameParser:
         pos = offset
         total = stop
         masked, mask_bit = self.masked, self._mask_bit
+        usual_head = 6 if masked else 2  # the usual frame's header: a 7-bit length, the key
         while not self.stopped:
             if total - pos < 2:
                 self.wanted = 2
                 break
             b0 = data[pos]
             b1 = data[pos + 1]
-            opcode = b0 & 0x0F
-            length = b1 & 0x7F
-            head = 2
-            if length == 126:
-                head = 4
-            elif length == 127:
-                head = 10
-            if b1 & 0x80:
-                head += 4
+            # The usual frame (a binary message's only frame, no RSV bits, masked as it should
+            # be, no message open: what _check lets through, within the limit) told apart by
+            # two compares and a subtraction: b1 less the MASK bit this side needs is the
+            # 7-bit length only where b1's MASK bit is that one. Any other frame has its bits
+            # taken apart by `&`s (no specialised `&` on 3.11: ~70 instructions each, six a
+            # frame before, a message on both ends).
+            length = b1 - mask_bit
+            usual = b0 == 0x82 and -1 < length < 128 and not self._in_message
+            if usual:
+                head = usual_head
+            else:
+                length = b1 & 0x7F
+                head = 6 if b1 & 0x80 else 2
+            if length >= 126:
+                head += 2 if length == 126 else 8
             if total - pos < head:
                 self.wanted = head
                 break
-            if length == 126:
-                length = (data[pos + 2] << 8) | data[pos + 3]
-            elif length == 127:
-                length = int.from_bytes(data[pos + 2 : pos + 10], "big")
-            fin = b0 & 0x80
-            # The usual frame (a binary message's only or first frame, no RSV bits, masked as
-            # it should be, within the limit, no message open) passes _check's tests without
-            # the call.
-            if (
-                opcode != OP_BINARY
-                or b0 & 0x70
-                or (b1 & 0x80) != mask_bit  # (no bool() call a frame)
-                or self._in_message
-                or length > self.max_size
-            ):
+            if length >= 126:
+                if length == 126:
+                    length = (data[pos + 2] << 8) | data[pos + 3]
+                else:
+                    length = int.from_bytes(data[pos + 2 : pos + 10], "big")
+            if not usual or length > self.max_size:  # _check's (the usual frame passes it)
+                opcode = b0 & 0x0F
+                fin = b0 & 0x80
                 problem = self._check(b0 & 0x70, opcode, bool(b1 & 0x80) == masked, fin, length)
                 if problem is not None:
                     self.stopped = True
@@ -170,6 +170,8 @@ class FrameParser:
                         self.special = len(out)
                     out.append(problem)
                     break
+            else:
+                opcode, fin = OP_BINARY, 0x80
             end = pos + head + length
             if end > total:
                 self.wanted = head + length
