@@ -24,28 +24,17 @@ The count is callgrind's total over ``--cycles`` + 1 000 cycles minus one of 1 0
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
-import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-WARM = 10
-BASE_CYCLES = 1_000
-REQUEST = b"GET /ping?n=%d HTTP/1.1\r\nHost: edge-1:9100\r\nUser-Agent: latency\r\n\r\n"
-ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-
-
-def requests(count: int, request: str) -> list[bytes]:
-    """``count`` reads of a client: the same bytes, or each with a target of its own."""
-    return [REQUEST % (i if request == "varied" else 1) for i in range(count)]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import exchange_cycle
+from exchange_cycle import ANSWER, REQUEST, WARM
 
 
 def _plain(**fields: object) -> Any:
@@ -201,81 +190,5 @@ def cycles(reads: list[bytes], count: int, keep: bool = False) -> tuple[list[byt
     return stream.sent or [], transport.out or []
 
 
-def child(root: str, request: str, count: int, total: int) -> None:
-    """Run by valgrind: ``count`` cycles of a list of ``total`` reads, ``root``'s code."""
-    sys.path.insert(0, root)
-    import ravenproxy
-
-    if not str(ravenproxy.__file__).startswith(root):  # (the editable install's, not root's)
-        raise SystemExit(f"ravenproxy from {ravenproxy.__file__}, not {root}")
-    cycles(requests(WARM + total, request), count)
-
-
-def counted(python: str, root: Path, request: str, count: int, total: int, out: Path) -> int:
-    """callgrind's instruction total for :func:`child`'s run."""
-    subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={out}",
-            python,
-            __file__,
-            "--child",
-            str(root),
-            request,
-            str(count),
-            str(total),
-        ],
-        check=True,
-        cwd=root,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
-        capture_output=True,
-    )
-    for line in out.read_text(errors="replace").splitlines():
-        if line.startswith("totals:"):
-            return int(line.split()[1])
-    raise SystemExit(f"no totals line in {out}")
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed")
-    here = Path(__file__).resolve().parents[1]
-    checkouts = [("this", sys.executable, here)]
-    if args.baseline is not None:
-        base = args.baseline.resolve()
-        checkouts.insert(0, ("base", str(base / ".venv" / "bin" / "python"), base))
-    modes = ["same", "varied"] if args.request == "both" else [args.request]
-    total = BASE_CYCLES + args.cycles
-    out: dict[str, Any] = {"benchmark": "callback_cycle", "cycles": args.cycles, "rows": {}}
-    with tempfile.TemporaryDirectory(prefix="ravenproxy-callbacks-") as tmp:
-        for mode in modes:
-            for name, python, root in checkouts:
-                short = counted(python, root, mode, BASE_CYCLES, total, Path(tmp) / "a.out")
-                long = counted(python, root, mode, total, total, Path(tmp) / "b.out")
-                per = round((long - short) / args.cycles)
-                out["rows"][f"{name} {mode}"] = per
-                print(f"{name:5} {mode:7} {per:8d} instructions a cycle", flush=True)
-            if args.baseline is not None:
-                ratio = out["rows"][f"this {mode}"] / out["rows"][f"base {mode}"]
-                out["rows"][f"this/base {mode}"] = round(ratio, 4)
-    return out
-
-
-def main() -> None:
-    if len(sys.argv) == 6 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
-        return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--request", choices=["same", "varied", "both"], default="both")
-    parser.add_argument("--cycles", type=int, default=2_000, help="counted cycles")
-    parser.add_argument("--baseline", type=Path, help="another checkout (with its .venv)")
-    parser.add_argument("--output", type=Path, help="write the figures as JSON here")
-    args = parser.parse_args()
-    result = run(args)
-    if args.output is not None:
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    exchange_cycle.main(__file__, __doc__ or "", partial(exchange_cycle.child, cycle=cycles))

@@ -23,7 +23,7 @@ def cycle() -> Iterator[ModuleType]:
 
 @pytest.mark.parametrize("request_kind", ["same", "varied"])
 def test_a_cycle_is_a_request_and_its_answer(cycle: ModuleType, request_kind: str) -> None:
-    reads = cycle.requests(cycle.WARM + 20, request_kind)
+    reads = cycle.exchange_cycle.requests(cycle.WARM + 20, request_kind)
     sent, answered = cycle.cycles(reads, 20, keep=True)
     assert len(sent) == len(answered) == cycle.WARM + 20
     for data, head in zip(reads, sent, strict=True):
@@ -46,7 +46,7 @@ def test_the_requests_are_counted_by_the_proxy(cycle: ModuleType) -> None:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(HttpProxy, "count", counting)
-        cycle.cycles(cycle.requests(cycle.WARM + 5, "same"), 5)
+        cycle.cycles(cycle.exchange_cycle.requests(cycle.WARM + 5, "same"), 5)
     assert calls == [200] * (cycle.WARM + 5)
 
 
