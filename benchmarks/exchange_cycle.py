@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,26 +78,38 @@ def cycles(reads: list[bytes], count: int) -> list[bytes]:
     return sent
 
 
-def child(root: str, request: str, count: int, total: int) -> None:
-    """Run by valgrind: ``count`` cycles of a list of ``total`` reads, ``root``'s code."""
+def child(
+    root: str, request: str, count: int, total: int, cycle: Callable[..., object] | None = None
+) -> None:
+    """Run by valgrind: ``count`` cycles of a list of ``total`` reads, ``root``'s code; by
+    :func:`cycles`, or by ``cycle`` (callback_cycle.py's)."""
     sys.path.insert(0, root)
     import ravenproxy
 
     if not str(ravenproxy.__file__).startswith(root):  # (the editable install's, not root's)
         raise SystemExit(f"ravenproxy from {ravenproxy.__file__}, not {root}")
     reads = requests(WARM + total, request)
-    cycles(reads, count)
+    (cycle or cycles)(reads, count)
 
 
-def counted(python: str, root: Path, request: str, count: int, total: int, out: Path) -> int:
-    """callgrind's instruction total for :func:`child`'s run."""
+def counted(
+    python: str,
+    root: Path,
+    request: str,
+    count: int,
+    total: int,
+    out: Path,
+    script: str = __file__,
+) -> int:
+    """callgrind's instruction total for :func:`child`'s run (``script``'s: callback_cycle.py
+    counts its own cycle by this)."""
     subprocess.run(
         [
             "valgrind",
             "--tool=callgrind",
             f"--callgrind-out-file={out}",
             python,
-            __file__,
+            script,
             "--child",
             str(root),
             request,
@@ -114,7 +127,8 @@ def counted(python: str, root: Path, request: str, count: int, total: int, out: 
     raise SystemExit(f"no totals line in {out}")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, script: str = __file__) -> dict[str, Any]:
+    """Count ``script``'s cycle (:func:`counted`) for each checkout and request kind."""
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed")
     here = Path(__file__).resolve().parents[1]
@@ -124,12 +138,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         checkouts.insert(0, ("base", str(base / ".venv" / "bin" / "python"), base))
     modes = ["same", "varied"] if args.request == "both" else [args.request]
     total = BASE_CYCLES + args.cycles
-    out: dict[str, Any] = {"benchmark": "exchange_cycle", "cycles": args.cycles, "rows": {}}
-    with tempfile.TemporaryDirectory(prefix="ravenproxy-cycle-") as tmp:
+    name = Path(script).stem
+    out: dict[str, Any] = {"benchmark": name, "cycles": args.cycles, "rows": {}}
+    with tempfile.TemporaryDirectory(prefix=f"ravenproxy-{name}-") as tmp:
         for mode in modes:
             for name, python, root in checkouts:
-                short = counted(python, root, mode, BASE_CYCLES, total, Path(tmp) / "a.out")
-                long = counted(python, root, mode, total, total, Path(tmp) / "b.out")
+                short = counted(python, root, mode, BASE_CYCLES, total, Path(tmp) / "a", script)
+                long = counted(python, root, mode, total, total, Path(tmp) / "b", script)
                 per = round((long - short) / args.cycles)
                 out["rows"][f"{name} {mode}"] = per
                 print(f"{name:5} {mode:7} {per:8d} instructions a cycle", flush=True)
@@ -139,17 +154,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def main(
+    script: str = __file__,
+    doc: str = __doc__ or "",
+    run_child: Callable[[str, str, int, int], None] = child,
+) -> None:
+    """The command line of ``script`` (its ``--child`` is ``run_child``): this one's and
+    callback_cycle.py's."""
     if len(sys.argv) == 6 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        run_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
         return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--request", choices=["same", "varied", "both"], default="both")
     parser.add_argument("--cycles", type=int, default=2_000, help="counted cycles")
     parser.add_argument("--baseline", type=Path, help="another checkout (with its .venv)")
     parser.add_argument("--output", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
-    result = run(args)
+    result = run(args, script)
     if args.output is not None:
         args.output.write_text(json.dumps(result, indent=2) + "\n")
 
