@@ -45,18 +45,23 @@ def _frame(b0: int, payload: bytes, *, masked: bool = True, length: int | None =
 
 
 CASES = {
-    "unmasked": (_frame(0x82, b"no mask", masked=False), 1002),
-    "rsv1": (_frame(0xC2, b"compressed?"), 1002),
-    "rsv3": (_frame(0x92, b"reserved bit"), 1002),
-    "lone continuation": (_frame(0x80, b"nothing open"), 1002),
-    "binary while open": (_frame(0x02, b"first") + _frame(0x82, b"new"), 1002),
-    "reserved opcode": (_frame(0x83, b"op 3"), 1002),
-    "top bit length": (_frame(0x82, b"", length=1 << 63), 1009),
+    "unmasked": (_frame(0x82, b"no mask", masked=False), 1002, "incorrect masking"),
+    "rsv1": (_frame(0xC2, b"compressed?"), 1002, "reserved bits must be 0"),
+    "rsv3": (_frame(0x92, b"reserved bit"), 1002, "reserved bits must be 0"),
+    "lone continuation": (_frame(0x80, b"nothing open"), 1002, "unexpected continuation frame"),
+    "binary while open": (
+        _frame(0x02, b"first") + _frame(0x82, b"new"),
+        1002,
+        "expected a continuation frame",
+    ),
+    "reserved opcode": (_frame(0x83, b"op 3"), 1002, "invalid opcode"),
+    "top bit length": (_frame(0x82, b"", length=1 << 63), 1009, "exceeds limit"),
     "fragments over the limit": (
         _frame(0x02, b"first") + _frame(0x80, b"", length=OVER),
         1009,
+        "message over",
     ),
-    "fragmented ping": (_frame(0x09, b"ping"), 1002),
+    "fragmented ping": (_frame(0x09, b"ping"), 1002, "fragmented control frame"),
 }
 
 
@@ -76,22 +81,33 @@ async def test_crafted_frames_are_refused_and_another_agent_carries_on(cluster: 
         reader, writer = await cluster.connect(target)  # edge-1's stream, open throughout
         await _echo_once(reader, writer, 0)
         codes = {}
-        for i, (name, (crafted, _code)) in enumerate(CASES.items(), start=1):
+        for i, (name, (crafted, _code, why)) in enumerate(CASES.items(), start=1):
             async with raw_peer(cluster, "edge-3") as peer:
                 await peer.handshake()
                 # A usual frame first (an empty wire message: no wire frames), then the crafted
                 # bytes, in one write: one read of the server parses both.
                 peer.ws.transport.write(_frame(0x82, b"") + crafted)
                 await peer.read_until_closed(timeout=10)
-                codes[name] = peer.close_code
+                codes[name] = (peer.close_code, why in peer.close_reason, peer.close_reason)
             await _echo_once(reader, writer, i)
         writer.close()
-        assert codes == {name: code for name, (_crafted, code) in CASES.items()}
-        output = server.output()
-        ended = [line for line in output.splitlines() if "agent disconnected" in line]
-        assert len([line for line in ended if "edge-3" in line]) == len(CASES), ended
+        assert {n: c[:2] for n, c in codes.items()} == {
+            name: (code, True) for name, (_crafted, code, _why) in CASES.items()
+        }, codes
+
+        def ended() -> list[str]:
+            lines = server.output().splitlines()
+            return [line for line in lines if "agent disconnected" in line and "edge-3" in line]
+
+        async with asyncio.timeout(10):  # the last one's line may be a moment behind its close
+            while len(ended()) < len(CASES):
+                await asyncio.sleep(0.05)
+        assert len(ended()) == len(CASES), ended()
         metrics = await cluster.metrics()
         assert metrics["ravenproxy_server_agents_connected"] == 1
+        # Refused by the WebSocket layer, each: none reached the wire layer as a message.
+        key = 'ravenproxy_server_agent_sessions_total{outcome="protocol_error"}'
+        assert metrics.get(key, 0) == 0, metrics.get(key)
 
 
 @pytest.mark.xfail(
