@@ -144,6 +144,7 @@ def _dateless(got: tuple[bytes, bool]) -> tuple[bytes, bool]:
 
 
 _CASES: list[tuple[bytes, bytes]] = [
+    (b"ok", b"runs"),
     *((b"ok", way) for way in _WAYS),
     *(
         (client, way)
@@ -155,7 +156,16 @@ _CASES: list[tuple[bytes, bytes]] = [
 
 def _asked(client: bytes, way: bytes) -> list[Asked]:
     """Four answers of the layout (kept HTTP/1.1), the case's fifth, then the layout's answers:
-    a new one, the fifth's values, the fourth's, the third's to a client of the case's kind."""
+    a new one, the fifth's values, the fourth's, the third's to a client of the case's kind.
+    ``runs``: four of the layout, two of one as long with another status (203: another plan),
+    then the fourth's head again (the first run's last near answer) and the third's."""
+    if way == b"runs":
+        return [
+            *((b"ok", b"ok", n) for n in range(1, 5)),
+            *((b"ok", b"status", n) for n in (5, 6)),
+            (b"ok", b"h4", 7),
+            (b"ok", b"h3", 8),
+        ]
     return [
         *((b"ok", b"ok", n) for n in range(1, 5)),
         (client, way, 5),

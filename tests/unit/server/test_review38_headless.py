@@ -30,7 +30,7 @@ from tests.helpers import examples
 from .test_answerpath_lazy import OldExchange, _state
 from .test_exchange import VIA
 from .test_heads_parse import _view
-from .test_review36_answer_event import drive
+from .test_review36_answer_event import ROUTE, drive
 
 _HEAD = (
     b"HTTP/1.1 200 OK\r\nDate: Sun, 06 Dec 2026 12:0%d:1%d GMT\r\nContent-Type: text/plain\r\n"
@@ -85,6 +85,26 @@ _any = st.one_of(
 )
 
 
+@st.composite
+def _run(draw: Any) -> list[bytes]:
+    """A run of 2-5 answers of one layout (ours, or one as long with another status, reason or
+    name case; values from small sets: heads repeat, the last near one's and the plan's)."""
+    variant = draw(st.sampled_from([0, 0, 1, 2, 4]))
+    length = draw(st.sampled_from([b"10", b"12"]))
+    return [
+        _answer(
+            variant,
+            draw(st.integers(0, 1)),
+            draw(st.integers(1, 2)),
+            draw(st.sampled_from([length, length, b"10", b"12"])),
+        )
+        for _ in range(draw(st.integers(2, 5)))
+    ]
+
+
+_mixed = st.lists(st.one_of(_run(), _run(), st.lists(_any, min_size=1, max_size=2)), max_size=6)
+
+
 def _flat(parsed: Parsed) -> list[object]:
     """The queued events, each ``ANSWER`` unfolded, heads read whole, DATA joined; cleared."""
     flat: list[object] = []
@@ -105,21 +125,23 @@ def _alone(answer: bytes) -> list[object]:
 
 
 @settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(_any, st.integers(1, 3)), min_size=1, max_size=24))
-def test_answers_one_after_another_parse_as_each_alone(drawn: list[tuple[bytes, int]]) -> None:
+@given(_mixed, st.lists(st.integers(1, 3), min_size=30, max_size=30))
+def test_answers_one_after_another_parse_as_each_alone(
+    runs: list[list[bytes]], batches: list[int]
+) -> None:
     """Answers fed to one parser (each a read, or two or three in one): the events of each, its
     head unfolded with every field, are a fresh parser's for it alone; an ANSWER's layout head
     reads as the answer's own for status, size, plainness and version."""
     parsed = Parsed(response=True)
     at = 0
-    answers = [a for a, _ in drawn]
+    answers = [a for run in runs for a in run]
     for i, answer in enumerate(answers):  # (no answer after a connection's last, or one whose
         # body ends with the connection: a Transfer-Encoding other than chunked)
         if answer.startswith(b"HTTP/1.0") or b"Connection: close" in answer or b"x-abc" in answer:
             del answers[i + 1 :]
             break
     while at < len(answers):
-        n = drawn[at][1]
+        n = batches[at % 30]
         batch = answers[at : at + n]
         at += n
         if any(_alone(a)[-1][0] == ERROR for a in batch):  # type: ignore[index]
@@ -188,8 +210,7 @@ _UPGRADE = _req(b"GET", b"1.1", b"Connection: Upgrade\r\nUpgrade: x\r\n")
 def _conversation(draw: Any) -> list[tuple[bytes, bytes, bool]]:
     out = []
     for _ in range(draw(st.integers(1, 6))):
-        for _ in range(draw(st.integers(0, 4))):  # a run of the layout (the path's from its third)
-            answer = _answer(0, draw(st.integers(0, 2)), draw(st.integers(1, 3)), b"10")
+        for answer in draw(_run()):  # a run of a layout (the path's from its third)
             out.append((_GET, answer, False))
         request, answer = draw(st.sampled_from(_REQUESTS)), draw(_any)
         if request.startswith(b"HEAD"):
@@ -277,3 +298,46 @@ def test_an_http10_clients_answers_after_a_run_are_framed_each_by_its_own_head()
             assert got[len(run)] == alone
             assert alone.endswith(answer[answer.index(b"\r\n\r\n") + 4 :])
             assert answer[answer.index(b"\r\n") + 2 : answer.index(b"Content-Length")] in alone
+
+
+def test_the_last_near_answer_of_a_layout_again_under_another_plan_is_counted_as_its_own() -> None:
+    """Written out: a run of the layout (its last near answer kept), a run of a layout as long
+    with another status (203: another plan), then the first run's last answer again: its own
+    status is counted (200), its bytes go on as they came, as alone."""
+    ours = [_answer(0, d % 2, d % 2 + 1, b"12") for d in range(4)]
+    other = [_answer(1, d % 2, 2 - d % 2, b"10") for d in range(4)]
+    conversation = [(_GET, a, False) for a in [*ours, *other, ours[-1], ours[-2], other[-1]]]
+    ex = _Counted(via=VIA, max_head=4096)
+    got: list[bytes] = []
+    drive(ex, conversation, None, got)
+    assert got == [_one(*c)[0] for c in conversation]
+    assert ex.counted == [200] * 4 + [203] * 4 + [200, 200, 203]
+
+
+def _post_answered_early(run: list[bytes], answer: bytes) -> list[str]:
+    """After ``run`` (GETs answered, one connection), a POST whose head comes, then ``answer``
+    from the target, then the body: the actions after the head (the upstream opened when
+    ``run`` is empty), by their reprs."""
+    ex = Exchange(via=VIA, max_head=4096)
+    drive(ex, [(_GET, a, False) for a in run], None)
+    post = _REQUESTS[-1]
+    head = post[: post.index(b"\r\n\r\n") + 4]
+    actions = ex.receive_client(head)
+    assert [type(a).__name__ for a in actions] == ["RouteRequest"]
+    actions = ex.routed(ROUTE)
+    if not run:
+        actions = ex.upstream_opened()
+    log = [repr(a) for a in ex.receive_upstream(answer)]
+    log += [repr(a) for a in ex.receive_client(post[len(head) :])]
+    return [*log, ex.phase]
+
+
+def test_an_answer_before_the_request_body_ended_is_unfolded_as_alone() -> None:
+    """Written out: after a run of the layout (the answer an ANSWER), a POST answered before
+    its body came: the client gets the answer with its own head, then the connection closes
+    (the rest of the body would be read as a request), as on a fresh connection."""
+    run = [_answer(0, d % 2, d % 3 + 1, b"10") for d in range(5)]
+    for answer in [run[-1], run[-2], _answer(0, 1, 3, b"10")]:
+        alone = _post_answered_early([], answer)
+        assert _post_answered_early(run, answer) == alone
+        assert alone[-1] == "closed" and repr(answer[: answer.index(b"\r\n") + 2])[2:-1] in alone[0]
