@@ -300,11 +300,15 @@ def test_an_http10_clients_answers_after_a_run_are_framed_each_by_its_own_head()
     run = [(_GET, _answer(0, d, t, b"10"), False) for d in range(3) for t in (1, 2, 3)]
     for request in _REQUESTS[4:6]:
         for answer in [run[0][1], run[4][1], run[8][1], _answer(0, 2, 3, b"12")]:
-            conversation = [*run, (request, answer, False), (request, answer, False)]
+            other = run[1][1] if answer != run[1][1] else run[2][1]
+            answers = [answer, answer, other, answer]  # (kept alive: each its own head)
+            conversation = [*run, *((request, a, False) for a in answers)]
             got: list[bytes] = []
             drive(Exchange(via=VIA, max_head=4096), conversation, None, got)
             alone = _one(request, answer, False)[0]
             assert got[len(run)] == alone
+            if b"keep-alive" in request:
+                assert got[len(run) :] == [_one(request, a, False)[0] for a in answers]
             assert alone.endswith(answer[answer.index(b"\r\n\r\n") + 4 :])
             assert answer[answer.index(b"\r\n") + 2 : answer.index(b"Content-Length")] in alone
 
