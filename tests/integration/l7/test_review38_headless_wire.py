@@ -15,7 +15,6 @@ request counter counts each final status the clients got once."""
 from __future__ import annotations
 
 import asyncio
-import re
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 
 from tests.integration.l7.env import EDGE_IP, L7, front_client
 from tests.integration.l7.test_review34_near_wire import _read_all
+from tests.integration.l7.test_review36_answer_event_wire import _counted, _dateless, _finals
 from tests.integration.targets import Handler, tcp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -136,13 +136,6 @@ async def _run(l7: L7, port: int, asked: list[Asked]) -> list[tuple[bytes, bool]
     return got
 
 
-def _dateless(got: tuple[bytes, bool]) -> tuple[bytes, bool]:
-    """The front's own answers (an error's) carry its Date: taken out."""
-    return re.sub(
-        rb"(HTTP/1.1 5\d\d [^\r]*\r\n(?:[^\r]*\r\n)*?)Date: [^\r]*\r\n", rb"\1", got[0]
-    ), got[1]
-
-
 _CASES: list[tuple[bytes, bytes]] = [
     (b"ok", b"runs"),
     *((b"ok", way) for way in _WAYS),
@@ -180,18 +173,6 @@ def _asked(client: bytes, way: bytes) -> list[Asked]:
 async def _gated(gate: asyncio.Semaphore, l7: L7, port: int, asked: list[Asked]) -> Any:
     async with gate:
         return await _run(l7, port, asked)
-
-
-def _finals(got: bytes) -> list[int]:
-    """The final statuses of the answers in what a client got."""
-    return [int(s) for s in re.findall(rb"HTTP/1\.[01] ([1-5]\d\d) ", got) if s != b"100"]
-
-
-def _counted(metrics: dict[str, float]) -> Counter[int]:
-    prefix = 'ravenproxy_server_front_requests_total{front="http",status="'
-    return Counter(
-        {int(k[len(prefix) : -2]): int(v) for k, v in metrics.items() if k.startswith(prefix)}
-    )
 
 
 async def test_answers_after_a_run_of_the_layout_are_what_a_fresh_connection_gets(l7: L7) -> None:
