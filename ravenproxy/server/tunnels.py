@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 
 from websockets.asyncio.server import ServerConnection
+from websockets.frames import CloseCode
 
 from ravenproxy.errors import PKIError
 from ravenproxy.log import kv, peer_text
@@ -96,6 +97,8 @@ class Tunnels:
                 flood = session.error is ErrorCode.ENHANCE_YOUR_CALM
                 outcome = "flood_closed" if flood else "protocol_error"
                 self.metrics.agent_sessions.labels(outcome=outcome).inc()
+            elif _refused_a_frame(ws):
+                self.metrics.agent_sessions.labels(outcome="protocol_error").inc()
             duplicate = _closed_as_duplicate(ws)
             if duplicate:
                 # The agent already holds a tunnel to us (dialled again through a load
@@ -111,6 +114,20 @@ class Tunnels:
     def _stream_closed(self, stream: TunnelStream) -> None:
         self.metrics.bytes.labels(direction="up").inc(stream.bytes_out)
         self.metrics.bytes.labels(direction="down").inc(stream.bytes_in)
+
+
+FRAME_REFUSALS = frozenset(
+    {CloseCode.PROTOCOL_ERROR, CloseCode.INVALID_DATA, CloseCode.MESSAGE_TOO_BIG}
+)
+"""The close codes this end sends when it refuses an agent's WebSocket frame (RFC 6455 7.4.1:
+1002, 1007, 1009): no wire-layer error is involved, the frame never became a message."""
+
+
+def _refused_a_frame(ws: ServerConnection) -> bool:
+    """Whether this server closed the tunnel first, for a WebSocket frame it refused."""
+    protocol = ws.protocol
+    sent = protocol.close_sent
+    return sent is not None and sent.code in FRAME_REFUSALS and not protocol.close_rcvd_then_sent
 
 
 def _closed_as_duplicate(ws: ServerConnection) -> bool:

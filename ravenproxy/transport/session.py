@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Close
 
 from ravenproxy.log import kv
 from ravenproxy.transport.flag import Flag
@@ -312,12 +313,14 @@ class Session(Outlet):
                 )
             await self._close_with_error(exc.code)
         except ConnectionClosed as exc:
-            self.close_reason = self.close_reason or _close_text(exc)
+            self.close_reason = self.close_reason or close_text(
+                exc.rcvd, exc.sent, exc.rcvd_then_sent
+            )
         if not self.close_reason:
-            # A normal close ends the iteration without ConnectionClosed; its frame says why.
-            rcvd = self.ws.protocol.close_rcvd
-            self.close_reason = (
-                f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"
+            # A normal close ends the iteration without ConnectionClosed; its frames say why.
+            protocol = self.ws.protocol
+            self.close_reason = close_text(
+                protocol.close_rcvd, protocol.close_sent, protocol.close_rcvd_then_sent
             )
 
     async def _close_with_error(self, code: ErrorCode) -> None:
@@ -417,6 +420,12 @@ class Session(Outlet):
             stream.close()
 
 
-def _close_text(exc: ConnectionClosed) -> str:
-    rcvd = exc.rcvd
-    return f"closed by peer: {rcvd.code} {rcvd.reason}".strip() if rcvd else "connection lost"
+def close_text(rcvd: Close | None, sent: Close | None, rcvd_then_sent: bool | None) -> str:
+    """Why a tunnel's WebSocket ended, for the log: the side whose close frame came first, with
+    its code and reason ("closed by us: 1002 incorrect masking" when this end refused a frame),
+    or "connection lost" when neither side sent one."""
+    if sent is not None and not rcvd_then_sent:  # ours first (or the peer never answered)
+        return f"closed by us: {sent.code} {sent.reason}".strip()
+    if rcvd is not None:
+        return f"closed by peer: {rcvd.code} {rcvd.reason}".strip()
+    return "connection lost"

@@ -2,8 +2,8 @@
 a real agent certificate (edge-3) that, after the wire handshake, writes crafted WebSocket frames
 straight to its TLS transport: each is refused with the close code RFC 6455 asks for (1002 for a
 protocol error, 1009 for a message over the limit), the server logs the agent's end, and
-another agent's (edge-1's) stream through the same server carries on throughout. (The log line
-does not say why: "connection lost"; the xfail test below pins that for the lead.)
+another agent's (edge-1's) stream through the same server carries on throughout. The log line
+says why ("closed by us: 1002 incorrect masking"), and each close is counted as a protocol error.
 
 The frames are those tunpath's parser (``FrameParser.parse_into``) must refuse as cdb10ca's did:
 unmasked, RSV bits, a continuation with no message open, a new message while one is open, a
@@ -103,19 +103,19 @@ async def test_crafted_frames_are_refused_and_another_agent_carries_on(cluster: 
             while len(ended()) < len(CASES):
                 await asyncio.sleep(0.05)
         assert len(ended()) == len(CASES), ended()
+        for line, (_crafted, code, why) in zip(ended(), CASES.values(), strict=True):
+            assert f"closed by us: {code}" in line and why in line, line  # the log says why
         metrics = await cluster.metrics()
         assert metrics["ravenproxy_server_agents_connected"] == 1
-        # Refused by the WebSocket layer, each: none reached the wire layer as a message.
+        # Refused by the WebSocket layer, each (none reached the wire layer as a message),
+        # and counted as the server's protocol-error closes.
         key = 'ravenproxy_server_agent_sessions_total{outcome="protocol_error"}'
-        assert metrics.get(key, 0) == 0, metrics.get(key)
+        assert metrics.get(key, 0) == len(CASES), metrics.get(key)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a WebSocket-level refusal is logged as 'connection lost': _close_text reads only "
-    "exc.rcvd, not the close frame the server sent (exc.sent); no counter either",
-)
 async def test_the_log_line_says_why_a_crafted_frame_was_refused(cluster: Cluster) -> None:
+    """Regression (review39): the server's log said "connection lost" for a frame it refused
+    (only the peer's close frame was read, not its own) and counted nothing."""
     server = cluster.start_server()
     await cluster.wait_up()
     async with raw_peer(cluster, "edge-3") as peer:
@@ -127,4 +127,7 @@ async def test_the_log_line_says_why_a_crafted_frame_was_refused(cluster: Cluste
         while "agent disconnected" not in server.output():
             await asyncio.sleep(0.05)
     ended = [line for line in server.output().splitlines() if "agent disconnected" in line]
-    assert "1002" in ended[0] and "incorrect masking" in ended[0], ended
+    assert "closed by us: 1002 incorrect masking" in ended[0], ended
+    metrics = await cluster.metrics()
+    key = 'ravenproxy_server_agent_sessions_total{outcome="protocol_error"}'
+    assert metrics.get(key, 0) == 1, metrics.get(key)
