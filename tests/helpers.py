@@ -250,15 +250,16 @@ MANY = 300
 default, the most any test here asked for outside a review's differential (oracle) tests."""
 
 
-def examples(full: int) -> int:
+def examples(full: int, *, least: int = MANY) -> int:
     """``max_examples`` for a test written with ``full`` examples (a review's differential test,
     old code against new over generated inputs, asked for 400 to 3 000 to pin a change once).
-    The ordinary run (``make test``, CI) takes a quarter of it and never under :data:`MANY`, to
-    keep the suite inside its 20-minute budget; ``--hypothesis-profile=thorough`` runs ``full``
-    (run it when you change what such a test pins)."""
+    The ordinary run (``make test``, CI) takes a quarter of it and never under ``least``
+    (:data:`MANY`; less only for a test whose example costs seconds), to keep the suite inside
+    its 20-minute budget; ``--hypothesis-profile=thorough`` runs ``full`` (run it when you change
+    what such a test pins)."""
     if settings.get_current_profile_name() == THOROUGH:
         return full
-    return max(MANY, full // 4)
+    return max(least, full // 4)
 
 
 # -- the suite's own guards -------------------------------------------------------------------
